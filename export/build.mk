@@ -1,0 +1,38 @@
+# export/build.mk - builds the eBPF enforcer and the ccs-edge agent into export/build/.
+# Included by the main Makefile (`-include export/build.mk`); `make edge` builds it all.
+# Every variable is EDGE_-prefixed so nothing clashes with the main Makefile.
+
+EDGE_DIR      := export
+EDGE_OUT      := $(EDGE_DIR)/build
+EDGE_CLANG    ?= clang
+EDGE_CC       ?= cc
+EDGE_BPFTOOL  ?= bpftool
+EDGE_VMLINUX_BTF ?= /sys/kernel/btf/vmlinux
+EDGE_ARCH     := $(shell uname -m | sed -e 's/x86_64/x86/' -e 's/aarch64/arm64/')
+EDGE_INCLUDES := -I$(EDGE_OUT) -I$(EDGE_DIR)/include -I$(EDGE_DIR)/bpf
+EDGE_BPF_CFLAGS := -g -O2 -target bpf -D__TARGET_ARCH_$(EDGE_ARCH) -D__BPF__ -Wall -Wno-unused-function
+EDGE_CFLAGS   ?= -O2 -g -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-initializers -Wno-format-truncation
+EDGE_LDLIBS   := -lbpf -lelf -lz -lcrypto
+EDGE_HDRS     := $(EDGE_DIR)/include/ccs_table.h $(EDGE_DIR)/bpf/ccs.h
+
+.PHONY: edge edge-clean
+edge: $(EDGE_OUT)/ccs-edge
+
+$(EDGE_OUT)/.dir:
+	@mkdir -p $(EDGE_OUT) && touch $@
+
+# vmlinux.h is generated from the running kernel's BTF, never committed.
+$(EDGE_OUT)/vmlinux.h: | $(EDGE_OUT)/.dir
+	$(EDGE_BPFTOOL) btf dump file $(EDGE_VMLINUX_BTF) format c > $@.tmp && mv $@.tmp $@
+
+$(EDGE_OUT)/ccs.bpf.o: $(EDGE_DIR)/bpf/ccs.bpf.c $(EDGE_HDRS) $(EDGE_OUT)/vmlinux.h
+	$(EDGE_CLANG) $(EDGE_BPF_CFLAGS) $(EDGE_INCLUDES) -c $< -o $@
+
+$(EDGE_OUT)/ccs.skel.h: $(EDGE_OUT)/ccs.bpf.o
+	$(EDGE_BPFTOOL) gen skeleton $< name ccs_bpf > $@.tmp && mv $@.tmp $@
+
+$(EDGE_OUT)/ccs-edge: $(EDGE_DIR)/edge/ccs-edge.c $(EDGE_OUT)/ccs.skel.h $(EDGE_HDRS)
+	$(EDGE_CC) $(EDGE_CFLAGS) $(EDGE_INCLUDES) $< -o $@ $(EDGE_LDLIBS)
+
+edge-clean:
+	rm -rf $(EDGE_OUT)
