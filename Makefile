@@ -1,0 +1,62 @@
+# ccselect — the two commands are `make run` and `make test`; both call `make setup`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+SYSSTAMP := $(VENV)/.sysdeps
+export CCS_HOME := $(CURDIR)
+# Debian packages the kernel side, the headless-browser tests and the agent need.
+DEB_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libssl-dev pkg-config iproute2 chromium
+
+.PHONY: help setup run test bench clean sysdeps python warm
+help:
+	@echo "make run    - set up, then run the main job on the embedded default (infra/conf/local.yaml)"
+	@echo "make test   - set up, then run the whole test suite"
+	@echo "make bench  - run the benchmarks in bench/ (JSON under bench/results/)"
+	@echo "make setup  - install everything (.venv, Debian packages when root, Delta jars)"
+
+setup: python sysdeps warm
+
+python: $(STAMP)
+
+# Re-install only when the lock or the package metadata changed.
+$(STAMP): requirements.lock pyproject.toml
+	@command -v uv >/dev/null 2>&1 || python3 -m pip install -q uv
+	@[ -x $(PY) ] || uv venv -q --python 3.11 $(VENV)
+	uv pip install -q --python $(PY) -r requirements.lock
+	uv pip install -q --python $(PY) --no-deps -e .
+	@touch $@
+
+sysdeps: $(SYSSTAMP)
+
+$(SYSSTAMP): Makefile
+	@if [ "$$(id -u)" = 0 ]; then \
+	  missing=""; for p in $(DEB_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	  if [ -n "$$missing" ]; then \
+	    echo "installing Debian packages:$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  fi; \
+	  mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf || true; \
+	else echo "not root: skipping Debian packages (kernel tests will skip)"; fi
+	@mkdir -p $(VENV) && touch $@
+
+# Fetch the Delta Lake jars from Maven Central once (cached in ~/.ivy2*), so tests start warm.
+warm: $(VENV)/.spark-warm
+$(VENV)/.spark-warm: $(STAMP)
+	$(PY) -m ccselect.spark --warm
+	@touch $@
+
+run: setup
+	$(PY) -m ccselect.cli run
+
+test: setup
+	$(PY) -m pytest -q -p no:cacheprovider
+
+bench: setup
+	@mkdir -p bench/results
+	@for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+clean:
+	rm -rf var bench/results/*.json export/build

@@ -1,0 +1,114 @@
+"""Every knob of the fleet simulator, with the paper figure or section it is calibrated against
+(`../shared/CALIBRATION.md`). Where a paper gives a shape but no number, the value here is our
+pick and the README's simulator page says so.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    share_4g: float  # share of cellular connections (ALICCS §5.3: Henan 4G-heavy, Qinghai light)
+
+
+@dataclass(frozen=True)
+class Isp:
+    asn: int
+    name: str
+    weight: float          # share of client prefixes
+    cellular_bias: float   # multiplies the region's cellular share for this ISP's prefixes
+    # MSS the client announces, per access type (values, probabilities). Large ISPs: PPPoE
+    # broadband (1452/1460) vs GTP-tunnelled cellular (1360-1400), M-Lab range 1364-1460.
+    # Small ISPs differ (ALICCS §3.1 "Diversified features for smaller ISPs").
+    mss_wifi: tuple[tuple[int, float], ...]
+    mss_cell: tuple[tuple[int, float], ...]
+    small: bool = False
+
+
+REGIONS = (
+    Region("henan", 0.44), Region("guangdong", 0.32), Region("zhejiang", 0.26),
+    Region("sichuan", 0.34), Region("beijing", 0.22), Region("shanghai", 0.20),
+    Region("hubei", 0.30), Region("qinghai", 0.12),
+)
+
+_LARGE_WIFI = ((1460, 0.45), (1452, 0.45), (1440, 0.10))
+_LARGE_CELL = ((1400, 0.50), (1380, 0.30), (1360, 0.20))
+ISPS = (
+    Isp(4134, "chinanet", 0.36, 0.85, _LARGE_WIFI, _LARGE_CELL),
+    Isp(4837, "unicom", 0.26, 1.00, _LARGE_WIFI, _LARGE_CELL),
+    Isp(9808, "cmcc", 0.26, 1.45, _LARGE_WIFI, _LARGE_CELL),
+    # Small ISPs: shifted MSS (tunnelled broadband, odd cellular cores).
+    Isp(4538, "cernet", 0.04, 0.50, ((1400, 0.7), (1380, 0.3)), ((1440, 0.6), (1420, 0.4)), True),
+    Isp(17816, "unicom-gd-metro", 0.03, 1.00, ((1420, 0.8), (1412, 0.2)), ((1420, 0.5), (1400, 0.5)), True),
+    Isp(58453, "cmi-small", 0.03, 1.20, ((1380, 0.6), (1360, 0.4)), ((1452, 0.7), (1460, 0.3)), True),
+    Isp(24400, "cmcc-sh-small", 0.02, 1.10, ((1360, 0.5), (1340, 0.5)), ((1400, 1.0),), True),
+)
+
+
+@dataclass(frozen=True)
+class SimParams:
+    """Knobs of `ccs simulate`. Defaults reproduce CALIBRATION.md; see README "The simulator"."""
+
+    nodes: int = 12
+    hours: int = 24
+    start: str = "2026-11-01T00:00:00"
+    seed: int = 7
+    #: mean connections per node and hour; modulated by a diurnal curve (peak 21:00).
+    conns_per_node_hour: int = 1500
+    #: share of traffic from IPv6 /48s (issue 2: "roughly a third").
+    ipv6_share: float = 0.33
+    #: client /24s (and /48s) a node serves, per 1000 connections an hour (Zipf popularity).
+    prefixes_per_kconn: int = 120
+    zipf_alpha: float = 1.05
+
+    # --- purity and dynamics of prefixes (ALICCS §3.3, Fig. 7, Observation IV) ---
+    #: share of prefix segments that are "pure" (purity drawn in [pure_lo, 1]); Fig. 7: 90% of
+    #: the busiest /24s above 91% purity.
+    pure_share: float = 0.92
+    pure_lo: float = 0.95
+    mixed_lo: float = 0.55
+    mixed_hi: float = 0.90
+    #: dominance segment length ~ lognormal(mu, sigma) hours, fitted so that P(>2h)=0.87 and
+    #: P(>=15h)=0.10 (§3.3 "a /24 stays dominated >2h with 87% probability, >=15h with 10%").
+    dominance_mu: float = 1.636
+    dominance_sigma: float = 0.837
+    #: share of client hosts behind NAT whose connections mix types (§3.3 "even /32s").
+    nat_host_share: float = 0.08
+    #: share of cellular connections that are 5G rather than 4G (our pick).
+    share_5g_of_cell: float = 0.15
+
+    # --- monthly and daily cycles (ALICCS §5.1 Fig. 9, Observation III) ---
+    #: the cellular share is multiplied by 1+amp at the month's start, 1-amp at its end.
+    month_cell_amplitude: float = 0.15
+    #: probability that a cellular connection is policed (token bucket), first → last day.
+    police_p_start: float = 0.05
+    police_p_end: float = 0.45
+    police_rate_mbps: tuple[float, float] = (0.8, 2.5)
+
+    # --- labels (ALICCS §3 "Labeled data acquisition", Observation IV) ---
+    #: share of nodes whose short-video app reports the access network type.
+    label_node_share: float = 0.7
+    #: probability that a request of the reporting app ("video") carries `net_type`; with the
+    #: app's share of requests this gives 5-10% of requests fleet-wide.
+    label_prob: float = 0.16
+
+    # --- CC assignment ---
+    #: "ab": CRC32(client IP) odd → bbr, even → cubic (ALICCS Appendix A);
+    #: "default": all cubic; "table": a prefix→CC table file (`table_path`), misses on cubic.
+    cc_mode: str = "ab"
+    table_path: str | None = None
+    #: with cc_mode="table": even CRC32 stays on the default as control (ALICCS §5.3).
+    table_ab: bool = False
+
+    # --- planted faults for diagnostics (issue 5) ---
+    #: a /16 (e.g. "58.14.0.0/16" or "auto") whose MSS is anomalous while other features stay
+    #: normal: Wi-Fi clients there announce cellular MSS values and vice versa.
+    fault_mss_prefix16: str | None = None
+
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

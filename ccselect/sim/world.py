@@ -1,0 +1,277 @@
+"""The simulated fleet's static side, rebuilt identically from the seed in every worker: regions,
+ISPs and their address blocks, edge nodes with hidden path state, and each node's client
+prefixes with their network-type dominance timeline (ALICCS §3.1, §3.3, Fig. 5, Fig. 7).
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+
+from ccselect.sim.params import ISPS, REGIONS, SimParams
+
+# Public first octets per ISP family of blocks (none is reserved or bogon space).
+_V4_OCTETS = {
+    "chinanet": (58, 59, 60, 61, 113, 114, 115, 116, 118, 121, 122, 125, 180, 182, 218, 219, 220, 222),
+    "unicom": (27, 42, 101, 106, 110, 123, 124, 139, 140, 175, 210, 211),
+    "cmcc": (36, 39, 111, 112, 117, 120, 183, 223),
+    "small": (43, 45, 49, 103, 150, 163, 202, 203),
+}
+# IPv6 /20s (as the top 32 bits of their first /32) per ISP; small ISPs take /32s in 2400::/12.
+_V6_BASE = {"chinanet": 0x240E0000, "unicom": 0x24088000, "cmcc": 0x24098000}
+_MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+
+def mix64(*parts: np.ndarray | int) -> np.ndarray:
+    """splitmix64 over the given integer arrays: a deterministic hash → uint64 per element."""
+    acc = np.uint64(0x9E3779B97F4A7C15)
+    out: np.ndarray | None = None
+    with np.errstate(over="ignore"):
+        return _mix(parts, acc)
+
+
+def _mix(parts: tuple[np.ndarray | int, ...], acc: np.uint64) -> np.ndarray:
+    out: np.ndarray | None = None
+    for part in parts:
+        x = np.asarray(part).astype(np.uint64, copy=False)
+        h = (x if out is None else out ^ x) + acc
+        h = (h ^ (h >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        h = (h ^ (h >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        out = h ^ (h >> np.uint64(31))
+    assert out is not None
+    return out
+
+
+def unit(*parts: np.ndarray | int) -> np.ndarray:
+    """A deterministic uniform in [0, 1) per element."""
+    return (mix64(*parts) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+@dataclass
+class Node:
+    idx: int
+    node_id: str
+    region: int
+    # hidden path state (ALICCS §3.1: the feature↔type relation differs across nodes)
+    base_rtt_ms: float
+    capacity_factor: float
+    competing_flows: int
+    jitter_ms: float
+    mss_clamp: int
+    labelled: bool
+
+
+@dataclass
+class PrefixSet:
+    """A node's client prefixes, as parallel arrays (one element per /24 or /48)."""
+
+    family: np.ndarray        # 4 or 6
+    net: np.ndarray           # v4: /24 network as int; v6: /48 as int (top 48 bits)
+    isp: np.ndarray           # index into ISPS
+    region: np.ndarray        # index into REGIONS
+    weight: np.ndarray        # popularity, sums to 1
+    dist_rtt_ms: np.ndarray   # client-side distance beyond the node's own base RTT
+    cap_mult: np.ndarray      # access capacity multiplier
+    n_hosts: np.ndarray       # active hosts (v4) or /64 subscribers (v6)
+    android_share: np.ndarray
+    share_cell: np.ndarray    # [prefix, hour] share of cellular connections (the dominance)
+    segment: np.ndarray       # [prefix, hour] id of the dominance segment in force
+
+    def cidr(self, i: int) -> str:
+        if self.family[i] == 4:
+            return f"{ipaddress.IPv4Address(int(self.net[i]) << 8)}/24"
+        return f"{ipaddress.IPv6Address(int(self.net[i]) << 80)}/48"
+
+
+@dataclass
+class Block:
+    family: int
+    net: int      # v4 /16 as int (top 16 bits) or v6 /32 as int (top 32 bits)
+    isp: int
+    region: int
+
+    @property
+    def cidr(self) -> str:
+        if self.family == 4:
+            return f"{ipaddress.IPv4Address(self.net << 16)}/16"
+        return f"{ipaddress.IPv6Address(self.net << 96)}/32"
+
+
+class World:
+    """Everything static about the fleet, derived from `params.seed` alone."""
+
+    def __init__(self, params: SimParams):
+        self.p = params
+        self.start = datetime.fromisoformat(params.start).replace(tzinfo=timezone.utc)
+        self.start_ms = int(self.start.timestamp() * 1000)
+        self.blocks = self._address_plan()
+        self.nodes = self._nodes()
+        self._prefix_cache: dict[int, PrefixSet] = {}
+        self.fault_prefix16 = self._fault_block()
+
+    # -- address plan ----------------------------------------------------------------------
+    def _address_plan(self) -> list[Block]:
+        rng = np.random.default_rng([self.p.seed, 1])
+        used4: set[int] = set()
+        used6: set[int] = set()
+        blocks: list[Block] = []
+        for ii, isp in enumerate(ISPS):
+            octets = _V4_OCTETS["small" if isp.small else isp.name]
+            for ri in range(len(REGIONS)):
+                for _ in range(1 if isp.small else 2):
+                    while True:
+                        net16 = int(rng.choice(octets)) << 8 | int(rng.integers(0, 256))
+                        if net16 not in used4:
+                            used4.add(net16)
+                            break
+                    blocks.append(Block(4, net16, ii, ri))
+                while True:
+                    if isp.small:
+                        net32 = 0x24000000 | int(rng.integers(0x0100, 0xFFFF))
+                    else:
+                        net32 = _V6_BASE[isp.name] | int(rng.integers(0, 0x1000))
+                    if net32 not in used6:
+                        used6.add(net32)
+                        break
+                blocks.append(Block(6, net32, ii, ri))
+        return blocks
+
+    def reference_rows(self) -> list[dict[str, object]]:
+        """The IP→ASN/region table the pipeline joins (`reference/ip_asn_region.csv`)."""
+        return [{"cidr": b.cidr, "asn": ISPS[b.isp].asn, "isp": ISPS[b.isp].name,
+                 "region": REGIONS[b.region].name} for b in self.blocks]
+
+    def _fault_block(self) -> int | None:
+        f = self.p.fault_mss_prefix16
+        if not f:
+            return None
+        if f == "auto":  # the busiest large-ISP /16 of node 0's own region
+            ps = self.prefixes(0)
+            v4 = (ps.family == 4) & (ps.isp < 3)
+            w = np.zeros(1 << 16)
+            np.add.at(w, (ps.net[v4] >> 8).astype(np.int64), ps.weight[v4])
+            return int(np.argmax(w))
+        net = ipaddress.ip_network(f, strict=False)
+        if net.version != 4 or net.prefixlen != 16:
+            raise ValueError(f"fault_mss_prefix16 must be an IPv4 /16, got {f}")
+        return int(net.network_address) >> 16
+
+    # -- nodes -------------------------------------------------------------------------------
+    def _nodes(self) -> list[Node]:
+        rng = np.random.default_rng([self.p.seed, 2])
+        n = self.p.nodes
+        labelled = np.zeros(n, dtype=bool)
+        k = max(1, int(round(self.p.label_node_share * n)))
+        labelled[rng.permutation(n)[:k]] = True
+        per_region: dict[int, int] = {}
+        nodes = []
+        for i in range(n):
+            region = i % len(REGIONS)
+            per_region[region] = per_region.get(region, 0) + 1
+            competing = int(rng.integers(0, 9))
+            nodes.append(Node(
+                idx=i,
+                node_id=f"edge-{REGIONS[region].name}-{per_region[region]:02d}",
+                region=region,
+                base_rtt_ms=float(np.clip(rng.lognormal(np.log(9.0), 0.75), 1.5, 90.0)),
+                capacity_factor=float(rng.lognormal(0.0, 0.35)),
+                competing_flows=competing,
+                jitter_ms=float(0.4 + 0.7 * competing * rng.lognormal(0.0, 0.4)),
+                # a load balancer / tunnel on the node's ingress clamping MSS for everyone
+                mss_clamp=int(rng.choice([1360, 1380, 1400])) if rng.random() < 0.25 else 65535,
+                labelled=bool(labelled[i]),
+            ))
+        return nodes
+
+    # -- client prefixes -------------------------------------------------------------------
+    def prefixes(self, node_idx: int) -> PrefixSet:
+        if node_idx not in self._prefix_cache:
+            self._prefix_cache[node_idx] = self._make_prefixes(self.nodes[node_idx])
+        return self._prefix_cache[node_idx]
+
+    def _make_prefixes(self, node: Node) -> PrefixSet:
+        p = self.p
+        rng = np.random.default_rng([p.seed, 3, node.idx])
+        n_total = max(20, int(p.prefixes_per_kconn * p.conns_per_node_hour / 1000))
+        n6 = int(round(n_total * p.ipv6_share))
+        family = np.array([4] * (n_total - n6) + [6] * n6)
+        isp_w = np.array([i.weight for i in ISPS])
+        isp_mix = rng.dirichlet(isp_w * 25)  # nodes differ in their ISP mix
+        isp = rng.choice(len(ISPS), size=n_total, p=isp_mix)
+        local = rng.random(n_total) < 0.85
+        region = np.where(local, node.region, rng.integers(0, len(REGIONS), n_total))
+        net = np.zeros(n_total, dtype=np.int64)
+        by_key: dict[tuple[int, int, int], list[Block]] = {}
+        for b in self.blocks:
+            by_key.setdefault((b.family, b.isp, b.region), []).append(b)
+        seen: set[tuple[int, int]] = set()
+        for i in range(n_total):
+            cands = by_key[(int(family[i]), int(isp[i]), int(region[i]))]
+            while True:
+                b = cands[int(rng.integers(0, len(cands)))]
+                sub = int(rng.integers(0, 1 << (8 if b.family == 4 else 16)))
+                key = (b.family, b.net << (8 if b.family == 4 else 16) | sub)
+                if key not in seen:
+                    seen.add(key)
+                    break
+            net[i] = key[1]
+        # Zipf popularity over a random order, so families and ISPs mix among the busiest.
+        ranks = rng.permutation(n_total) + 1
+        weight = ranks.astype(float) ** -p.zipf_alpha
+        weight /= weight.sum()
+        dist = rng.lognormal(np.log(3.0), 0.8, n_total) + np.where(local, 0.0, 22.0)
+        cap_mult = rng.lognormal(0.0, 0.3, n_total)
+        n_hosts = np.clip((weight * p.conns_per_node_hour * 3).astype(int), 4, 250)
+        share_cell, segment = self._dominance(rng, node, isp, region)
+        android = np.clip(rng.normal(0.7, 0.1, n_total), 0.3, 0.95)
+        return PrefixSet(family, net, isp, region, weight, dist, cap_mult, n_hosts, android,
+                         share_cell, segment)
+
+    def _dominance(self, rng: np.random.Generator, node: Node, isp: np.ndarray,
+                   region: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per prefix and hour: the share of cellular connections, piecewise constant over
+        dominance segments of lognormal length (ALICCS §3.3, Observation IV)."""
+        p = self.p
+        n, hours = len(isp), p.hours
+        base_cell = np.array([REGIONS[r].share_4g for r in region]) * np.array(
+            [ISPS[i].cellular_bias for i in isp])
+        base_cell = np.clip(base_cell, 0.03, 0.9)
+        share = np.zeros((n, hours))
+        seg = np.zeros((n, hours), dtype=np.int64)
+        seg_counter = node.idx << 32
+        for i in range(n):
+            # start mid-segment (stationary renewal process): skip a random part of the first one
+            t = -rng.random() * rng.lognormal(p.dominance_mu, p.dominance_sigma)
+            while t < hours:
+                length = max(1.0, float(rng.lognormal(p.dominance_mu, p.dominance_sigma)))
+                lo, hi = max(0, int(round(t))), min(hours, int(round(t + length)))
+                cell_dom = rng.random() < base_cell[i]
+                purity = (rng.uniform(p.pure_lo, 1.0) if rng.random() < p.pure_share
+                          else rng.uniform(p.mixed_lo, p.mixed_hi))
+                if hi > lo:
+                    share[i, lo:hi] = purity if cell_dom else 1.0 - purity
+                    seg[i, lo:hi] = seg_counter
+                seg_counter += 1
+                t += length
+        return share, seg
+
+    # -- time ------------------------------------------------------------------------------
+    def hour_start_ms(self, hour_idx: int) -> int:
+        return self.start_ms + hour_idx * 3_600_000
+
+    def month_fraction(self, hour_idx: int) -> float:
+        """0 at the first hour of the month, 1 at its last (ALICCS Fig. 9 monthly cycle)."""
+        t = datetime.fromtimestamp(self.hour_start_ms(hour_idx) / 1000, tz=timezone.utc)
+        nxt = datetime(t.year + (t.month == 12), t.month % 12 + 1, 1, tzinfo=timezone.utc)
+        first = datetime(t.year, t.month, 1, tzinfo=timezone.utc)
+        return (t - first).total_seconds() / max(1.0, (nxt - first).total_seconds() - 3600)
+
+    def local_hour(self, hour_idx: int) -> int:
+        """Hour of day in China (UTC+8), for the diurnal load curve."""
+        t = datetime.fromtimestamp(self.hour_start_ms(hour_idx) / 1000, tz=timezone.utc)
+        return (t.hour + 8) % 24
+
+    def day_index(self, hour_idx: int) -> int:
+        return int((self.hour_start_ms(hour_idx) // 86_400_000))

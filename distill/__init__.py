@@ -1,0 +1,1 @@
+"""distill: see README.md."""

@@ -1,0 +1,1 @@
+"""export: see README.md."""
