@@ -52,7 +52,7 @@ def draw_path(rng: np.random.Generator, cell: np.ndarray, is5g: np.ndarray, fam6
     buffer_ms = np.where(cell, ln(np.log(160.0), 0.5, n), ln(np.log(30.0), 0.6, n))
     # cellular link layers retransmit locally (RLC ARQ), so end-to-end random loss stays low;
     # cellular/Wi-Fi mean retransmission ratio ≈2.1× on IPv4, ≈2.9× on IPv6 (ALICCS §4.2)
-    loss = np.where(cell, ln(np.log(0.0014), 0.8, n) * np.where(fam6, 1.4, 1.0),
+    loss = np.where(cell, ln(np.log(0.0010), 0.8, n) * np.where(fam6, 2.2, 1.0),
                     ln(np.log(0.0006), 0.5, n))
     loss = np.clip(loss, 1e-5, 0.05)
     policed = cell & (rng.random(n) < police_p)
@@ -79,7 +79,7 @@ def rate_and_loss(path: Path, cc: np.ndarray, mss: np.ndarray, rng: np.random.Ge
     # Token-bucket policer (Observation III): CUBIC bursts into the empty bucket and collapses.
     pol = path.policed
     rate_cubic = np.where(pol, np.minimum(rate_cubic, path.police_mbps * rng.uniform(0.45, 0.75, n)), rate_cubic)
-    p_cubic = np.where(pol, np.clip(rng.lognormal(np.log(0.10), 0.35, n), 0.02, 0.45), p_cubic)
+    p_cubic = np.where(pol, np.clip(rng.lognormal(np.log(0.06), 0.35, n), 0.01, 0.45), p_cubic)
     rate_bbr = np.where(pol, np.minimum(rate_bbr, path.police_mbps * rng.uniform(0.85, 0.97, n)), rate_bbr)
     p_bbr = np.where(pol, np.clip(rng.lognormal(np.log(0.015), 0.4, n), 0.002, 0.1), p_bbr)
     rate = np.where(cc == BBR, rate_bbr, rate_cubic)

@@ -131,7 +131,7 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     mss = _mss_profile(rng, isp, cell)
     if world.fault_prefix16 is not None:  # planted fault: MSS of the other access type
         f = (~fam6) & ((net >> 8) == world.fault_prefix16)
-        mss = np.where(f, _mss_profile(rng, isp, ~cell), mss)
+        mss = np.where(f, _mss_profile(np.random.default_rng([p.seed, 12, node_idx, hour_idx]), isp, ~cell), mss)
     mss = np.minimum(mss - np.where(fam6, 20, 0), node.mss_clamp)
 
     service_idx = rng.choice(3, size=n, p=SERVICE_P)
