@@ -16,7 +16,7 @@ EDGE_LDLIBS   := -lbpf -lelf -lz -lcrypto
 EDGE_HDRS     := $(EDGE_DIR)/include/ccs_table.h $(EDGE_DIR)/bpf/ccs.h
 
 .PHONY: edge edge-clean
-edge: $(EDGE_OUT)/ccs-edge
+edge: $(EDGE_OUT)/ccs-edge $(EDGE_OUT)/ccs-loadgen
 
 $(EDGE_OUT)/.dir:
 	@mkdir -p $(EDGE_OUT) && touch $@
@@ -33,6 +33,10 @@ $(EDGE_OUT)/ccs.skel.h: $(EDGE_OUT)/ccs.bpf.o
 
 $(EDGE_OUT)/ccs-edge: $(EDGE_DIR)/edge/ccs-edge.c $(EDGE_OUT)/ccs.skel.h $(EDGE_HDRS)
 	$(EDGE_CC) $(EDGE_CFLAGS) $(EDGE_INCLUDES) $< -o $@ $(EDGE_LDLIBS)
+
+# accept-rate load generator for bench/kernel.py
+$(EDGE_OUT)/ccs-loadgen: $(EDGE_DIR)/edge/ccs-loadgen.c | $(EDGE_OUT)/.dir
+	$(EDGE_CC) $(EDGE_CFLAGS) $< -o $@
 
 edge-clean:
 	rm -rf $(EDGE_OUT)

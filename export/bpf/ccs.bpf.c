@@ -98,9 +98,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ccs_conns SEC(".maps");
 
+#define RB_BYTES (1 << 22)
+#define RB_WAKE_BYTES (RB_BYTES / 4)
+
 struct {
 	__uint(type, BPF_MAP_TYPE_RINGBUF);
-	__uint(max_entries, 1 << 22);
+	__uint(max_entries, RB_BYTES);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ccs_events SEC(".maps");
 
@@ -329,7 +332,7 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	}
 	version = meta->version;
 	has_table = 1;
-	if (bpf_ktime_get_boot_ns() >= meta->expires_boot_ns) {
+	if (bpf_ktime_get_coarse_ns() >= meta->expires_mono_ns) {
 		cnt(CCS_CNT_EXPIRED);
 		decision = CCS_DEC_STALE;
 		goto out;
@@ -435,12 +438,15 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 		c->min_snd_wnd_bytes = 0;
 	if (c->min_rtt_var_us == 0xffffffff)
 		c->min_rtt_var_us = 0;
-	if (bpf_ringbuf_output(&ccs_events, c, sizeof(*c), 0))
+	/* no wake-up per record: the agent drains in batches; wake it when the ring fills up */
+	if (bpf_ringbuf_output(&ccs_events, c, sizeof(*c),
+			       bpf_ringbuf_query(&ccs_events, BPF_RB_AVAIL_DATA) > RB_WAKE_BYTES ?
+			       BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP))
 		cnt(CCS_CNT_LOG_DROPPED);
 	else
 		cnt(CCS_CNT_LOG_EMITTED);
+	/* the storage goes with the socket */
 	bpf_sock_ops_cb_flags_set(skops, 0);
-	bpf_sk_storage_delete(&ccs_conns, sk);
 }
 
 SEC("sockops")

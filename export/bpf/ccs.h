@@ -34,7 +34,7 @@ struct ccs_meta {
 	__u64 version;
 	__u64 created_unix;
 	__u64 expires_unix;
-	__u64 expires_boot_ns;  /* expiry on CLOCK_BOOTTIME, what the kernel checks */
+	__u64 expires_mono_ns;  /* expiry on CLOCK_MONOTONIC, what the kernel checks (coarse clock) */
 	__u64 loaded_unix;
 	__u32 n_v4;
 	__u32 n_v6;

@@ -762,7 +762,7 @@ static int cmd_load(const char *manifest_path, bool json)
 	meta.version = version;
 	meta.created_unix = created;
 	meta.expires_unix = expires;
-	meta.expires_boot_ns = clock_ns(CLOCK_BOOTTIME) +
+	meta.expires_mono_ns = clock_ns(CLOCK_MONOTONIC) +
 			       ((__s64)expires - (__s64)now) * 1000000000ull;
 	meta.loaded_unix = now;
 	meta.n_v4 = h->n_v4;
@@ -825,7 +825,7 @@ static int cmd_rollback(void)
 		die_msg("rollback: no previous table");
 		goto cleanup;
 	}
-	if (meta.expires_boot_ns <= clock_ns(CLOCK_BOOTTIME)) {
+	if (meta.expires_mono_ns <= clock_ns(CLOCK_MONOTONIC)) {
 		die_msg("rollback: previous table %llu has expired", (unsigned long long)meta.version);
 		goto cleanup;
 	}
@@ -849,10 +849,10 @@ cleanup:
 
 static void print_meta(FILE *o, const struct ccs_meta *m, __u32 slot, bool live)
 {
-	__u64 now_boot = clock_ns(CLOCK_BOOTTIME);
+	__u64 now_mono = clock_ns(CLOCK_MONOTONIC);
 	time_t now = time(NULL);
 	char sha[65];
-	bool expired = now_boot >= m->expires_boot_ns;
+	bool expired = now_mono >= m->expires_mono_ns;
 
 	hex(m->sha256, 32, sha);
 	fprintf(o, "{\"version\": %llu, \"slot\": %u, \"created\": %llu, \"expires\": %llu, "
@@ -861,7 +861,7 @@ static void print_meta(FILE *o, const struct ccs_meta *m, __u32 slot, bool live)
 		(unsigned long long)m->version, slot, (unsigned long long)m->created_unix,
 		(unsigned long long)m->expires_unix, (unsigned long long)m->loaded_unix,
 		(long long)now - (long long)m->created_unix,
-		((double)(__s64)(m->expires_boot_ns - now_boot)) / 1e9, expired ? "true" : "false",
+		((double)(__s64)(m->expires_mono_ns - now_mono)) / 1e9, expired ? "true" : "false",
 		live && !expired ? "true" : "false", m->n_v4, m->n_v6, sha);
 }
 
@@ -1050,7 +1050,7 @@ static void watchdog(int ctl_fd, int meta_fd, __u64 *warned_version)
 	slot = ctl.live - 1;
 	if (bpf_map_lookup_elem(meta_fd, &slot, &m) || !m.valid)
 		return;
-	if (clock_ns(CLOCK_BOOTTIME) >= m.expires_boot_ns) {
+	if (clock_ns(CLOCK_MONOTONIC) >= m.expires_mono_ns) {
 		if (*warned_version != m.version + 1) {
 			fprintf(stderr, "ccs-edge: watchdog: table %llu expired at %llu: not enforced, "
 				"connections keep the default CC until a new table is loaded\n",
@@ -1106,7 +1106,11 @@ static int cmd_log(const char *out, bool drain, bool watch)
 	signal(SIGTERM, on_signal);
 	do {
 		lg.boot_to_real_ns = (__s64)clock_ns(CLOCK_REALTIME) - (__s64)clock_ns(CLOCK_BOOTTIME);
-		n = drain ? ring_buffer__consume(rb) : ring_buffer__poll(rb, 500);
+		/* records come without wake-ups (the kernel wakes us only when the ring is 1/4
+		 * full): wait up to 200 ms, then drain whatever is there */
+		n = drain ? 0 : ring_buffer__poll(rb, 200);
+		if (n >= 0 || n == -EINTR)
+			n = ring_buffer__consume(rb);
 		if (n < 0 && n != -EINTR) {
 			die_msg("ring buffer: %s", strerror(-n));
 			goto cleanup;
