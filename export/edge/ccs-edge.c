@@ -368,6 +368,11 @@ static int cmd_attach(void)
 		printf("replaced program on existing link %s\n", lp);
 		goto cleanup;
 	}
+	if (mkdir(cfg.cgroup, 0755) && errno != EEXIST) {
+		err = -errno;
+		die_msg("create cgroup %s: %s", cfg.cgroup, strerror(-err));
+		goto cleanup;
+	}
 	cg_fd = open(cfg.cgroup, O_RDONLY | O_DIRECTORY);
 	if (cg_fd < 0) {
 		err = -errno;

@@ -410,3 +410,25 @@ def test_transport_log_records(edge):
     cnt = edge.agent.status()["counters"]
     assert cnt["log_emitted"] == len(plan), f"log_emitted counter {cnt['log_emitted']}"
     assert cnt["log_dropped"] == 0, f"log_dropped counter {cnt['log_dropped']}"
+
+
+def test_example_config_policy(edge, edge_binary):
+    """infra/edge/edge.yaml, as the C agent reads it, lands in the policy map."""
+    import subprocess
+    cfg = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))),
+                       "infra", "edge", "edge.yaml")
+    r = subprocess.run([edge_binary, "--config", cfg, "--pin-dir", edge.pin_dir, "--cgroup",
+                        edge.cgroup, "attach"], capture_output=True, text=True)
+    assert r.returncode == 0, f"attach with the example config: {r.stderr}"
+
+    def policy(port):
+        out = subprocess.run(["bpftool", "-j", "map", "lookup", "pinned",
+                              f"{edge.pin_dir}/ccs_policy", "key", "hex",
+                              *port.to_bytes(4, "little").hex(" ").split()],
+                             capture_output=True, text=True, check=True).stdout
+        v = json.loads(out)["value"]
+        return [int(x, 16) for x in v[:3]]
+
+    assert policy(443) == [1, 0, 1], "443: served, no A/B, caps"
+    assert policy(80) == [1, 1, 0], "80: served, A/B, no caps"
+    assert policy(8080) == [0, 0, 0], "8080: not served"
