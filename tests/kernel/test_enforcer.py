@@ -432,3 +432,42 @@ def test_example_config_policy(edge, edge_binary):
     assert policy(443) == [1, 0, 1], "443: served, no A/B, caps"
     assert policy(80) == [1, 1, 0], "80: served, A/B, no caps"
     assert policy(8080) == [0, 0, 0], "8080: not served"
+
+
+def test_v4_mapped_dual_stack_and_sampling(edge):
+    """A v4 client on a dual-stack (AF_INET6) listener is looked up as IPv4 (::ffff:a.b.c.d
+    matches the v4 entries, A/B CRC over its 4 bytes), and sample_rate 0.5 logs about half."""
+    default = sysctl_cc()
+    a, b = other_ccs(default)
+    with in_cgroup(edge.cgroup):
+        ls = edge.track(listener(socket.AF_INET6, "::"))
+        ab = edge.track(listener(socket.AF_INET6, "::"))
+    edge.configure([Service(ls.getsockname()[1], "dual"),
+                    Service(ab.getsockname()[1], "dual-ab", ab=True)], sample_rate=0.5)
+    entries = [tf.Entry("127.90.0.0/16", a), tf.Entry("127.90.3.0/24", b)]
+    edge.agent.load(edge.table(entries, 50).manifest)
+    n = 0
+    for i in range(200):
+        src = f"127.90.{i % 6}.{1 + i // 6}"
+        c = client(src)
+        c.connect(("127.0.0.1", ls.getsockname()[1]))
+        acc, peer = ls.accept()
+        assert peer[0] == "::ffff:" + src, f"dual-stack peer {peer[0]}"
+        want = b if src.startswith("127.90.3.") else a
+        assert sock_cc(acc) == want, f"v4-mapped {src}: got {sock_cc(acc)}, want {want}"
+        acc.close(), c.close()
+        n += 1
+    for i in range(40):
+        src = f"127.90.9.{i + 1}"
+        c = client(src)
+        c.connect(("127.0.0.1", ab.getsockname()[1]))
+        acc, _ = ab.accept()
+        want = a if tf.ab_bucket_odd(src) else default
+        assert sock_cc(acc) == want, f"A/B on a mapped peer {src}: CRC over the 4 v4 bytes"
+        acc.close(), c.close()
+        n += 1
+    cnt = edge.agent.status()["counters"]
+    assert 0.35 * n <= cnt["log_sampled"] <= 0.65 * n, f"sample_rate 0.5: {cnt['log_sampled']}/{n}"
+    time.sleep(0.2)
+    assert cnt["log_sampled"] == cnt["log_emitted"] or edge.agent.status()["counters"][
+        "log_emitted"] == cnt["log_sampled"], "every sampled connection emits on close"
