@@ -17,7 +17,11 @@ help:
 	@echo "make bench  - run the benchmarks in bench/ (JSON under bench/results/)"
 	@echo "make setup  - install everything (.venv, Debian packages when root, Delta jars)"
 
+# The eBPF enforcer and the ccs-edge agent (export/build.mk); built when root (needs clang/libbpf).
+-include export/build.mk
+
 setup: python sysdeps warm
+	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory edge; else echo "not root: not building the eBPF enforcer"; fi
 
 python: $(STAMP)
 

@@ -1,0 +1,92 @@
+"""Configuration loading, the Spark factory and the CLI's help."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from ccselect.config import load_config
+from ccselect.lake import table_path
+
+from conftest import REPO, write_config
+
+
+def test_local_config_resolves_paths_under_the_project(monkeypatch):
+    monkeypatch.delenv("CCS_CONFIG", raising=False)
+    monkeypatch.delenv("CCS_DATA_ROOT", raising=False)
+    cfg = load_config()
+    assert cfg.env == "local"
+    assert cfg.data_root == str(REPO / "var")
+    assert cfg.get("lake.root") == str(REPO / "var" / "lake")
+    assert cfg.get("mlflow.tracking_uri") == f"sqlite:///{REPO / 'var' / 'mlflow' / 'mlflow.db'}"
+    assert cfg.get("spark.master") == "local[*]"
+
+
+def test_cluster_config_has_the_same_keys():
+    local = yaml.safe_load((REPO / "infra/conf/local.yaml").read_text())
+    cluster = yaml.safe_load((REPO / "infra/conf/cluster.yaml").read_text())
+
+    def keys(d, pre=""):
+        return {pre + k for k, v in d.items()} | {x for k, v in d.items() if isinstance(v, dict) and k != "conf"
+                                                  for x in keys(v, pre + k + ".")}
+    assert keys(local) == keys(cluster)
+    cfg = load_config(REPO / "infra/conf/cluster.yaml")
+    assert cfg.get("lake.root") == "s3a://ccselect-lake/lake", "remote paths stay untouched"
+
+
+def test_env_and_overrides(tmp_path, monkeypatch):
+    path = write_config(tmp_path)
+    monkeypatch.setenv("CCS_CONFIG", str(path))
+    assert load_config().data_root == str(tmp_path)
+    monkeypatch.setenv("CCS_DATA_ROOT", str(tmp_path / "elsewhere"))
+    assert load_config().get("lake.root") == str(tmp_path / "elsewhere" / "lake")
+
+
+def test_bad_config_is_refused(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        load_config(tmp_path / "missing.yaml")
+    (tmp_path / "x.yaml").write_text("env: local\n")
+    with pytest.raises(ValueError, match="data_root"):
+        load_config(tmp_path / "x.yaml")
+    (tmp_path / "y.yaml").write_text("data_root: /tmp\nlake: {root: '${nope}/x'}\n")
+    with pytest.raises(KeyError, match="nope"):
+        load_config(tmp_path / "y.yaml")
+
+
+def test_table_paths(cfg):
+    assert table_path(cfg, "silver.connections").endswith("/lake/silver/connections")
+    with pytest.raises(ValueError):
+        table_path(cfg, "connections")
+    with pytest.raises(ValueError):
+        table_path(cfg, "platinum.x")
+
+
+def test_spark_session_has_delta(spark, tmp_path):
+    from pyspark.testing import assertDataFrameEqual
+    df = spark.createDataFrame([(1, "a"), (2, None)], "id int, s string")
+    df.write.format("delta").save(str(tmp_path / "t"))
+    assertDataFrameEqual(spark.read.format("delta").load(str(tmp_path / "t")), df)
+    assert spark.conf.get("spark.sql.shuffle.partitions") == "2"
+
+
+def test_every_command_has_help():
+    from typer.main import get_command
+
+    from ccselect.cli import app
+    names = sorted(get_command(app).commands)
+    assert "simulate" in names and "run" in names
+    for name in names:
+        res = subprocess.run([sys.executable, "-m", "ccselect.cli", name, "--help"], capture_output=True, text=True)
+        assert res.returncode == 0 and "Usage" in res.stdout, f"ccs {name} --help failed: {res.stderr[-400:]}"
+
+
+def test_simulate_command_end_to_end(tmp_path):
+    res = subprocess.run([sys.executable, "-m", "ccselect.cli", "simulate", "--out", str(tmp_path / "o"),
+                          "--nodes", "2", "--hours", "1", "--conns-per-node-hour", "100", "--seed", "1",
+                          "--workers", "1", "--json"], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-800:]
+    import json
+    m = json.loads(res.stdout)
+    assert m["counts"]["transport"] > 0 and len(m["nodes"]) == 2
