@@ -209,6 +209,12 @@ def main(seconds: float = 1.5, rounds: int = 5) -> dict:
         result["breakdown_lookup_no_setsockopt"] = breakdown(agent, cgroup, ports, noop)
         agent.load(tables[0].manifest)
         result["breakdown_table_hit"] = breakdown(agent, cgroup, ports, noop)
+        # -- breakdown 4: a table of the size ALICCS reports after purity aggregation (~10^3)
+        small = signing.write_table(make_entries(1000), 5, "bench", int(time.time()) + 3600,
+                                    tmp, key)
+        agent.load(small.manifest)
+        result["breakdown_table_hit_1k_entries"] = breakdown(agent, cgroup, ports, noop)
+        agent.load(tables[0].manifest)
         noop.close()
         noop = None
         # -- full stats logging: every connection sampled, the agent draining the ring buffer
