@@ -427,6 +427,8 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 	c->data_segs_out = CTX_U32(skops, data_segs_out);
 	c->total_retrans = CTX_U32(skops, total_retrans);
 	c->min_rtt_us = CTX_U32(skops, rtt_min);
+	if (c->min_rtt_us == 0xffffffff) /* no RTT sample ever: minmax still at its initial ~0 */
+		c->min_rtt_us = c->min_srtt_us;
 	__builtin_memset(c->cc, 0, sizeof(c->cc));
 	if (tp) {
 		const struct tcp_congestion_ops *ops = BPF_CORE_READ(tp, inet_conn.icsk_ca_ops);
