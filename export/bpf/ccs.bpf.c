@@ -175,20 +175,41 @@ static __always_inline __u32 crc32_addr(const __u8 *p, int n)
 	return c ^ 0xffffffff;
 }
 
-static __always_inline int set_cc(struct bpf_sock_ops *skops, __u8 cc)
-{
-	char name[8] = {};
+/* the first 8 bytes of a CC name as the kernel stores it (tcp_congestion_ops.name) */
+#define CC_NAME8(a, b, c, d, e) ((__u64)(a) | (__u64)(b) << 8 | (__u64)(c) << 16 |	\
+				 (__u64)(d) << 24 | (__u64)(e) << 32)
 
-	if (cc == CCS_CC_CUBIC) {
-		name[0] = 'c'; name[1] = 'u'; name[2] = 'b'; name[3] = 'i'; name[4] = 'c';
-	} else if (cc == CCS_CC_BBR) {
-		name[0] = 'b'; name[1] = 'b'; name[2] = 'r';
-	} else if (cc == CCS_CC_RENO) {
-		name[0] = 'r'; name[1] = 'e'; name[2] = 'n'; name[3] = 'o';
-	} else {
+static __always_inline __u64 cc_name8(__u8 cc)
+{
+	if (cc == CCS_CC_CUBIC)
+		return CC_NAME8('c', 'u', 'b', 'i', 'c');
+	if (cc == CCS_CC_BBR)
+		return CC_NAME8('b', 'b', 'r', 0, 0);
+	if (cc == CCS_CC_RENO)
+		return CC_NAME8('r', 'e', 'n', 'o', 0);
+	return 0;
+}
+
+/*
+ * bpf_setsockopt(TCP_CONGESTION), unless the socket already runs that CC (e.g. the table says
+ * "cubic" and cubic is the default): then the call would change nothing (tcp_set_congestion_control
+ * returns early on the same ops) and is skipped. 1: set, 0: already that CC, <0: error.
+ */
+static __always_inline int set_cc(struct bpf_sock_ops *skops, struct tcp_sock *tp, __u8 cc)
+{
+	__u64 want = cc_name8(cc);
+	char name[8];
+
+	if (!want)
 		return -1;
+	if (tp) {
+		const struct tcp_congestion_ops *ops = tp->inet_conn.icsk_ca_ops;
+
+		if (ops && *(__u64 *)ops->name == want)
+			return 0;
 	}
-	return bpf_setsockopt(skops, SOL_TCP, TCP_CONGESTION, name, sizeof(name));
+	__builtin_memcpy(name, &want, sizeof(name));
+	return bpf_setsockopt(skops, SOL_TCP, TCP_CONGESTION, name, sizeof(name)) ?: 1;
 }
 
 static __always_inline void update_stats(struct ccs_conn *c, struct bpf_sock_ops *skops,
@@ -210,9 +231,10 @@ static __always_inline void update_stats(struct ccs_conn *c, struct bpf_sock_ops
 	if ((int)inflight > 0 && inflight > c->max_inflight_segs)
 		c->max_inflight_segs = inflight;
 	if (tp) {
-		__u32 wnd = BPF_CORE_READ(tp, snd_wnd);
-		__u32 var = BPF_CORE_READ(tp, mdev_us) >> 2;
-		__u32 rto = BPF_CORE_READ(tp, inet_conn.icsk_rto);
+		/* direct loads through the BTF pointer (no bpf_probe_read_kernel call per field) */
+		__u32 wnd = tp->snd_wnd;
+		__u32 var = tp->mdev_us >> 2;
+		__u32 rto = tp->inet_conn.icsk_rto;
 		__u32 hz = CONFIG_HZ;
 
 		if (wnd < c->min_snd_wnd_bytes)
@@ -232,12 +254,11 @@ static __always_inline void update_stats(struct ccs_conn *c, struct bpf_sock_ops
 	}
 }
 
-static __always_inline void start_log(struct bpf_sock_ops *skops, struct ccs_lpm_key *key,
+static __always_inline void start_log(struct bpf_sock_ops *skops, struct bpf_sock *sk,
+				      struct tcp_sock *tp, struct ccs_lpm_key *key,
 				      __u8 family, __u8 decision, __u64 version, __u8 has_table)
 {
-	struct bpf_sock *sk = skops->sk;
 	struct ccs_conn *c;
-	struct tcp_sock *tp;
 
 	if (!sk)
 		return;
@@ -247,7 +268,8 @@ static __always_inline void start_log(struct bpf_sock_ops *skops, struct ccs_lpm
 		cnt(CCS_CNT_STORAGE_ERR);
 		return;
 	}
-	tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		tp = bpf_skc_to_tcp_sock(sk);
 	c->cookie = bpf_get_socket_cookie(skops);
 	c->start_boot_ns = bpf_ktime_get_boot_ns();
 	c->table_version = version;
@@ -273,7 +295,7 @@ static __always_inline void start_log(struct bpf_sock_ops *skops, struct ccs_lpm
 	c->min_rto_us = 0;
 	c->max_cwnd_segs = 0;
 	c->max_inflight_segs = 0;
-	c->init_snd_wnd_bytes = tp ? BPF_CORE_READ(tp, snd_wnd) : 0;
+	c->init_snd_wnd_bytes = tp ? tp->snd_wnd : 0;
 	update_stats(c, skops, tp);
 	bpf_sock_ops_cb_flags_set(skops, CTX_U32(skops, bpf_sock_ops_cb_flags) |
 				  BPF_SOCK_OPS_RTT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG);
@@ -286,11 +308,14 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	struct ccs_ctl *ctl;
 	struct ccs_meta *meta;
 	struct ccs_lpm_val *val;
+	struct tcp_sock *tp = NULL;
+	struct bpf_sock *sk;
 	void *trie;
 	__u32 port = skops->local_port, zero = 0, slot;
 	__u64 version = 0;
-	__u8 family, decision = CCS_DEC_DEFAULT, has_table = 0;
+	__u8 family, decision = CCS_DEC_DEFAULT, has_table = 0, cc;
 	__u32 a0, a1, a2;
+	int err;
 
 	pol = bpf_map_lookup_elem(&ccs_policy, &port);
 	if (!pol || !pol->served) {
@@ -352,7 +377,8 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 		cnt(CCS_CNT_MISS);
 		goto out;
 	}
-	if (val->cc == CCS_CC_KEEP || val->cc > CCS_CC_MAX) {
+	cc = val->cc;
+	if (cc == CCS_CC_KEEP || cc > CCS_CC_MAX) {
 		cnt(CCS_CNT_HIT_KEEP);
 		decision = CCS_DEC_FALLBACK;
 		goto out;
@@ -362,8 +388,12 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 		decision = CCS_DEC_FALLBACK;
 		goto out;
 	}
-	cnt(CCS_CNT_HIT_CUBIC + val->cc - 1);
-	if (set_cc(skops, val->cc)) {
+	cnt(CCS_CNT_HIT_CUBIC + cc - 1);
+	sk = skops->sk;
+	if (sk)
+		tp = bpf_skc_to_tcp_sock(sk);
+	err = set_cc(skops, tp, cc);
+	if (err < 0) {
 		cnt(CCS_CNT_SETSOCKOPT_ERR);
 		decision = CCS_DEC_FALLBACK;
 		goto out;
@@ -392,7 +422,7 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	}
 out:
 	if (sample_thresh && (__u64)bpf_get_prandom_u32() < sample_thresh)
-		start_log(skops, &key, family, decision, version, has_table);
+		start_log(skops, skops->sk, tp, &key, family, decision, version, has_table);
 	return 1;
 }
 
@@ -429,12 +459,15 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 	c->min_rtt_us = CTX_U32(skops, rtt_min);
 	if (c->min_rtt_us == 0xffffffff) /* no RTT sample ever: minmax still at its initial ~0 */
 		c->min_rtt_us = c->min_srtt_us;
-	__builtin_memset(c->cc, 0, sizeof(c->cc));
+	*(__u64 *)&c->cc[0] = 0;
+	*(__u64 *)&c->cc[8] = 0;
 	if (tp) {
-		const struct tcp_congestion_ops *ops = BPF_CORE_READ(tp, inet_conn.icsk_ca_ops);
+		const struct tcp_congestion_ops *ops = tp->inet_conn.icsk_ca_ops;
 
-		if (ops)
-			bpf_probe_read_kernel_str(c->cc, sizeof(c->cc), &ops->name);
+		if (ops) { /* TCP_CA_NAME_MAX is 16 and names are NUL-terminated: direct loads */
+			*(__u64 *)&c->cc[0] = *(__u64 *)&ops->name[0];
+			*(__u64 *)&c->cc[8] = *(__u64 *)&ops->name[8];
+		}
 	}
 	if (c->min_snd_wnd_bytes == 0xffffffff)
 		c->min_snd_wnd_bytes = 0;
