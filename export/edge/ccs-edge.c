@@ -985,11 +985,53 @@ static int mkdirs(const char *path)
 	return 0;
 }
 
+/* append-only formatting helpers for log_event (no bounds: the caller's buffer fits a record) */
+static inline char *put_s(char *p, const char *s)
+{
+	size_t n = strlen(s);
+
+	memcpy(p, s, n);
+	return p + n;
+}
+
+static inline char *put_u(char *p, unsigned long long v)
+{
+	char t[20];
+	int i = 0;
+
+	do {
+		t[i++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	while (i)
+		*p++ = t[--i];
+	return p;
+}
+
+static inline char *put_i(char *p, long long v)
+{
+	if (v < 0) {
+		*p++ = '-';
+		return put_u(p, 0ULL - (unsigned long long)v);
+	}
+	return put_u(p, (unsigned long long)v);
+}
+
+static inline char *put_hex16(char *p, unsigned long long v)
+{
+	static const char hx[] = "0123456789abcdef";
+
+	for (int i = 15; i >= 0; i--)
+		*p++ = hx[(v >> (4 * i)) & 0xf];
+	return p;
+}
+
 static int log_event(void *ctx, void *data, size_t size)
 {
 	struct logger *lg = ctx;
 	const struct ccs_conn *c = data;
-	char ip[INET6_ADDRSTRLEN] = "", path[PATH_MAX + 64], cc[17], ver[32];
+	/* a record: ~750 bytes of keys and numbers + 2 node ids (< 128 each) + ip + cc + boot */
+	char ip[INET6_ADDRSTRLEN] = "", path[PATH_MAX + 64], cc[17], line[2048], *p;
 	long long start_ms, end_ms, hour;
 	struct tm tm;
 	time_t hsec;
@@ -1016,30 +1058,74 @@ static int log_event(void *ctx, void *data, size_t size)
 	inet_ntop(c->family == 4 ? AF_INET : AF_INET6, c->addr, ip, sizeof(ip));
 	memcpy(cc, c->cc, 16);
 	cc[16] = 0;
-	if (c->has_table)
-		snprintf(ver, sizeof(ver), "\"%llu\"", (unsigned long long)c->table_version);
-	else
-		snprintf(ver, sizeof(ver), "null");
-	fprintf(lg->f,
-		"{\"conn_id\": \"%s-%s%016llx\", \"node_id\": \"%s\", \"ts_start_ms\": %lld, "
-		"\"ts_end_ms\": %lld, \"client_ip\": \"%s\", \"client_port\": %u, "
-		"\"server_port\": %u, \"cc\": \"%s\", \"decision\": \"%s\", \"table_version\": %s, "
-		"\"mss_bytes\": %u, \"connection_time_us\": %u, \"init_snd_wnd_bytes\": %u, "
-		"\"min_rtt_us\": %u, \"max_snd_wnd_bytes\": %u, \"min_snd_wnd_bytes\": %u, "
-		"\"min_rtt_var_us\": %u, \"max_rtt_var_us\": %u, \"min_rto_us\": %u, "
-		"\"min_srtt_us\": %u, \"max_srtt_us\": %u, \"max_cwnd_segs\": %u, "
-		"\"bytes_acked\": %llu, \"data_segs_out\": %u, \"total_retrans\": %u, "
-		"\"max_inflight_segs\": %u, \"duration_us\": %llu}\n",
-		cfg.node_id, lg->boot, (unsigned long long)c->cookie, cfg.node_id, start_ms, end_ms, ip,
-		c->client_port, c->server_port, cc,
-		c->decision <= CCS_DEC_STALE ? ccs_decision_names[c->decision] : "default", ver,
-		c->mss_bytes, c->connection_time_us, c->init_snd_wnd_bytes, c->min_rtt_us,
-		c->max_snd_wnd_bytes, c->min_snd_wnd_bytes, c->min_rtt_var_us, c->max_rtt_var_us,
-		c->min_rto_us, c->min_srtt_us, c->max_srtt_us, c->max_cwnd_segs,
-		(unsigned long long)c->bytes_acked, c->data_segs_out, c->total_retrans,
-		c->max_inflight_segs,
-		(unsigned long long)(c->end_boot_ns > c->start_boot_ns ?
-				     (c->end_boot_ns - c->start_boot_ns) / 1000 : 0));
+	/* hand-rolled formatting (one fwrite per record): fprintf with 25 conversions was ~2 us a
+	 * record, on the same 2 cores as the connections being logged */
+	p = line;
+	p = put_s(p, "{\"conn_id\": \"");
+	p = put_s(p, cfg.node_id);
+	*p++ = '-';
+	p = put_s(p, lg->boot);
+	p = put_hex16(p, c->cookie);
+	p = put_s(p, "\", \"node_id\": \"");
+	p = put_s(p, cfg.node_id);
+	p = put_s(p, "\", \"ts_start_ms\": ");
+	p = put_i(p, start_ms);
+	p = put_s(p, ", \"ts_end_ms\": ");
+	p = put_i(p, end_ms);
+	p = put_s(p, ", \"client_ip\": \"");
+	p = put_s(p, ip);
+	p = put_s(p, "\", \"client_port\": ");
+	p = put_u(p, c->client_port);
+	p = put_s(p, ", \"server_port\": ");
+	p = put_u(p, c->server_port);
+	p = put_s(p, ", \"cc\": \"");
+	p = put_s(p, cc);
+	p = put_s(p, "\", \"decision\": \"");
+	p = put_s(p, c->decision <= CCS_DEC_STALE ? ccs_decision_names[c->decision] : "default");
+	p = put_s(p, "\", \"table_version\": ");
+	if (c->has_table) {
+		*p++ = '"';
+		p = put_u(p, c->table_version);
+		*p++ = '"';
+	} else {
+		p = put_s(p, "null");
+	}
+	p = put_s(p, ", \"mss_bytes\": ");
+	p = put_u(p, c->mss_bytes);
+	p = put_s(p, ", \"connection_time_us\": ");
+	p = put_u(p, c->connection_time_us);
+	p = put_s(p, ", \"init_snd_wnd_bytes\": ");
+	p = put_u(p, c->init_snd_wnd_bytes);
+	p = put_s(p, ", \"min_rtt_us\": ");
+	p = put_u(p, c->min_rtt_us);
+	p = put_s(p, ", \"max_snd_wnd_bytes\": ");
+	p = put_u(p, c->max_snd_wnd_bytes);
+	p = put_s(p, ", \"min_snd_wnd_bytes\": ");
+	p = put_u(p, c->min_snd_wnd_bytes);
+	p = put_s(p, ", \"min_rtt_var_us\": ");
+	p = put_u(p, c->min_rtt_var_us);
+	p = put_s(p, ", \"max_rtt_var_us\": ");
+	p = put_u(p, c->max_rtt_var_us);
+	p = put_s(p, ", \"min_rto_us\": ");
+	p = put_u(p, c->min_rto_us);
+	p = put_s(p, ", \"min_srtt_us\": ");
+	p = put_u(p, c->min_srtt_us);
+	p = put_s(p, ", \"max_srtt_us\": ");
+	p = put_u(p, c->max_srtt_us);
+	p = put_s(p, ", \"max_cwnd_segs\": ");
+	p = put_u(p, c->max_cwnd_segs);
+	p = put_s(p, ", \"bytes_acked\": ");
+	p = put_u(p, c->bytes_acked);
+	p = put_s(p, ", \"data_segs_out\": ");
+	p = put_u(p, c->data_segs_out);
+	p = put_s(p, ", \"total_retrans\": ");
+	p = put_u(p, c->total_retrans);
+	p = put_s(p, ", \"max_inflight_segs\": ");
+	p = put_u(p, c->max_inflight_segs);
+	p = put_s(p, ", \"duration_us\": ");
+	p = put_u(p, c->end_boot_ns > c->start_boot_ns ? (c->end_boot_ns - c->start_boot_ns) / 1000 : 0);
+	p = put_s(p, "}\n");
+	fwrite(line, 1, p - line, lg->f);
 	lg->written++;
 	return 0;
 }

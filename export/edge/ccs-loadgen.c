@@ -3,12 +3,14 @@
  * ccs-loadgen - connection accept-rate load for bench/kernel.py.
  *
  *   ccs-loadgen --cgroup PATH --enforced-port P1 --plain-port P2 [--seconds S] [--rounds R]
- *               [--net 127.N]
+ *               [--net 127.N] [--batch B]
  *
  * Creates the P1 listener inside the cgroup (so the sock_ops enforcer runs on its connections)
  * and the P2 listener outside it, then alternates R rounds of S seconds of
  * connect/accept/close on each, from source addresses 127.N.x.y (x, y rotating; SO_LINGER 0 so
  * no TIME_WAIT piles up). Prints one JSON object: connections per second per round and side.
+ * Up to 512 rounds. --batch B interleaves the two sides within each round, B connections at a
+ * time, each batch timed (so both sides see the same background load on a shared machine).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -56,17 +58,15 @@ static int make_listener(int port)
 	return fd;
 }
 
-/* returns connections completed in `secs`; -1 on a failed connection */
-static long run(int lfd, int port, int net, double secs, unsigned *ctr)
+/* `count` connect/accept/close on one listener; 0, or -1 on a failure */
+static int batch(int lfd, int port, int net, int count, unsigned *ctr)
 {
 	struct sockaddr_in dst = { .sin_family = AF_INET, .sin_port = htons(port) };
 	struct linger lg = { 1, 0 };
-	double end = now_s() + secs;
-	long n = 0;
 
 	dst.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-	while (now_s() < end) {
-		for (int i = 0; i < 64; i++) {
+	{
+		for (int i = 0; i < count; i++) {
 			struct sockaddr_in src = { .sin_family = AF_INET };
 			unsigned c = (*ctr)++;
 			int fd = socket(AF_INET, SOCK_STREAM, 0), afd;
@@ -86,16 +86,64 @@ static long run(int lfd, int port, int net, double secs, unsigned *ctr)
 			}
 			close(afd);
 			close(fd);
-			n++;
 		}
 	}
-	return n;
+	return 0;
+}
+
+/* returns connections per second over about `secs` (the time actually taken); -1 on a failure */
+static double run(int lfd, int port, int net, double secs, unsigned *ctr)
+{
+	double start = now_s(), end = start + secs, t;
+	long n = 0;
+
+	while (now_s() < end) {
+		if (batch(lfd, port, net, 64, ctr))
+			return -1;
+		n += 64;
+	}
+	t = now_s() - start;
+	return t > 0 ? n / t : 0;
+}
+
+/*
+ * --batch B: within each round of `secs`, alternate batches of B connections between the two
+ * listeners (which side goes first alternates too) and time each batch, so that both sides see
+ * the same background load; *a, *b: connections per second of side 1 and side 2.
+ */
+static int run_interleaved(int lf1, int p1, int lf2, int p2, int net, double secs, int B,
+			   unsigned *ctr, double *a, double *b)
+{
+	double end = now_s() + secs, t1 = 0, t2 = 0, t;
+	long n1 = 0, n2 = 0;
+	int k = 0;
+
+	while (now_s() < end) {
+		for (int j = 0; j < 2; j++, k++) {
+			int one = (k & 2) ? !j : j;	/* order: 1 2 2 1 1 2 2 1 ... */
+
+			t = now_s();
+			if (batch(one ? lf1 : lf2, one ? p1 : p2, net, B, ctr))
+				return -1;
+			t = now_s() - t;
+			if (one) {
+				t1 += t;
+				n1 += B;
+			} else {
+				t2 += t;
+				n2 += B;
+			}
+		}
+	}
+	*a = t1 > 0 ? n1 / t1 : 0;
+	*b = t2 > 0 ? n2 / t2 : 0;
+	return 0;
 }
 
 int main(int argc, char **argv)
 {
 	const char *cgroup = NULL;
-	int p1 = 0, p2 = 0, rounds = 3, net = 90, lf1, lf2, r;
+	int p1 = 0, p2 = 0, rounds = 3, net = 90, lf1, lf2, r, B = 0;
 	double secs = 2.0;
 	unsigned ctr = 0;
 	static const struct option opts[] = {
@@ -105,6 +153,7 @@ int main(int argc, char **argv)
 		{ "seconds", required_argument, NULL, 's' },
 		{ "rounds", required_argument, NULL, 'r' },
 		{ "net", required_argument, NULL, 'n' },
+		{ "batch", required_argument, NULL, 'b' },
 		{},
 	};
 	int c;
@@ -117,6 +166,7 @@ int main(int argc, char **argv)
 		case 's': secs = atof(optarg); break;
 		case 'r': rounds = atoi(optarg); break;
 		case 'n': net = atoi(optarg); break;
+		case 'b': B = atoi(optarg); break;
 		default: return 2;
 		}
 	}
@@ -149,15 +199,18 @@ int main(int argc, char **argv)
 	}
 	printf("{\"seconds\": %g, \"enforced_cps\": [", secs);
 	{
-		double e[64], p[64];
+		double e[512], p[512];
 
-		if (rounds > 64)
-			rounds = 64;
+		if (rounds > 512)
+			rounds = 512;
 		for (r = 0; r < rounds; r++) {
-			long a, b;
+			double a, b;
 
-			/* alternate which side goes first, so warm-up favours neither */
-			if (r % 2) {
+			if (B > 0) {
+				if (run_interleaved(lf1, p1, lf2, p2, net, secs, B, &ctr, &b, &a))
+					return 1;
+			} else if (r % 2) {
+				/* alternate which side goes first, so warm-up favours neither */
 				b = run(lf1, p1, net, secs, &ctr);
 				a = run(lf2, p2, net, secs, &ctr);
 			} else {
@@ -167,8 +220,8 @@ int main(int argc, char **argv)
 
 			if (a < 0 || b < 0)
 				return 1;
-			p[r] = a / secs;
-			e[r] = b / secs;
+			p[r] = a;
+			e[r] = b;
 		}
 		for (r = 0; r < rounds; r++)
 			printf("%s%.1f", r ? ", " : "", e[r]);
