@@ -35,7 +35,7 @@ class Path:
 
 def draw_path(rng: np.random.Generator, cell: np.ndarray, is5g: np.ndarray, fam6: np.ndarray,
               base_rtt_ms: np.ndarray, dist_rtt_ms: np.ndarray, cap_mult: np.ndarray,
-              capacity_factor: float, competing: int, node_jitter_ms: float,
+              capacity_factor: float, competing: int, path_jitter_ms: np.ndarray,
               police_p: float, police_rate: tuple[float, float], bbr_day_effect: np.ndarray) -> Path:
     n = len(cell)
     ln = rng.lognormal
@@ -45,7 +45,7 @@ def draw_path(rng: np.random.Generator, cell: np.ndarray, is5g: np.ndarray, fam6
     spike = np.where(rng.random(n) < 0.004, ln(np.log(800.0), 0.8, n), 0.0)
     min_rtt = base_rtt_ms + dist_rtt_ms + access
     jitter = np.where(cell, 0.32 * access * ln(0.0, 0.4, n), (0.6 + 0.08 * min_rtt) * ln(0.0, 0.5, n))
-    jitter = jitter + node_jitter_ms * ln(0.0, 0.5, n)
+    jitter = jitter + path_jitter_ms * ln(0.0, 0.5, n)
     cap = np.where(cell, np.where(is5g, ln(np.log(60.0), 0.6, n), ln(np.log(11.0), 0.7, n)),
                    ln(np.log(24.0), 0.7, n))
     cap = np.clip(cap * cap_mult * capacity_factor / (1.0 + 0.12 * competing), 0.1, 300.0)

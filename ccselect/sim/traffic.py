@@ -126,13 +126,13 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     day_eff = np.exp(0.07 * (unit(p.seed, 30, ps.region[pref], day) * 2 - 1) * 1.7)
     path = physics.draw_path(rng, cell, is5g, fam6, node.base_rtt_ms, ps.dist_rtt_ms[pref],
                              ps.cap_mult[pref], node.capacity_factor, node.competing_flows,
-                             node.jitter_ms, police_p, p.police_rate_mbps, day_eff)
+                             ps.path_jitter_ms[pref], police_p, p.police_rate_mbps, day_eff)
     isp = ps.isp[pref]
     mss = _mss_profile(rng, isp, cell)
     if world.fault_prefix16 is not None:  # planted fault: MSS of the other access type
         f = (~fam6) & ((net >> 8) == world.fault_prefix16)
         mss = np.where(f, _mss_profile(np.random.default_rng([p.seed, 12, node_idx, hour_idx]), isp, ~cell), mss)
-    mss = np.minimum(mss - np.where(fam6, 20, 0), node.mss_clamp)
+    mss = np.minimum(mss - np.where(fam6, 20, 0), ps.mss_clamp[pref])
 
     service_idx = rng.choice(3, size=n, p=SERVICE_P)
     n_req = 1 + rng.poisson(_MEAN_EXTRA_REQ[service_idx])

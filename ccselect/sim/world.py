@@ -74,6 +74,8 @@ class PrefixSet:
     weight: np.ndarray        # popularity, sums to 1
     dist_rtt_ms: np.ndarray   # client-side distance beyond the node's own base RTT
     cap_mult: np.ndarray      # access capacity multiplier
+    path_jitter_ms: np.ndarray  # queueing jitter of the path from the node to this prefix
+    mss_clamp: np.ndarray     # MSS clamp of a tunnel/middlebox on this prefix's path (65535: none)
     n_hosts: np.ndarray       # active hosts (v4) or /64 subscribers (v6)
     android_share: np.ndarray
     share_cell: np.ndarray    # [prefix, hour] share of cellular connections (the dominance)
@@ -179,7 +181,7 @@ class World:
                 capacity_factor=float(rng.lognormal(0.0, 0.35)),
                 competing_flows=competing,
                 jitter_ms=float(0.4 + 0.7 * competing * rng.lognormal(0.0, 0.4)),
-                # a load balancer / tunnel on the node's ingress clamping MSS for everyone
+                # a tunnel on many of the node's paths clamping MSS (applied per prefix)
                 mss_clamp=int(rng.choice([1360, 1380, 1400])) if rng.random() < 0.25 else 65535,
                 labelled=bool(labelled[i]),
             ))
@@ -221,12 +223,18 @@ class World:
         ranks = rng.permutation(n_total) + 1
         weight = ranks.astype(float) ** -p.zipf_alpha
         weight /= weight.sum()
-        dist = rng.lognormal(np.log(3.0), 0.8, n_total) + np.where(local, 0.0, 22.0)
+        dist = rng.lognormal(np.log(3.0), 1.0, n_total) + np.where(local, 0.0, 22.0)
         cap_mult = rng.lognormal(0.0, 0.3, n_total)
+        # hidden path state varies per prefix too (ALICCS §3.1: "buffer sizes and the number of
+        # competing flows across CDN nodes and IP prefixes"); nodes differ in its mixture.
+        path_jitter = node.jitter_ms * rng.lognormal(0.0, 0.8, n_total)
+        clamp_share = 0.6 if node.mss_clamp < 65535 else 0.08
+        clamp_value = node.mss_clamp if node.mss_clamp < 65535 else 1400
+        mss_clamp = np.where(rng.random(n_total) < clamp_share, clamp_value, 65535)
         n_hosts = np.clip((weight * p.conns_per_node_hour * 3).astype(int), 4, 250)
         share_cell, segment = self._dominance(rng, node, isp, region)
         android = np.clip(rng.normal(0.7, 0.1, n_total), 0.3, 0.95)
-        return PrefixSet(family, net, isp, region, weight, dist, cap_mult, n_hosts, android,
+        return PrefixSet(family, net, isp, region, weight, dist, cap_mult, path_jitter, mss_clamp, n_hosts, android,
                          share_cell, segment)
 
     def _dominance(self, rng: np.random.Generator, node: Node, isp: np.ndarray,
