@@ -4,8 +4,9 @@ Measures, with a 100,000-entry table loaded:
   - the program's mean run time (kernel.bpf_stats_enabled: bpf_prog_info run_time_ns / run_cnt),
     per invocation and per established connection (all sock_ops callbacks of the connection);
   - the accept rate with the enforcer as a ratio of the rate without it, in the same run
-    (export/build/ccs-loadgen alternates rounds on a listener inside the enforced cgroup and one
-    outside it), with logging off and with full stats logging (sample rate 1, agent draining);
+    (export/build/ccs-loadgen interleaves batches of connections on a listener inside the
+    enforced cgroup and one outside it; bpf_stats off; median of 40 per-round ratios), with
+    logging off and with full stats logging (sample rate 1, agent draining);
   - the time to build (encode + sign) and to verify, build the trie and swap a 100k-entry table.
 
 Needs root, BPF and cgroup v2 at /sys/fs/cgroup/unified. Run: .venv/bin/python bench/kernel.py
@@ -115,46 +116,83 @@ class Noop:
         subprocess.run(["rm", "-f", self.pin])
 
 
-def breakdown(agent, cgroup, ports, noop):
-    c0, t0 = noop.stats()
-    prog = phase(agent, cgroup, ports, 1.0, 2)["program"]
-    c1, t1 = noop.stats()
+def set_stats(on: bool):
+    with open(STATS, "w") as f:
+        f.write("1" if on else "0")
+
+
+def program_time(agent, cgroup, ports, tmp, seconds=1.0, rounds=2):
+    """The program's run time per invocation and per established connection, from
+    kernel.bpf_stats (run_time_ns / run_cnt), with an empty sock_ops program attached beside it
+    for the window: its ns per run is what the accounting itself adds to every run (two clock
+    reads), subtracted as `net_*`. Stats and the empty program are on only for this window, never
+    while the accept rate is measured."""
+    noop = Noop(tmp, cgroup)
+    try:
+        set_stats(True)
+        c0, t0 = noop.stats()
+        _, runs, ns, est, counters = prog_window(
+            agent, lambda: loadgen(cgroup, ports[0], ports[1], seconds, rounds))
+        c1, t1 = noop.stats()
+    finally:
+        set_stats(False)
+        noop.close()
+    prog = {"runs": runs, "run_time_ns": ns, "connections": est,
+            "mean_ns_per_run": round(ns / runs, 1) if runs else None,
+            "mean_ns_per_connection": round(ns / est, 1) if est else None,
+            "runs_per_connection": round(runs / est, 2) if est else None}
     floor = (t1 - t0) / (c1 - c0) if c1 > c0 else None
     prog["noop_ns_per_run"] = round(floor, 1) if floor else None
-    if floor and prog["mean_ns_per_run"]:
-        prog["net_ns_per_run"] = round(prog["mean_ns_per_run"] - floor, 1)
-        prog["net_ns_per_connection"] = round(
-            prog["mean_ns_per_connection"] - floor * prog["runs_per_connection"], 1)
+    if floor and runs and est:
+        prog["net_ns_per_run"] = round(ns / runs - floor, 1)
+        prog["net_ns_per_connection"] = round(ns / est - floor * runs / est, 1)
     return prog
 
 
-def loadgen(cgroup, p_enf, p_plain, seconds, rounds):
+def loadgen(cgroup, p_enf, p_plain, seconds, rounds, batch=0):
     r = subprocess.run([LOADGEN, "--cgroup", cgroup, "--enforced-port", str(p_enf),
                         "--plain-port", str(p_plain), "--seconds", str(seconds),
-                        "--rounds", str(rounds), "--net", str(LOAD_NET)],
+                        "--rounds", str(rounds), "--net", str(LOAD_NET), "--batch", str(batch)],
                        capture_output=True, text=True, check=True)
     return json.loads(r.stdout)
 
 
-def phase(agent, cgroup, ports, seconds, rounds):
-    lg, runs, ns, est, counters = prog_window(
-        agent, lambda: loadgen(cgroup, ports[0], ports[1], seconds, rounds))
-    enf, plain = statistics.median(lg["enforced_cps"]), statistics.median(lg["plain_cps"])
-    pair = [e / p for e, p in zip(lg["enforced_cps"], lg["plain_cps"])]
+def accept_rate(agent, cgroup, ports, seconds, rounds, batch):
+    """Connections/s accepted on the enforced listener vs the plain one (outside the cgroup).
+    Each round interleaves the two sides `batch` connections at a time, each batch timed, so
+    both see the same background load (the 2 cores are shared with other work); batches of
+    ~1000 connections (~30 ms) keep the enforcer's working set (trie, maps) as warm as it is
+    when every connection is enforced. bpf_stats is off, as in production. `ratio` is the median
+    of the per-round ratios (robust to rounds hit by a burst of background load);
+    `ratio_of_totals` (all enforced connections per second / all plain ones) and the quartiles
+    of the per-round ratios are beside it."""
+    def counters():
+        try:
+            return agent.status().get("counters", {})
+        except Exception:  # not attached (the empty-program reference)
+            return {}
+
+    a = counters()
+    lg = loadgen(cgroup, ports[0], ports[1], seconds, rounds, batch)
+    b = counters()
+    e, p = lg["enforced_cps"], lg["plain_cps"]
+    pair = sorted(x / y for x, y in zip(e, p))
+    q = lambda f: round(pair[min(len(pair) - 1, int(f * len(pair)))], 4)  # noqa: E731
     return {
-        "accept_rate": {**lg, "enforced_median_cps": enf, "plain_median_cps": plain,
-                        "ratio": round(enf / plain, 4),
-                        "ratio_median_of_rounds": round(statistics.median(pair), 4)},
-        "program": {"runs": runs, "run_time_ns": ns, "connections": est,
-                    "mean_ns_per_run": round(ns / runs, 1) if runs else None,
-                    "mean_ns_per_connection": round(ns / est, 1) if est else None,
-                    "runs_per_connection": round(runs / est, 2) if est else None},
-        "counters": {k: counters[k] for k in ("hit_cubic", "hit_reno", "miss", "setsockopt_err",
-                                             "log_emitted", "log_dropped")},
+        "seconds_per_round": lg["seconds"], "rounds": len(e), "batch": batch,
+        "enforced_mean_cps": round(statistics.mean(e), 1),
+        "plain_mean_cps": round(statistics.mean(p), 1),
+        "ratio": round(statistics.median(pair), 4),
+        "ratio_of_totals": round(sum(e) / sum(p), 4),
+        "ratio_rounds_p25_p75": [q(0.25), q(0.75)],
+        "connections": b.get("established", 0) - a.get("established", 0),
+        "counters": {k: b.get(k, 0) - a.get(k, 0)
+                     for k in ("hit_cubic", "hit_reno", "miss", "setsockopt_err",
+                               "log_emitted", "log_dropped")},
     }
 
 
-def main(seconds: float = 1.5, rounds: int = 5) -> dict:
+def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024) -> dict:
     if os.geteuid() != 0 or not os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.procs")):
         print("bench/kernel.py: skipped (needs root and cgroup v2 at /sys/fs/cgroup/unified)")
         return {}
@@ -172,15 +210,21 @@ def main(seconds: float = 1.5, rounds: int = 5) -> dict:
                      services=[Service(ports[0], "enforced"), Service(ports[1], "plain")])
     agent = EdgeAgent(config=cfg)
     old_stats = open(STATS).read().strip()
-    daemon = noop = None
+    daemon = None
     result = {"kernel": platform.release(), "cpus": os.cpu_count(), "table_entries": N_ENTRIES}
     try:
-        agent.attach(cgroup)
-        with open(STATS, "w") as f:
-            f.write("1")
-        # -- breakdown 1: program attached, no table loaded (policy + control word only)
+        set_stats(False)
+        # -- reference: the accept rate with only an empty sock_ops program on the cgroup (what
+        # any sock_ops enforcer costs: the kernel's callbacks into the cgroup's program)
         noop = Noop(tmp, cgroup)
-        result["breakdown_no_table"] = breakdown(agent, cgroup, ports, noop)
+        try:
+            result["empty_program_accept_rate"] = accept_rate(agent, cgroup, ports, seconds,
+                                                              rounds // 2, batch)
+        finally:
+            noop.close()
+        agent.attach(cgroup)
+        # -- breakdown 1: program attached, no table loaded (policy + control word only)
+        result["breakdown_no_table"] = program_time(agent, cgroup, ports, tmp)
         # -- build + swap of a 100k-entry table
         entries = make_entries(N_ENTRIES)
         t0 = time.perf_counter()
@@ -200,44 +244,53 @@ def main(seconds: float = 1.5, rounds: int = 5) -> dict:
             "agent_swap_us": med("swap_us"), "agent_total_ms": med("total_ms"),
             "agent_wall_ms": med("wall_ms"), "loads": len(loads),
         }
-        # -- logging off: every connection is a table hit with a CC change (setsockopt)
-        result["no_logging"] = phase(agent, cgroup, ports, seconds, rounds)
+        # -- logging off: every connection is a table hit with a CC change (setsockopt: the
+        # load's prefixes say cubic/reno, neither is the default CC in the bench VM)
+        result["default_cc"] = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+        nl = result["no_logging"] = {
+            "accept_rate": accept_rate(agent, cgroup, ports, seconds, rounds, batch),
+            "program": program_time(agent, cgroup, ports, tmp)}
         # -- breakdown 2: the same 100k table, but the load's prefixes say "keep": the lookup
         # without the setsockopt
         keep = signing.write_table(make_entries(N_ENTRIES, load_cc=("keep",)), 4, "bench",
                                    int(time.time()) + 3600, tmp, key)
         agent.load(keep.manifest)
-        result["breakdown_lookup_no_setsockopt"] = breakdown(agent, cgroup, ports, noop)
+        result["breakdown_lookup_no_setsockopt"] = program_time(agent, cgroup, ports, tmp)
         agent.load(tables[0].manifest)
-        result["breakdown_table_hit"] = breakdown(agent, cgroup, ports, noop)
+        result["breakdown_table_hit"] = program_time(agent, cgroup, ports, tmp)
         # -- breakdown 4: a table of the size ALICCS reports after purity aggregation (~10^3)
         small = signing.write_table(make_entries(1000), 5, "bench", int(time.time()) + 3600,
                                     tmp, key)
         agent.load(small.manifest)
-        result["breakdown_table_hit_1k_entries"] = breakdown(agent, cgroup, ports, noop)
+        result["breakdown_table_hit_1k_entries"] = program_time(agent, cgroup, ports, tmp)
         agent.load(tables[0].manifest)
-        noop.close()
-        noop = None
         # -- full stats logging: every connection sampled, the agent draining the ring buffer
         agent.attach(cgroup, sample_rate=1.0)
         daemon = agent.run(f"{tmp}/logs")
         time.sleep(0.3)
-        result["full_logging"] = phase(agent, cgroup, ports, seconds, rounds)
+        fl = result["full_logging"] = {
+            "accept_rate": accept_rate(agent, cgroup, ports, seconds, rounds, batch),
+            "program": program_time(agent, cgroup, ports, tmp)}
         agent.stop(daemon)
         daemon = None
-        nl, fl = result["no_logging"], result["full_logging"]
         result["goals"] = {
-            "ns_per_connection_le_150": nl["program"]["mean_ns_per_connection"] <= 150,
-            "note": "ns_per_connection sums every sock_ops invocation of a connection "
-                    "(runs_per_connection of them), the CC switch by bpf_setsockopt included",
+            "net_ns_per_connection": nl["program"].get("net_ns_per_connection"),
+            "ns_per_connection_le_150": (nl["program"].get("net_ns_per_connection") or 1e9)
+            <= 150,
+            "note": "net_ns_per_connection: the program's run time summed over every sock_ops "
+                    "invocation of a connection (runs_per_connection of them), the CC switch by "
+                    "bpf_setsockopt included, less what bpf_stats accounting adds per run "
+                    "(noop_ns_per_run, measured beside it); mean_ns_per_connection includes it. "
+                    "Accept rates are measured with bpf_stats off.",
+            "accept_ratio_empty_program": result["empty_program_accept_rate"]["ratio"],
+            "accept_ratio": nl["accept_rate"]["ratio"],
             "accept_ratio_ge_0.97": nl["accept_rate"]["ratio"] >= 0.97,
+            "accept_ratio_logging": fl["accept_rate"]["ratio"],
             "accept_ratio_logging_ge_0.90": fl["accept_rate"]["ratio"] >= 0.90,
         }
     finally:
         if daemon is not None:
             agent.stop(daemon)
-        if noop is not None:
-            noop.close()
         with open(STATS, "w") as f:
             f.write(old_stats)
         try:

@@ -471,3 +471,35 @@ def test_v4_mapped_dual_stack_and_sampling(edge):
     time.sleep(0.2)
     assert cnt["log_sampled"] == cnt["log_emitted"] or edge.agent.status()["counters"][
         "log_emitted"] == cnt["log_sampled"], "every sampled connection emits on close"
+
+
+def test_table_cc_equal_to_socket_cc(edge):
+    """The program skips bpf_setsockopt(TCP_CONGESTION) when the accepted socket already runs the
+    table's CC. What counts is the socket's own CC, not the sysctl default: a listener set to
+    another CC hands that CC to its children, and a table entry naming the default must still
+    switch them."""
+    default = sysctl_cc()
+    a, _ = other_ccs(default)
+    with in_cgroup(edge.cgroup):
+        plain = edge.track(listener())
+        custom = edge.track(listener())
+    custom.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, a.encode())
+    edge.configure([Service(plain.getsockname()[1], "plain"),
+                    Service(custom.getsockname()[1], "custom")])
+    entries = [tf.Entry("127.40.0.0/16", default), tf.Entry("127.41.0.0/16", a)]
+    edge.agent.load(edge.table(entries, 1).manifest)
+    want = collections.Counter()
+    for ls, inherited in ((plain, default), (custom, a)):
+        for src, cc in (("127.40.0.9", default), ("127.41.0.9", a), ("127.42.0.9", None)):
+            c, s, _ = connect_accept(ls, src)
+            got = sock_cc(s)
+            s.close()
+            c.close()
+            assert got == (cc or inherited), f"{src} on {inherited} listener: {got}, want {cc}"
+            if cc:
+                want[cc] += 1
+    cnt = edge.agent.status()["counters"]
+    assert cnt["established"] == 6 and cnt["lookups"] == 6 and cnt["miss"] == 2, cnt
+    for cc in ("cubic", "bbr", "reno"):
+        assert cnt[f"hit_{cc}"] == want[cc], f"hit_{cc} {cnt[f'hit_{cc}']} vs {want[cc]}"
+    assert cnt["setsockopt_err"] == 0 and cnt["hit_keep"] == 0, cnt
