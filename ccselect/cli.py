@@ -18,6 +18,7 @@ app = typer.Typer(
 COMMAND_MODULES = (
     "ccselect.sim.cli",
     "ccselect.run",
+    "jobs.cli",
 )
 
 

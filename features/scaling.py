@@ -1,0 +1,92 @@
+"""log1p then standardization of the twelve Table 4 features (ALICCS §4.2 "Data cleaning").
+
+Statistics are fitted once on a training window, stored (gold.feature_stats and a JSON artifact
+under the data root) and applied unchanged at training and inference time.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from ccselect.contract import FEATURES
+
+
+@dataclass(frozen=True)
+class FeatureStats:
+    """mean and (population) standard deviation of log1p(feature), in model order."""
+    features: tuple[str, ...]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    n: int
+    window: str
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "FeatureStats":
+        d = json.loads(text)
+        return cls(tuple(d["features"]), tuple(d["mean"]), tuple(d["std"]), int(d["n"]), d["window"])
+
+
+def _log1p(c: str):
+    # Clip at 0: every feature is a non-negative counter or duration by contract.
+    return F.log1p(F.greatest(F.col(c).cast("double"), F.lit(0.0)))
+
+
+def fit(df: DataFrame, window: str, features: tuple[str, ...] = FEATURES) -> FeatureStats:
+    row = df.select(*[_log1p(f).alias(f) for f in features]).agg(
+        F.count(F.lit(1)).alias("_n"),
+        *[F.avg(f).alias(f"m_{f}") for f in features],
+        *[F.stddev_pop(f).alias(f"s_{f}") for f in features]).collect()[0]
+    if not row["_n"]:
+        raise ValueError("cannot fit feature statistics on an empty window")
+    return FeatureStats(tuple(features), tuple(float(row[f"m_{f}"]) for f in features),
+                        tuple(float(row[f"s_{f}"] or 0.0) for f in features), int(row["_n"]), window)
+
+
+def transform(df: DataFrame, stats: FeatureStats, prefix: str = "z_") -> DataFrame:
+    """Add `z_<feature>` = (log1p(x) - mean) / std (std 0 → 1) and `features` (array, model order)."""
+    cols = []
+    for f, m, s in zip(stats.features, stats.mean, stats.std):
+        cols.append(((_log1p(f) - F.lit(m)) / F.lit(s if s > 0 and math.isfinite(s) else 1.0)).alias(prefix + f))
+    out = df.select("*", *cols)
+    return out.withColumn("features", F.array(*[F.col(prefix + f) for f in stats.features]))
+
+
+def stats_frame(spark, stats: FeatureStats, fitted_at: str) -> DataFrame:
+    rows = [(stats.window, i, f, m, s, stats.n, fitted_at)
+            for i, (f, m, s) in enumerate(zip(stats.features, stats.mean, stats.std))]
+    return spark.createDataFrame(rows, "window string, idx int, feature string, mean double, std double, "
+                                       "n bigint, fitted_at string")
+
+
+def artifact_path(data_root: str, window: str) -> str:
+    return os.path.join(data_root, "artifacts", "feature_stats", f"{window.replace('..', '_')}.json")
+
+
+def save(spark, cfg, stats: FeatureStats, fitted_at: str) -> str:
+    """Write gold.feature_stats (replacing this window's rows) and the JSON artifact (plus
+    `latest.json`); returns the artifact path."""
+    from ccselect.lake import table_path
+    from jobs import delta_io
+    delta_io.replace_partitions(stats_frame(spark, stats, fitted_at), table_path(cfg, "gold.feature_stats"),
+                                {(stats.window,)}, ("window",))
+    path = artifact_path(cfg.data_root, stats.window)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    for p in (path, os.path.join(os.path.dirname(path), "latest.json")):
+        tmp = p + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.write(stats.to_json())
+        os.replace(tmp, p)
+    return path
+
+
+def load(path: str) -> FeatureStats:
+    with open(path) as fh:
+        return FeatureStats.from_json(fh.read())

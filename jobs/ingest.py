@@ -1,0 +1,139 @@
+"""`ccs ingest`: node-hour files → bronze.<stream>, bronze.quarantine, gold.ingest_audit, then
+silver.connections (jobs.silver). extract → pure transforms → load.
+
+Every table is partitioned by (node_id, hour) and written with `replaceWhere` over the
+partitions of the files read, so re-ingesting a file replaces its rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ccselect.config import Config
+from ccselect.contract import STREAMS
+from ccselect.lake import table_path
+from jobs import delta_io
+from jobs.parse import parse
+from jobs.sources import SourceFile, discover, read_lines
+
+BRONZE_COLS = ("stream", "node_id", "hour", "source_file", "line_no", "raw", "ingest_time", "status",
+               "reason", "record")
+QUARANTINE_COLS = ("stream", "node_id", "hour", "source_file", "line_no", "raw", "reason", "ingest_time")
+AUDIT_CONSTRAINTS = {
+    "lines_balance": "lines_read = accepted + quarantined",
+    "counts_nonnegative": "accepted >= 0 AND quarantined >= 0",
+}
+
+
+# ---- transforms ---------------------------------------------------------------------------------
+
+def to_bronze(lines: DataFrame, stream: str, ingest_time: datetime) -> DataFrame:
+    """Lines of one stream → bronze rows (raw line, provenance, status, reason, typed record)."""
+    return parse(lines, stream).withColumn("ingest_time", F.lit(ingest_time)).select(*BRONZE_COLS)
+
+
+def to_quarantine(bronze: DataFrame) -> DataFrame:
+    return bronze.filter(F.col("status") == "quarantined").select(*QUARANTINE_COLS)
+
+
+def to_audit(bronze: DataFrame, files: DataFrame, ingest_time: datetime) -> DataFrame:
+    """Per file: lines read, accepted, quarantined, quarantined by reason (a map). Files with no
+    lines still get a row of zeros."""
+    keys = ["stream", "node_id", "hour", "source_file"]
+    by_reason = (bronze.filter(F.col("status") == "quarantined")
+                 .groupBy(*keys, "reason").count()
+                 .groupBy(*keys).agg(F.map_from_entries(F.sort_array(F.collect_list(
+                     F.struct("reason", "count")))).alias("quarantined_by_reason")))
+    totals = bronze.groupBy(*keys).agg(
+        F.count(F.lit(1)).alias("lines_read"),
+        F.sum(F.when(F.col("status") == "ok", 1).otherwise(0)).cast("bigint").alias("accepted"),
+        F.sum(F.when(F.col("status") == "quarantined", 1).otherwise(0)).cast("bigint").alias("quarantined"))
+    empty = F.create_map().cast("map<string,bigint>")
+    return (files.select(*keys).join(totals, keys, "left").join(by_reason, keys, "left")
+            .select(*keys,
+                    F.coalesce("lines_read", F.lit(0)).cast("bigint").alias("lines_read"),
+                    F.coalesce("accepted", F.lit(0)).cast("bigint").alias("accepted"),
+                    F.coalesce("quarantined", F.lit(0)).cast("bigint").alias("quarantined"),
+                    F.coalesce("quarantined_by_reason", empty).alias("quarantined_by_reason"),
+                    F.lit(ingest_time).alias("ingest_time")))
+
+
+# ---- load ---------------------------------------------------------------------------------------
+
+@dataclass
+class IngestResult:
+    files: int
+    partitions: int
+    streams: dict
+
+    def to_dict(self) -> dict:
+        return {"files": self.files, "partitions": self.partitions, "streams": self.streams}
+
+
+def files_frame(spark: SparkSession, files: list[SourceFile]) -> DataFrame:
+    return spark.createDataFrame([(f.stream, f.node_id, f.hour, f.path) for f in files],
+                                 "stream string, node_id string, hour string, source_file string")
+
+
+def ingest_bronze(spark: SparkSession, cfg: Config, files: list[SourceFile],
+                  ingest_time: datetime | None = None) -> dict:
+    """Load bronze.<stream>, bronze.quarantine and gold.ingest_audit for `files`; returns the audit
+    totals per stream."""
+    ingest_time = ingest_time or datetime.now(timezone.utc).replace(tzinfo=None)
+    lines = read_lines(spark, files)
+    audits = []
+    for stream in STREAMS:
+        sfiles = [f for f in files if f.stream == stream]
+        if not sfiles:
+            continue
+        keys = {(f.node_id, f.hour) for f in sfiles}
+        path = table_path(cfg, f"bronze.{stream}")
+        bronze = to_bronze(lines.filter(F.col("stream") == stream), stream, ingest_time)
+        delta_io.replace_partitions(bronze, path, keys)
+        # Quarantine and audit are read back from the committed bronze partitions: cheap, and
+        # they can never disagree with what bronze holds.
+        committed = spark.read.format("delta").load(path).where(delta_io.partition_predicate(keys))
+        qpath = table_path(cfg, "bronze.quarantine")
+        delta_io.replace_partitions(to_quarantine(committed), qpath,
+                                    {(stream, n, h) for n, h in keys}, ("stream", "node_id", "hour"))
+        audit = to_audit(committed, files_frame(spark, sfiles), ingest_time)
+        apath = table_path(cfg, "gold.ingest_audit")
+        delta_io.replace_partitions(audit, apath, {(stream, n, h) for n, h in keys},
+                                    ("stream", "node_id", "hour"))
+        delta_io.ensure_constraints(spark, apath, AUDIT_CONSTRAINTS)
+        audits.append(stream)
+    apath = table_path(cfg, "gold.ingest_audit")
+    pairs = {(f.stream, f.node_id, f.hour) for f in files}
+    summary = (spark.read.format("delta").load(apath)
+               .where(delta_io.partition_predicate(pairs, ("stream", "node_id", "hour")))
+               .groupBy("stream").agg(F.sum("lines_read").alias("lines_read"),
+                                      F.sum("accepted").alias("accepted"),
+                                      F.sum("quarantined").alias("quarantined"))
+               .collect())
+    out = {r["stream"]: {"lines_read": int(r["lines_read"]), "accepted": int(r["accepted"]),
+                         "quarantined": int(r["quarantined"])} for r in summary}
+    reasons = (spark.read.format("delta").load(table_path(cfg, "bronze.quarantine"))
+               .where(delta_io.partition_predicate(pairs, ("stream", "node_id", "hour")))
+               .groupBy("stream", "reason").count().collect()) if out else []
+    for r in reasons:
+        out[r["stream"]].setdefault("by_reason", {})[r["reason"]] = int(r["count"])
+    return out
+
+
+def run(spark: SparkSession, cfg: Config, input_dir: str, hours: tuple[str, str] | None = None,
+        silver: bool = True) -> dict:
+    """The whole ingest for every node-hour file under `input_dir` (optionally an hour range)."""
+    files = discover(input_dir, hours)
+    if not files:
+        raise FileNotFoundError(f"no node-hour files under {input_dir}" + (f" for hours {hours}" if hours else ""))
+    result = {"input": input_dir, "files": len(files),
+              "partitions": len({(f.node_id, f.hour) for f in files}),
+              "streams": ingest_bronze(spark, cfg, files)}
+    if silver:
+        from jobs import silver as silver_job
+        keys = {(f.node_id, f.hour) for f in files if f.stream == "transport"}
+        result["silver_rows"] = silver_job.run(spark, cfg, keys, input_dir)
+    return result

@@ -1,0 +1,196 @@
+"""Parsing and validating the three streams: pure transforms from lines to typed records with a
+status and, for a rejected line, one machine-readable reason (the first rule it breaks).
+
+Input: the lines of `jobs.sources.read_lines` (stream, node_id, hour, hour_start_ms, source_file,
+line_no, raw). Output adds `record` (a struct of the contract's fields, typed), `status`
+(`ok` / `quarantined`) and `reason`.
+
+Reasons, in the order they are checked:
+  bad_json, bad_nginx_line                 the line is not one record
+  missing_key:<f>                          a required field is absent or null
+  wrong_type:<f>                           a field has the wrong JSON type (incl. non-int64 numbers)
+  node_mismatch                            node_id differs from the file's node folder
+  bad_ip                                   client_ip is not an IPv4/IPv6 address
+  unknown_cc, unknown_decision, unknown_net_type
+  mss_out_of_range                         MSS outside 88..65535
+  negative_rtt, absurd_rtt                 an RTT-like field below 0 or above its contract maximum
+  out_of_range:<f>                         any other field outside contract.RANGES (or >= 0 rules)
+  out_of_hour                              a timestamp outside the file's UTC hour
+  bad_time_order                           ts_end_ms before ts_start_ms
+  duplicate_conn_id, duplicate_session_id  a repeat within the file (the first one is kept)
+
+Hot path: `from_json` with the typed schema. Only a suspicious line (a required field came back
+null, or a string field looks unquoted) pays for the exact diagnosis through `try_parse_json`
+and `schema_of_variant`.
+"""
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+from ccselect.contract import CCS, DECISIONS, FIELDS, NET_TYPES, NULLABLE, RANGES
+from jobs.ipaddr import with_ip
+
+HOUR_MS = 3_600_000
+RTT_FIELDS = ("min_rtt_us", "min_rtt_var_us", "max_rtt_var_us", "min_rto_us", "min_srtt_us", "max_srtt_us")
+#: Non-negative counters and durations of the access log and the QoE beacons (no upper contract
+#: range: a day is the absurd bound).
+DAY_MS = 86_400_000
+EXTRA_RANGES = {
+    "access": {"status": (100, 599), "bytes_sent": (0, 1 << 40), "request_time_ms": (0, DAY_MS)},
+    "qoe": {"play_ms": (0, DAY_MS), "rebuffer_ms": (0, DAY_MS), "rebuffer_count": (0, 1 << 20),
+            "startup_ms": (0, DAY_MS)},
+}
+#: nginx access-log tokens (see jobs/README.md for the log_format line), in order.
+NGINX_TOKENS = ("msec", "node_id", "client_ip", "client_port", "status", "bytes_sent", "request_time",
+                "service", "net_type", "tcpinfo_rtt_us", "tcpinfo_rttvar_us", "tcpinfo_snd_cwnd_segs",
+                "tcpinfo_rcv_space_bytes")
+ACCESS_EXTRA = {"client_port": int, "tcpinfo_rtt_us": int, "tcpinfo_rttvar_us": int,
+                "tcpinfo_snd_cwnd_segs": int, "tcpinfo_rcv_space_bytes": int, "log_format": str}
+
+_SPARK_TYPE = {int: T.LongType(), str: T.StringType()}
+_VARIANT_TYPE = {int: "BIGINT", str: "STRING"}
+
+
+def schema(stream: str) -> T.StructType:
+    """The typed record schema of a stream (access also carries the nginx-only fields)."""
+    fields = dict(FIELDS[stream])
+    if stream == "access":
+        fields.update(ACCESS_EXTRA)
+    return T.StructType([T.StructField(k, _SPARK_TYPE[t]) for k, t in fields.items()])
+
+
+def required(stream: str) -> list[str]:
+    return [k for k in FIELDS[stream] if k not in NULLABLE.get(stream, set())]
+
+
+def _json_diagnosis(raw: Column, stream: str) -> Column:
+    """Exact reason for a suspicious JSON line (null when it turns out fine)."""
+    v = F.call_function("try_parse_json", raw)
+    is_object = F.ltrim(raw).startswith("{")
+    chain = F.when(v.isNull() | ~is_object, F.lit("bad_json"))
+    for name, typ in FIELDS[stream].items():
+        t = F.call_function("schema_of_variant", F.call_function("variant_get", v, F.lit(f"$.{name}")))
+        nullable = name in NULLABLE.get(stream, set())
+        if not nullable:
+            chain = chain.when(t.isNull() | (t == "VOID"), F.lit(f"missing_key:{name}"))
+        chain = chain.when(t.isNotNull() & (t != "VOID") & (t != _VARIANT_TYPE[typ]), F.lit(f"wrong_type:{name}"))
+    return chain
+
+
+def _string_fields_look_unquoted(raw: Column, stream: str) -> Column:
+    names = [k for k, t in FIELDS[stream].items() if t is str]
+    return raw.rlike('"(' + "|".join(names) + r')"\s*:\s*[-0-9tf\[{]')
+
+
+def _range_rules(rec: Column, stream: str) -> list[tuple[Column, str]]:
+    rules: list[tuple[Column, str]] = []
+    ranges = dict(RANGES) if stream == "transport" else dict(EXTRA_RANGES.get(stream, {}))
+    if stream == "transport":
+        lo, hi = ranges.pop("mss_bytes")
+        rules.append((~rec["mss_bytes"].between(lo, hi), "mss_out_of_range"))
+        rules.append((F.greatest(*[rec[f] < 0 for f in RTT_FIELDS]), "negative_rtt"))
+        rules.append((F.greatest(*[rec[f] > RANGES[f][1] for f in RTT_FIELDS]), "absurd_rtt"))
+    for f, (lo, hi) in ranges.items():
+        if f in FIELDS[stream] or f in ACCESS_EXTRA:
+            rules.append(((rec[f] < lo) | (rec[f] > hi), f"out_of_range:{f}"))
+    return rules
+
+
+def _first_reason(rules: list[tuple[Column, str]]) -> Column:
+    chain = None
+    for cond, reason in rules:
+        chain = F.when(cond, F.lit(reason)) if chain is None else chain.when(cond, F.lit(reason))
+    return chain
+
+
+def _in_hour(ts: Column) -> Column:
+    return ts.between(F.col("hour_start_ms"), F.col("hour_start_ms") + HOUR_MS - 1)
+
+
+def _parse_nginx(raw: Column) -> tuple[Column, Column]:
+    """(record, reason) of an nginx `ccs_tcpinfo` line; reason is `bad_nginx_line` or null."""
+    tok = F.split(raw, " ", -1)
+    t = {name: tok.getItem(i) for i, name in enumerate(NGINX_TOKENS)}
+    int_re, ms_re = r"^[0-9]{1,18}$", r"^[0-9]{1,15}\.[0-9]{3}$"
+
+    def opt_int(c: Column) -> Column:  # "-" or "" when nginx has no value
+        return F.when(c.rlike(int_re), c.cast("bigint"))
+
+    ok = (F.size(tok) == len(NGINX_TOKENS)) & t["msec"].rlike(ms_re) & t["request_time"].rlike(ms_re)
+    for name in ("client_port", "status", "bytes_sent"):
+        ok = ok & t[name].rlike(int_re)
+    for name in NGINX_TOKENS[-4:]:
+        ok = ok & (t[name].rlike(int_re) | t[name].isin("-", ""))
+    net = F.when(t["net_type"] != "-", t["net_type"])
+    rec = F.struct(
+        F.lit(None).cast("string").alias("conn_id"),
+        t["node_id"].alias("node_id"),
+        F.regexp_replace(t["msec"], r"\.", "").cast("bigint").alias("ts_ms"),
+        t["client_ip"].alias("client_ip"),
+        t["service"].alias("service"),
+        t["status"].cast("bigint").alias("status"),
+        t["bytes_sent"].cast("bigint").alias("bytes_sent"),
+        F.regexp_replace(t["request_time"], r"\.", "").cast("bigint").alias("request_time_ms"),
+        net.alias("net_type"),
+        t["client_port"].cast("bigint").alias("client_port"),
+        *[opt_int(t[n]).alias(n) for n in NGINX_TOKENS[-4:]],
+        F.lit("nginx").alias("log_format"),
+    )
+    return F.when(ok, rec), F.when(~ok, F.lit("bad_nginx_line"))
+
+
+def parse(lines: DataFrame, stream: str) -> DataFrame:
+    """Lines of one stream → lines with `record`, `status` and `reason` (see module docstring)."""
+    raw = F.col("raw")
+    sch = schema(stream)
+    is_json = F.ltrim(raw).startswith("{")
+    parsed = F.from_json(raw, sch)
+    if stream == "access":
+        parsed = parsed.withField("log_format", F.lit("json"))
+        nginx_rec, nginx_reason = _parse_nginx(raw)
+        looks_nginx = ~is_json & raw.rlike(r"^[0-9]+\.[0-9]{3} ")
+        rec = F.when(looks_nginx, nginx_rec).otherwise(parsed)
+    else:
+        looks_nginx = F.lit(False)
+        rec = parsed
+    df = lines.withColumn("record", rec)
+    r = F.col("record")
+    json_required = [f for f in required(stream) if not (stream == "access" and f == "conn_id")]
+    suspicious = ~is_json | F.greatest(F.lit(False), *[r[f].isNull() for f in json_required]) \
+        | _string_fields_look_unquoted(raw, stream)
+    if stream == "access":
+        suspicious = suspicious | r["conn_id"].isNull()
+        structural = F.when(looks_nginx, nginx_reason).when(suspicious, _json_diagnosis(raw, stream))
+    else:
+        structural = F.when(suspicious, _json_diagnosis(raw, stream))
+
+    df = with_ip(df, r["client_ip"])
+    rules: list[tuple[Column, str]] = [(r[f].isNull(), f"missing_key:{f}") for f in json_required]
+    if stream == "access":
+        rules.append(((r["log_format"] == "json") & r["conn_id"].isNull(), "missing_key:conn_id"))
+    rules.append((r["node_id"] != F.col("node_id"), "node_mismatch"))
+    rules.append((F.col("ip.family").isNull(), "bad_ip"))
+    if stream == "transport":
+        rules.append((~r["cc"].isin(*CCS), "unknown_cc"))
+        rules.append((~r["decision"].isin(*DECISIONS), "unknown_decision"))
+    if stream == "access":
+        rules.append((r["net_type"].isNotNull() & ~r["net_type"].isin(*NET_TYPES), "unknown_net_type"))
+    rules.extend(_range_rules(r, stream))
+    ts_fields = ("ts_start_ms", "ts_end_ms") if stream == "transport" else ("ts_ms",)
+    rules.append((F.greatest(F.lit(False), *[~_in_hour(r[f]) for f in ts_fields]), "out_of_hour"))
+    if stream == "transport":
+        rules.append((r["ts_end_ms"] < r["ts_start_ms"], "bad_time_order"))
+    reason = F.coalesce(structural, _first_reason(rules))
+    df = df.withColumn("reason", reason)
+    key = {"transport": "conn_id", "qoe": "session_id"}.get(stream)
+    if key:
+        # Only lines that pass every other rule compete; the first of them is kept.
+        w = Window.partitionBy("node_id", "hour", F.col("record")[key], F.col("reason").isNull()).orderBy("line_no")
+        first = F.row_number().over(w) == 1
+        df = df.withColumn("reason", F.when(F.col("reason").isNull() & ~first,
+                                            F.lit(f"duplicate_{key}")).otherwise(F.col("reason")))
+    return (df.withColumn("status", F.when(F.col("reason").isNull(), F.lit("ok")).otherwise(F.lit("quarantined")))
+            .withColumn("record", F.when(F.col("reason").isNull(), F.col("record")))
+            .drop("ip"))

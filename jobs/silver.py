@@ -1,0 +1,170 @@
+"""silver.connections: one row per accepted connection of the transport log, joined with its
+access-log label and QoE beacons, enriched with prefixes, A/B bucket and user group.
+
+extract (accepted bronze rows + the IP→ASN/region reference) → pure transforms → load
+(`replaceWhere` on (node_id, hour), Delta CHECK constraints on the table's invariants).
+Joins stay inside one (node_id, hour): a connection's requests and beacons are logged in the hour
+the connection lives in (the contract puts every timestamp in its file's hour).
+"""
+from __future__ import annotations
+
+import csv
+import ipaddress
+import os
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ccselect.config import Config
+from ccselect.contract import FEATURES, OUTCOMES, TRANSPORT_FIELDS
+from ccselect.lake import table_path
+from features.labels import net_type_label
+from jobs import delta_io
+from jobs.ipaddr import ab_bucket, with_ip
+
+KEYS = ("node_id", "hour")
+SILVER_CONSTRAINTS = {
+    "mss_range": "mss_bytes BETWEEN 88 AND 65535",
+    "rtt_positive": "min_rtt_us > 0 AND min_srtt_us > 0 AND max_srtt_us > 0",
+    "cc_known": "cc IN ('cubic', 'bbr', 'reno')",
+    "family_prefixes": "(family = 4 AND prefix16 IS NOT NULL AND prefix24 IS NOT NULL AND prefix48 IS NULL) "
+                       "OR (family = 6 AND prefix48 IS NOT NULL AND prefix64 IS NOT NULL AND prefix24 IS NULL)",
+    "ab_bucket_u32": "ab_bucket BETWEEN 0 AND 4294967295",
+    "label_matches_net_type": "(net_type IS NULL AND label IS NULL) OR (net_type = 'wifi' AND label = 1) "
+                              "OR (net_type IN ('4g', '5g') AND label = 0)",
+    "derived_nonnegative": "(goodput_bps IS NULL OR goodput_bps >= 0) AND (retrans_ratio IS NULL OR retrans_ratio >= 0) "
+                           "AND (rtt_var_norm IS NULL OR rtt_var_norm >= 0)",
+    "conn_id_present": "conn_id IS NOT NULL",
+}
+
+
+# ---- reference ----------------------------------------------------------------------------------
+
+def read_reference(path: str) -> list[tuple[int, str, str]]:
+    """(family, prefix bits, ug_id) per row of `reference/ip_asn_region.csv` (cidr,asn,isp,region)."""
+    rows = []
+    with open(path, newline="") as fh:
+        for r in csv.DictReader(fh):
+            net = ipaddress.ip_network(r["cidr"].strip(), strict=False)
+            width = 32 if net.version == 4 else 128
+            bits = format(int(net.network_address), f"0{width}b")[: net.prefixlen]
+            rows.append((net.version, bits, f"{r['region'].strip()}-AS{int(r['asn'])}"))
+    return rows
+
+
+def reference_frame(spark: SparkSession, rows: list[tuple[int, str, str]]) -> DataFrame:
+    return spark.createDataFrame(rows, "family int, bits string, ug_id string")
+
+
+# ---- transforms ---------------------------------------------------------------------------------
+
+def access_labels(access: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """Per connection (JSON access log: by conn_id; nginx log: by client socket) the network type
+    (null when absent or when the requests disagree), request count and bytes sent."""
+    def agg(df: DataFrame, keys: list[str]) -> DataFrame:
+        return df.groupBy(*keys).agg(
+            F.array_distinct(F.collect_list("net_type")).alias("_nts"),
+            F.count(F.lit(1)).alias("requests"),
+            F.sum("bytes_sent").alias("bytes_sent")) \
+            .withColumn("net_type", F.when(F.size("_nts") == 1, F.col("_nts")[0])).drop("_nts")
+    by_conn = agg(access.filter(F.col("conn_id").isNotNull()), [*KEYS, "conn_id"])
+    by_socket = agg(access.filter(F.col("conn_id").isNull()), [*KEYS, "client_ip", "client_port"])
+    return by_conn, by_socket
+
+
+def qoe_per_conn(qoe: DataFrame) -> DataFrame:
+    return qoe.groupBy(*KEYS, "conn_id").agg(
+        F.count(F.lit(1)).alias("qoe_sessions"),
+        F.sum("play_ms").alias("play_ms"),
+        F.sum("rebuffer_ms").alias("rebuffer_ms"),
+        F.sum("rebuffer_count").alias("rebuffer_count"),
+        F.min("startup_ms").alias("startup_ms"))
+
+
+def with_user_group(df: DataFrame, reference: DataFrame) -> DataFrame:
+    """Longest-prefix match of the client address against the reference table → `ug_id`."""
+    bits = F.when(F.col("family") == 4, F.lpad(F.conv(F.col("_hex"), 16, 2), 32, "0")).otherwise(
+        F.concat(*[F.lpad(F.conv(F.substring("_hex", 1 + 8 * i, 8), 16, 2), 32, "0") for i in range(4)]))
+    df = df.withColumn("_bits", bits)
+    levels = sorted({(r["family"], len(r["bits"])) for r in reference.select("family", "bits").collect()},
+                    key=lambda x: -x[1])
+    found = []
+    for i, (fam, plen) in enumerate(levels):
+        ref = (reference.filter((F.col("family") == fam) & (F.length("bits") == plen))
+               .select(F.col("bits").alias(f"_k{i}"), F.col("ug_id").alias(f"_ug{i}")).dropDuplicates([f"_k{i}"]))
+        key = F.when(F.col("family") == fam, F.substring("_bits", 1, plen))
+        df = df.withColumn(f"_k{i}", key).join(F.broadcast(ref), f"_k{i}", "left").drop(f"_k{i}")
+        found.append(F.col(f"_ug{i}"))
+    ug = F.coalesce(*found) if found else F.lit(None).cast("string")
+    return df.withColumn("ug_id", ug).drop("_bits", *[f"_ug{i}" for i in range(len(levels))])
+
+
+def derived(df: DataFrame) -> DataFrame:
+    """Goodput (bits/s over the connection's lifetime), retransmission ratio, and BBR-E2E's
+    normalised RTT variation rttvar/srtt (here the largest of each over the connection)."""
+    return (df.withColumn("goodput_bps", F.when(F.col("duration_us") > 0,
+                                                F.col("bytes_acked") * 8e6 / F.col("duration_us")))
+            .withColumn("retrans_ratio", F.when(F.col("data_segs_out") > 0,
+                                                F.col("total_retrans") / F.col("data_segs_out")))
+            .withColumn("rtt_var_norm", F.col("max_rtt_var_us") / F.col("max_srtt_us"))
+            .withColumn("rebuffer_rate", F.when(F.col("play_ms") > 0, F.col("rebuffer_ms") / F.col("play_ms"))))
+
+
+SILVER_COLS = (
+    "conn_id", *[f for f in TRANSPORT_FIELDS if f not in ("conn_id", "node_id")],
+    "family", "prefix16", "prefix24", "prefix48", "prefix64", "ab_bucket", "ab_treatment", "ug_id",
+    "net_type", "label", "requests", "bytes_sent",
+    "qoe_sessions", "play_ms", "rebuffer_ms", "rebuffer_count", "startup_ms", "rebuffer_rate",
+    "goodput_bps", "retrans_ratio", "rtt_var_norm", "node_id", "hour",
+)
+
+
+def build_connections(transport: DataFrame, access: DataFrame, qoe: DataFrame, reference: DataFrame) -> DataFrame:
+    """Accepted transport/access/qoe records (flat, with node_id and hour) → silver.connections."""
+    by_conn, by_socket = access_labels(access)
+    t = with_ip(transport, "client_ip")
+    t = t.select("*", F.col("ip.family").alias("family"), F.col("ip.hex").alias("_hex"),
+                 *[F.col(f"ip.{p}").alias(p) for p in ("prefix16", "prefix24", "prefix48", "prefix64")],
+                 ab_bucket(F.col("ip.packed")).alias("ab_bucket")).drop("ip")
+    t = t.withColumn("ab_treatment", F.col("ab_bucket") % 2 == 1)
+    t = with_user_group(t, reference).drop("_hex")
+    sock = by_socket.select(*KEYS, "client_ip", "client_port", *[F.col(c).alias(f"_s_{c}") for c in
+                                                                  ("requests", "bytes_sent", "net_type")])
+    t = (t.join(by_conn, [*KEYS, "conn_id"], "left")
+         .join(sock, [*KEYS, "client_ip", "client_port"], "left"))
+    for c in ("requests", "bytes_sent", "net_type"):
+        t = t.withColumn(c, F.coalesce(F.col(c), F.col(f"_s_{c}"))).drop(f"_s_{c}")
+    t = t.withColumn("requests", F.coalesce("requests", F.lit(0)).cast("bigint"))
+    t = t.withColumn("label", net_type_label(F.col("net_type")))
+    t = t.join(qoe_per_conn(qoe), [*KEYS, "conn_id"], "left") \
+        .withColumn("qoe_sessions", F.coalesce("qoe_sessions", F.lit(0)).cast("bigint"))
+    return derived(t).select(*SILVER_COLS)
+
+
+# ---- extract / load -----------------------------------------------------------------------------
+
+def extract(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]]) -> tuple[DataFrame, DataFrame, DataFrame]:
+    pred = delta_io.partition_predicate(keys)
+
+    def accepted(stream: str) -> DataFrame:
+        path = table_path(cfg, f"bronze.{stream}")
+        if not delta_io.is_delta(spark, path):
+            from jobs.parse import schema
+            return spark.createDataFrame([], schema(stream)).withColumn("hour", F.lit(None).cast("string"))
+        return (spark.read.format("delta").load(path).where(pred).filter(F.col("status") == "ok")
+                .select("hour", "record.*"))
+    return accepted("transport"), accepted("access"), accepted("qoe")
+
+
+def run(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], input_dir: str) -> int:
+    """Rebuild silver.connections for the (node_id, hour) partitions `keys`; returns its row count there."""
+    if not keys:
+        return 0
+    ref_path = os.path.join(input_dir, "reference", "ip_asn_region.csv")
+    rows = read_reference(ref_path) if os.path.exists(ref_path) else []
+    transport, access, qoe = extract(spark, cfg, keys)
+    conns = build_connections(transport, access, qoe, reference_frame(spark, rows))
+    path = table_path(cfg, "silver.connections")
+    delta_io.replace_partitions(conns, path, keys)
+    delta_io.ensure_constraints(spark, path, SILVER_CONSTRAINTS)
+    return spark.read.format("delta").load(path).where(delta_io.partition_predicate(keys)).count()
