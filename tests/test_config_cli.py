@@ -10,7 +10,7 @@ import yaml
 from ccselect.config import load_config
 from ccselect.lake import table_path
 
-from conftest import REPO, write_config
+from ccs_testing import REPO, write_config
 
 
 def test_local_config_resolves_paths_under_the_project(monkeypatch):
