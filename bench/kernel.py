@@ -121,31 +121,43 @@ def set_stats(on: bool):
         f.write("1" if on else "0")
 
 
-def program_time(agent, cgroup, ports, tmp, seconds=1.0, rounds=2):
+def program_time(agent, cgroup, ports, tmp, seconds=1.0, windows=3):
     """The program's run time per invocation and per established connection, from
-    kernel.bpf_stats (run_time_ns / run_cnt), with an empty sock_ops program attached beside it
-    for the window: its ns per run is what the accounting itself adds to every run (two clock
-    reads), subtracted as `net_*`. Stats and the empty program are on only for this window, never
-    while the accept rate is measured."""
+    kernel.bpf_stats (run_time_ns / run_cnt), with an empty sock_ops program attached beside it:
+    its ns per run is what the accounting itself adds to every run (two clock reads),
+    subtracted as `net_*`. Stats and the empty program are on only for these windows, never
+    while the accept rate is measured. `windows` windows of `seconds` of load each; the figures
+    are those of the window with the median net ns per connection (the VM's vCPUs are shared:
+    a window can catch a burst of steal time), every window's is in `net_ns_per_connection_all`."""
     noop = Noop(tmp, cgroup)
+    wins = []
     try:
         set_stats(True)
-        c0, t0 = noop.stats()
-        _, runs, ns, est, counters = prog_window(
-            agent, lambda: loadgen(cgroup, ports[0], ports[1], seconds, rounds))
-        c1, t1 = noop.stats()
+        for _ in range(windows):
+            c0, t0 = noop.stats()
+            _, runs, ns, est, _ = prog_window(
+                agent, lambda: loadgen(cgroup, ports[0], ports[1], seconds, 1))
+            c1, t1 = noop.stats()
+            floor = (t1 - t0) / (c1 - c0) if c1 > c0 else 0.0
+            wins.append((runs, ns, est, floor))
     finally:
         set_stats(False)
         noop.close()
+
+    def net(w):
+        runs, ns, est, floor = w
+        return (ns - floor * runs) / est if est else float("inf")
+
+    runs, ns, est, floor = sorted(wins, key=net)[len(wins) // 2]
     prog = {"runs": runs, "run_time_ns": ns, "connections": est,
             "mean_ns_per_run": round(ns / runs, 1) if runs else None,
             "mean_ns_per_connection": round(ns / est, 1) if est else None,
-            "runs_per_connection": round(runs / est, 2) if est else None}
-    floor = (t1 - t0) / (c1 - c0) if c1 > c0 else None
-    prog["noop_ns_per_run"] = round(floor, 1) if floor else None
+            "runs_per_connection": round(runs / est, 2) if est else None,
+            "noop_ns_per_run": round(floor, 1) if floor else None}
     if floor and runs and est:
         prog["net_ns_per_run"] = round(ns / runs - floor, 1)
-        prog["net_ns_per_connection"] = round(ns / est - floor * runs / est, 1)
+        prog["net_ns_per_connection"] = round(net((runs, ns, est, floor)), 1)
+    prog["net_ns_per_connection_all"] = [round(net(w), 1) for w in wins]
     return prog
 
 
@@ -256,6 +268,10 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024) -> dict:
                                    int(time.time()) + 3600, tmp, key)
         agent.load(keep.manifest)
         result["breakdown_lookup_no_setsockopt"] = program_time(agent, cgroup, ports, tmp)
+        # the accept rate of the same (lookup, no CC change: the socket keeps the default CC,
+        # like the plain side), to tell the CC switch's share of the ratio from the rest
+        result["breakdown_lookup_no_setsockopt"]["accept_rate"] = accept_rate(
+            agent, cgroup, ports, seconds, rounds // 2, batch)
         agent.load(tables[0].manifest)
         result["breakdown_table_hit"] = program_time(agent, cgroup, ports, tmp)
         # -- breakdown 4: a table of the size ALICCS reports after purity aggregation (~10^3)
