@@ -175,41 +175,36 @@ static __always_inline __u32 crc32_addr(const __u8 *p, int n)
 	return c ^ 0xffffffff;
 }
 
-/* the first 8 bytes of a CC name as the kernel stores it (tcp_congestion_ops.name) */
-#define CC_NAME8(a, b, c, d, e) ((__u64)(a) | (__u64)(b) << 8 | (__u64)(c) << 16 |	\
-				 (__u64)(d) << 24 | (__u64)(e) << 32)
-
-static __always_inline __u64 cc_name8(__u8 cc)
-{
-	if (cc == CCS_CC_CUBIC)
-		return CC_NAME8('c', 'u', 'b', 'i', 'c');
-	if (cc == CCS_CC_BBR)
-		return CC_NAME8('b', 'b', 'r', 0, 0);
-	if (cc == CCS_CC_RENO)
-		return CC_NAME8('r', 'e', 'n', 'o', 0);
-	return 0;
-}
-
 /*
- * bpf_setsockopt(TCP_CONGESTION), unless the socket already runs that CC (e.g. the table says
- * "cubic" and cubic is the default): then the call would change nothing (tcp_set_congestion_control
- * returns early on the same ops) and is skipped. 1: set, 0: already that CC, <0: error.
+ * bpf_setsockopt(TCP_CONGESTION), unless the socket already runs that CC (the first 8 bytes of
+ * icsk_ca_ops->name, compared as one word in memory order, equal the NUL-padded name): then the
+ * call would change nothing (tcp_set_congestion_control returns early on the same ops) and is
+ * skipped. The socket's own CC counts, not the sysctl default (a listener may have set another).
+ * 1: set, 0: already that CC, <0: error.
  */
 static __always_inline int set_cc(struct bpf_sock_ops *skops, struct tcp_sock *tp, __u8 cc)
 {
-	__u64 want = cc_name8(cc);
-	char name[8];
+	union {
+		__u64 w;
+		char c[8];
+	} name = { .w = 0 };	/* all three names are shorter than 8 bytes */
 
-	if (!want)
+	if (cc == CCS_CC_CUBIC) {
+		name.c[0] = 'c'; name.c[1] = 'u'; name.c[2] = 'b'; name.c[3] = 'i'; name.c[4] = 'c';
+	} else if (cc == CCS_CC_BBR) {
+		name.c[0] = 'b'; name.c[1] = 'b'; name.c[2] = 'r';
+	} else if (cc == CCS_CC_RENO) {
+		name.c[0] = 'r'; name.c[1] = 'e'; name.c[2] = 'n'; name.c[3] = 'o';
+	} else {
 		return -1;
+	}
 	if (tp) {
 		const struct tcp_congestion_ops *ops = tp->inet_conn.icsk_ca_ops;
 
-		if (ops && *(__u64 *)ops->name == want)
+		if (ops && *(__u64 *)ops->name == name.w)
 			return 0;
 	}
-	__builtin_memcpy(name, &want, sizeof(name));
-	return bpf_setsockopt(skops, SOL_TCP, TCP_CONGESTION, name, sizeof(name)) ?: 1;
+	return bpf_setsockopt(skops, SOL_TCP, TCP_CONGESTION, name.c, sizeof(name.c)) ?: 1;
 }
 
 static __always_inline void update_stats(struct ccs_conn *c, struct bpf_sock_ops *skops,
