@@ -23,18 +23,18 @@ from jobs import delta_io
 from jobs.ipaddr import ab_bucket, with_ip
 
 KEYS = ("node_id", "hour")
+#: Invariants of silver.connections, enforced by Delta on every write (few constraints: each
+#: ALTER TABLE is a commit).
 SILVER_CONSTRAINTS = {
-    "mss_range": "mss_bytes BETWEEN 88 AND 65535",
-    "rtt_positive": "min_rtt_us > 0 AND min_srtt_us > 0 AND max_srtt_us > 0",
-    "cc_known": "cc IN ('cubic', 'bbr', 'reno')",
-    "family_prefixes": "(family = 4 AND prefix16 IS NOT NULL AND prefix24 IS NOT NULL AND prefix48 IS NULL) "
-                       "OR (family = 6 AND prefix48 IS NOT NULL AND prefix64 IS NOT NULL AND prefix24 IS NULL)",
-    "ab_bucket_u32": "ab_bucket BETWEEN 0 AND 4294967295",
+    "transport_ranges": "conn_id IS NOT NULL AND mss_bytes BETWEEN 88 AND 65535 AND min_rtt_us > 0 "
+                        "AND min_srtt_us > 0 AND max_srtt_us > 0 AND cc IN ('cubic', 'bbr', 'reno')",
+    "address": "ab_bucket BETWEEN 0 AND 4294967295 AND ("
+               "(family = 4 AND prefix16 IS NOT NULL AND prefix24 IS NOT NULL AND prefix48 IS NULL) "
+               "OR (family = 6 AND prefix48 IS NOT NULL AND prefix64 IS NOT NULL AND prefix24 IS NULL))",
     "label_matches_net_type": "(net_type IS NULL AND label IS NULL) OR (net_type = 'wifi' AND label = 1) "
                               "OR (net_type IN ('4g', '5g') AND label = 0)",
     "derived_nonnegative": "(goodput_bps IS NULL OR goodput_bps >= 0) AND (retrans_ratio IS NULL OR retrans_ratio >= 0) "
                            "AND (rtt_var_norm IS NULL OR rtt_var_norm >= 0)",
-    "conn_id_present": "conn_id IS NOT NULL",
 }
 
 

@@ -1,0 +1,159 @@
+"""Ingest end to end on a tiny fleet with injected bad lines: Delta tables, quarantine reasons,
+balanced audit, silver one row per connection, idempotent re-runs, and a kill -9 mid-write."""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from ccselect.config import load_config
+from ccselect.lake import table_path
+from tests.conftest import REPO, write_config
+
+TABLES = ("bronze.transport", "bronze.access", "bronze.qoe", "bronze.quarantine", "gold.ingest_audit",
+          "silver.connections")
+BAD_TRANSPORT = ['{"conn_id": "x1", "node_id"', "\x07\x00 binary", '{"conn_id": 5}']
+NGINX_LINE = "{ms}.250 {node} 10.9.8.7 41000 200 4096 0.020 video 4g 30000 2000 12 65483"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
+    out = str(tmp_path_factory.mktemp("tinyfleet"))
+    simulate(SimParams(nodes=2, hours=2, conns_per_node_hour=40, seed=5), out, workers=1, progress=False)
+    tfile = sorted(glob.glob(f"{out}/transport/*/*.jsonl"))[0]
+    with open(tfile, "a") as fh:
+        first = open(tfile).readline()
+        fh.write("\n".join(BAD_TRANSPORT + [first.rstrip("\n")]) + "\n")  # the last one is a duplicate
+    afile = sorted(glob.glob(f"{out}/access/*/*.jsonl"))[0]
+    node, hour = afile.split("/")[-2], afile.split("/")[-1][:13]
+    from jobs.sources import hour_start_ms
+    with open(afile, "a") as fh:
+        fh.write(NGINX_LINE.format(ms=hour_start_ms(hour) // 1000 + 7, node=node) + "\n")
+    return out, tfile, afile
+
+
+def snapshot(spark, cfg, table):
+    df = spark.read.format("delta").load(table_path(cfg, table))
+    return df.drop("ingest_time") if "ingest_time" in df.columns else df
+
+
+@pytest.fixture(scope="module")
+def ingested(spark, fleet, tmp_path_factory):
+    from jobs import ingest
+    root = tmp_path_factory.mktemp("lake")
+    cfg = load_config(write_config(root))
+    result = ingest.run(spark, cfg, fleet[0])
+    return cfg, result
+
+
+def file_lines(path):
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        return fh.read().rstrip("\n").split("\n")
+
+
+def test_audit_counts_every_line_and_balances(spark, fleet, ingested):
+    cfg, _ = ingested
+    audit = spark.read.format("delta").load(table_path(cfg, "gold.ingest_audit"))
+    got = audit.select("source_file", "lines_read", "accepted", "quarantined",
+                       F.aggregate(F.map_values("quarantined_by_reason"), F.lit(0).cast("bigint"),
+                                   lambda a, x: a + x).alias("by_reason_total"))
+    out, tfile, _ = fleet
+    want = []
+    for path in sorted(glob.glob(f"{out}/*/*/*.jsonl")):
+        if "/reference/" in path or "/_" in path:
+            continue
+        n = len(file_lines(path))
+        q = len(BAD_TRANSPORT) + 1 if path == tfile else 0
+        want.append((path, n, n - q, q, q))
+    assertDataFrameEqual(got, spark.createDataFrame(
+        want, "source_file string, lines_read bigint, accepted bigint, quarantined bigint, by_reason_total bigint"))
+
+
+def test_quarantine_holds_each_bad_line_with_its_reason(spark, fleet, ingested):
+    cfg, _ = ingested
+    out, tfile, _ = fleet
+    n = len(file_lines(tfile))
+    q = spark.read.format("delta").load(table_path(cfg, "bronze.quarantine")).select("stream", "source_file", "line_no", "reason")
+    want = [("transport", tfile, n - 3, "bad_json"), ("transport", tfile, n - 2, "bad_json"),
+            ("transport", tfile, n - 1, "wrong_type:conn_id"), ("transport", tfile, n, "duplicate_conn_id")]
+    assertDataFrameEqual(q, spark.createDataFrame(want, "stream string, source_file string, line_no int, reason string"))
+
+
+def test_silver_one_row_per_connection_with_labels(spark, fleet, ingested):
+    cfg, _ = ingested
+    out = fleet[0]
+    silver = spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+    # Expected from the files themselves, in plain Python.
+    label = {}
+    for path in glob.glob(f"{out}/access/*/*.jsonl"):
+        for line in file_lines(path):
+            if line.startswith("{"):
+                r = json.loads(line)
+                label.setdefault((r["node_id"], r["conn_id"]), set()).add(r.get("net_type"))
+    want = []
+    for path in glob.glob(f"{out}/transport/*/*.jsonl"):
+        seen = set()
+        for line in file_lines(path):
+            try:
+                r = json.loads(line)
+            except ValueError:
+                continue
+            if not isinstance(r.get("conn_id"), str) or r["conn_id"] in seen:
+                continue
+            seen.add(r["conn_id"])
+            nts = label.get((r["node_id"], r["conn_id"]), set()) - {None}
+            nt = nts.pop() if len(nts) == 1 else None
+            want.append((r["node_id"], r["conn_id"], nt, {"wifi": 1, "4g": 0, "5g": 0}.get(nt)))
+    got = silver.select("node_id", "conn_id", "net_type", "label")
+    assertDataFrameEqual(got, spark.createDataFrame(want, "node_id string, conn_id string, net_type string, label int"))
+    constraints = [r["key"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{table_path(cfg, 'silver.connections')}`").collect()
+                   if r["key"].startswith("delta.constraints.")]
+    assert len(constraints) == 4, constraints
+
+
+def test_reingest_leaves_every_table_unchanged(spark, fleet, ingested):
+    from jobs import ingest
+    cfg, _ = ingested
+    before = {t: snapshot(spark, cfg, t).collect() for t in TABLES}
+    ingest.run(spark, cfg, fleet[0])
+    for t in TABLES:
+        after = snapshot(spark, cfg, t)
+        assertDataFrameEqual(after, spark.createDataFrame(before[t], after.schema))
+
+
+def test_kill_minus_9_mid_write_then_rerun_is_consistent(spark, fleet, ingested, tmp_path):
+    """The writer (its own Spark driver) is killed with SIGKILL while bronze files are being
+    written; a re-run must produce exactly the tables of a clean run."""
+    out = fleet[0]
+    cfg_path = write_config(tmp_path)
+    cfg = load_config(cfg_path)
+    cmd = [sys.executable, "-m", "ccselect.cli", "ingest", "--input", out, "--no-silver", "--config", str(cfg_path)]
+    env = {**os.environ, "CCS_HOME": str(REPO)}
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    lake = os.path.join(cfg.get("lake.root"), "bronze")
+    deadline = time.time() + 240
+    killed_during_write = False
+    while time.time() < deadline and proc.poll() is None:
+        if glob.glob(f"{lake}/**/*.parquet", recursive=True):
+            os.killpg(proc.pid, signal.SIGKILL)   # the python driver and its JVM
+            killed_during_write = True
+            break
+        time.sleep(0.02)
+    proc.wait(timeout=60)
+    assert killed_during_write, "the writer finished before any data file appeared"
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    clean_cfg, _ = ingested
+    for t in ("bronze.transport", "bronze.access", "bronze.qoe", "bronze.quarantine", "gold.ingest_audit"):
+        got = snapshot(spark, cfg, t)
+        assertDataFrameEqual(got, snapshot(spark, clean_cfg, t))
