@@ -40,6 +40,13 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /* a connection is logged when bpf_get_prandom_u32() < sample_thresh (1 << 32: all, 0: none) */
 const volatile __u64 sample_thresh = 0;
+/*
+ * The CC id (enum ccs_cc_id) of net.ipv4.tcp_congestion_control when the agent attached: 0
+ * unknown, 0xff none of ours. Only a table CC equal to it is checked against the socket's own
+ * CC (to skip a no-op bpf_setsockopt); any other goes straight to bpf_setsockopt, which is right
+ * whatever the socket runs. A stale value (sysctl changed since) costs a check, never a wrong CC.
+ */
+const volatile __u8 default_cc_id = 0;
 extern unsigned int CONFIG_HZ __kconfig __weak;
 
 struct inner_trie {
@@ -180,6 +187,7 @@ static __always_inline __u32 crc32_addr(const __u8 *p, int n)
  * icsk_ca_ops->name, compared as one word in memory order, equal the NUL-padded name): then the
  * call would change nothing (tcp_set_congestion_control returns early on the same ops) and is
  * skipped. The socket's own CC counts, not the sysctl default (a listener may have set another).
+ * Checked only when tp is given (the caller passes it when cc is the default: default_cc_id).
  * 1: set, 0: already that CC, <0: error.
  */
 static __always_inline int set_cc(struct bpf_sock_ops *skops, struct tcp_sock *tp, __u8 cc)
@@ -385,7 +393,7 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	}
 	cnt(CCS_CNT_HIT_CUBIC + cc - 1);
 	sk = skops->sk;
-	if (sk)
+	if (sk && (!default_cc_id || cc == default_cc_id))
 		tp = bpf_skc_to_tcp_sock(sk);
 	err = set_cc(skops, tp, cc);
 	if (err < 0) {

@@ -74,6 +74,29 @@ static struct config cfg = {
 
 static volatile sig_atomic_t stop;
 
+/* enum ccs_cc_id of net.ipv4.tcp_congestion_control: 0 unknown, 0xff none of ours */
+static __u8 sysctl_cc_id(void)
+{
+	char name[32] = "";
+	FILE *f = fopen("/proc/sys/net/ipv4/tcp_congestion_control", "r");
+
+	if (!f)
+		return 0;
+	if (!fgets(name, sizeof(name), f))
+		name[0] = 0;
+	fclose(f);
+	name[strcspn(name, "\n")] = 0;
+	if (!name[0])
+		return 0;
+	if (!strcmp(name, "cubic"))
+		return CCS_CC_CUBIC;
+	if (!strcmp(name, "bbr"))
+		return CCS_CC_BBR;
+	if (!strcmp(name, "reno"))
+		return CCS_CC_RENO;
+	return 0xff;
+}
+
 static void on_signal(int sig)
 {
 	(void)sig;
@@ -345,6 +368,7 @@ static int cmd_attach(void)
 	else
 		thresh = (__u64)(cfg.sample_rate * 4294967296.0);
 	skel->rodata->sample_thresh = thresh;
+	skel->rodata->default_cc_id = sysctl_cc_id();
 	err = ccs_bpf__load(skel);
 	if (err) {
 		die_msg("load BPF object: %s", strerror(-err));
