@@ -1,0 +1,202 @@
+"""bench/ingest: simulated edge logs → bronze → silver with Spark (local[2]) and, in the same run,
+the same parse-validate-join-enrich work in DuckDB (2 threads) over the same files, as the
+single-machine reference. Writes bench/results/ingest.json and prints it.
+
+    .venv/bin/python bench/ingest.py [--conns 5000000] [--workdir /tmp/ccs-bench-ingest] [--keep]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+#: simulated connections per unit of `conns_per_node_hour` (the diurnal curve averages below 1)
+SIM_YIELD = 0.64
+
+
+class PeakRss:
+    """Peak resident memory of this process plus its children (the Spark driver JVM)."""
+
+    def __init__(self):
+        import psutil
+        self.proc, self.peak, self._stop = psutil.Process(), 0, threading.Event()
+
+    def _sample(self):
+        total = self.proc.memory_info().rss
+        for c in self.proc.children(recursive=True):
+            try:
+                total += c.memory_info().rss
+            except Exception:
+                pass
+        self.peak = max(self.peak, total)
+
+    def __enter__(self):
+        def loop():
+            while not self._stop.wait(0.2):
+                self._sample()
+        self._t = threading.Thread(target=loop, daemon=True)
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._t.join()
+
+
+DUCKDB_SQL = """
+CREATE TABLE t AS SELECT * FROM read_json('{d}/transport/*/*.jsonl', format='newline_delimited',
+    ignore_errors=true, filename=true, columns={tcols});
+CREATE TABLE a AS SELECT * FROM read_json('{d}/access/*/*.jsonl', format='newline_delimited',
+    ignore_errors=true, filename=true, columns={acols});
+CREATE TABLE q AS SELECT * FROM read_json('{d}/qoe/*/*.jsonl', format='newline_delimited',
+    ignore_errors=true, filename=true, columns={qcols});
+CREATE TABLE silver AS
+WITH tv AS (
+  SELECT *, regexp_extract(filename, '/([0-9T-]+)\\.jsonl$', 1) AS hour,
+         epoch_ms(strptime(regexp_extract(filename, '/([0-9T-]+)\\.jsonl$', 1), '%Y-%m-%dT%H')) AS h0,
+         row_number() OVER (PARTITION BY filename, conn_id ORDER BY ts_start_ms) AS rn
+  FROM t
+  WHERE conn_id IS NOT NULL AND cc IN ('cubic','bbr','reno') AND mss_bytes BETWEEN 88 AND 65535
+    AND min_rtt_us BETWEEN 1 AND 10000000 AND min_srtt_us BETWEEN 1 AND 10000000
+    AND max_srtt_us BETWEEN 1 AND 10000000 AND min_rtt_var_us >= 0 AND max_rtt_var_us >= 0
+    AND (regexp_matches(client_ip, '^[0-9.]+$') OR regexp_matches(client_ip, '^[0-9a-fA-F:.]+$'))
+), lab AS (
+  SELECT node_id, conn_id, count(*) AS requests, sum(bytes_sent) AS bytes_sent,
+         CASE WHEN count(DISTINCT net_type) = 1 THEN any_value(net_type) FILTER (WHERE net_type IS NOT NULL) END AS net_type
+  FROM a WHERE status BETWEEN 100 AND 599 GROUP BY ALL
+), qo AS (
+  SELECT node_id, conn_id, count(*) AS qoe_sessions, sum(play_ms) AS play_ms, sum(rebuffer_ms) AS rebuffer_ms
+  FROM q GROUP BY ALL
+), ref AS (
+  SELECT split_part(cidr, '/', 1) AS net, CAST(split_part(cidr, '/', 2) AS INT) AS plen,
+         region || '-AS' || asn AS ug_id FROM read_csv('{d}/reference/ip_asn_region.csv')
+)
+SELECT tv.*,
+  CASE WHEN family = 4 THEN split_part(client_ip,'.',1)||'.'||split_part(client_ip,'.',2)||'.0.0/16' END AS prefix16,
+  CASE WHEN family = 4 THEN split_part(client_ip,'.',1)||'.'||split_part(client_ip,'.',2)||'.'||split_part(client_ip,'.',3)||'.0/24' END AS prefix24,
+  CASE WHEN family = 6 THEN ip6_prefix(client_ip, 3) END AS prefix48,
+  CASE WHEN family = 6 THEN ip6_prefix(client_ip, 4) END AS prefix64,
+  crc32_ip(client_ip) AS ab_bucket,
+  ref.ug_id, lab.net_type, CASE lab.net_type WHEN 'wifi' THEN 1 WHEN '4g' THEN 0 WHEN '5g' THEN 0 END AS label,
+  lab.requests, qo.qoe_sessions, qo.play_ms, qo.rebuffer_ms,
+  bytes_acked * 8e6 / nullif(duration_us, 0) AS goodput_bps,
+  total_retrans / nullif(data_segs_out, 0) AS retrans_ratio,
+  max_rtt_var_us / max_srtt_us AS rtt_var_norm
+FROM (SELECT *, CASE WHEN contains(client_ip, ':') THEN 6 ELSE 4 END AS family FROM tv
+      WHERE rn = 1 AND ts_start_ms >= h0 AND ts_end_ms < h0 + 3600000) tv
+LEFT JOIN lab USING (node_id, conn_id)
+LEFT JOIN qo USING (node_id, conn_id)
+LEFT JOIN ref ON ref.net = CASE WHEN tv.family = 4
+     THEN split_part(client_ip,'.',1)||'.'||split_part(client_ip,'.',2)||'.0.0' ELSE ip6_prefix32(client_ip) END;
+COPY silver TO '{out}' (FORMAT parquet, PARTITION_BY (node_id, hour), OVERWRITE_OR_IGNORE);
+"""
+
+
+def duckdb_columns(stream: str) -> str:
+    from ccselect.contract import FIELDS
+    return "{" + ", ".join(f"'{k}': '{'BIGINT' if t is int else 'VARCHAR'}'" for k, t in FIELDS[stream].items()) + "}"
+
+
+def run_duckdb(data: str, out: str) -> dict:
+    import ipaddress
+    import zlib
+
+    import duckdb
+
+    con = duckdb.connect()
+    con.execute("SET threads = 2")
+
+    def crc32_ip(ip: str) -> int:
+        return zlib.crc32(ipaddress.ip_address(ip).packed)
+
+    def ip6_prefix(ip: str, groups: int) -> str:
+        return str(ipaddress.ip_network(f"{ip}/{16 * groups}", strict=False))
+
+    def ip6_prefix32(ip: str) -> str:
+        return str(ipaddress.ip_network(f"{ip}/32", strict=False).network_address)
+
+    con.create_function("crc32_ip", crc32_ip, ["VARCHAR"], "BIGINT")
+    con.create_function("ip6_prefix", ip6_prefix, ["VARCHAR", "INTEGER"], "VARCHAR")
+    con.create_function("ip6_prefix32", ip6_prefix32, ["VARCHAR"], "VARCHAR")
+    sql = DUCKDB_SQL.format(d=data, out=out, tcols=duckdb_columns("transport"), acols=duckdb_columns("access"),
+                            qcols=duckdb_columns("qoe"))
+    t0 = time.perf_counter()
+    for stmt in [s for s in sql.split(";\n") if s.strip()]:
+        con.execute(stmt)
+    seconds = time.perf_counter() - t0
+    rows = con.execute("SELECT count(*) FROM silver").fetchone()[0]
+    return {"seconds": round(seconds, 2), "silver_rows": int(rows)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--conns", type=int, default=5_000_000)
+    ap.add_argument("--nodes", type=int, default=12)
+    ap.add_argument("--hours", type=int, default=24)
+    ap.add_argument("--workdir", default="/tmp/ccs-bench-ingest")
+    ap.add_argument("--keep", action="store_true", help="keep the simulated logs and the lake")
+    args = ap.parse_args(argv)
+
+    from ccselect.config import load_config
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
+    from ccselect.spark import get_spark
+    from jobs import ingest
+
+    work = Path(args.workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "root").mkdir(parents=True)
+    data = str(work / "logs")
+    per = max(1, round(args.conns / (args.nodes * args.hours * SIM_YIELD)))
+    t0 = time.perf_counter()
+    manifest = simulate(SimParams(nodes=args.nodes, hours=args.hours, conns_per_node_hour=per, seed=17),
+                        data, workers=2, progress=False)
+    sim_s = time.perf_counter() - t0
+    input_bytes = sum(f.stat().st_size for s in ("transport", "access", "qoe") for f in Path(data, s).rglob("*.jsonl"))
+
+    import yaml
+    raw = yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())
+    raw["data_root"] = str(work / "root")
+    raw["spark"]["master"] = "local[2]"
+    raw["spark"]["conf"].update({"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2",
+                                 "spark.driver.memory": "4g"})
+    (work / "ccs.yaml").write_text(yaml.safe_dump(raw))
+    cfg = load_config(work / "ccs.yaml")
+    with PeakRss() as mem:
+        spark = get_spark(cfg, "ccs-bench-ingest")
+        t0 = time.perf_counter()
+        result = ingest.run(spark, cfg, data)
+        spark_s = time.perf_counter() - t0
+        spark.stop()
+    duck = run_duckdb(data, str(work / "duck_silver"))
+    conns = manifest["counts"]["transport"]
+    lines = sum(manifest["counts"][s] for s in ("transport", "access", "qoe"))
+    out = {
+        "bench": "ingest", "cores": 2, "connections": conns, "lines": lines, "input_bytes": input_bytes,
+        "simulate_seconds": round(sim_s, 1),
+        "spark": {"seconds": round(spark_s, 2), "connections_per_s": round(conns / spark_s),
+                  "lines_per_s": round(lines / spark_s), "silver_rows": result["silver_rows"],
+                  "peak_driver_rss_mb": round(mem.peak / 2 ** 20), "master": "local[2]"},
+        "duckdb": {**duck, "connections_per_s": round(conns / duck["seconds"]), "threads": 2},
+        "spark_over_duckdb": round(spark_s / duck["seconds"], 2),
+        "goal": "spark within 3x of duckdb",
+        "load_average_1m": round(os.getloadavg()[0], 2),
+    }
+    Path(REPO, "bench", "results").mkdir(parents=True, exist_ok=True)
+    Path(REPO, "bench", "results", "ingest.json").write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(out, indent=2))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
