@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "ccselect.sim.cli",
     "ccselect.run",
     "jobs.cli",
+    "jobs.autoplex_cli",
 )
 
 

@@ -1,0 +1,274 @@
+"""AutoPlex (autoplex-nai22.txt): per user group and period, the better-performed sessions'
+statistics become the next period's CC parameters (Algorithm 1), and the similarity analysis of
+§3.4 (better sessions change less between periods than worse ones).
+
+A job is extract → pure transforms → load; the transforms take any DataFrame with the silver
+columns they name, so they are tested on tiny inline frames.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+#: metrics a policy may sort by: name → Spark expression over silver.connections columns
+METRICS = {
+    "retrans_ratio": lambda: F.col("retrans_ratio"),
+    # goodput / srtt in Mbps per second, as AutoPlex Fig. 2 reports it
+    "goodput_per_srtt": lambda: (F.col("goodput_bps") / 1e6) / (((F.col("min_srtt_us") + F.col("max_srtt_us")) / 2) / 1e6),
+}
+VALUES = ("goodput_bps", "max_inflight_segs", "max_cwnd_segs")
+
+
+class PolicyError(ValueError):
+    """A user-defined policy that cannot be run (refused before any work)."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A user-defined QoS policy P_usr of Algorithm 1: sort by `metric` (`ascending` or not) and
+    keep the [band_lo, band_hi) percentile band; groups with fewer sessions get no parameters."""
+
+    name: str
+    metric: str
+    ascending: bool
+    band_lo: float
+    band_hi: float
+    min_sessions: int
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Policy":
+        try:
+            p = cls(name=str(d["name"]), metric=str(d["metric"]),
+                    ascending=str(d.get("direction", "asc")).lower() in ("asc", "ascending"),
+                    band_lo=float(d["band"][0]), band_hi=float(d["band"][1]),
+                    min_sessions=int(d.get("min_sessions", 20)))
+        except (KeyError, TypeError, IndexError, ValueError) as e:
+            raise PolicyError(f"policy {d!r}: {e}") from e
+        if str(d.get("direction", "asc")).lower() not in ("asc", "ascending", "desc", "descending"):
+            raise PolicyError(f"policy {p.name}: direction must be asc or desc, got {d.get('direction')!r}")
+        p.validate()
+        return p
+
+    def validate(self) -> None:
+        if self.metric not in METRICS:
+            raise PolicyError(f"policy {self.name}: unknown metric {self.metric!r}; known: {sorted(METRICS)}")
+        if not (0 <= self.band_lo < self.band_hi <= 100):
+            raise PolicyError(f"policy {self.name}: band [{self.band_lo}, {self.band_hi}] must satisfy 0 <= lo < hi <= 100")
+        if self.min_sessions < 1:
+            raise PolicyError(f"policy {self.name}: min_sessions must be at least 1, got {self.min_sessions}")
+
+
+DEFAULT_POLICIES = (
+    Policy("low_retrans", "retrans_ratio", True, 5, 20, 20),
+    Policy("high_goodput_per_srtt", "goodput_per_srtt", False, 80, 95, 20),
+)
+
+
+def f_cap(a: float, b: float) -> float:
+    """AutoPlex eq. (1): f(a, b) = a if a <= b else (a + b) / 2 — the computed value a
+    (BBR's pacing_gain·max_bw, or its inflight cap) is kept when below the last period's
+    better-session value b, and pulled half-way towards b when above it."""
+    return a if a <= b else (a + b) / 2
+
+
+def with_period(df: DataFrame, period_minutes: int) -> DataFrame:
+    """Adds `period_start_ms`: the start of the T-minute period the connection closed in."""
+    t = period_minutes * 60_000
+    return df.withColumn("period_start_ms", (F.floor(F.col("ts_end_ms") / t) * t).cast("bigint"))
+
+
+def band(df: DataFrame, policy: Policy, group_cols: list[str]) -> DataFrame:
+    """Algorithm 1's Extract: per group and period, sort by the policy metric (ties broken by
+    conn_id, so the result is deterministic) and keep positions k (0-based, n sessions) with
+    lo·n/100 <= k < hi·n/100. Adds `n_sessions` (the group's count) to each kept row."""
+    keys = [*group_cols, "period_start_ms"]
+    metric = METRICS[policy.metric]()
+    order = (F.col("_m").asc_nulls_last() if policy.ascending else F.col("_m").desc_nulls_last(), F.col("conn_id"))
+    w = Window.partitionBy(*keys).orderBy(*order)
+    wn = Window.partitionBy(*keys)
+    ranked = (df.withColumn("_m", metric).where(F.col("_m").isNotNull())
+              .withColumn("_k", F.row_number().over(w) - 1)
+              .withColumn("n_sessions", F.count(F.lit(1)).over(wn)))
+    lo = F.col("n_sessions") * F.lit(policy.band_lo / 100.0)
+    hi = F.col("n_sessions") * F.lit(policy.band_hi / 100.0)
+    return ranked.where((F.col("_k") >= lo) & (F.col("_k") < hi)).drop("_k")
+
+
+def parameters(df: DataFrame, policy: Policy, group_cols: list[str], period_minutes: int) -> DataFrame:
+    """Algorithm 1 lines 5-8 per group and period: mean goodput, max_inflight, max_cwnd of the
+    band; pacing_rate_last = goodput; max_cwnd_last = (max_inflight + max_cwnd) / 2. Groups
+    below the policy's minimum session count get no row. `applies_from_ms` is the next period."""
+    b = band(df, policy, group_cols)
+    keys = [*group_cols, "period_start_ms"]
+    agg = (b.groupBy(*keys).agg(F.first("n_sessions").alias("n_sessions"), F.count(F.lit(1)).alias("n_band"),
+                                *[F.avg(c).alias(f"mean_{c}") for c in VALUES],
+                                F.avg("_m").alias("mean_metric"))
+           .where(F.col("n_sessions") >= policy.min_sessions))
+    return (agg.withColumn("policy", F.lit(policy.name)).withColumn("metric", F.lit(policy.metric))
+            .withColumn("band_lo", F.lit(float(policy.band_lo))).withColumn("band_hi", F.lit(float(policy.band_hi)))
+            .withColumn("pacing_rate_last_bps", F.col("mean_goodput_bps"))
+            .withColumn("max_cwnd_last_segs", (F.col("mean_max_inflight_segs") + F.col("mean_max_cwnd_segs")) / 2)
+            .withColumn("applies_from_ms", F.col("period_start_ms") + F.lit(period_minutes * 60_000)))
+
+
+def change_rates(df: DataFrame, group_cols: list[str], better: Policy, worse: Policy,
+                 period_minutes: int) -> DataFrame:
+    """AutoPlex §3.4: for the better and the worse band, the change rate |m_T − m_{T−1}| / m_{T−1}
+    of each band mean (goodput, max_cwnd, max_inflight) between adjacent periods of a group."""
+    out = []
+    for label, pol in (("better", better), ("worse", worse)):
+        p = parameters(df, pol, group_cols, period_minutes)
+        w = Window.partitionBy(*group_cols).orderBy("period_start_ms")
+        for c in VALUES:
+            prev = F.lag(f"mean_{c}").over(w)
+            prev_start = F.lag("period_start_ms").over(w)
+            out.append(p.select(*group_cols, "period_start_ms", F.lit(label).alias("band"), F.lit(c).alias("value"),
+                                F.when((prev > 0) & (F.col("period_start_ms") - prev_start == period_minutes * 60_000),
+                                       F.abs(F.col(f"mean_{c}") - prev) / prev).alias("change_rate")))
+    res = out[0]
+    for o in out[1:]:
+        res = res.unionByName(o)
+    return res.where(F.col("change_rate").isNotNull())
+
+
+def similarity_summary(rates: DataFrame) -> DataFrame:
+    """Mean change rate per band and value, and better/worse ratio (the paper sees 25-30%)."""
+    m = rates.groupBy("value").pivot("band", ["better", "worse"]).agg(F.avg("change_rate"))
+    return m.withColumn("better_over_worse", F.col("better") / F.col("worse")).orderBy("value")
+
+
+def prefix_caps(reference: DataFrame, params: DataFrame, headroom: float = 1.0) -> DataFrame:
+    """Maps user groups back to the address blocks of the reference table, so the export can
+    attach caps to table entries of that group: `pacing_rate_bps` = pacing_rate_last × headroom
+    (the kernel then paces at min(BBR's own rate, cap), the a <= b branch of eq. (1)) and
+    `cwnd_clamp_segs` = max_cwnd_last. Uses each group's latest period."""
+    w = Window.partitionBy("ug_id", "policy").orderBy(F.col("period_start_ms").desc())
+    latest = (params.withColumn("_r", F.row_number().over(w)).where("_r = 1")
+              .select("ug_id", "policy", "applies_from_ms",
+                      (F.col("pacing_rate_last_bps") * headroom).cast("bigint").alias("pacing_rate_bps"),
+                      F.ceil("max_cwnd_last_segs").cast("int").alias("cwnd_clamp_segs")))
+    ref = reference.select("cidr", F.concat_ws("-AS", F.col("region"), F.col("asn").cast("string")).alias("ug_id"))
+    return ref.join(latest, "ug_id")
+
+
+def load_policies(cfg_section: dict[str, Any]) -> list[Policy]:
+    """Policies from configuration (`autoplex.policies`), all validated before any work."""
+    raw = cfg_section.get("policies")
+    if not raw:
+        return list(DEFAULT_POLICIES)
+    return [Policy.from_dict(d) for d in raw]
+
+
+def run(spark: SparkSession, silver: DataFrame, policies: list[Policy], group_cols: list[str],
+        period_minutes: int) -> DataFrame:
+    df = with_period(silver, period_minutes)
+    res = None
+    for p in policies:
+        part = parameters(df, p, group_cols, period_minutes)
+        res = part if res is None else res.unionByName(part)
+    assert res is not None
+    return res
+
+
+# --- extract / load ----------------------------------------------------------------------------
+
+def _hour(ms: int) -> str:
+    from datetime import datetime, timezone
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H")
+
+
+def _period_label(ms_col: str = "period_start_ms"):
+    return F.date_format(F.timestamp_millis(F.col(ms_col)), "yyyy-MM-dd'T'HH:mm")
+
+
+def extract(spark: SparkSession, cfg: Any, start_ms: int, end_ms: int) -> DataFrame:
+    """silver.connections closed in [start_ms, end_ms)."""
+    from jobs.window import connections_in
+    return (connections_in(spark, cfg, _hour(start_ms), _hour(end_ms - 1))
+            .where((F.col("ts_end_ms") >= start_ms) & (F.col("ts_end_ms") < end_ms)))
+
+
+def settings(cfg: Any) -> tuple[list[Policy], list[str], int]:
+    """Policies, grouping columns and period length from `autoplex:` in the configuration —
+    all validated before any work."""
+    sec = cfg.section("autoplex")
+    period = int(sec.get("period_minutes", 30))
+    if period < 1 or 60 % period and period % 60:
+        raise PolicyError(f"period_minutes must divide an hour or be whole hours, got {period}")
+    group_cols = list(sec.get("group_by") or ["ug_id"])
+    return load_policies(sec), group_cols, period
+
+
+def run_parameters(spark: SparkSession, cfg: Any, start_ms: int, periods: int) -> dict[str, Any]:
+    """Compute gold.autoplex_params for `periods` periods from `start_ms` (replacing them)."""
+    from ccselect.lake import table_path
+    from jobs import delta_io
+    policies, group_cols, period = settings(cfg)
+    t = period * 60_000
+    start_ms -= start_ms % t
+    end_ms = start_ms + periods * t
+    silver = extract(spark, cfg, start_ms, end_ms)
+    params = run(spark, silver, policies, group_cols, period).withColumn("period", _period_label())
+    labels = [_period_label_py(start_ms + i * t) for i in range(periods)]
+    delta_io.replace_partitions(params, table_path(cfg, "gold.autoplex_params"), {(p,) for p in labels}, ("period",))
+    written = (spark.read.format("delta").load(table_path(cfg, "gold.autoplex_params"))
+               .where(F.col("period").isin(labels)))
+    counts = {r["policy"]: r["n"] for r in written.groupBy("policy").agg(F.count(F.lit(1)).alias("n")).collect()}
+    return {"periods": labels, "group_by": group_cols, "rows_per_policy": counts}
+
+
+def _period_label_py(ms: int) -> str:
+    from datetime import datetime, timezone
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M")
+
+
+def run_similarity(spark: SparkSession, cfg: Any, start_ms: int, periods: int,
+                   plot_dir: str | None = None) -> dict[str, Any]:
+    """AutoPlex §3.4 over `periods` periods: gold.autoplex_similarity (per group, period, band and
+    value) and the summary better/worse ratios, with a bar plot."""
+    import os
+
+    from ccselect.lake import table_path
+    from jobs.window import write_window
+    sec = cfg.section("autoplex")
+    _, group_cols, period = settings(cfg)
+    better = Policy("better", "retrans_ratio", True, *sec.get("similarity_better_band", (5, 20)), 5)
+    worse = Policy("worse", "retrans_ratio", True, *sec.get("similarity_worse_band", (75, 90)), 5)
+    better.validate(), worse.validate()
+    t = period * 60_000
+    start_ms -= start_ms % t
+    df = with_period(extract(spark, cfg, start_ms, start_ms + periods * t), period)
+    rates = change_rates(df, group_cols, better, worse, period).cache()
+    window = f"{_period_label_py(start_ms)}..{_period_label_py(start_ms + (periods - 1) * t)}"
+    n = write_window(spark, cfg, rates, "gold.autoplex_similarity", window)
+    summary = [r.asDict() for r in similarity_summary(rates).collect()]
+    rates.unpersist()
+    out = {"window": window, "rows": n, "summary": summary}
+    if plot_dir and summary:
+        out["plot"] = plot_similarity(summary, os.path.join(plot_dir, "autoplex_similarity.png"))
+    return out
+
+
+def plot_similarity(summary: list[dict[str, Any]], path: str) -> str:
+    import os
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    names = [s["value"] for s in summary]
+    x = range(len(names))
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar([i - 0.2 for i in x], [s["better"] or 0 for s in summary], 0.4, label="better (retrans 5-20 pct)")
+    ax.bar([i + 0.2 for i in x], [s["worse"] or 0 for s in summary], 0.4, label="worse (retrans 75-90 pct)")
+    ax.set_xticks(list(x), names)
+    ax.set_ylabel("mean change rate between periods")
+    ax.set_title("AutoPlex §3.4: period-to-period change")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

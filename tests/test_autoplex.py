@@ -1,0 +1,111 @@
+"""AutoPlex Algorithm 1 on tiny inline frames with hand-computed parameters."""
+from __future__ import annotations
+
+import pytest
+from pyspark.testing import assertDataFrameEqual
+
+from jobs.autoplex import Policy, PolicyError, band, change_rates, f_cap, parameters, prefix_caps, with_period
+
+SCHEMA = ("ug_id string, conn_id string, ts_end_ms long, retrans_ratio double, goodput_bps double, "
+          "min_srtt_us long, max_srtt_us long, max_inflight_segs long, max_cwnd_segs long")
+P0 = 0  # first 30-minute period
+P1 = 1_800_000
+
+
+def _rows():
+    rows = []
+    # group A: 20 sessions, retrans 0.00..0.19; goodput, inflight, cwnd tied to the index
+    for i in range(20):
+        rows.append(("henan-AS4134", f"a{i:02d}", P0 + 1000 * i, i / 100, 1e6 * (i + 1), 10_000, 30_000, 10 + i, 20 + i))
+    # group B: 10 sessions, all without retransmissions (ties, broken by conn_id)
+    for i in range(10):
+        rows.append(("qinghai-AS9808", f"b{9 - i}", P0 + 5, 0.0, 2e6 * (i + 1), 20_000, 20_000, i, i))
+    # group C: 3 sessions only
+    for i in range(3):
+        rows.append(("beijing-AS4837", f"c{i}", P0 + 7, 0.1, 1e6, 10_000, 10_000, 1, 1))
+    return rows
+
+
+@pytest.fixture
+def sessions(spark):
+    return with_period(spark.createDataFrame(_rows(), SCHEMA), 30)
+
+
+def test_band_keeps_the_percentile_positions(sessions):
+    pol = Policy("p", "retrans_ratio", True, 5, 20, 5)
+    got = band(sessions, pol, ["ug_id"]).where("ug_id = 'henan-AS4134'").select("conn_id")
+    # n = 20: positions 1, 2, 3 (5% of 20 = 1 inclusive, 20% of 20 = 4 exclusive)
+    assertDataFrameEqual(got, sessions.sparkSession.createDataFrame([("a01",), ("a02",), ("a03",)], "conn_id string"))
+
+
+def test_ties_are_broken_by_conn_id(sessions):
+    pol = Policy("p", "retrans_ratio", True, 0, 30, 5)
+    got = band(sessions, pol, ["ug_id"]).where("ug_id = 'qinghai-AS9808'").select("conn_id")
+    assertDataFrameEqual(got, sessions.sparkSession.createDataFrame([("b0",), ("b1",), ("b2",)], "conn_id string"))
+
+
+def test_parameters_hand_computed(sessions, spark):
+    pol = Policy("low_retrans", "retrans_ratio", True, 5, 20, 5)
+    got = parameters(sessions, pol, ["ug_id"], 30).select(
+        "ug_id", "period_start_ms", "n_sessions", "n_band", "pacing_rate_last_bps", "max_cwnd_last_segs",
+        "applies_from_ms", "policy")
+    # A: band a01..a03 → goodput mean (2+3+4)e6/3 = 3e6; inflight 12, cwnd 22 → (12+22)/2 = 17
+    # B: n=10 → positions 0.5 <= k < 2 → k=1 → b1, whose goodput is 2e6·(8+1) (b1 is i=8)
+    # C: 3 sessions < 5 → no parameters
+    want = spark.createDataFrame([
+        ("henan-AS4134", P0, 20, 3, 3e6, 17.0, P1, "low_retrans"),
+        ("qinghai-AS9808", P0, 10, 1, 18e6, 8.0, P1, "low_retrans"),
+    ], "ug_id string, period_start_ms long, n_sessions long, n_band long, pacing_rate_last_bps double, "
+       "max_cwnd_last_segs double, applies_from_ms long, policy string")
+    assertDataFrameEqual(got, want)
+
+
+def test_descending_goodput_per_srtt_policy(sessions, spark):
+    pol = Policy("g", "goodput_per_srtt", False, 0, 10, 5)
+    got = parameters(sessions, pol, ["ug_id"], 30).where("ug_id = 'henan-AS4134'").select("pacing_rate_last_bps")
+    # highest goodput/srtt first: a19, a18 are positions 0, 1 (10% of 20 = 2) → mean (20+19)/2 e6
+    assertDataFrameEqual(got, spark.createDataFrame([(19.5e6,)], "pacing_rate_last_bps double"))
+
+
+@pytest.mark.parametrize("bad, msg", [
+    ({"name": "x", "metric": "rtt", "band": [5, 20]}, "unknown metric"),
+    ({"name": "x", "metric": "retrans_ratio", "band": [20, 5]}, "lo < hi"),
+    ({"name": "x", "metric": "retrans_ratio", "band": [-1, 5]}, "lo < hi"),
+    ({"name": "x", "metric": "retrans_ratio", "band": [5, 120]}, "lo < hi"),
+    ({"name": "x", "metric": "retrans_ratio", "band": [5, 20], "min_sessions": 0}, "at least 1"),
+    ({"name": "x", "metric": "retrans_ratio", "band": [5, 20], "direction": "sideways"}, "direction"),
+    ({"name": "x", "metric": "retrans_ratio"}, "band"),
+])
+def test_bad_policies_are_refused(bad, msg):
+    with pytest.raises(PolicyError, match=msg):
+        Policy.from_dict(bad)
+
+
+def test_eq1():
+    assert f_cap(3.0, 5.0) == 3.0
+    assert f_cap(9.0, 5.0) == 7.0
+    assert f_cap(5.0, 5.0) == 5.0
+
+
+def test_change_rates_between_adjacent_periods(spark):
+    rows = []
+    for period, scale in ((0, 1.0), (1, 1.5)):
+        for i in range(20):
+            rows.append(("g", f"p{period}-{i:02d}", period * P1 + i, i / 100, 1e6 * scale * (i + 1), 1, 1,
+                         10 + i, 20 + i))
+    df = with_period(spark.createDataFrame(rows, SCHEMA), 30)
+    better = Policy("b", "retrans_ratio", True, 5, 20, 5)
+    worse = Policy("w", "retrans_ratio", True, 75, 90, 5)
+    got = change_rates(df, ["ug_id"], better, worse, 30).where("value = 'goodput_bps'").select("band", "change_rate")
+    # goodput scaled by 1.5 in every band → change rate 0.5 for both
+    assertDataFrameEqual(got, spark.createDataFrame([("better", 0.5), ("worse", 0.5)], "band string, change_rate double"))
+
+
+def test_prefix_caps_map_groups_to_blocks(sessions, spark):
+    pol = Policy("low_retrans", "retrans_ratio", True, 5, 20, 5)
+    params = parameters(sessions, pol, ["ug_id"], 30)
+    ref = spark.createDataFrame([("58.14.0.0/16", 4134, "chinanet", "henan"), ("240e:100::/32", 4134, "chinanet", "henan"),
+                                 ("36.1.0.0/16", 9808, "cmcc", "beijing")], "cidr string, asn int, isp string, region string")
+    got = prefix_caps(ref, params).select("cidr", "pacing_rate_bps", "cwnd_clamp_segs")
+    assertDataFrameEqual(got, spark.createDataFrame([("58.14.0.0/16", 3_000_000, 17), ("240e:100::/32", 3_000_000, 17)],
+                                                    "cidr string, pacing_rate_bps long, cwnd_clamp_segs int"))
