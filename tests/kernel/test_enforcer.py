@@ -343,7 +343,7 @@ def test_agent_restart_keeps_enforcement(edge):
     assert {r["client_ip"] for r in recs} >= {"127.70.0.4"}, "restarted agent logs connections"
 
 
-def test_transport_log_records(edge):
+def test_transport_log_records(edge, spark, tmp_path):
     default = sysctl_cc()
     a, b = other_ccs(default)
     with in_cgroup(edge.cgroup):
@@ -410,6 +410,13 @@ def test_transport_log_records(edge):
     cnt = edge.agent.status()["counters"]
     assert cnt["log_emitted"] == len(plan), f"log_emitted counter {cnt['log_emitted']}"
     assert cnt["log_dropped"] == 0, f"log_dropped counter {cnt['log_dropped']}"
+    # the pipeline's own ingest accepts every record the agent wrote (nothing quarantined)
+    from ccs_testing import write_config
+    from ccselect.config import load_config
+    from jobs import ingest
+    res = ingest.run(spark, load_config(write_config(tmp_path)), edge.logs, silver=False)
+    t = res["streams"]["transport"]
+    assert (t["lines_read"], t["accepted"], t["quarantined"]) == (len(plan), len(plan), 0), f"ingest: {res}"
 
 
 def test_example_config_policy(edge, edge_binary):
