@@ -20,7 +20,7 @@ def run_cmd(config: Optional[str] = typer.Option(None, "--config", envvar="CCS_C
             ingest_hours: int = typer.Option(2, help="ingest the fleet's last N hours into Delta (0: none)")) -> None:
     """Run the main job: simulate the configured fleet, ingest its last hours into the Delta
     lakehouse, then print a summary and where to look."""
-    from ccselect.sim.fleet import simulate
+    from ccselect.sim.fleet import code_version, simulate
     from ccselect.sim.params import SimParams
     from ccselect.sim.summary import summarize
 
@@ -30,8 +30,9 @@ def run_cmd(config: Optional[str] = typer.Option(None, "--config", envvar="CCS_C
                        seed=int(d["seed"]), conns_per_node_hour=int(d["conns_per_node_hour"]))
     out = d["out"]
     manifest_path = os.path.join(out, "manifest.json")
-    if os.path.exists(manifest_path) and json.load(open(manifest_path))["params"] == params.to_dict():
-        typer.echo(f"reusing the simulated fleet in {out} (same parameters)")
+    old = json.load(open(manifest_path)) if os.path.exists(manifest_path) else {}
+    if old.get("params") == params.to_dict() and old.get("code_version") == code_version():
+        typer.echo(f"reusing the simulated fleet in {out} (same parameters, same simulator)")
         manifest = json.load(open(manifest_path))
     else:
         manifest = simulate(params, out)

@@ -154,3 +154,12 @@ def test_bad_parameters_are_refused(tmp_path):
         simulate(SimParams(nodes=1, hours=1, cc_mode="table"), str(tmp_path), progress=False)
     with pytest.raises(ValueError, match="/16"):
         simulate(SimParams(nodes=1, hours=1, fault_mss_prefix16="10.0.0.0/8"), str(tmp_path), progress=False)
+
+
+def test_resimulating_into_the_same_folder_leaves_no_stale_files(tmp_path):
+    import glob
+    simulate(SimParams(nodes=3, hours=2, conns_per_node_hour=100, seed=1), str(tmp_path), workers=1, progress=False)
+    m = simulate(SimParams(nodes=2, hours=1, conns_per_node_hour=100, seed=1), str(tmp_path), workers=1, progress=False)
+    assert len(glob.glob(str(tmp_path / "transport" / "*" / "*.jsonl"))) == 2, "files of the earlier, larger run remain"
+    from ccselect.sim.fleet import code_version
+    assert m["code_version"] == code_version()

@@ -95,6 +95,18 @@ def _write_static(params: SimParams, out: str) -> dict[str, Any]:
             "fault_mss_prefix16": fault}
 
 
+def code_version() -> str:
+    """A digest of the simulator's own source: output from other code is never reused."""
+    import hashlib
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            h.update(name.encode())
+            h.update(open(os.path.join(here, name), "rb").read())
+    return h.hexdigest()[:16]
+
+
 def simulate(params: SimParams, out: str, workers: int | None = None, progress: bool = True) -> dict[str, Any]:
     """Write the fleet's logs for `params` under `out`; return the manifest."""
     from tqdm import tqdm
@@ -102,6 +114,11 @@ def simulate(params: SimParams, out: str, workers: int | None = None, progress: 
     if params.cc_mode == "table" and not params.table_path:
         raise ValueError("cc_mode='table' needs table_path")
     params = replace(params, table_path=os.path.abspath(params.table_path) if params.table_path else None)
+    if os.path.exists(os.path.join(out, "manifest.json")):  # an earlier simulation: start clean
+        import shutil
+        for d in (*STREAMS, "reference", TRUTH_DIR, "manifest.json"):
+            p = os.path.join(out, d)
+            shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else (os.path.exists(p) and os.remove(p))
     os.makedirs(out, exist_ok=True)
     t0 = time.time()
     static = _write_static(params, out)
@@ -125,7 +142,7 @@ def simulate(params: SimParams, out: str, workers: int | None = None, progress: 
                     totals[k] += r[k]
                 bar.update()
     bar.close()
-    manifest = {"params": params.to_dict(), **static, "counts": totals,
+    manifest = {"params": params.to_dict(), "code_version": code_version(), **static, "counts": totals,
                 "seconds": round(time.time() - t0, 2), "layout": __doc__.split("Layout under OUT:")[1].split("\n\n")[0]}
     _atomic_write(os.path.join(out, "manifest.json"), lambda p: open(p, "w").write(json.dumps(manifest, indent=1)))
     return manifest
