@@ -31,7 +31,7 @@ def run_cmd(config: Optional[str] = typer.Option(None, "--config", envvar="CCS_C
     out = d["out"]
     manifest_path = os.path.join(out, "manifest.json")
     old = json.load(open(manifest_path)) if os.path.exists(manifest_path) else {}
-    if old.get("params") == params.to_dict() and old.get("code_version") == code_version():
+    if old.get("params") == json.loads(json.dumps(params.to_dict())) and old.get("code_version") == code_version():
         typer.echo(f"reusing the simulated fleet in {out} (same parameters, same simulator)")
         manifest = json.load(open(manifest_path))
     else:

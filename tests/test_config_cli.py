@@ -90,3 +90,14 @@ def test_simulate_command_end_to_end(tmp_path):
     import json
     m = json.loads(res.stdout)
     assert m["counts"]["transport"] > 0 and len(m["nodes"]) == 2
+
+
+def test_run_reuses_an_unchanged_fleet(tmp_path):
+    cfg = write_config(tmp_path, simulate={"out": str(tmp_path / "raw"), "nodes": 2, "hours": 2,
+                                           "start": "2026-11-01T00:00:00", "seed": 1, "conns_per_node_hour": 100})
+    cmd = [sys.executable, "-m", "ccselect.cli", "run", "--config", str(cfg), "--ingest-hours", "0"]
+    first = subprocess.run(cmd, capture_output=True, text=True)
+    second = subprocess.run(cmd, capture_output=True, text=True)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr[-800:] + second.stderr[-800:]
+    assert "reusing" not in first.stdout and "main job summary" in first.stdout
+    assert "reusing the simulated fleet" in second.stdout, second.stdout[:400]
