@@ -59,7 +59,8 @@ def policer_effect(df: pl.DataFrame) -> dict[str, float]:
         for pol in (True, False):
             s = cell.filter((pl.col("cc") == cc) & (pl.col("policed") == pol))
             key = f"{cc}_{'policed' if pol else 'free'}"
-            out[f"{key}_goodput_kbps"] = float(s["goodput_mbps"].mean() * 1000)
+            mean = s["goodput_mbps"].mean() if s.height else None
+            out[f"{key}_goodput_kbps"] = float(mean) * 1000 if mean is not None else float("nan")
             out[f"{key}_retrans"] = float(s["total_retrans"].sum() / max(1, s["data_segs_out"].sum()))
     return out
 
