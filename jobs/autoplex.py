@@ -162,8 +162,7 @@ def load_policies(cfg_section: dict[str, Any]) -> list[Policy]:
     return [Policy.from_dict(d) for d in raw]
 
 
-def run(spark: SparkSession, silver: DataFrame, policies: list[Policy], group_cols: list[str],
-        period_minutes: int) -> DataFrame:
+def run(silver: DataFrame, policies: list[Policy], group_cols: list[str], period_minutes: int) -> DataFrame:
     df = with_period(silver, period_minutes)
     res = None
     for p in policies:
@@ -175,9 +174,17 @@ def run(spark: SparkSession, silver: DataFrame, policies: list[Policy], group_co
 
 # --- extract / load ----------------------------------------------------------------------------
 
-def _hour(ms: int) -> str:
+def _utc(ms: int, fmt: str) -> str:
     from datetime import datetime, timezone
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H")
+    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime(fmt)
+
+
+def _hour(ms: int) -> str:
+    return _utc(ms, "%Y-%m-%dT%H")
+
+
+def _period_label_py(ms: int) -> str:
+    return _utc(ms, "%Y-%m-%dT%H:%M")
 
 
 def _period_label(ms_col: str = "period_start_ms"):
@@ -196,7 +203,7 @@ def settings(cfg: Any) -> tuple[list[Policy], list[str], int]:
     all validated before any work."""
     sec = cfg.section("autoplex")
     period = int(sec.get("period_minutes", 30))
-    if period < 1 or 60 % period and period % 60:
+    if period < 1 or (60 % period != 0 and period % 60 != 0):
         raise PolicyError(f"period_minutes must divide an hour or be whole hours, got {period}")
     group_cols = list(sec.get("group_by") or ["ug_id"])
     return load_policies(sec), group_cols, period
@@ -211,7 +218,7 @@ def run_parameters(spark: SparkSession, cfg: Any, start_ms: int, periods: int) -
     start_ms -= start_ms % t
     end_ms = start_ms + periods * t
     silver = extract(spark, cfg, start_ms, end_ms)
-    params = run(spark, silver, policies, group_cols, period).withColumn("period", _period_label())
+    params = run(silver, policies, group_cols, period).withColumn("period", _period_label())
     labels = [_period_label_py(start_ms + i * t) for i in range(periods)]
     delta_io.replace_partitions(params, table_path(cfg, "gold.autoplex_params"), {(p,) for p in labels}, ("period",))
     written = (spark.read.format("delta").load(table_path(cfg, "gold.autoplex_params"))
@@ -220,18 +227,12 @@ def run_parameters(spark: SparkSession, cfg: Any, start_ms: int, periods: int) -
     return {"periods": labels, "group_by": group_cols, "rows_per_policy": counts}
 
 
-def _period_label_py(ms: int) -> str:
-    from datetime import datetime, timezone
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H:%M")
-
-
 def run_similarity(spark: SparkSession, cfg: Any, start_ms: int, periods: int,
                    plot_dir: str | None = None) -> dict[str, Any]:
     """AutoPlex §3.4 over `periods` periods: gold.autoplex_similarity (per group, period, band and
     value) and the summary better/worse ratios, with a bar plot."""
     import os
 
-    from ccselect.lake import table_path
     from jobs.window import write_window
     sec = cfg.section("autoplex")
     _, group_cols, period = settings(cfg)

@@ -43,6 +43,13 @@ def _atomic_write(path: str, write: Callable[[str], None]) -> None:
     os.replace(tmp, path)
 
 
+def _write_text(path: str, text: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+    _atomic_write(path, write)
+
+
 def _task(args: tuple[str, int, int]) -> dict[str, int]:
     out, node_idx, hour_idx = args
     from ccselect.sim.traffic import generate_node_hour
@@ -75,7 +82,7 @@ def _write_static(params: SimParams, out: str) -> dict[str, Any]:
 
     truth = os.path.join(out, TRUTH_DIR)
     nodes = [asdict(n) for n in world.nodes]
-    _atomic_write(os.path.join(truth, "nodes.json"), lambda p: open(p, "w").write(json.dumps(nodes, indent=1)))
+    _write_text(os.path.join(truth, "nodes.json"), json.dumps(nodes, indent=1))
     rows = []
     for n in world.nodes:
         ps = world.prefixes(n.idx)
@@ -88,8 +95,7 @@ def _write_static(params: SimParams, out: str) -> dict[str, Any]:
     fault = None
     if world.fault_prefix16 is not None:
         fault = f"{world.fault_prefix16 >> 8}.{world.fault_prefix16 & 255}.0.0/16"
-    _atomic_write(os.path.join(truth, "faults.json"),
-                  lambda p: open(p, "w").write(json.dumps({"mss_prefix16": fault})))
+    _write_text(os.path.join(truth, "faults.json"), json.dumps({"mss_prefix16": fault}))
     return {"nodes": [n.node_id for n in world.nodes],
             "labelled_nodes": [n.node_id for n in world.nodes if n.labelled],
             "fault_mss_prefix16": fault}
@@ -116,9 +122,9 @@ def simulate(params: SimParams, out: str, workers: int | None = None, progress: 
     params = replace(params, table_path=os.path.abspath(params.table_path) if params.table_path else None)
     if os.path.exists(os.path.join(out, "manifest.json")):  # an earlier simulation: start clean
         import shutil
-        for d in (*STREAMS, "reference", TRUTH_DIR, "manifest.json"):
-            p = os.path.join(out, d)
-            shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else (os.path.exists(p) and os.remove(p))
+        for d in (*STREAMS, "reference", TRUTH_DIR):
+            shutil.rmtree(os.path.join(out, d), ignore_errors=True)
+        os.remove(os.path.join(out, "manifest.json"))
     os.makedirs(out, exist_ok=True)
     t0 = time.time()
     static = _write_static(params, out)
@@ -144,5 +150,5 @@ def simulate(params: SimParams, out: str, workers: int | None = None, progress: 
     bar.close()
     manifest = {"params": params.to_dict(), "code_version": code_version(), **static, "counts": totals,
                 "seconds": round(time.time() - t0, 2), "layout": __doc__.split("Layout under OUT:")[1].split("\n\n")[0]}
-    _atomic_write(os.path.join(out, "manifest.json"), lambda p: open(p, "w").write(json.dumps(manifest, indent=1)))
+    _write_text(os.path.join(out, "manifest.json"), json.dumps(manifest, indent=1))
     return manifest

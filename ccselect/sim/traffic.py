@@ -207,7 +207,8 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     max_inflight = np.maximum(1, (max_cwnd * rng.uniform(0.7, 1.0, n))).astype(np.int64)
 
     node_tag = f"{node_idx:03x}{hour_idx:05x}"
-    conn_id = [f"c{node_tag}{i:06x}" for i in range(n)]
+    conn_id = np.array([f"c{node_tag}{i:06x}" for i in range(n)])
+    ip_arr = np.array(ip_text)
     us = lambda ms: np.maximum(1, np.round(ms * 1000)).astype(np.int64)  # noqa: E731
     transport = pl.DataFrame({
         "conn_id": conn_id,
@@ -247,10 +248,10 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     status = np.where(rng.random(total_req) < 0.97, np.where(req_rank > 0, 206, 200),
                       rng.choice([304, 404, 499, 502], total_req))
     access = pl.DataFrame({
-        "conn_id": [conn_id[i] for i in conn_of_req],
+        "conn_id": conn_id[conn_of_req],
         "node_id": [node.node_id] * total_req,
         "ts_ms": req_done,
-        "client_ip": [ip_text[i] for i in conn_of_req],
+        "client_ip": ip_arr[conn_of_req],
         "service": SERVICES[svc_r],
         "status": status,
         "bytes_sent": size,
@@ -270,10 +271,10 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     startup = path.min_rtt_ms * 2 + first_t * rng.uniform(0.3, 0.6, n)
     idx = np.flatnonzero(play)
     qoe = pl.DataFrame({
-        "session_id": [f"s{conn_id[i][1:]}" for i in idx],
-        "conn_id": [conn_id[i] for i in idx],
+        "session_id": np.char.add("s", np.char.lstrip(conn_id[idx], "c")),
+        "conn_id": conn_id[idx],
         "node_id": [node.node_id] * len(idx),
-        "client_ip": [ip_text[i] for i in idx],
+        "client_ip": ip_arr[idx],
         "ts_ms": end_ms[idx],
         "play_ms": play_ms[idx].astype(np.int64),
         "rebuffer_ms": reb_ms[idx],
@@ -286,7 +287,7 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
         "node_id": [node.node_id] * n,
         "hour_start_ms": np.full(n, hour_ms),
         "net_type": net_type,
-        "prefix": [ps.cidr(int(i)) for i in pref],
+        "prefix": np.array([ps.cidr(i) for i in range(len(ps.weight))])[pref],
         "segment_id": seg,
         "share_cell": q_cell,
         "nat_host": nat,

@@ -27,7 +27,6 @@ _MASK64 = np.uint64(0xFFFFFFFFFFFFFFFF)
 def mix64(*parts: np.ndarray | int) -> np.ndarray:
     """splitmix64 over the given integer arrays: a deterministic hash → uint64 per element."""
     acc = np.uint64(0x9E3779B97F4A7C15)
-    out: np.ndarray | None = None
     with np.errstate(over="ignore"):
         return _mix(parts, acc)
 
