@@ -1,6 +1,8 @@
 """Helpers shared by the tests (importable by name, unlike conftest.py)."""
 from __future__ import annotations
 
+import shutil
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
@@ -19,3 +21,35 @@ def write_config(root: Path, **overrides) -> Path:
     path = root / "ccs.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+@dataclass(frozen=True)
+class SmallLake:
+    """What the `small_lake` fixture built (see tests/conftest.py)."""
+    root: Path
+    cfg_path: Path
+    fleet_dir: str
+    lo: str
+    hi: str
+    window: str
+    hours: list
+    stats_path: str
+    ingest: dict
+    training_rows: int
+
+    def cfg(self):
+        from ccselect.config import load_config
+        return load_config(self.cfg_path)
+
+
+def copy_lake(lake: SmallLake, dest: Path) -> SmallLake:
+    """A writable copy of a `SmallLake` under `dest` (Delta logs hold relative paths, so a copied
+    table is a valid table); the copy's configuration points at the copy."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("lake", "artifacts"):
+        if (lake.root / name).exists():
+            shutil.copytree(lake.root / name, dest / name)
+    cfg_path = write_config(dest)
+    stats_path = str(dest / Path(lake.stats_path).relative_to(lake.root))
+    return replace(lake, root=dest, cfg_path=cfg_path, stats_path=stats_path)

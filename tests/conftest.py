@@ -38,5 +38,40 @@ def small_fleet(tmp_path_factory):
     return str(out), manifest
 
 
+@pytest.fixture(scope="session")
+def small_lake(tmp_path_factory, spark, small_fleet):
+    """`small_fleet` ingested into a lake of its own: bronze, quarantine, audit and
+    silver.connections for all 6 hours, gold.feature_stats (+ artifact) fitted on the whole window
+    and gold.training_set (balanced 50% 4G) for it. Shared read-only: a test that writes into a
+    lake copies it first (`ccs_testing.copy_lake`). Returns a `SmallLake`."""
+    from datetime import datetime, timezone
+
+    from ccselect.config import load_config
+    from features import labels, scaling
+    from jobs import ingest
+    from jobs.window import connections_in, write_window
+    from ccs_testing import SmallLake
+
+    fleet_dir, manifest = small_fleet
+    root = tmp_path_factory.mktemp("small_lake")
+    cfg_path = write_config(root)
+    cfg = load_config(cfg_path)
+    result = ingest.run(spark, cfg, fleet_dir)
+    hours = sorted({h for h in _fleet_hours(fleet_dir)})
+    lo, hi = hours[0], hours[-1]
+    window = f"{lo}..{hi}"
+    conns = connections_in(spark, cfg, lo, hi)
+    stats = scaling.fit(conns, window=window)
+    stats_path = scaling.save(spark, cfg, stats, datetime.now(timezone.utc).isoformat())
+    n_train = write_window(spark, cfg, labels.training_set(conns, 0.5), "gold.training_set", window)
+    return SmallLake(root=root, cfg_path=cfg_path, fleet_dir=fleet_dir, lo=lo, hi=hi, window=window,
+                     hours=hours, stats_path=stats_path, ingest=result, training_rows=n_train)
+
+
+def _fleet_hours(fleet_dir: str) -> list[str]:
+    from jobs.sources import discover
+    return [f.hour for f in discover(fleet_dir, streams=("transport",))]
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
