@@ -109,3 +109,19 @@ def hour_file_name(hour_start_ms: int) -> str:
     """Hourly file name, e.g. `2026-11-01T05.jsonl` (UTC hour of the records inside)."""
     from datetime import datetime, timezone
     return datetime.fromtimestamp(hour_start_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H") + ".jsonl"
+
+
+#: gold.predictions (written by `ccs infer`, read by `ccs export`): one row per connection of
+#: silver.connections, partitioned by (node_id, hour).
+#:   p_wifi        model probability of Wi-Fi (class 1); p_cell = 1 - p_wifi
+#:   pred_net_type "wifi" or "cell" (argmax)
+#:   cc            the CC chosen for the connection: Wi-Fi → cubic, 4G/5G → bbr when trusted,
+#:                 else `default_cc` (ALICCS §4.2 fallback strategy)
+#:   decision      "model" (trusted: p_wifi ≥ wifi threshold or p_cell ≥ 4G threshold) or "fallback"
+#:   requests      HTTP requests on the connection (from silver; purity is weighted by it)
+PREDICTION_COLS = (
+    "conn_id", "client_ip", "family", "prefix16", "prefix24", "prefix48", "prefix64", "ug_id",
+    "requests", "p_wifi", "p_cell", "pred_net_type", "cc", "decision", "default_cc",
+    "model_name", "model_version", "node_id", "hour",
+)
+PREDICTION_DECISIONS = ("model", "fallback")
