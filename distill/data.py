@@ -1,0 +1,75 @@
+"""What distillation and diagnosis read: the labelled connections of a training window (the
+balanced gold.training_set, ALICCS §3.2 "all features from the training set"), with both the raw
+Table 4 features (the tree's input: its rules read in bytes and microseconds) and the same
+features standardized with the champion's statistics (the DNN's input), through Arrow."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ccselect.contract import FEATURES
+
+
+@dataclass
+class WindowRows:
+    """Rows of one window, aligned: raw [N, 12] float64 and z [N, 12] float32 (model order),
+    label int8 (1 Wi-Fi, 0 4G/5G), and the keys subsets are cut by."""
+
+    raw: np.ndarray
+    z: np.ndarray
+    label: np.ndarray
+    prefix16: np.ndarray
+    prefix24: np.ndarray
+    client_ip: np.ndarray
+    node: np.ndarray
+    conn_id: np.ndarray
+    window: str
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+    def take(self, idx: np.ndarray) -> "WindowRows":
+        return WindowRows(self.raw[idx], self.z[idx], self.label[idx], self.prefix16[idx], self.prefix24[idx],
+                          self.client_ip[idx], self.node[idx], self.conn_id[idx], self.window)
+
+
+def training_rows(spark, cfg, lo: str, hi: str):
+    """gold.training_set for window lo..hi; when that window was never written, the same
+    selection (labelled, balanced 50% 4G) over silver.connections."""
+    from pyspark.sql import functions as F
+
+    from ccselect.lake import table_path
+    from features import labels
+    from jobs import delta_io
+    from jobs.window import connections_in
+
+    window = f"{lo}..{hi}"
+    path = table_path(cfg, "gold.training_set")
+    if delta_io.is_delta(spark, path):
+        df = spark.read.format("delta").load(path).where(F.col("window") == window)
+        if df.limit(1).count():
+            return df
+    return labels.training_set(connections_in(spark, cfg, lo, hi), 0.5)
+
+
+def load_window(spark, cfg, lo: str, hi: str, stats) -> WindowRows:
+    """The window's labelled rows, standardized with `stats` (features/scaling.py, the champion's)."""
+    from features import scaling
+
+    df = scaling.transform(training_rows(spark, cfg, lo, hi), stats)
+    cols = ["conn_id", "node_id", "client_ip", "prefix16", "prefix24", "label",
+            *FEATURES, *[f"z_{f}" for f in stats.features]]
+    pdf = df.select(*cols).orderBy("node_id", "conn_id").toPandas()
+    z = pdf[[f"z_{f}" for f in stats.features]].to_numpy(dtype=np.float32)
+    return WindowRows(
+        raw=pdf[list(FEATURES)].to_numpy(dtype=np.float64),
+        z=z,
+        label=pdf["label"].to_numpy(dtype=np.int8),
+        prefix16=pdf["prefix16"].fillna("").to_numpy(dtype=object),
+        prefix24=pdf["prefix24"].fillna("").to_numpy(dtype=object),
+        client_ip=pdf["client_ip"].to_numpy(dtype=object),
+        node=pdf["node_id"].to_numpy(dtype=object),
+        conn_id=pdf["conn_id"].to_numpy(dtype=object),
+        window=f"{lo}..{hi}",
+    )

@@ -1,0 +1,156 @@
+"""`ccs distill` and `ccs diagnose` as jobs: read (lake, registry) at the edges, the pure work in
+distill/tree.py and distill/diagnose.py, write (MLflow, gold.diagnostics, the report) at the end."""
+from __future__ import annotations
+
+import os
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+
+from ccselect.contract import FEATURES
+
+
+def dnn_probabilities(model, z: np.ndarray, batch: int = 65536) -> np.ndarray:
+    """The champion's [N, 2] class probabilities (Y_0 = 4G/5G, Y_1 = Wi-Fi, §3.2) on standardized rows."""
+    import torch
+    model.eval()
+    device = next(model.parameters()).device
+    out = []
+    with torch.no_grad():
+        for i in range(0, len(z), batch):
+            out.append(model(torch.as_tensor(z[i:i + batch], dtype=torch.float32, device=device)).cpu().numpy())
+    return np.concatenate(out).astype(np.float64) if out else np.zeros((0, 2))
+
+
+def run_distill(spark, cfg, lo: str, hi: str, params=None) -> dict:
+    """Distill `models:/<name>@champion` over window lo..hi into a tree; log and register it."""
+    from distill import registry
+    from distill.data import load_window
+    from distill.tree import DistillParams, distill
+
+    params = params or DistillParams.from_config(cfg)
+    champion = registry.load_champion(cfg)
+    rows = load_window(spark, cfg, lo, hi, champion.stats)
+    if len(rows) == 0:
+        raise ValueError(f"no labelled rows in window {lo}..{hi}")
+    probs = dnn_probabilities(champion.model, rows.z)
+    result = distill(rows.raw, probs, rows.label, rows.prefix16, params)
+    logged = registry.log_tree(cfg, result, params, champion, rows.window, rows.raw[:100])
+    failing = result.search.steps[-1].failing_subsets
+    return {"window": rows.window, "dnn": f"{champion.name} v{champion.version}",
+            "tree": f"{logged['name']} v{logged['version']}", "run_id": logged["run_id"],
+            **result.metrics, "failing_subsets": failing,
+            "search": [(s.depth, round(s.fidelity, 4), len(s.failing_subsets)) for s in result.search.steps]}
+
+
+DIAGNOSTICS_SCHEMA = ("run string, created_at string, window string, dnn_name string, dnn_version string, "
+                      "tree_version string, subset_kind string, subset string, rows bigint, accuracy double, "
+                      "tree_accuracy double, fidelity double, feature string, rank int, mean_abs_shap double, "
+                      "share double, global_share double, lift double, over_relied boolean")
+
+
+def run_diagnose(spark, cfg, hours: tuple[str, str] | None = None, prefix: str | None = None,
+                 node_id: str | None = None, worst: int | None = None, params=None, log_mlflow: bool = True) -> dict:
+    """SHAP diagnostics of the champion's distilled tree over a window (default: the tree's):
+    report under <data_root>/reports/diagnose/<run>/, rows in gold.diagnostics, MLflow artifacts."""
+    from distill import diagnose as dg
+    from distill import registry, report
+    from distill.data import load_window
+    from distill.tree import rules_text
+
+    params = params or dg.DiagnoseParams.from_config(cfg)
+    champion = registry.load_champion(cfg)
+    tv = registry.load_tree_for(cfg, champion.version)
+    lo, hi = hours or tuple(tv.window.split(".."))
+    rows = load_window(spark, cfg, lo, hi, champion.stats)
+    dnn = dnn_probabilities(champion.model, rows.z)
+    tree_probs = tv.tree.predict(rows.raw)
+    by16 = dg.per_prefix16(rows.prefix16, rows.label, dnn, tree_probs)
+
+    # Global attribution on a seeded sample; every subset's rows in full (they are what we study).
+    g_idx = dg.sample(len(rows), params.max_rows, params.seed)
+    g_values, expected = dg.shap_values(tv.tree, rows.raw[g_idx])
+    g_wifi = g_values[:, :, dg.WIFI]
+    g_mean_abs, g_share = dg.shares(g_wifi)
+    subsets = dg.select_subsets(rows.prefix16, rows.client_ip, rows.node, by16, params, prefix, node_id, worst)
+
+    now = datetime.now(timezone.utc)
+    run = now.strftime("%Y%m%dT%H%M%SZ")
+    out_dir = os.path.join(cfg.data_root, "reports", "diagnose", run)
+    os.makedirs(out_dir, exist_ok=True)
+    images = {"global": os.path.basename(report.global_summary_png(os.path.join(out_dir, "global_summary.png"),
+                                                                   g_wifi, rows.raw[g_idx])),
+              "tree": os.path.basename(report.tree_png(os.path.join(out_dir, "tree_top.png"), tv.tree))}
+    label, probs_ok = rows.label, np.argmax(dnn, 1)
+    found = []
+    for i, s in enumerate(subsets):
+        if not s.mask.any():
+            continue
+        vals, _ = dg.shap_values(tv.tree, rows.raw[s.mask])
+        prof = dg.profile(vals[:, :, dg.WIFI], g_share, params)
+        t_ok = np.argmax(tree_probs[s.mask], 1)
+        found.append({"kind": s.kind, "key": s.key, "rows": int(s.mask.sum()),
+                      "accuracy": float((probs_ok[s.mask] == label[s.mask]).mean()),
+                      "tree_accuracy": float((t_ok == label[s.mask]).mean()),
+                      "fidelity": float((t_ok == probs_ok[s.mask]).mean()),
+                      "top": dg.top_features(prof, params.top_features), "over_relied": dg.over_relied(prof),
+                      "profile": prof})
+        images[s.key] = os.path.basename(report.subset_bars_png(
+            os.path.join(out_dir, f"subset_{i:02d}.png"), prof, f"{s.kind} {s.key}"))
+    global_prof = dg.profile(g_wifi, g_share, params)
+    meta = {"run": run, "window": rows.window, "dnn": f"{champion.name} v{champion.version}",
+            "tree": f"{tv.name} v{tv.version}", "rows": len(rows),
+            "accuracy": round(float((probs_ok == label).mean()), 4),
+            "tree_accuracy": round(float((np.argmax(tree_probs, 1) == label).mean()), 4),
+            "expected_p_wifi": round(float(expected[dg.WIFI]), 4)}
+    html_path = report.write_html(out_dir, meta, by16, found, rules_text(tv.tree, max_depth=6), images)
+
+    frame = _diagnostics_frame(run, now, rows.window, champion, tv, meta, global_prof, found)
+    frame.to_csv(os.path.join(out_dir, "diagnostics.csv"), index=False)
+    _write_diagnostics(spark, cfg, frame, run)
+    mlflow_run = _log_mlflow(cfg, out_dir, meta, params, found) if log_mlflow else None
+    return {"run": run, "report": html_path, "mlflow_run_id": mlflow_run, **{k: v for k, v in meta.items() if k != "run"},
+            "subsets": [{k: v for k, v in s.items() if k != "profile"} for s in found],
+            "global_top": dg.top_features(global_prof, params.top_features)}
+
+
+def _diagnostics_frame(run, now, window, champion, tv, meta, global_prof, found) -> pd.DataFrame:
+    parts = []
+    subsets = [{"kind": "global", "key": "all", "rows": meta["rows"], "accuracy": meta["accuracy"],
+                "tree_accuracy": meta["tree_accuracy"], "fidelity": float("nan"), "profile": global_prof}, *found]
+    for s in subsets:
+        p = s["profile"]
+        parts.append(pd.DataFrame({
+            "run": run, "created_at": now.isoformat(), "window": window, "dnn_name": champion.name,
+            "dnn_version": str(champion.version), "tree_version": tv.version, "subset_kind": s["kind"],
+            "subset": s["key"], "rows": int(s["rows"]), "accuracy": float(s["accuracy"]),
+            "tree_accuracy": float(s["tree_accuracy"]), "fidelity": float(s["fidelity"]),
+            "feature": p["feature"], "rank": p["rank"].astype("int32"), "mean_abs_shap": p["mean_abs_shap"],
+            "share": p["share"], "global_share": p["global_share"], "lift": p["lift"],
+            "over_relied": p["over_relied"].astype(bool)}))
+    return pd.concat(parts, ignore_index=True)
+
+
+def _write_diagnostics(spark, cfg, frame: pd.DataFrame, run: str) -> None:
+    """gold.diagnostics, one row per run × subset × feature, keyed (replaced) by run."""
+    from ccselect.lake import table_path
+    from jobs import delta_io
+    df = spark.createDataFrame(frame.replace({np.nan: None}), DIAGNOSTICS_SCHEMA)
+    delta_io.replace_partitions(df, table_path(cfg, "gold.diagnostics"), {(run,)}, ("run",))
+
+
+def _log_mlflow(cfg, out_dir: str, meta: dict, params, found: list[dict]) -> str:
+    import mlflow
+
+    from distill import registry
+    registry.tracking(cfg)
+    with mlflow.start_run(experiment_id=registry.experiment_id(cfg, "ccs-diagnose"),
+                          run_name=f"diagnose {meta['window']}") as run:
+        mlflow.log_params({**params.to_dict(), **{k: meta[k] for k in ("window", "dnn", "tree")}})
+        mlflow.log_metrics({"rows": meta["rows"], "accuracy": meta["accuracy"], "tree_accuracy": meta["tree_accuracy"],
+                            "subsets": len(found)})
+        mlflow.set_tags({"report_run": meta["run"],
+                         "over_relied": "; ".join(f"{s['key']}: {','.join(s['over_relied'])}" for s in found)})
+        mlflow.log_artifacts(out_dir, "report")
+        return run.info.run_id

@@ -1,0 +1,141 @@
+"""MLflow side of distillation: the champion DNN comes in through `models:/<name>@champion`
+(models.registry.load_champion); the distilled tree goes out as its own registered model
+`<name>-tree`, each version tagged with the DNN version it was distilled from."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+#: The only non-builtin type a DecisionTreeRegressor's skops file holds; skops refuses anything
+#: else on load, so a tampered artifact cannot smuggle code in.
+SKOPS_TRUSTED_TYPES = ["sklearn.tree._tree.Tree"]
+EXPERIMENT = "ccs-distill"
+TREE_ARTIFACT = "tree"
+
+
+def tracking(cfg):
+    """Point MLflow at the configured store; returns a client."""
+    import mlflow
+    from mlflow.tracking import MlflowClient
+    uri = cfg.get("mlflow.tracking_uri")
+    if uri.startswith("sqlite:///"):
+        os.makedirs(os.path.dirname(uri[len("sqlite:///"):]), exist_ok=True)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    return MlflowClient(uri, uri)
+
+
+def experiment_id(cfg, name: str) -> str:
+    """The experiment `name`, created with its artifacts under mlflow.artifact_root."""
+    import mlflow
+    client = tracking(cfg)
+    exp = client.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    root = cfg.get("mlflow.artifact_root")
+    location = root if "://" in root else os.path.join(root, name)
+    return mlflow.create_experiment(name, artifact_location=location)
+
+
+def tree_model_name(cfg) -> str:
+    return f"{cfg.get('mlflow.model_name')}-tree"
+
+
+def load_champion(cfg):
+    """The champion classifier, its FeatureStats, name, version and run id (models.registry)."""
+    tracking(cfg)
+    try:
+        from models.registry import load_champion as _load
+    except ImportError:  # models/registry.py not landed yet: the same convention, read here
+        _load = _load_champion_alias
+    return _load(cfg)
+
+
+@dataclass
+class _Champion:
+    model: object
+    stats: object
+    name: str
+    version: str
+    run_id: str
+
+
+def _load_champion_alias(cfg) -> _Champion:
+    import mlflow.artifacts
+    import mlflow.pytorch
+
+    from features.scaling import FeatureStats
+    client = tracking(cfg)
+    name = cfg.get("mlflow.model_name")
+    mv = client.get_model_version_by_alias(name, "champion")
+    model = mlflow.pytorch.load_model(f"models:/{name}@champion", map_location="cpu").eval()
+    stats = FeatureStats.from_json(mlflow.artifacts.load_text(f"runs:/{mv.run_id}/feature_stats/feature_stats.json"))
+    return _Champion(model, stats, name, str(mv.version), mv.run_id)
+
+
+def log_tree(cfg, distilled, params, champion, window: str, sample_raw) -> dict:
+    """One MLflow run in experiment `ccs-distill`: params, the depth search as metrics (step =
+    depth), the rules as text, the tree (skops) registered as `<name>-tree` and tagged with the
+    DNN it was distilled from. Returns {run_id, name, version}."""
+    import mlflow
+    import mlflow.sklearn
+    import pandas as pd
+    from mlflow.models import infer_signature
+
+    from ccselect.contract import FEATURES
+    from distill.tree import rules_text
+
+    client = tracking(cfg)
+    name = tree_model_name(cfg)
+    with mlflow.start_run(experiment_id=experiment_id(cfg, EXPERIMENT), run_name=f"distill {window}") as run:
+        mlflow.log_params({**params.to_dict(), "window": window, "dnn_name": champion.name,
+                           "dnn_version": champion.version, "input": "raw Table 4 features"})
+        for step in distilled.search.steps:
+            mlflow.log_metrics({"search_fidelity": step.fidelity, "search_leaves": step.leaves,
+                                "search_failing_subsets": len(step.failing_subsets)}, step=step.depth)
+        mlflow.log_metrics({k: float(v) for k, v in distilled.metrics.items()})
+        mlflow.log_text(rules_text(distilled.tree), "tree_rules/rules.txt")
+        mlflow.log_dict({"steps": [vars(s) for s in distilled.search.steps],
+                         "subsets": {k: {"holdout_rows": n, "fidelity": f} for k, (n, f) in distilled.subsets.items()}},
+                        "tree_rules/depth_search.json")
+        x = pd.DataFrame(sample_raw, columns=list(FEATURES))
+        info = mlflow.sklearn.log_model(
+            distilled.tree, name=TREE_ARTIFACT, serialization_format="skops",
+            skops_trusted_types=SKOPS_TRUSTED_TYPES, input_example=x.head(3),
+            signature=infer_signature(x, distilled.tree.predict(x.to_numpy())),
+            registered_model_name=name)
+        version = str(info.registered_model_version)
+        tags = {"dnn_name": champion.name, "dnn_version": str(champion.version), "dnn_run_id": champion.run_id,
+                "window": window, "fidelity": f"{distilled.metrics['fidelity']:.4f}",
+                "depth": str(distilled.metrics["depth"]), "input": "raw"}
+        for k, v in tags.items():
+            client.set_model_version_tag(name, version, k, v)
+        client.set_registered_model_alias(name, f"dnn-v{champion.version}", version)
+        return {"run_id": run.info.run_id, "name": name, "version": version}
+
+
+@dataclass
+class TreeVersion:
+    tree: object
+    name: str
+    version: str
+    window: str
+    tags: dict
+
+
+def load_tree_for(cfg, dnn_version: str) -> TreeVersion:
+    """The latest tree distilled from DNN version `dnn_version` (alias `dnn-v<version>`), loaded
+    from its skops file with our own trusted-type list, not the one stored beside the model."""
+    import mlflow.artifacts
+    import skops.io
+
+    client = tracking(cfg)
+    name = tree_model_name(cfg)
+    try:
+        mv = client.get_model_version_by_alias(name, f"dnn-v{dnn_version}")
+    except Exception as e:  # noqa: BLE001 - MLflow raises its own RestException subtypes
+        raise LookupError(f"no distilled tree for {cfg.get('mlflow.model_name')} version {dnn_version}: "
+                          "run `ccs distill` first") from e
+    local = mlflow.artifacts.download_artifacts(f"models:/{name}/{mv.version}")
+    tree = skops.io.load(os.path.join(local, "model.skops"), trusted=SKOPS_TRUSTED_TYPES)
+    return TreeVersion(tree, name, str(mv.version), mv.tags.get("window", ""), dict(mv.tags))
