@@ -86,7 +86,11 @@ class TablePaths:
 
 
 def manifest_bytes(table_bin: bytes, table_name: str, version: int, model_version: str,
-                   created: int, expires: int, n_v4: int, n_v6: int) -> bytes:
+                   created: int, expires: int, n_v4: int, n_v6: int,
+                   extra: dict | None = None) -> bytes:
+    """The manifest JSON. `extra` (export details: source hours, coverage, agreement, ...) goes
+    after the fields the agent reads, which keep their order: the agent takes the first match
+    of each key, so an extra key must not repeat one of them."""
     m = {
         "format": tf.FORMAT,
         "version": int(version),
@@ -97,11 +101,16 @@ def manifest_bytes(table_bin: bytes, table_name: str, version: int, model_versio
         "table": table_name,
         "sha256": hashlib.sha256(table_bin).hexdigest(),
     }
+    for k, v in (extra or {}).items():
+        if k in m or k in ("v4", "v6"):
+            raise ValueError(f"manifest extra field {k!r} would shadow a field the agent reads")
+        m[k] = v
     return (json.dumps(m, indent=2, sort_keys=False) + "\n").encode()
 
 
 def write_table(entries, version: int, model_version: str, expires: int, out_dir: str,
-                private_key: Ed25519PrivateKey, created: int | None = None) -> TablePaths:
+                private_key: Ed25519PrivateKey, created: int | None = None,
+                extra: dict | None = None) -> TablePaths:
     """Encode `entries` (table_format.Entry), write the .bin, the manifest and its signature.
 
     `expires` and `created` are unix seconds. Returns the three paths.
@@ -117,7 +126,7 @@ def write_table(entries, version: int, model_version: str, expires: int, out_dir
                        os.path.join(out_dir, f"table-{int(version)}.manifest.json"),
                        os.path.join(out_dir, f"table-{int(version)}.manifest.json" + SIG_SUFFIX))
     man = manifest_bytes(blob, name, version, model_version, created, expires,
-                         table.n_v4, table.n_v6)
+                         table.n_v4, table.n_v6, extra)
     for path, data in ((paths.table, blob), (paths.manifest, man),
                        (paths.signature, sign(man, private_key))):
         tmp = path + ".tmp"

@@ -1,0 +1,475 @@
+"""`ccs export`: per-connection CC decisions (gold.predictions) → a purity-aggregated prefix table.
+
+ALICCS §3.3 and Algorithm 1 (Appendix F), generalized to a ladder of prefix lengths per family
+(`export.ladder`, IPv4 /16 → /24 → /32, IPv6 /32 → /48 → /64 → /128): the decisions are grouped
+at the ladder's first level; a prefix whose purity passes its threshold becomes one entry; the
+addresses of every other prefix go down to the next level (Algorithm 1 steps 2-3, "D_expand"),
+and at the last level every prefix becomes an entry. Thresholds are per level and per request
+volume: busy prefixes need more purity (Appendix D), `export.purity` as [min_requests, purity]
+tiers.
+
+Purity is request-weighted here (the paper counts addresses): purity = weight of the majority CC /
+weight of the prefix, where a connection weighs its request count (a connection with none weighs
+1, so that every decision counts). Ties go to the CC whose name sorts last, in both versions below.
+Only decisions with `decision == "model"` become entries; fallbacks do not (the edge's default
+applies to them anyway), but they count in the coverage.
+
+Two implementations of the same aggregation:
+- `reference_aggregate(rows, settings)`: plain Python over (ip, cc, requests) rows; the property
+  tests and hand-made Algorithm 1 examples run against it, and it is checked against the Spark job.
+- `spark_aggregate(preds, settings)`: the Spark job (DataFrame ops only; the per-address work
+  is grouped in Spark and only the entries — hundreds to thousands of rows — reach the driver).
+Entries of one table never overlap: an entry's descendants are only considered when it failed,
+so every address resolves by longest-prefix match to exactly the entry at its first passing level.
+"""
+from __future__ import annotations
+
+import ipaddress
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Iterable
+
+from export import table_format as tf
+
+FAMILIES = {"v4": 4, "v6": 6}
+BITS = {4: 32, 6: 128}
+
+
+# ---- settings ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Settings:
+    """`export.ladder` and `export.purity` of the configuration."""
+
+    ladder: dict[int, tuple[int, ...]]                              # family -> prefix lengths
+    purity: dict[int, dict[int, tuple[tuple[int, float], ...]]]      # family -> level -> tiers
+
+    def threshold(self, family: int, level: int, requests: int) -> float:
+        """Purity a prefix of `level` with `requests` requests needs (Appendix D: busier → higher)."""
+        tiers = self.purity[family].get(level, ((0, 0.0),))
+        need = tiers[0][1]
+        for lo, p in tiers:
+            if requests >= lo:
+                need = p
+        return need
+
+    def is_last(self, family: int, level: int) -> bool:
+        return level == self.ladder[family][-1]
+
+    @classmethod
+    def from_config(cls, section: dict) -> "Settings":
+        ladder, purity = {}, {}
+        for name, fam in FAMILIES.items():
+            levels = tuple(int(x) for x in section["ladder"][name])
+            if not levels or list(levels) != sorted(set(levels)):
+                raise ValueError(f"export.ladder.{name} must be increasing: {levels}")
+            if any(x % 4 or not 0 < x <= BITS[fam] for x in levels) or levels[-1] != BITS[fam]:
+                raise ValueError(f"export.ladder.{name}: levels are multiples of 4 ending at "
+                                 f"/{BITS[fam]}: {levels}")
+            ladder[fam] = levels
+            tiers = {}
+            for lvl, ts in (section.get("purity", {}).get(name) or {}).items():
+                t = tuple(sorted((int(lo), float(p)) for lo, p in ts))
+                if not t or any(not 0.0 <= p <= 1.0 for _, p in t):
+                    raise ValueError(f"export.purity.{name}.{lvl}: tiers of [min_requests, 0..1]")
+                tiers[int(lvl)] = t
+            unknown = set(tiers) - set(levels)
+            if unknown:
+                raise ValueError(f"export.purity.{name} has levels not in the ladder: {unknown}")
+            purity[fam] = tiers
+        return cls(ladder, purity)
+
+
+# ---- the entries ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Aggregated:
+    """One table entry as the aggregation found it."""
+
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network
+    cc: str
+    weight: int          # request weight under the prefix (purity denominator)
+    top_weight: int      # weight of `cc`
+    requests: int        # requests under the prefix
+    passed: bool         # purity passed its threshold (False only at the ladder's last level)
+    pacing_rate_bps: int = 0
+    cwnd_clamp_segs: int = 0
+
+    @property
+    def family(self) -> int:
+        return self.network.version
+
+    @property
+    def purity(self) -> float:
+        return self.top_weight / self.weight
+
+    def entry(self) -> tf.Entry:
+        return tf.Entry(self.network, self.cc,
+                        purity_permille=(self.top_weight * 1000) // self.weight,
+                        requests=min(self.requests, tf.U32_MAX),
+                        pacing_rate_bps=self.pacing_rate_bps, cwnd_clamp_segs=self.cwnd_clamp_segs)
+
+
+def key_network(family: int, level: int, key_hex: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A prefix from the first level/4 hex digits of its address."""
+    bits = BITS[family]
+    addr = int(key_hex, 16) << (bits - level) if level else 0
+    cls = ipaddress.IPv4Network if family == 4 else ipaddress.IPv6Network
+    return cls((addr, level))
+
+
+def _hex(ip: str) -> tuple[int, str]:
+    a = ipaddress.ip_address(ip)
+    return a.version, a.packed.hex()
+
+
+def weight(requests) -> int:
+    return max(int(requests or 0), 1)
+
+
+def reference_aggregate(rows: Iterable[tuple[str, str, int]], settings: Settings) -> list[Aggregated]:
+    """Algorithm 1 over (client_ip, cc, requests) rows of model decisions, in plain Python."""
+    per_ip: dict[tuple[int, str], dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for ip, cc, req in rows:
+        acc = per_ip[_hex(ip)][cc]
+        acc[0] += weight(req)
+        acc[1] += max(int(req or 0), 0)
+    out: list[Aggregated] = []
+    for fam, levels in settings.ladder.items():
+        todo = {h: ccs for (f, h), ccs in per_ip.items() if f == fam}   # D, then D_expand
+        for level in levels:
+            groups: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+            for h, ccs in todo.items():
+                g = groups[h[:level // 4]]
+                for cc, (w, r) in ccs.items():
+                    g[cc][0] += w
+                    g[cc][1] += r
+            failed = set()
+            for key, ccs in groups.items():                  # AGGREGATE_AT_PREFIX_LEN
+                total = sum(w for w, _ in ccs.values())
+                reqs = sum(r for _, r in ccs.values())
+                top_w, cc = max((w, c) for c, (w, _) in ccs.items())
+                passed = top_w / total >= settings.threshold(fam, level, reqs)
+                if passed or settings.is_last(fam, level):
+                    out.append(Aggregated(key_network(fam, level, key), cc, total, top_w, reqs, passed))
+                else:
+                    failed.add(key)
+            todo = {h: ccs for h, ccs in todo.items() if h[:level // 4] in failed}
+    return sorted(out, key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))
+
+
+# ---- Spark ---------------------------------------------------------------------------------
+def _threshold_col(settings: Settings, family: int, level: int, requests):
+    from pyspark.sql import functions as F
+    tiers = settings.purity[family].get(level, ((0, 0.0),))
+    expr = F.lit(tiers[0][1])
+    for lo, p in tiers[1:]:
+        expr = F.when(requests >= F.lit(lo), F.lit(p)).otherwise(expr)
+    return expr
+
+
+def model_weights(preds):
+    """Model decisions grouped per (family, address hex, cc): weight and requests."""
+    from pyspark.sql import functions as F
+    from jobs.ipaddr import with_ip
+    d = with_ip(preds.where(F.col("decision") == "model").select("client_ip", "cc", "requests"),
+                "client_ip")
+    return (d.select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), "cc",
+                     F.greatest(F.coalesce(F.col("requests").cast("long"), F.lit(0)), F.lit(1)).alias("w"),
+                     F.greatest(F.coalesce(F.col("requests").cast("long"), F.lit(0)), F.lit(0)).alias("r"))
+            .where(F.col("fam").isNotNull())
+            .groupBy("fam", "hex", "cc").agg(F.sum("w").alias("w"), F.sum("r").alias("r")))
+
+
+def spark_aggregate(preds, settings: Settings) -> list[Aggregated]:
+    """Algorithm 1 as a Spark job over a gold.predictions DataFrame; returns the entries."""
+    from pyspark.sql import functions as F
+    ipcc = model_weights(preds).cache()
+    parts = []
+    try:
+        for fam, levels in settings.ladder.items():
+            failed_prev, prev_level = None, None
+            for level in levels:
+                g = (ipcc.where(F.col("fam") == fam)
+                     .withColumn("key", F.substring("hex", 1, level // 4)))
+                if failed_prev is not None:      # D_expand: only addresses of failed parents
+                    g = (g.withColumn("parent", F.substring("hex", 1, prev_level // 4))
+                         .join(failed_prev, "parent", "left_semi"))
+                lv = (g.groupBy("key", "cc").agg(F.sum("w").alias("w"), F.sum("r").alias("r"))
+                      .groupBy("key").agg(F.sum("w").alias("weight"), F.sum("r").alias("requests"),
+                                          F.max(F.struct("w", "cc")).alias("top"))
+                      .select("key", "weight", "requests", F.col("top.w").alias("top_weight"),
+                              F.col("top.cc").alias("cc")))
+                lv = lv.withColumn("passed", (F.col("top_weight") / F.col("weight")) >=
+                                   _threshold_col(settings, fam, level, F.col("requests"))).cache()
+                keep = lv if settings.is_last(fam, level) else lv.where("passed")
+                parts.append(keep.select(F.lit(fam).alias("fam"), F.lit(level).alias("level"), "*"))
+                failed_prev = lv.where(~F.col("passed")).select(F.col("key").alias("parent"))
+                prev_level = level
+        union = parts[0]
+        for p in parts[1:]:
+            union = union.unionByName(p)
+        rows = union.collect()
+    finally:
+        ipcc.unpersist()
+    out = [Aggregated(key_network(r["fam"], r["level"], r["key"]), r["cc"], int(r["weight"]),
+                      int(r["top_weight"]), int(r["requests"]), bool(r["passed"])) for r in rows]
+    return sorted(out, key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))
+
+
+# ---- longest-prefix match of addresses against a table, in Spark -------------------------
+def _bits(hex_col):
+    from pyspark.sql import functions as F
+    return F.concat_ws("", F.transform(F.split(hex_col, ""), lambda c: F.lpad(F.conv(c, 16, 2), 4, "0")))
+
+
+def entries_frame(spark, entries: Iterable[tf.Entry]):
+    """(fam, plen, key bits, cc, effective) of table entries; `effective` is False for entries
+    the edge does not enforce (cc "keep" or low confidence → the default CC)."""
+    from pyspark.sql.types import BooleanType, IntegerType, StringType, StructField, StructType
+    rows = [(e.family, e.prefix.prefixlen,
+             format(int(e.prefix.network_address), f"0{BITS[e.family]}b")[:e.prefix.prefixlen],
+             e.cc, e.cc != "keep" and not e.low_confidence) for e in entries]
+    schema = StructType([StructField("fam", IntegerType()), StructField("plen", IntegerType()),
+                         StructField("key", StringType()), StructField("cc", StringType()),
+                         StructField("effective", BooleanType())])
+    return spark.createDataFrame(rows, schema)
+
+
+def lpm(ips, entries: list[tf.Entry], prefix: str):
+    """Add `<prefix>_cc` (the matched entry's CC or null) and `<prefix>_effective` to `ips`
+    (columns fam, hex): longest-prefix match, as the kernel's trie does."""
+    from pyspark.sql import functions as F
+    spark = ips.sparkSession
+    ips = ips.withColumn("_bits", _bits(F.col("hex")))
+    lengths = sorted({(e.family, e.prefix.prefixlen) for e in entries})
+    if not lengths:
+        return (ips.drop("_bits").withColumn(f"{prefix}_cc", F.lit(None).cast("string"))
+                .withColumn(f"{prefix}_effective", F.lit(False)))
+    ef = F.broadcast(entries_frame(spark, entries).select("fam", "plen", "key", "cc", "effective"))
+    cands = None
+    for fam, plen in lengths:
+        m = (ips.where(F.col("fam") == fam).select("fam", "hex", F.substring("_bits", 1, plen).alias("key"))
+             .withColumn("plen", F.lit(plen))
+             .join(ef, ["fam", "plen", "key"]).select("fam", "hex", "plen", "cc", "effective"))
+        cands = m if cands is None else cands.unionByName(m)
+    best = (cands.groupBy("fam", "hex").agg(F.max(F.struct("plen", "cc", "effective")).alias("_m"))
+            .select("fam", "hex", F.col("_m.cc").alias(f"{prefix}_cc"),
+                    F.col("_m.effective").alias(f"{prefix}_effective")))
+    return (ips.drop("_bits").join(best, ["fam", "hex"], "left")
+            .withColumn(f"{prefix}_effective", F.coalesce(F.col(f"{prefix}_effective"), F.lit(False))))
+
+
+def address_weights(preds):
+    """All decisions per (family, address hex): total weight, model weight, the majority model CC
+    (ties: the CC name sorting last, as in the aggregation), and the default CC."""
+    from pyspark.sql import functions as F
+    from jobs.ipaddr import with_ip
+    d = with_ip(preds.select("client_ip", "cc", "requests", "decision", "default_cc"), "client_ip")
+    d = d.select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), "cc", "decision",
+                 "default_cc",
+                 F.greatest(F.coalesce(F.col("requests").cast("long"), F.lit(0)), F.lit(1)).alias("w"))
+    d = d.where(F.col("fam").isNotNull())
+    per_cc = d.groupBy("fam", "hex", "cc", "decision").agg(F.sum("w").alias("w"),
+                                                            F.max("default_cc").alias("default_cc"))
+    is_model = F.col("decision") == "model"
+    return per_cc.groupBy("fam", "hex").agg(
+        F.sum("w").alias("w_all"),
+        F.sum(F.when(is_model, F.col("w")).otherwise(0)).alias("w_model"),
+        F.max(F.when(is_model, F.struct("w", "cc"))).alias("_top"),
+        F.max("default_cc").alias("default_cc"),
+    ).select("fam", "hex", "w_all", "w_model", F.col("_top.cc").alias("major_cc"),
+             F.col("_top.w").alias("major_w"), "default_cc")
+
+
+def table_metrics(preds, entries: list[tf.Entry], n_aggregated: list[Aggregated]) -> dict:
+    """Coverage, agreement and memory saving of a table over the predictions it was built from.
+
+    coverage: request-weighted share of all decisions (model and fallback) whose address has an
+      entry. agreement: request-weighted share of model decisions whose CC equals the table's
+      (per connection). agreement_ip_majority: request-weighted share of model-decided addresses
+      whose majority CC equals the table's. memory_saving: model-decided client addresses per entry.
+    """
+    from pyspark.sql import functions as F
+    aw = lpm(address_weights(preds), entries, "t")
+    s = aw.agg(F.sum("w_all").alias("w_all"), F.sum("w_model").alias("w_model"),
+               F.sum(F.when(F.col("t_cc").isNotNull(), F.col("w_all")).otherwise(0)).alias("covered"),
+               F.sum(F.when(F.col("t_cc") == F.col("major_cc"), F.col("w_model")).otherwise(0)).alias("agree_ip"),
+               F.sum(F.when(F.col("w_model") > 0, 1).otherwise(0)).alias("n_ips_model"),
+               F.count(F.lit(1)).alias("n_ips")).first()
+    w_all, w_model = int(s["w_all"] or 0), int(s["w_model"] or 0)
+    top = sum(a.top_weight for a in n_aggregated)
+    n = max(len(entries), 1)
+    return {
+        "coverage": (int(s["covered"] or 0) / w_all) if w_all else 0.0,
+        "agreement": (top / w_model) if w_model else 0.0,
+        "agreement_ip_majority": (int(s["agree_ip"] or 0) / w_model) if w_model else 0.0,
+        "client_ips": int(s["n_ips"] or 0),
+        "client_ips_model": int(s["n_ips_model"] or 0),
+        "memory_saving": int(s["n_ips_model"] or 0) / n,
+        "weight_model": w_model,
+        "weight_all": w_all,
+    }
+
+
+def per_level_counts(aggs: list[Aggregated], settings: Settings) -> dict:
+    out = {}
+    for name, fam in FAMILIES.items():
+        out[name] = {f"/{lvl}": sum(1 for a in aggs if a.family == fam and a.network.prefixlen == lvl)
+                     for lvl in settings.ladder[fam]}
+    return out
+
+
+# ---- AutoPlex caps -------------------------------------------------------------------------
+def with_caps(spark, cfg, preds, aggs: list[Aggregated]) -> tuple[list[Aggregated], dict]:
+    """Attach AutoPlex caps (jobs.autoplex.prefix_caps' rule: pacing = pacing_rate_last, cwnd clamp
+    = max_cwnd_last of the latest period) of each entry's main user group (by weight), when a
+    service has caps switched on in `autoplex.caps_services` and gold.autoplex_params exists."""
+    import dataclasses
+
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    from ccselect.lake import table_path
+    from jobs import delta_io
+    from jobs.ipaddr import with_ip
+    services = [k for k, v in (cfg.get("autoplex.caps_services") or {}).items() if v]
+    path = table_path(cfg, "gold.autoplex_params")
+    if not services:
+        return aggs, {"caps": "off (no service in autoplex.caps_services)"}
+    if not delta_io.is_delta(spark, path):
+        return aggs, {"caps": "off (no gold.autoplex_params)"}
+    policy = cfg.get("export.caps_policy")
+    params = spark.read.format("delta").load(path).where(F.col("policy") == policy)
+    w = Window.partitionBy("ug_id").orderBy(F.col("period_start_ms").desc())
+    latest = (params.withColumn("_r", F.row_number().over(w)).where("_r = 1")
+              .select("ug_id", F.col("pacing_rate_last_bps").cast("long").alias("pacing"),
+                      F.ceil("max_cwnd_last_segs").cast("long").alias("clamp")))
+    ents = [a.entry() for a in aggs]
+    d = with_ip(preds.where(F.col("decision") == "model").select("client_ip", "ug_id", "requests"), "client_ip")
+    d = (d.select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), "ug_id",
+                  F.greatest(F.coalesce(F.col("requests").cast("long"), F.lit(0)), F.lit(1)).alias("w"))
+         .where(F.col("ug_id").isNotNull())
+         .groupBy("fam", "hex", "ug_id").agg(F.sum("w").alias("w")))
+    # the entry of each address, by its network text
+    ef = entries_frame(spark, ents).select("fam", "plen", "key")
+    matched = None
+    for fam, plen in sorted({(e.family, e.prefix.prefixlen) for e in ents}):
+        m = (d.where(F.col("fam") == fam).withColumn("key", F.substring(_bits(F.col("hex")), 1, plen))
+             .withColumn("plen", F.lit(plen)).join(F.broadcast(ef), ["fam", "plen", "key"]))
+        matched = m if matched is None else matched.unionByName(m)
+    if matched is None:
+        return aggs, {"caps": "on", "policy": policy, "entries_with_caps": 0}
+    main = (matched.groupBy("fam", "plen", "key", "ug_id").agg(F.sum("w").alias("w"))
+            .groupBy("fam", "plen", "key").agg(F.max(F.struct("w", "ug_id")).alias("_m"))
+            .select("fam", "plen", "key", F.col("_m.ug_id").alias("ug_id"))
+            .join(latest, "ug_id"))
+    caps = {(r["fam"], r["plen"], r["key"]): (max(int(r["pacing"] or 0), 0), max(int(r["clamp"] or 0), 0))
+            for r in main.collect()}
+    out = []
+    for a in aggs:
+        bits = format(int(a.network.network_address), f"0{BITS[a.family]}b")[:a.network.prefixlen]
+        c = caps.get((a.family, a.network.prefixlen, bits))
+        out.append(dataclasses.replace(a, pacing_rate_bps=min(c[0], tf.U64_MAX),
+                                       cwnd_clamp_segs=min(c[1], tf.U32_MAX)) if c else a)
+    return out, {"caps": "on", "policy": policy, "services": services, "entries_with_caps": len(caps)}
+
+
+# ---- the job: extract → aggregate → sign → record -----------------------------------------
+CC_TABLES_COLS = ("version", "created", "expires", "hours", "model_name", "model_version",
+                  "entries_v4", "entries_v6", "coverage", "agreement", "memory_saving", "sha256",
+                  "manifest_path")
+
+
+def extract(spark, cfg, lo: str, hi: str):
+    """gold.predictions of the hours lo..hi (inclusive)."""
+    from pyspark.sql import functions as F
+
+    from ccselect.lake import table_path
+    return (spark.read.format("delta").load(table_path(cfg, "gold.predictions"))
+            .where(F.col("hour").between(lo, hi)))
+
+
+def model_versions(preds) -> tuple[str, str, list[str]]:
+    """(model name, main model version by weight, all versions) of the model decisions."""
+    from pyspark.sql import functions as F
+    rows = (preds.where(F.col("decision") == "model").groupBy("model_name", "model_version")
+            .agg(F.sum(F.greatest(F.coalesce(F.col("requests").cast("long"), F.lit(0)), F.lit(1))).alias("w"))
+            .orderBy(F.col("w").desc()).collect())
+    if not rows:
+        return "", "", []
+    return str(rows[0]["model_name"]), str(rows[0]["model_version"]), sorted({str(r["model_version"]) for r in rows})
+
+
+def next_version(spark, cfg) -> int:
+    from ccselect.lake import table_path
+    from jobs import delta_io
+    path = table_path(cfg, "gold.cc_tables")
+    if not delta_io.is_delta(spark, path):
+        return 1
+    v = spark.read.format("delta").load(path).agg({"version": "max"}).first()[0]
+    return int(v or 0) + 1
+
+
+def record(spark, cfg, manifest: dict, manifest_path: str) -> None:
+    """One row per exported version in gold.cc_tables (keyed by version: a re-run replaces it)."""
+    import json
+
+    from ccselect.lake import table_path
+    from jobs import delta_io
+    row = {"version": int(manifest["version"]), "created": int(manifest["created"]),
+           "expires": int(manifest["expires"]), "hours": json.dumps(manifest["source_hours"]),
+           "model_name": manifest.get("model_name", ""), "model_version": manifest["model_version"],
+           "entries_v4": int(manifest["entries"]["v4"]), "entries_v6": int(manifest["entries"]["v6"]),
+           "coverage": float(manifest["coverage"]), "agreement": float(manifest["agreement"]),
+           "memory_saving": float(manifest["memory_saving"]), "sha256": manifest["sha256"],
+           "manifest_path": manifest_path}
+    schema = ("version long, created long, expires long, hours string, model_name string, "
+              "model_version string, entries_v4 long, entries_v6 long, coverage double, agreement double, "
+              "memory_saving double, sha256 string, manifest_path string")
+    df = spark.createDataFrame([tuple(row[c] for c in CC_TABLES_COLS)], schema)
+    delta_io.replace_partitions(df, table_path(cfg, "gold.cc_tables"), {(str(row["version"]),)}, ("version",))
+
+
+def history(spark, cfg) -> list[dict]:
+    from ccselect.lake import table_path
+    from jobs import delta_io
+    path = table_path(cfg, "gold.cc_tables")
+    if not delta_io.is_delta(spark, path):
+        return []
+    return [r.asDict() for r in spark.read.format("delta").load(path).orderBy("version").collect()]
+
+
+def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None,
+               out_dir: str | None = None) -> dict:
+    """Aggregate the decisions of hours lo..hi into a signed table; record it in gold.cc_tables.
+    Returns the manifest (as written) plus `manifest_path`."""
+    import json
+    import os
+    import time
+
+    from export import signing
+    settings = Settings.from_config(cfg.section("export"))
+    preds = extract(spark, cfg, lo, hi)
+    aggs = spark_aggregate(preds, settings)
+    aggs, caps = with_caps(spark, cfg, preds, aggs)
+    entries = [a.entry() for a in aggs]
+    metrics = table_metrics(preds, entries, aggs)
+    name, version_main, versions = model_versions(preds)
+    now = int(time.time()) if now is None else int(now)
+    expires = now + int(float(cfg.get("export.expiry_hours", 6)) * 3600)
+    version = next_version(spark, cfg)
+    extra = {
+        "model_name": name, "model_versions": versions, "source_hours": {"from": lo, "to": hi},
+        "entries_per_level": per_level_counts(aggs, settings),
+        "coverage": round(metrics["coverage"], 6), "agreement": round(metrics["agreement"], 6),
+        "agreement_ip_majority": round(metrics["agreement_ip_majority"], 6),
+        "memory_saving": round(metrics["memory_saving"], 3),
+        "client_ips": metrics["client_ips_model"], "entries_total": len(entries),
+        "low_purity_last_level": sum(1 for a in aggs if not a.passed), "autoplex": caps,
+    }
+    out_dir = out_dir or cfg.get("export.out")
+    paths = signing.write_table(entries, version, version_main, expires, out_dir, private_key,
+                                created=now, extra=extra)
+    with open(paths.manifest) as f:
+        manifest = json.load(f)
+    record(spark, cfg, manifest, os.path.abspath(paths.manifest))
+    return {**manifest, "manifest_path": os.path.abspath(paths.manifest)}

@@ -1,0 +1,214 @@
+"""The purity aggregation (ALICCS Algorithm 1 generalized to a ladder per family): Algorithm 1's
+own examples on hand-made inputs, hypothesis properties of the reference version, and the Spark
+job checked against the reference."""
+from __future__ import annotations
+
+import ipaddress
+from collections import defaultdict
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from export import aggregate as agg
+from export import table_format as tf
+
+SETTINGS = agg.Settings.from_config({
+    "ladder": {"v4": [16, 24, 32], "v6": [32, 48, 64, 128]},
+    "purity": {"v4": {16: [[0, 0.9], [50, 0.97]], 24: [[0, 0.8], [50, 0.95]]},
+               "v6": {32: [[0, 0.9]], 48: [[0, 0.85], [40, 0.95]], 64: [[0, 0.8]]}},
+})
+
+
+def _rows(spec):
+    """[(ip, cc, n_conns, requests_each)] → rows of (ip, cc, requests)."""
+    return [(ip, cc, r) for ip, cc, n, r in spec for _ in range(n)]
+
+
+def _by_net(aggs):
+    return {str(a.network): a for a in aggs}
+
+
+# ---- Algorithm 1's own behaviour ---------------------------------------------------------
+def test_pure_16_stays_one_entry():
+    rows = _rows([("81.20.1.5", "bbr", 10, 3), ("81.20.7.9", "bbr", 5, 2), ("81.20.200.1", "bbr", 4, 1)])
+    got = _by_net(agg.reference_aggregate(rows, SETTINGS))
+    assert list(got) == ["81.20.0.0/16"], f"a pure /16 must be one entry, got {list(got)}"
+    e = got["81.20.0.0/16"]
+    assert (e.cc, e.purity, e.requests, e.passed) == ("bbr", 1.0, 44, True), e
+
+
+def test_impure_16_splits_into_24s():
+    # /16 purity 30/40 = 0.75 < 0.9 → each /24 is pure → two /24 entries, no /16
+    rows = _rows([("81.20.1.5", "bbr", 10, 3), ("81.20.2.9", "cubic", 5, 2)])
+    got = _by_net(agg.reference_aggregate(rows, SETTINGS))
+    assert set(got) == {"81.20.1.0/24", "81.20.2.0/24"}, list(got)
+    assert got["81.20.1.0/24"].cc == "bbr" and got["81.20.2.0/24"].cc == "cubic"
+
+
+def test_impure_24_splits_into_32s():
+    # /16 impure, 81.20.1.0/24 impure (0.5) → /32s; 81.20.3.0/24 pure → stays a /24
+    rows = _rows([("81.20.1.5", "bbr", 4, 1), ("81.20.1.6", "cubic", 4, 1), ("81.20.3.1", "bbr", 3, 1),
+                  ("81.20.3.2", "bbr", 3, 1)])
+    got = _by_net(agg.reference_aggregate(rows, SETTINGS))
+    assert set(got) == {"81.20.1.5/32", "81.20.1.6/32", "81.20.3.0/24"}, list(got)
+    assert got["81.20.1.5/32"].cc == "bbr" and got["81.20.1.6/32"].cc == "cubic"
+
+
+def test_busy_prefix_needs_more_purity_appendix_d():
+    # purity 0.95 passes 0.9 at low volume, fails 0.97 once the /16 carries ≥ 50 requests
+    quiet = _rows([("81.20.1.1", "bbr", 19, 1), ("81.20.2.1", "cubic", 1, 1)])
+    busy = _rows([("81.20.1.1", "bbr", 19, 10), ("81.20.2.1", "cubic", 1, 10)])
+    assert set(_by_net(agg.reference_aggregate(quiet, SETTINGS))) == {"81.20.0.0/16"}
+    assert set(_by_net(agg.reference_aggregate(busy, SETTINGS))) == {"81.20.1.0/24", "81.20.2.0/24"}
+
+
+def test_purity_is_request_weighted():
+    # 1 connection of 40 requests outweighs 2 connections of 1 request (purity 40/42 ≥ 0.9)
+    rows = _rows([("81.20.1.1", "cubic", 1, 40), ("81.20.1.2", "bbr", 2, 1)])
+    got = agg.reference_aggregate(rows, SETTINGS)
+    assert [(str(a.network), a.cc) for a in got] == [("81.20.0.0/16", "cubic")], got
+    assert got[0].weight == 42 and got[0].top_weight == 40
+
+
+def test_settings_refuse_bad_ladders():
+    with pytest.raises(ValueError, match="ending at /32"):
+        agg.Settings.from_config({"ladder": {"v4": [16, 24], "v6": [32, 128]}, "purity": {}})
+    with pytest.raises(ValueError, match="multiples of 4"):
+        agg.Settings.from_config({"ladder": {"v4": [17, 32], "v6": [32, 128]}, "purity": {}})
+    with pytest.raises(ValueError, match="not in the ladder"):
+        agg.Settings.from_config({"ladder": {"v4": [16, 32], "v6": [32, 128]},
+                                  "purity": {"v4": {24: [[0, 0.9]]}}})
+
+
+# ---- properties ---------------------------------------------------------------------------
+CCS = ("bbr", "cubic", "reno")
+
+
+def _v4(draw_int):
+    return str(ipaddress.IPv4Address(draw_int))
+
+
+# few /16s and /24s so that prefixes collide and every ladder level gets exercised
+v4_addr = st.builds(lambda a, b, c, d: f"81.{20 + a}.{b}.{d if c else 1}",
+                    st.integers(0, 2), st.integers(0, 3), st.booleans(), st.integers(1, 254))
+v6_addr = st.builds(lambda a, b, c, d: str(ipaddress.IPv6Address(
+    (0x2408_8300 + a) << 96 | b << 80 | c << 64 | d)),
+    st.integers(0, 1), st.integers(0, 2), st.integers(0, 2), st.integers(1, 3))
+row = st.tuples(st.one_of(v4_addr, v6_addr), st.sampled_from(CCS), st.integers(0, 30))
+
+
+def _first_passing_level(rows, ip, settings):
+    """Brute force: the first ladder level whose prefix containing `ip` passes purity over all
+    rows under it (only reachable if every shorter prefix of `ip` failed)."""
+    a = ipaddress.ip_address(ip)
+    fam = a.version
+    for level in settings.ladder[fam]:
+        net = ipaddress.ip_network(f"{a}/{level}", strict=False)
+        w = defaultdict(int)
+        r = 0
+        for ip2, cc, req in rows:
+            if ipaddress.ip_address(ip2) in net:
+                w[cc] += agg.weight(req)
+                r += max(req, 0)
+        top = max(w.values())
+        if top / sum(w.values()) >= settings.threshold(fam, level, r) or settings.is_last(fam, level):
+            return level
+    raise AssertionError("unreachable")
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(row, min_size=1, max_size=60))
+def test_every_address_resolves_to_its_first_passing_level(rows):
+    aggs = agg.reference_aggregate(rows, SETTINGS)
+    table = tf.Table(1, 0, 1, tuple(a.entry() for a in aggs))
+    nets = [a.network for a in aggs]
+    # no two entries overlap at all (so LPM is never ambiguous), v4 and v6 alike
+    for i, n in enumerate(nets):
+        for m in nets[i + 1:]:
+            assert not (n.version == m.version and n.overlaps(m)), f"{n} overlaps {m}"
+    for ip in {r[0] for r in rows}:
+        e = tf.lookup(table, ip)
+        assert e is not None, f"{ip} has no entry"
+        want = _first_passing_level(rows, ip, SETTINGS)
+        assert e.prefix.prefixlen == want, f"{ip}: entry /{e.prefix.prefixlen}, first passing /{want}"
+    # the entry's CC is its prefix's request-weighted majority, purity as stated
+    for a in aggs:
+        w = defaultdict(int)
+        for ip, cc, req in rows:
+            if ipaddress.ip_address(ip) in a.network:
+                w[cc] += agg.weight(req)
+        assert a.cc == max((v, c) for c, v in w.items())[1] and a.weight == sum(w.values())
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(row, min_size=1, max_size=60))
+def test_agreement_at_least_the_stated_share(rows):
+    aggs = agg.reference_aggregate(rows, SETTINGS)
+    table = tf.Table(1, 0, 1, tuple(a.entry() for a in aggs))
+    stated = sum(a.top_weight for a in aggs) / sum(a.weight for a in aggs)   # manifest "agreement"
+    # per connection: the table's CC against each decision
+    total = sum(agg.weight(r) for _, _, r in rows)
+    per_conn = sum(agg.weight(r) for ip, cc, r in rows if tf.lookup(table, ip).cc == cc) / total
+    assert per_conn >= stated - 1e-12, (per_conn, stated)
+    # per address: the table's CC against the address's majority decision (request-weighted)
+    per_ip = defaultdict(lambda: defaultdict(int))
+    for ip, cc, r in rows:
+        per_ip[ip][cc] += agg.weight(r)
+    agree = sum(sum(w.values()) for ip, w in per_ip.items()
+                if tf.lookup(table, ip).cc == max((v, c) for c, v in w.items())[1]) / total
+    ip_major = _ip_majority_agreement(aggs, rows)
+    assert abs(agree - ip_major) < 1e-12
+
+
+def _ip_majority_agreement(aggs, rows):
+    """Independent recomputation, as table_metrics defines it (weight of model decisions of the
+    addresses whose majority CC is the table's)."""
+    table = tf.Table(1, 0, 1, tuple(a.entry() for a in aggs))
+    per_ip = defaultdict(lambda: defaultdict(int))
+    for ip, cc, r in rows:
+        per_ip[ip][cc] += agg.weight(r)
+    total = sum(sum(w.values()) for w in per_ip.values())
+    return sum(sum(w.values()) for ip, w in per_ip.items()
+               if tf.lookup(table, ip).cc == max((v, c) for c, v in w.items())[1]) / total
+
+
+def _pred_frame(spark, rows, fallbacks=()):
+    import pandas as pd
+    recs = []
+    for i, (ip, cc, r) in enumerate(list(rows) + list(fallbacks)):
+        recs.append({"conn_id": f"c{i}", "client_ip": ip, "cc": cc, "requests": int(r),
+                     "decision": "model" if i < len(rows) else "fallback", "default_cc": "cubic",
+                     "ug_id": "R1-AS1", "hour": "2026-11-01T00"})
+    return spark.createDataFrame(pd.DataFrame(recs))
+
+
+def _random_rows(seed, n):
+    import random
+    rng = random.Random(seed)
+    v4 = lambda: f"81.{20 + rng.randrange(3)}.{rng.randrange(4)}.{rng.choice([1, rng.randrange(1, 255)])}"  # noqa: E731
+    v6 = lambda: str(ipaddress.IPv6Address((0x2408_8300 + rng.randrange(2)) << 96 | rng.randrange(3) << 80  # noqa: E731
+                                           | rng.randrange(3) << 64 | rng.randrange(1, 4)))
+    return [((v4 if rng.random() < 0.6 else v6)(), rng.choice(CCS), rng.randrange(0, 30)) for _ in range(n)]
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_spark_job_matches_reference(spark, seed):
+    rows, fallbacks = _random_rows(seed, 400), _random_rows(seed + 100, 40)
+    fallbacks.append(("9.9.9.9", "cubic", 5))        # an address no model decision covers
+    preds = _pred_frame(spark, rows, fallbacks)
+    got = agg.spark_aggregate(preds, SETTINGS)
+    want = agg.reference_aggregate(rows, SETTINGS)
+    assert got == want
+    entries = [a.entry() for a in got]
+    m = agg.table_metrics(preds, entries, got)
+    table = tf.Table(1, 0, 1, tuple(entries))
+    all_rows = list(rows) + list(fallbacks)
+    w_all = sum(agg.weight(r) for _, _, r in all_rows)
+    covered = sum(agg.weight(r) for ip, _, r in all_rows if tf.lookup(table, ip) is not None)
+    assert m["coverage"] == pytest.approx(covered / w_all)
+    assert m["agreement"] == pytest.approx(
+        sum(agg.weight(r) for ip, cc, r in rows if tf.lookup(table, ip).cc == cc)
+        / sum(agg.weight(r) for _, _, r in rows))
+    assert m["agreement_ip_majority"] == pytest.approx(_ip_majority_agreement(got, rows))
+    assert m["client_ips_model"] == len({ipaddress.ip_address(ip) for ip, _, _ in rows})
