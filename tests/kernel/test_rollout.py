@@ -1,0 +1,212 @@
+"""`ccs rollout` machinery on a two-node fleet on this machine (a canary and one more node, each
+its own ccs-edge agent on its own cgroup and pin dir): store → canary → health → rest; rollback;
+a canary whose connection rate collapses after the load is rolled back and the rest untouched."""
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+
+import pytest
+import yaml
+
+from _edge_helpers import CGROUP_ROOT, connect_accept, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
+from export import signing
+from export import table_format as tf
+from export.edge_agent import EdgeAgent
+from export.rollout import Health, deploy, load_fleet
+from export.store import Store
+
+pytestmark = pytest.mark.kernel
+
+
+class LocalFleet:
+    """Two agents (canary + one), each attached to its own throwaway cgroup with one listener."""
+
+    def __init__(self, binary, public_key, tmp_path, netns_runner=None, v6=False):
+        tag = f"{os.getpid()}-{int(time.time() * 1000) % 100000}"
+        self.nodes = []
+        for nid, canary in ((f"ro-canary-{tag}", True), (f"ro-node-{tag}", False)):
+            cg = os.path.join(CGROUP_ROOT, nid)
+            os.makedirs(cg)
+            import socket
+            with in_cgroup(cg):
+                if netns_runner is not None:
+                    ls = netns_runner.call(listener, socket.AF_INET6 if v6 else socket.AF_INET,
+                                           "fd00::1" if v6 else "127.0.0.1")
+                else:
+                    ls = listener()
+            self.nodes.append({"node_id": nid, "canary": canary, "cgroup": cg, "pin_dir": f"/sys/fs/bpf/{nid}",
+                               "listener": ls, "table_dir": str(tmp_path / nid / "tables")})
+        self.path = str(tmp_path / "fleet.yaml")
+        doc = {"nodes": [{"node_id": n["node_id"], "canary": n["canary"], "table_dir": n["table_dir"],
+                          "binary": binary,
+                          "agent": {"cgroup": n["cgroup"], "pin_dir": n["pin_dir"], "public_key": public_key,
+                                    "sample_rate": 0.0,
+                                    "services": [{"port": n["listener"].getsockname()[1], "name": "video"}]}}
+                         for n in self.nodes]}
+        with open(self.path, "w") as f:
+            yaml.safe_dump(doc, f)
+        self.binary = binary
+
+    def fleet(self, cfg):
+        return load_fleet(self.path, cfg)
+
+    def attach_all(self, cfg):
+        for n in self.fleet(cfg).nodes:
+            a = n.agent()
+            a.attach(n.config.cgroup)
+            a.close()
+
+    def status(self, cfg, i):
+        a = self.fleet(cfg).nodes[i].agent()
+        try:
+            return a.status()
+        finally:
+            a.close()
+
+    def cleanup(self, cfg):
+        for n, fn in zip(self.nodes, self.fleet(cfg).nodes):
+            n["listener"].close()
+            a = fn.agent()
+            try:
+                a.detach(purge=True)
+            except Exception as exc:
+                print(f"detach failed: {exc}")
+            a.close()
+            subprocess.run(["rm", "-rf", n["pin_dir"]])
+            for _ in range(50):
+                try:
+                    os.rmdir(n["cgroup"])
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+@pytest.fixture
+def fleet_env(edge_binary, keys, tmp_path):
+    from ccselect.config import load_config
+    from ccs_testing import write_config
+    cfg = load_config(write_config(tmp_path))
+    lf = LocalFleet(edge_binary, keys["public_path"], tmp_path)
+    try:
+        lf.attach_all(cfg)
+        yield cfg, lf
+    finally:
+        lf.cleanup(cfg)
+
+
+def _table(keys, out, version, cc):
+    now = int(time.time())
+    return signing.write_table([tf.Entry("127.0.0.0/8", cc)], version, "1", now + 3600, out,
+                               keys["private"], created=now, extra={"coverage": 1.0})
+
+
+def _cc_through(lf, i, src="127.70.1.2"):
+    c, a, _ = connect_accept(lf.nodes[i]["listener"], src)
+    try:
+        return sock_cc(a)
+    finally:
+        a.close()
+        c.close()
+
+
+def test_rollout_canary_then_rest_then_rollback(fleet_env, keys, tmp_path):
+    from typer.testing import CliRunner
+
+    from ccselect.cli import app
+    cfg, lf = fleet_env
+    default = sysctl_cc()
+    a, b = other_ccs(default)
+    store = Store(str(tmp_path / "store"))
+    health = Health(wait_s=0.3, min_rate_ratio=0.5)
+    fleet = lf.fleet(cfg)
+    assert [n.canary for n in fleet.nodes] == [True, False]
+    logs = []
+    for version, cc in ((1, a), (2, b)):
+        store.publish(_table(keys, str(tmp_path / "export"), version, cc).manifest)
+        res = deploy(fleet, store, version, health, log=logs.append)
+        assert res["ok"], res
+        assert list(res["nodes"]) == [fleet.nodes[0].node_id, fleet.nodes[1].node_id], "canary first"
+        assert store.current() == version
+        for i in range(2):
+            st = lf.status(cfg, i)
+            assert st["table"]["version"] == version and st["table"]["enforced"], f"node {i}: {st['table']}"
+            assert _cc_through(lf, i) == cc, f"node {i} enforces version {version}'s CC {cc}"
+    assert res["nodes"][fleet.nodes[1].node_id]["previous_version"] == 1
+    # `ccs rollback` republishes the previous version (1) on the whole fleet
+    os.makedirs(cfg.get("export.keys_dir"), exist_ok=True)
+    signing.save_keypair(keys["private"], os.path.join(cfg.get("export.keys_dir"), "table-signing.key.pem"),
+                         os.path.join(cfg.get("export.keys_dir"), "table-signing.pub.pem"))
+    cfg.raw["export"]["rollout"]["health_wait_s"] = 0.3
+    with open(cfg.path, "w") as f:
+        yaml.safe_dump(cfg.raw, f)
+    r = CliRunner().invoke(app, ["rollback", "--fleet", lf.path, "--store", str(tmp_path / "store"),
+                                 "--config", str(cfg.path)])
+    assert r.exit_code == 0, r.output + str(r.exception)
+    assert store.current() == 1
+    for i in range(2):
+        assert lf.status(cfg, i)["table"]["version"] == 1
+        assert _cc_through(lf, i) == a, f"node {i} back on version 1's CC"
+
+
+def test_failed_canary_health_rolls_back_canary_only(fleet_env, keys, tmp_path):
+    """Clients of the canary stop connecting once the new table is live (the connection rate
+    collapses): the canary goes back to version 1, the other node never sees version 2, and the
+    store's current version stays 1."""
+    cfg, lf = fleet_env
+    default = sysctl_cc()
+    a, b = other_ccs(default)
+    store = Store(str(tmp_path / "store"))
+    fleet = lf.fleet(cfg)
+    for version, cc in ((1, a), (2, b)):
+        store.publish(_table(keys, str(tmp_path / "export"), version, cc).manifest)
+    assert deploy(fleet, store, 1, Health(wait_s=0.2))["ok"]
+
+    stop = threading.Event()
+    made = []
+
+    def clients():
+        while not stop.is_set():
+            got = _cc_through(lf, 0, "127.70.9.9")
+            made.append(got)
+            if got == b:      # the new table reached these clients: they stop coming
+                return
+            time.sleep(0.005)
+
+    t = threading.Thread(target=clients, daemon=True)
+    t.start()
+    try:
+        res = deploy(fleet, store, 2, Health(wait_s=1.0, min_rate_ratio=0.5), log=print)
+    finally:
+        stop.set()
+        t.join(10)
+    canary, other = fleet.nodes[0].node_id, fleet.nodes[1].node_id
+    assert not res["ok"], res
+    assert "connection rate fell" in res["stopped"] and canary in res["stopped"], res["stopped"]
+    assert res["nodes"][canary]["rate_before"] > 0, res["nodes"][canary]
+    assert other not in res["nodes"], "the rest must not be touched after a failed canary"
+    assert res["rolled_back"][canary]["rolled_back"] and res["rolled_back"][canary]["live_version"] == 1
+    assert lf.status(cfg, 0)["table"]["version"] == 1, "canary back on version 1"
+    assert lf.status(cfg, 1)["table"]["version"] == 1, "the other node still on version 1"
+    assert store.current() == 1
+    assert _cc_through(lf, 0) == a and _cc_through(lf, 1) == a
+
+
+def test_refused_load_on_canary_stops_rollout(fleet_env, keys, tmp_path):
+    """A table signed by a key the fleet does not trust: the canary refuses it, nothing changes."""
+    cfg, lf = fleet_env
+    default = sysctl_cc()
+    a, _ = other_ccs(default)
+    store = Store(str(tmp_path / "store"))
+    now = int(time.time())
+    bad = signing.write_table([tf.Entry("127.0.0.0/8", a)], 7, "1", now + 3600, str(tmp_path / "x"),
+                              keys["other"], created=now)
+    store.publish(bad.manifest)
+    res = deploy(lf.fleet(cfg), store, 7, Health(wait_s=0.1))
+    assert not res["ok"] and "load refused" in res["stopped"] and "bad signature" in res["stopped"], res
+    assert store.current() is None
+    assert lf.status(cfg, 0)["table"] is None and lf.status(cfg, 1)["table"] is None
