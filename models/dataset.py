@@ -1,0 +1,160 @@
+"""The labelled rows of a training window as NumPy arrays for PyTorch (ALICCS §3.1, §4.2).
+
+`load_labelled` reads gold.training_set for the window `lo..hi` (or, when that window was never
+written, builds it from silver with `features.labels.training_set`), standardizes the twelve
+Table 4 features with the window's fitted `FeatureStats` in Spark, and collects through Arrow
+(`DataFrame.toArrow`), never row at a time.
+
+The path unit is the client's /24 (IPv4) or /48 (IPv6, whose `prefix24` is null in silver): the
+`prefix24` array holds whichever applies, as in ALICCS §3.1 ("requests with the same IP /24
+prefix usually follow identical IP paths").
+
+`to_train_data` turns those arrays plus the prefix groups (gold.prefix_groups, models/groups.py)
+into `models.train.TrainData`:
+- `prefix`: integer id of the (node, /24) pair — a path is a prefix *seen from one node*, so the
+  same /24 on two nodes is two paths for L_variance (eq. 3);
+- `group`: the /24's group within its own network type; a /24 without a stored group gets the
+  group whose centroid (mean of its members' per-/24 means in these rows) is nearest to its own
+  per-/24 mean (Euclidean, as the K-means that made the groups); a type with no groups at all
+  puts every row in group 0.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from ccselect.config import Config
+from ccselect.lake import table_path
+from features.scaling import FeatureStats, transform
+from models.train import TrainData
+
+def path_prefix():
+    """silver's path unit: the /24 of an IPv4 client, the /48 of an IPv6 one."""
+    return F.coalesce(F.col("prefix24"), F.col("prefix48"))
+
+
+@dataclass
+class Labelled:
+    """Labelled connections of a window: x float32 [N, 12] standardized (model order), y int8
+    (1 Wi-Fi, 0 4G/5G), and per row its /24 (or /48), node, hour and connection id."""
+
+    x: np.ndarray
+    y: np.ndarray
+    prefix24: np.ndarray
+    node: np.ndarray
+    hour: np.ndarray
+    conn_id: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def subset(self, mask: np.ndarray) -> "Labelled":
+        """The rows where `mask` (boolean [N] or integer indices) selects."""
+        return Labelled(**{f.name: getattr(self, f.name)[mask] for f in fields(self)})
+
+    def of_nodes(self, nodes) -> "Labelled":
+        return self.subset(np.isin(self.node, np.asarray(list(nodes), dtype=object)))
+
+
+def window_name(lo: str, hi: str) -> str:
+    return f"{lo}..{hi}"
+
+
+def training_frame(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
+    """gold.training_set's rows of window lo..hi, or the same set built from silver when that
+    window has never been written."""
+    from jobs import delta_io
+    window = window_name(lo, hi)
+    path = table_path(cfg, "gold.training_set")
+    if delta_io.is_delta(spark, path):
+        df = spark.read.format("delta").load(path).where(F.col("window") == window)
+        if df.limit(1).count():
+            return df
+    from features.labels import training_set
+    from jobs.window import connections_in
+    return training_set(connections_in(spark, cfg, lo, hi), 0.5)
+
+
+def standardized(df: DataFrame, stats: FeatureStats) -> DataFrame:
+    """(conn_id, node_id, hour, prefix24 = path unit, label, z_<feature>...) of labelled rows."""
+    z = transform(df.filter(F.col("label").isNotNull()), stats)
+    return z.select("conn_id", "node_id", "hour", path_prefix().alias("prefix24"),
+                    F.col("label").cast("byte").alias("label"),
+                    *[F.col("z_" + f).cast("float").alias("z_" + f) for f in stats.features])
+
+
+def from_arrow(table, features: tuple[str, ...]) -> Labelled:
+    """A `Labelled` from an Arrow table with the columns of `standardized`, rows in conn_id order
+    (Spark gives no row order, so fix one for reproducible training)."""
+    pdf = table.to_pandas()
+    pdf = pdf.sort_values(["node_id", "hour", "conn_id"], kind="stable").reset_index(drop=True)
+    x = pdf[["z_" + f for f in features]].to_numpy(dtype=np.float32) if len(pdf) else \
+        np.zeros((0, len(features)), dtype=np.float32)
+    as_str = lambda c: pdf[c].astype(object).to_numpy()  # noqa: E731
+    return Labelled(x=np.ascontiguousarray(x), y=pdf["label"].to_numpy(dtype=np.int8),
+                    prefix24=as_str("prefix24"), node=as_str("node_id"), hour=as_str("hour"),
+                    conn_id=as_str("conn_id"))
+
+
+def load_labelled(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: FeatureStats,
+                  nodes=None) -> Labelled:
+    """The labelled rows of window lo..hi (optionally only `nodes`), standardized with `stats`."""
+    df = training_frame(spark, cfg, lo, hi)
+    if nodes is not None:
+        df = df.where(F.col("node_id").isin(*sorted(nodes)))
+    return from_arrow(standardized(df, stats).toArrow(), tuple(stats.features))
+
+
+# -- to the trainer's arrays ---------------------------------------------------------------------
+def path_ids(node: np.ndarray, prefix24: np.ndarray) -> np.ndarray:
+    """Integer id per (node, prefix) pair, dense from 0, in sorted order of the pairs."""
+    keys = pd.Series(node.astype(str)) + "|" + pd.Series(prefix24.astype(str))
+    codes, _ = pd.factorize(keys, sort=True)
+    return codes.astype(np.int64)
+
+
+def _prefix_means(x: np.ndarray, prefix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(unique prefixes, per-prefix feature means [P, F]) of rows x."""
+    uniq, inv = np.unique(prefix.astype(str), return_inverse=True)
+    sums = np.zeros((len(uniq), x.shape[1]))
+    np.add.at(sums, inv, x)
+    return uniq, sums / np.bincount(inv, minlength=len(uniq))[:, None]
+
+
+def assign_groups(x: np.ndarray, prefix24: np.ndarray, known: dict[str, int]) -> np.ndarray:
+    """Each row's group for rows of one network type: the stored group of its /24, else the
+    nearest centroid's (centroids = mean of the member /24s' means among these rows)."""
+    group = np.zeros(len(x), dtype=np.int64)
+    if not len(x) or not known:
+        return group
+    uniq, means = _prefix_means(x, prefix24)
+    g_of = np.array([known.get(p, -1) for p in uniq], dtype=np.int64)
+    have = g_of >= 0
+    if (~have).any() and have.any():
+        gids = np.unique(g_of[have])
+        cents = np.stack([means[g_of == g].mean(0) for g in gids])
+        d = ((means[~have, None, :] - cents[None, :, :]) ** 2).sum(-1)
+        g_of[~have] = gids[d.argmin(1)]
+    g_of[g_of < 0] = 0
+    return g_of[np.searchsorted(uniq, prefix24.astype(str))]
+
+
+def to_train_data(labelled: Labelled, groups_pd: pd.DataFrame) -> tuple[TrainData, np.ndarray]:
+    """(TrainData, node per row) from labelled rows and a (label, prefix24, group[, k]) frame."""
+    group = np.zeros(len(labelled), dtype=np.int64)
+    n_groups = []
+    for t in (0, 1):
+        g = groups_pd[groups_pd["label"].astype(int) == t]
+        k = int(g["k"].max()) if "k" in g and len(g) else int(g["group"].max()) + 1 if len(g) else 1
+        n_groups.append(max(1, k))
+        m = labelled.y == t
+        group[m] = assign_groups(labelled.x[m], labelled.prefix24[m],
+                                 dict(zip(g["prefix24"].astype(str), g["group"].astype(int))))
+    data = TrainData(x=labelled.x, y=labelled.y.astype(np.int64),
+                     prefix=path_ids(labelled.node, labelled.prefix24), group=group,
+                     n_groups=(n_groups[0], n_groups[1]))
+    return data, labelled.node
