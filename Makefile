@@ -10,12 +10,13 @@ export CCS_HOME := $(CURDIR)
 # Debian packages the kernel side, the headless-browser tests and the agent need.
 DEB_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libssl-dev pkg-config iproute2 chromium
 
-.PHONY: help setup run test bench clean sysdeps python warm
+.PHONY: help setup run test bench clean sysdeps python warm mlflow airflow notebooks
 help:
 	@echo "make run    - set up, then run the main job on the embedded default (infra/conf/local.yaml)"
 	@echo "make test   - set up, then run the whole test suite"
 	@echo "make bench  - run the benchmarks in bench/ (JSON under bench/results/)"
 	@echo "make setup  - install everything (.venv, Debian packages when root, Delta jars)"
+	@echo "make mlflow / make airflow / make notebooks - the MLflow UI (:5000), Airflow UI (:8080), JupyterLab (:8888)"
 
 # The eBPF enforcer and the ccs-edge agent (export/build.mk); built when root (needs clang/libbpf).
 -include export/build.mk
@@ -66,6 +67,15 @@ bench: setup
 	$(PY) bench/simulate.py
 	$(PY) bench/kernel.py
 	$(PY) bench/ingest.py --conns $(BENCH_INGEST_CONNS)
+
+mlflow: python
+	$(PY) -m ccselect.ui mlflow
+
+airflow: python
+	$(PY) -m ccselect.ui airflow
+
+notebooks: python
+	$(PY) -m ccselect.ui notebooks
 
 clean:
 	rm -rf var bench/results/*.json export/build

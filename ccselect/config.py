@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 _VAR = re.compile(r"\$\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
-_PATH_KEYS = {"data_root", "root", "artifact_root", "home", "out"}
+_PATH_KEYS = {"data_root", "root", "artifact_root", "home", "out", "raw_dir", "fleet"}
 
 
 def project_root() -> Path:

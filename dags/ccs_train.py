@@ -1,0 +1,87 @@
+"""ccs_train: daily, the previous day's silver → training set → prefix groups → GAN/RSC training
+(MLflow run, registered version) → gate → (promotion only if configured) → distilled tree +
+SHAP diagnostics of the champion. The work lives in ccselect.pipeline; this file only wires it."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import dag, task
+
+DOC = """
+### ccs_train
+The run at day D 00:00 learns from the `pipeline.train_window_hours` hours before it (a manual
+run may pass `{"window_hours": N}` as its conf).
+
+1. **training_set** — feature statistics (log1p + standardize) fitted on the window →
+   `gold.feature_stats`; labelled, balanced connections → `gold.training_set`.
+2. **prefix_groups** — per network type, K-means over per-/24 feature means → `gold.prefix_groups`.
+3. **train** — ALICCS GAN/RSC on the training nodes, evaluated per held-out node, logged to MLflow,
+   registered; its **gate** sets `@challenger` only when the thresholds pass.
+4. **gate_passed** — stops here when the gate failed (nothing downstream runs).
+5. **promote** — only with `pipeline.auto_promote: true`; otherwise a human runs `ccs promote`.
+6. **distill_diagnose** — the `@champion`'s decision tree and SHAP report (skipped while there is
+   no champion).
+"""
+
+
+@dag(
+    dag_id="ccs_train",
+    schedule="@daily",
+    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    tags=["ccselect", "training"],
+    doc_md=DOC,
+    default_args={"retries": 1, "retry_delay": timedelta(minutes=5)},
+)
+def ccs_train():
+    @task
+    def training_set(logical_date=None, dag_run=None) -> list[str]:
+        from ccselect.config import load_config
+        from ccselect.pipeline import training_set as build, window_before
+        hours = (dag_run.conf or {}).get("window_hours") if dag_run else None
+        lo, hi = window_before(logical_date, int(hours or load_config().get("pipeline.train_window_hours", 24)))
+        print(build(lo, hi))
+        return [lo, hi]
+
+    @task
+    def prefix_groups(window: list[str]) -> list[str]:
+        from ccselect.pipeline import prefix_groups as groups
+        print(groups(*window))
+        return window
+
+    @task
+    def train(window: list[str]) -> dict:
+        from ccselect.pipeline import train as do_train
+        res = do_train(*window)
+        print(res)
+        return {"version": str(res["version"]), "passed": bool(res["gate"]["passed"]), "window": window}
+
+    @task.short_circuit
+    def gate_passed(result: dict) -> bool:
+        print(f"gate of v{result['version']}: {'passed' if result['passed'] else 'failed'}")
+        return result["passed"]
+
+    @task
+    def promote(result: dict) -> dict:
+        from ccselect.pipeline import promote_if_configured
+        return promote_if_configured(result["version"])
+
+    @task
+    def distill_diagnose(result: dict) -> dict:
+        from airflow.exceptions import AirflowSkipException
+
+        from ccselect.pipeline import distill_and_diagnose
+        try:
+            return distill_and_diagnose(*result["window"])
+        except LookupError as e:  # no @champion yet
+            raise AirflowSkipException(str(e))
+
+    t = train(prefix_groups(training_set()))
+    g = gate_passed(t)
+    p = promote(t)
+    g >> p >> distill_diagnose(t)
+
+
+ccs_train()
