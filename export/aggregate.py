@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import ipaddress
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable
 
 from export import table_format as tf

@@ -85,10 +85,6 @@ def test_settings_refuse_bad_ladders():
 CCS = ("bbr", "cubic", "reno")
 
 
-def _v4(draw_int):
-    return str(ipaddress.IPv4Address(draw_int))
-
-
 # few /16s and /24s so that prefixes collide and every ladder level gets exercised
 v4_addr = st.builds(lambda a, b, c, d: f"81.{20 + a}.{b}.{d if c else 1}",
                     st.integers(0, 2), st.integers(0, 3), st.booleans(), st.integers(1, 254))

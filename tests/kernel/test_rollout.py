@@ -4,6 +4,7 @@ a canary whose connection rate collapses after the load is rolled back and the r
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -14,7 +15,6 @@ import yaml
 from _edge_helpers import CGROUP_ROOT, connect_accept, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
 from export import signing
 from export import table_format as tf
-from export.edge_agent import EdgeAgent
 from export.rollout import Health, deploy, load_fleet
 from export.store import Store
 
@@ -24,17 +24,15 @@ pytestmark = pytest.mark.kernel
 class LocalFleet:
     """Two agents (canary + one), each attached to its own throwaway cgroup with one listener."""
 
-    def __init__(self, binary, public_key, tmp_path, netns_runner=None, v6=False):
+    def __init__(self, binary, public_key, tmp_path, netns_runner=None, bind=None):
         tag = f"{os.getpid()}-{int(time.time() * 1000) % 100000}"
         self.nodes = []
         for nid, canary in ((f"ro-canary-{tag}", True), (f"ro-node-{tag}", False)):
             cg = os.path.join(CGROUP_ROOT, nid)
             os.makedirs(cg)
-            import socket
             with in_cgroup(cg):
-                if netns_runner is not None:
-                    ls = netns_runner.call(listener, socket.AF_INET6 if v6 else socket.AF_INET,
-                                           "fd00::1" if v6 else "127.0.0.1")
+                if netns_runner is not None:   # bind: ("::", AF_INET6) serves v4 and v6 clients
+                    ls = netns_runner.call(listener, bind[1], bind[0])
                 else:
                     ls = listener()
             self.nodes.append({"node_id": nid, "canary": canary, "cgroup": cg, "pin_dir": f"/sys/fs/bpf/{nid}",
