@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "jobs.autoplex_cli",
     "distill.cli",
     "export.cli",
+    "models.cli",
 )
 
 

@@ -1,0 +1,215 @@
+"""Evaluation across nodes (ALICCS §5.1, Fig. 9 right, Fig. 10): train on a share of the labelled
+nodes (30% by default), score every held-out node apart.
+
+Per held-out node and variant: n, accuracy, Wi-Fi recall, 4G recall and the node's 4G share
+(Fig. 9 right plots accuracy against it); per variant: mean, worst and standard deviation
+(population) of the node accuracies. As §5.1, nodes where either type makes up less than
+`model.evaluate.min_class_share` (5%) of the labelled rows stay in the per-node table with
+`included = false` but out of the summary.
+
+Tables (both replaced per (window, variant), so re-running a variant is idempotent and other
+variants' rows stay):
+- gold.model_eval: window, variant, node_id, n, accuracy, wifi_recall, cell_recall, share_cell,
+  included, seed, share, evaluated_at — one row per held-out node;
+- gold.model_eval_summary: window, variant, mean, worst, std, nodes, acc_share_cell_corr,
+  n_train, n_test, train_nodes, test_nodes, seed, share, params (JSON), seconds, evaluated_at.
+
+Every variant trains on the same rows: the window's gold.training_set restricted to the training
+nodes, standardized with the window's feature statistics (fitted on silver, unlabelled); the
+prefix groups are fitted on the training nodes only.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+
+from models.train import VARIANTS, TrainParams, accuracy_report
+
+log = logging.getLogger(__name__)
+
+CONFIGANATOR = "configanator"
+ALL_VARIANTS = (*VARIANTS, CONFIGANATOR)
+PER_NODE_COLS = ("node_id", "n", "accuracy", "wifi_recall", "cell_recall", "share_cell")
+
+
+def split_nodes(nodes: Iterable[str], share: float = 0.3, seed: int = 0) -> tuple[list[str], list[str]]:
+    """(training nodes, held-out nodes), both sorted: round(share · N) of the distinct nodes,
+    drawn with `seed`, at least one on each side when there are two or more."""
+    uniq = sorted(set(nodes))
+    if len(uniq) < 2:
+        raise ValueError(f"need at least two nodes to hold some out, got {uniq}")
+    k = min(len(uniq) - 1, max(1, int(round(share * len(uniq)))))
+    train = sorted(np.random.default_rng(seed).choice(uniq, size=k, replace=False).tolist())
+    return train, sorted(set(uniq) - set(train))
+
+
+def per_node(y: np.ndarray, p_wifi: np.ndarray, node: np.ndarray, threshold: float = 0.5) -> pd.DataFrame:
+    """One row per node (sorted): n, accuracy, wifi_recall, cell_recall, share_cell; a recall is
+    NaN on a node without rows of that type. Predicted Wi-Fi where p_wifi ≥ threshold."""
+    y, node = np.asarray(y), np.asarray(node)
+    pred = np.asarray(p_wifi) >= threshold
+    rows = [{"node_id": str(n), **accuracy_report(y[node == n], pred[node == n])} for n in sorted(set(node.tolist()))]
+    return pd.DataFrame(rows, columns=list(PER_NODE_COLS))
+
+
+def summary(per_node_df: pd.DataFrame) -> dict:
+    """mean, worst (minimum) and population standard deviation of the node accuracies; nodes."""
+    acc = per_node_df["accuracy"].to_numpy(dtype=float)
+    acc = acc[~np.isnan(acc)]
+    if not len(acc):
+        return {"mean": math.nan, "worst": math.nan, "std": math.nan, "nodes": 0}
+    return {"mean": float(acc.mean()), "worst": float(acc.min()), "std": float(acc.std()), "nodes": int(len(acc))}
+
+
+def _corr(a: pd.Series, b: pd.Series) -> float:
+    if len(a) < 3 or a.std() == 0 or b.std() == 0:
+        return math.nan
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def evaluation_settings(cfg) -> dict:
+    s = {"share": 0.3, "seed": 0, "min_class_share": 0.05}
+    s.update(cfg.get("model.evaluate", {}) or {})
+    return s
+
+
+def window_stats(spark, cfg, lo: str, hi: str):
+    """The window's fitted FeatureStats (artifact of `ccs features`), else fitted now on silver
+    over the window (unlabelled rows too, as `ccs features` does) without saving."""
+    import os
+
+    from features import scaling
+    from jobs.window import connections_in
+    path = scaling.artifact_path(cfg.data_root, f"{lo}..{hi}")
+    if os.path.exists(path):
+        return scaling.load(path), path
+    return scaling.fit(connections_in(spark, cfg, lo, hi), window=f"{lo}..{hi}"), None
+
+
+def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None = None,
+                   share: float | None = None, seed: int | None = None, epochs: int | None = None,
+                   k: int | None = None, grid: bool = False, params: TrainParams | None = None,
+                   write: bool = True, progress: Callable[[str], None] | None = None) -> dict:
+    """Train every variant (and the Configanator baseline) on the training nodes of window
+    lo..hi, score each held-out node, write gold.model_eval(+_summary); returns
+    {window, train_nodes, test_nodes, groups, variants: {v: {summary..., per_node: [...]}}}."""
+    from models import configanator
+    from models.dataset import load_labelled, to_train_data, window_name
+    from models.groups import compute_groups
+    from models.train import fit
+
+    say = progress or log.info
+    s = evaluation_settings(cfg)
+    share = s["share"] if share is None else share
+    seed = s["seed"] if seed is None else seed
+    variants = tuple(variants or ALL_VARIANTS)
+    unknown = set(variants) - set(ALL_VARIANTS)
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}; choose from {ALL_VARIANTS}")
+    window = window_name(lo, hi)
+    t0 = time.time()
+    stats, stats_path = window_stats(spark, cfg, lo, hi)
+    lab = load_labelled(spark, cfg, lo, hi, stats)
+    if not len(lab):
+        raise ValueError(f"no labelled rows in window {window}")
+    train_nodes, test_nodes = split_nodes(lab.node, share, seed)
+    tr, te = lab.of_nodes(train_nodes), lab.of_nodes(test_nodes)
+    groups_pd, groups_info = compute_groups(spark, cfg, lo, hi, stats, k, nodes=train_nodes)
+    data, _ = to_train_data(tr, groups_pd)
+    say(f"{window}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
+        f"{len(test_nodes)} nodes; prefix groups K(4G, Wi-Fi) = {data.n_groups}")
+
+    params = params or TrainParams(seed=seed)
+    if epochs is not None:
+        params = replace(params, epochs=epochs)
+    out: dict = {"window": window, "seed": seed, "share": share, "train_nodes": train_nodes,
+                 "test_nodes": test_nodes, "n_train": int(len(tr)), "n_test": int(len(te)),
+                 "stats": stats_path, "groups": groups_info, "variants": {}}
+    if grid and any(v in VARIANTS for v in variants):
+        from models.grid import grid_search
+        g = grid_search(params, data, tr.node, seed=seed, log=say)
+        params = replace(params, lambda1=g.lambda1, lambda2=g.lambda2)
+        out["grid"] = {"lambda1": g.lambda1, "lambda2": g.lambda2}
+    out["params"] = params.to_dict()
+
+    # §5.1: nodes with < min_class_share of 4G or Wi-Fi rows are not scored in the summary
+    cell_share = pd.Series(te.y == 0).groupby(te.node).mean()
+    mcs = float(s["min_class_share"])
+    included = {str(n): bool(mcs <= c <= 1 - mcs) for n, c in cell_share.items()}
+    out["excluded_nodes"] = sorted(n for n, ok in included.items() if not ok)
+
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    node_frames, summary_rows = [], []
+    for v in variants:
+        t1 = time.time()
+        if v == CONFIGANATOR:
+            cp = configanator.ConfiganatorParams.from_config(cfg)
+            model, info = configanator.fit(cp, tr.x, tr.y, tr.node, tr.prefix24)
+            p_wifi = configanator.predict_proba(model, te.x, te.node, te.prefix24)
+            vparams = {**cp.__dict__, **info}
+        else:
+            trainer = fit(replace(params, variant=v), data)
+            p_wifi = trainer.predict_proba(te.x)
+            vparams = replace(params, variant=v).to_dict()
+        pn = per_node(te.y, p_wifi, te.node)
+        pn["included"] = pn["node_id"].map(included).astype(bool)
+        summ = summary(pn[pn["included"]])
+        inc = pn[pn["included"]]
+        summ["acc_share_cell_corr"] = _corr(inc["accuracy"], inc["share_cell"])
+        summ["seconds"] = round(time.time() - t1, 1)
+        out["variants"][v] = {**summ, "params": vparams, "per_node": pn.to_dict(orient="records")}
+        say(f"{v:13s} mean {summ['mean']:.4f} worst {summ['worst']:.4f} std {summ['std']:.4f} "
+            f"over {summ['nodes']} nodes ({summ['seconds']:.0f}s)")
+        node_frames.append(pn.assign(window=window, variant=v, seed=seed, share=float(share), evaluated_at=now))
+        summary_rows.append({"window": window, "variant": v, "mean": summ["mean"], "worst": summ["worst"],
+                             "std": summ["std"], "nodes": summ["nodes"],
+                             "acc_share_cell_corr": summ["acc_share_cell_corr"],
+                             "n_train": int(len(tr)), "n_test": int(len(te)),
+                             "train_nodes": ",".join(train_nodes), "test_nodes": ",".join(test_nodes),
+                             "seed": seed, "share": float(share), "params": json.dumps(vparams, default=str),
+                             "seconds": summ["seconds"], "evaluated_at": now})
+    if write:
+        out["tables"] = write_tables(spark, cfg, window, variants, pd.concat(node_frames, ignore_index=True),
+                                     pd.DataFrame(summary_rows))
+    out["seconds"] = round(time.time() - t0, 1)
+    return out
+
+
+EVAL_SCHEMA = ("window string, variant string, node_id string, n long, accuracy double, wifi_recall double, "
+               "cell_recall double, share_cell double, included boolean, seed long, share double, "
+               "evaluated_at string")
+SUMMARY_SCHEMA = ("window string, variant string, mean double, worst double, std double, nodes long, "
+                  "acc_share_cell_corr double, n_train long, n_test long, train_nodes string, "
+                  "test_nodes string, seed long, share double, params string, seconds double, "
+                  "evaluated_at string")
+
+
+def _frame(spark, pdf: pd.DataFrame, schema: str):
+    cols = [c.strip().split(" ")[0] for c in schema.split(",")]
+    def plain(v):
+        v = v.item() if isinstance(v, np.generic) else v
+        return None if isinstance(v, float) and math.isnan(v) else v
+    rows = [tuple(plain(v) for v in r) for r in pdf[cols].itertuples(index=False, name=None)]
+    return spark.createDataFrame(rows, schema)
+
+
+def write_tables(spark, cfg, window: str, variants, per_node_pd: pd.DataFrame, summary_pd: pd.DataFrame) -> dict:
+    """Replace the (window, variant) partitions of gold.model_eval and gold.model_eval_summary."""
+    from ccselect.lake import table_path
+    from jobs import delta_io
+    keys = {(window, v) for v in variants}
+    out = {}
+    for table, pdf, schema in (("gold.model_eval", per_node_pd, EVAL_SCHEMA),
+                               ("gold.model_eval_summary", summary_pd, SUMMARY_SCHEMA)):
+        path = table_path(cfg, table)
+        delta_io.replace_partitions(_frame(spark, pdf, schema), path, keys, ("window", "variant"))
+        out[table] = path
+    return out
