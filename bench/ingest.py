@@ -23,20 +23,23 @@ SIM_YIELD = 1.0
 
 
 class PeakRss:
-    """Peak resident memory of this process plus its children (the Spark driver JVM)."""
+    """Peak resident memory of this process (the Python driver) and of its children (the Spark
+    driver JVM), sampled every 0.2 s; `peak` is the largest sum seen."""
 
     def __init__(self):
         import psutil
-        self.proc, self.peak, self._stop = psutil.Process(), 0, threading.Event()
+        self.proc, self._stop = psutil.Process(), threading.Event()
+        self.peak = self.peak_python = self.peak_jvm = 0
 
     def _sample(self):
-        total = self.proc.memory_info().rss
+        py = self.proc.memory_info().rss
+        jvm = 0
         for c in self.proc.children(recursive=True):
             try:
-                total += c.memory_info().rss
+                jvm += c.memory_info().rss
             except Exception:
                 pass
-        self.peak = max(self.peak, total)
+        self.peak, self.peak_python, self.peak_jvm = max(self.peak, py + jvm), max(self.peak_python, py), max(self.peak_jvm, jvm)
 
     def __enter__(self):
         def loop():
@@ -170,12 +173,19 @@ def main(argv=None) -> int:
                                  "spark.driver.memory": "4g"})
     (work / "ccs.yaml").write_text(yaml.safe_dump(raw))
     cfg = load_config(work / "ccs.yaml")
+    print(f"simulated {manifest['counts']} in {sim_s:.0f} s; Spark ingest ...", file=sys.stderr, flush=True)
+    load_spark = os.getloadavg()[0]
     with PeakRss() as mem:
         spark = get_spark(cfg, "ccs-bench-ingest")
         t0 = time.perf_counter()
         result = ingest.run(spark, cfg, data)
         spark_s = time.perf_counter() - t0
+        lake = Path(cfg.get("lake.root"))
+        files = {t: len(list((lake / t.replace(".", "/")).rglob("*.parquet")))
+                 for t in ("bronze.transport", "bronze.access", "bronze.qoe", "silver.connections")}
         spark.stop()
+    print(f"Spark {spark_s:.0f} s; DuckDB ...", file=sys.stderr, flush=True)
+    load_duck = os.getloadavg()[0]
     duck = run_duckdb(data, str(work / "duck_silver"))
     conns = manifest["counts"]["transport"]
     lines = sum(manifest["counts"][s] for s in ("transport", "access", "qoe"))
@@ -184,11 +194,17 @@ def main(argv=None) -> int:
         "simulate_seconds": round(sim_s, 1),
         "spark": {"seconds": round(spark_s, 2), "connections_per_s": round(conns / spark_s),
                   "lines_per_s": round(lines / spark_s), "silver_rows": result["silver_rows"],
-                  "peak_driver_rss_mb": round(mem.peak / 2 ** 20), "master": "local[2]"},
+                  "silver_rows_per_s": round(result["silver_rows"] / spark_s),
+                  "peak_driver_rss_mb": round(mem.peak / 2 ** 20),
+                  "peak_python_rss_mb": round(mem.peak_python / 2 ** 20),
+                  "peak_jvm_rss_mb": round(mem.peak_jvm / 2 ** 20),
+                  "parquet_files": files, "master": "local[2]", "driver_memory": "4g"},
         "duckdb": {**duck, "connections_per_s": round(conns / duck["seconds"]), "threads": 2},
         "spark_over_duckdb": round(spark_s / duck["seconds"], 2),
         "goal": "spark within 3x of duckdb",
-        "load_average_1m": round(os.getloadavg()[0], 2),
+        # Other work on the machine slows both sides: the 1-minute load as each side started.
+        "load_average_1m": {"spark_start": round(load_spark, 2), "duckdb_start": round(load_duck, 2),
+                            "end": round(os.getloadavg()[0], 2)},
     }
     Path(REPO, "bench", "results").mkdir(parents=True, exist_ok=True)
     Path(REPO, "bench", "results", "ingest.json").write_text(json.dumps(out, indent=2) + "\n")

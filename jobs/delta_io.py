@@ -3,6 +3,8 @@
 `replace_partitions` overwrites exactly the (node_id, hour) partitions named — also those that
 now have no rows — in one Delta commit: a writer killed before the commit leaves the table as it
 was (its half-written files are not referenced by the log), and a re-run replaces the same keys.
+A new table is first created empty with its CHECK constraints, so that adding them never scans
+data (Delta validates every later write against them as it is written).
 """
 from __future__ import annotations
 
@@ -38,14 +40,16 @@ def is_delta(spark: SparkSession, path: str) -> bool:
 
 
 def replace_partitions(df: DataFrame, path: str, keys: Iterable[tuple[str, ...]],
-                       cols: tuple[str, ...] = PARTITION_COLS) -> None:
-    """Overwrite the partitions `keys` (tuples over `cols`) of the Delta table at `path` with `df`."""
+                       cols: tuple[str, ...] = PARTITION_COLS, constraints: dict[str, str] | None = None) -> None:
+    """Overwrite the partitions `keys` (tuples over `cols`) of the Delta table at `path` with `df`,
+    in one commit; `constraints` (name → CHECK expression) are added first where missing."""
     pred = partition_predicate(keys, cols)
-    writer = df.write.format("delta").partitionBy(*cols)
-    if not is_delta(df.sparkSession, path):
-        writer.mode("overwrite").save(path)
-    else:
-        writer.mode("overwrite").option("replaceWhere", pred).save(path)
+    spark = df.sparkSession
+    if not is_delta(spark, path):
+        df.limit(0).write.format("delta").partitionBy(*cols).mode("overwrite").save(path)
+    if constraints:
+        ensure_constraints(spark, path, constraints)
+    df.write.format("delta").partitionBy(*cols).mode("overwrite").option("replaceWhere", pred).save(path)
 
 
 def overwrite(df: DataFrame, path: str, partition_cols: tuple[str, ...] = ()) -> None:

@@ -81,45 +81,51 @@ def files_frame(spark: SparkSession, files: list[SourceFile]) -> DataFrame:
 def ingest_bronze(spark: SparkSession, cfg: Config, files: list[SourceFile],
                   ingest_time: datetime | None = None) -> dict:
     """Load bronze.<stream>, bronze.quarantine and gold.ingest_audit for `files`; returns the audit
-    totals per stream."""
+    totals per stream.
+
+    Each stream's files are read once and parsed once, straight into its bronze table (one commit).
+    Quarantine and audit then come from the committed bronze partitions of all streams together
+    (one commit each), reading only the few columns they need: they can never disagree with what
+    bronze holds, and nothing is parsed twice.
+    """
     ingest_time = ingest_time or datetime.now(timezone.utc).replace(tzinfo=None)
-    lines = read_lines(spark, files)
-    audits = []
+    keys_by_stream = {}
     for stream in STREAMS:
         sfiles = [f for f in files if f.stream == stream]
         if not sfiles:
             continue
         keys = {(f.node_id, f.hour) for f in sfiles}
-        path = table_path(cfg, f"bronze.{stream}")
-        bronze = to_bronze(lines.filter(F.col("stream") == stream), stream, ingest_time)
-        delta_io.replace_partitions(bronze, path, keys)
-        # Quarantine and audit are read back from the committed bronze partitions: cheap, and
-        # they can never disagree with what bronze holds.
-        committed = spark.read.format("delta").load(path).where(delta_io.partition_predicate(keys))
-        qpath = table_path(cfg, "bronze.quarantine")
-        delta_io.replace_partitions(to_quarantine(committed), qpath,
-                                    {(stream, n, h) for n, h in keys}, ("stream", "node_id", "hour"))
-        audit = to_audit(committed, files_frame(spark, sfiles), ingest_time)
-        apath = table_path(cfg, "gold.ingest_audit")
-        delta_io.replace_partitions(audit, apath, {(stream, n, h) for n, h in keys},
-                                    ("stream", "node_id", "hour"))
-        delta_io.ensure_constraints(spark, apath, AUDIT_CONSTRAINTS)
-        audits.append(stream)
-    apath = table_path(cfg, "gold.ingest_audit")
+        bronze = to_bronze(read_lines(spark, sfiles), stream, ingest_time)
+        delta_io.replace_partitions(bronze, table_path(cfg, f"bronze.{stream}"), keys)
+        keys_by_stream[stream] = keys
     pairs = {(f.stream, f.node_id, f.hour) for f in files}
-    summary = (spark.read.format("delta").load(apath)
-               .where(delta_io.partition_predicate(pairs, ("stream", "node_id", "hour")))
-               .groupBy("stream").agg(F.sum("lines_read").alias("lines_read"),
-                                      F.sum("accepted").alias("accepted"),
-                                      F.sum("quarantined").alias("quarantined"))
-               .collect())
+    qcols = ("stream", "node_id", "hour")
+    committed = None
+    for stream, keys in keys_by_stream.items():
+        b = (spark.read.format("delta").load(table_path(cfg, f"bronze.{stream}"))
+             .where(delta_io.partition_predicate(keys))
+             .select(*(c for c in QUARANTINE_COLS if c != "ingest_time"), "status"))
+        committed = b if committed is None else committed.unionByName(b)
+    qpath = table_path(cfg, "bronze.quarantine")
+    delta_io.replace_partitions(to_quarantine(committed.withColumn("ingest_time", F.lit(ingest_time))),
+                                qpath, pairs, qcols)
+    apath = table_path(cfg, "gold.ingest_audit")
+    audit = to_audit(committed, files_frame(spark, files), ingest_time)
+    delta_io.replace_partitions(audit, apath, pairs, qcols, AUDIT_CONSTRAINTS)
+    return summarize(spark.read.format("delta").load(apath).where(delta_io.partition_predicate(pairs, qcols)))
+
+
+def summarize(audit: DataFrame) -> dict:
+    """Per stream: lines read, accepted, quarantined and (when any) quarantined by reason."""
+    totals = audit.groupBy("stream").agg(F.sum("lines_read").alias("lines_read"),
+                                         F.sum("accepted").alias("accepted"),
+                                         F.sum("quarantined").alias("quarantined")).collect()
     out = {r["stream"]: {"lines_read": int(r["lines_read"]), "accepted": int(r["accepted"]),
-                         "quarantined": int(r["quarantined"])} for r in summary}
-    reasons = (spark.read.format("delta").load(table_path(cfg, "bronze.quarantine"))
-               .where(delta_io.partition_predicate(pairs, ("stream", "node_id", "hour")))
-               .groupBy("stream", "reason").count().collect()) if out else []
+                         "quarantined": int(r["quarantined"])} for r in totals}
+    reasons = (audit.select("stream", F.explode("quarantined_by_reason").alias("reason", "n"))
+               .groupBy("stream", "reason").agg(F.sum("n").alias("n")).collect())
     for r in reasons:
-        out[r["stream"]].setdefault("by_reason", {})[r["reason"]] = int(r["count"])
+        out[r["stream"]].setdefault("by_reason", {})[r["reason"]] = int(r["n"])
     return out
 
 

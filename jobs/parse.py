@@ -155,6 +155,11 @@ def parse(lines: DataFrame, stream: str) -> DataFrame:
     else:
         looks_nginx = F.lit(False)
         rec = parsed
+    key = {"transport": "conn_id", "qoe": "session_id"}.get(stream)
+    if key:
+        # The duplicate rule needs each file's lines together: shuffle once by (node, hour) here,
+        # which also leaves one output file per (node, hour) partition when bronze is written.
+        lines = lines.repartition("node_id", "hour")
     df = lines.withColumn("record", rec)
     r = F.col("record")
     json_required = [f for f in required(stream) if not (stream == "access" and f == "conn_id")]
@@ -184,10 +189,9 @@ def parse(lines: DataFrame, stream: str) -> DataFrame:
         rules.append((r["ts_end_ms"] < r["ts_start_ms"], "bad_time_order"))
     reason = F.coalesce(structural, _first_reason(rules))
     df = df.withColumn("reason", reason)
-    key = {"transport": "conn_id", "qoe": "session_id"}.get(stream)
     if key:
         # Only lines that pass every other rule compete; the first of them is kept.
-        w = Window.partitionBy("node_id", "hour", F.col("record")[key], F.col("reason").isNull()).orderBy("line_no")
+        w = Window.partitionBy("node_id", "hour", "source_file", F.col("record")[key], F.col("reason").isNull()).orderBy("line_no")
         first = F.row_number().over(w) == 1
         df = df.withColumn("reason", F.when(F.col("reason").isNull() & ~first,
                                             F.lit(f"duplicate_{key}")).otherwise(F.col("reason")))

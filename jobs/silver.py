@@ -151,8 +151,10 @@ def extract(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]]) -> tup
         if not delta_io.is_delta(spark, path):
             from jobs.parse import schema
             return spark.createDataFrame([], schema(stream)).withColumn("hour", F.lit(None).cast("string"))
+        # Every input keyed by (node, hour) alike: the aggregates and joins of build_connections
+        # then need no further shuffle, and each silver partition is written as one file.
         return (spark.read.format("delta").load(path).where(pred).filter(F.col("status") == "ok")
-                .select("hour", "record.*"))
+                .select("hour", "record.*").repartition(*KEYS))
     return accepted("transport"), accepted("access"), accepted("qoe")
 
 
@@ -165,6 +167,5 @@ def run(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], input_dir:
     transport, access, qoe = extract(spark, cfg, keys)
     conns = build_connections(transport, access, qoe, reference_frame(spark, rows))
     path = table_path(cfg, "silver.connections")
-    delta_io.replace_partitions(conns, path, keys)
-    delta_io.ensure_constraints(spark, path, SILVER_CONSTRAINTS)
+    delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS)
     return spark.read.format("delta").load(path).where(delta_io.partition_predicate(keys)).count()

@@ -1,5 +1,6 @@
 """Ingest end to end on a tiny fleet with injected bad lines: Delta tables, quarantine reasons,
-balanced audit, silver one row per connection, idempotent re-runs, and a kill -9 mid-write."""
+balanced audit, silver one row per connection, idempotent re-runs, and kill -9 mid-write (of
+bronze, then of silver)."""
 from __future__ import annotations
 
 import glob
@@ -16,7 +17,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from ccselect.config import load_config
 from ccselect.lake import table_path
-from tests.conftest import REPO, write_config
+from tests.ccs_testing import REPO, write_config
 
 TABLES = ("bronze.transport", "bronze.access", "bronze.qoe", "bronze.quarantine", "gold.ingest_audit",
           "silver.connections")
@@ -131,29 +132,49 @@ def test_reingest_leaves_every_table_unchanged(spark, fleet, ingested):
         assertDataFrameEqual(after, spark.createDataFrame(before[t], after.schema))
 
 
+def _run_and_kill_when(cmd, env, pattern, committed) -> bool:
+    """Start the ingest CLI (its own Spark driver) and SIGKILL its process group as soon as a data
+    file matching `pattern` exists; True when it was killed before `committed()` held."""
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    killed = False
+    while time.time() < deadline and proc.poll() is None:
+        if glob.glob(pattern, recursive=True):
+            os.killpg(proc.pid, signal.SIGKILL)   # the python driver and its JVM
+            killed = True
+            break
+        time.sleep(0.01)
+    proc.wait(timeout=60)
+    return killed and not committed()
+
+
+def _has_rows(spark, path) -> bool:
+    return os.path.isdir(os.path.join(path, "_delta_log")) and spark.read.format("delta").load(path).limit(1).count() > 0
+
+
 def test_kill_minus_9_mid_write_then_rerun_is_consistent(spark, fleet, ingested, tmp_path):
-    """The writer (its own Spark driver) is killed with SIGKILL while bronze files are being
-    written; a re-run must produce exactly the tables of a clean run."""
+    """The writer is killed with SIGKILL while bronze files are being written; the re-run is killed
+    while silver.connections files are being written (bronze, quarantine and audit committed);
+    a last run must leave exactly the tables of a clean run."""
     out = fleet[0]
     cfg_path = write_config(tmp_path)
     cfg = load_config(cfg_path)
-    cmd = [sys.executable, "-m", "ccselect.cli", "ingest", "--input", out, "--no-silver", "--config", str(cfg_path)]
+    cmd = [sys.executable, "-m", "ccselect.cli", "ingest", "--input", out, "--config", str(cfg_path)]
     env = {**os.environ, "CCS_HOME": str(REPO)}
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    lake = os.path.join(cfg.get("lake.root"), "bronze")
-    deadline = time.time() + 240
-    killed_during_write = False
-    while time.time() < deadline and proc.poll() is None:
-        if glob.glob(f"{lake}/**/*.parquet", recursive=True):
-            os.killpg(proc.pid, signal.SIGKILL)   # the python driver and its JVM
-            killed_during_write = True
-            break
-        time.sleep(0.02)
-    proc.wait(timeout=60)
-    assert killed_during_write, "the writer finished before any data file appeared"
+    lake = cfg.get("lake.root")
+    silver_path = table_path(cfg, "silver.connections")
+    assert _run_and_kill_when(cmd, env, f"{lake}/bronze/**/*.parquet",
+                              lambda: _has_rows(spark, table_path(cfg, "bronze.transport"))), \
+        "bronze: the writer committed before a data file was seen"
+    assert _run_and_kill_when(cmd, env, f"{silver_path}/**/*.parquet", lambda: _has_rows(spark, silver_path)), \
+        "silver: the writer committed before a data file was seen"
+    assert _has_rows(spark, table_path(cfg, "gold.ingest_audit")), "the second run got to silver"
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     clean_cfg, _ = ingested
-    for t in ("bronze.transport", "bronze.access", "bronze.qoe", "bronze.quarantine", "gold.ingest_audit"):
+    for t in TABLES:
         got = snapshot(spark, cfg, t)
         assertDataFrameEqual(got, snapshot(spark, clean_cfg, t))
+    silver = spark.read.format("delta").load(silver_path)
+    assert silver.count() == silver.select("node_id", "hour", "conn_id").distinct().count(), "duplicate connections"
