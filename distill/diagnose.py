@@ -65,7 +65,8 @@ def profile(values_wifi: np.ndarray, global_share: np.ndarray, params: DiagnoseP
     global share), excess (share − global share), rank (by mean |SHAP|, 1 = first) and
     over_relied; over-relied features come first ordered by excess, then the rest by rank."""
     mean_abs, share = shares(values_wifi)
-    lift = np.divide(share, global_share, out=np.full_like(share, np.inf), where=global_share > 0)
+    # a feature unused overall: lift is inf where the subset uses it, undefined (NaN) where not
+    lift = np.divide(share, global_share, out=np.where(share > 0, np.inf, np.nan), where=global_share > 0)
     df = pd.DataFrame({"feature": list(FEATURES), "mean_abs_shap": mean_abs, "share": share,
                        "global_share": global_share, "lift": lift, "excess": share - global_share})
     df["rank"] = df["mean_abs_shap"].rank(ascending=False, method="first").astype(int)
