@@ -111,3 +111,49 @@ def test_training_is_seeded():
     assert np.array_equal(a, b)
     with pytest.raises(ValueError, match="unknown variant"):
         TrainParams(variant="gan++").flags()
+
+
+def test_grid_picks_least_spread_within_tolerance_of_best_mean():
+    """Appendix D: the least per-node spread among the pairs whose mean accuracy is within the
+    tolerance of the best mean; a flatter pair with a clearly lower mean is not taken."""
+    from models.grid import choose
+    table = [
+        {"lambda1": 0.0, "lambda2": 0.0, "mean": 0.960, "std": 0.030},
+        {"lambda1": 0.3, "lambda2": 0.05, "mean": 0.957, "std": 0.010},
+        {"lambda1": 1.0, "lambda2": 0.2, "mean": 0.900, "std": 0.001},
+    ]
+    assert choose(table, tolerance=0.005)["lambda1"] == 0.3
+    assert choose(table, tolerance=0.001)["lambda1"] == 0.0
+
+
+def test_grid_validates_on_training_nodes_only_each_once():
+    from models.grid import grid_search, node_folds
+    folds = node_folds(np.array(["a", "b", "c", "a", "d", "e"]), 2, seed=1)
+    assert sorted(sum(folds, [])) == ["a", "b", "c", "d", "e"] and len(folds) == 2
+    data = _tiny_data(n=240)
+    node = np.array(["n1", "n2", "n3"] * 80)
+    res = grid_search(TrainParams(epochs=1, device="cpu"), data, node, lambda1s=(0.0, 0.3), lambda2s=(0.05,))
+    assert len(res.table) == 2 and (res.lambda1, res.lambda2) in {(0.0, 0.05), (0.3, 0.05)}
+    assert all(sorted(r["per_node"]) == ["n1", "n2", "n3"] for r in res.table)
+    with pytest.raises(ValueError, match="two training nodes"):
+        node_folds(np.array(["only"] * 5), 2, seed=0)
+
+
+def test_experiment_split_and_scaler_use_training_nodes_only():
+    from models.experiment import Scaler, prefix_groups, split_nodes
+    nodes = [f"n{i}" for i in range(10)]
+    train, test = split_nodes(nodes, labelled=nodes[:7], train_share=0.3, seed=0)
+    assert len(train) == 3 and set(train) | set(test) == set(nodes[:7]) and not set(train) & set(test)
+    raw = np.array([[0.0, 10.0], [np.e - 1, 10.0]])
+    z = Scaler.fit(raw).transform(raw)
+    np.testing.assert_allclose(z[:, 0], [-1.0, 1.0], atol=1e-6)  # log1p then standardize
+    assert np.all(np.isfinite(z))
+    # two clearly separated /24 clusters per type → two groups, all rows of a /24 in one group
+    x = np.repeat(np.array([[0.0], [0.1], [5.0], [5.1]]), 3, axis=0).repeat(2, axis=0)
+    y = np.array([0] * 12 + [1] * 12)
+    prefix = np.tile(np.repeat(np.arange(4), 3), 2) + np.repeat([0, 10], 12)
+    group, k = prefix_groups(x, y, prefix, k=2, seed=0)
+    assert k == (2, 2)
+    for p in np.unique(prefix):
+        assert len(set(group[prefix == p])) == 1
+    assert group[0] == group[3] and group[0] != group[6]

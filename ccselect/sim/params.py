@@ -28,6 +28,15 @@ class Isp:
     small: bool = False
 
 
+@dataclass(frozen=True)
+class AccessPlant:
+    """How one provincial branch of a large ISP delivers an access type, as far as the MSS its
+    clients announce is concerned (the MTU left after the plant's encapsulation, minus 40)."""
+
+    name: str
+    mss: tuple[tuple[int, float], ...]
+
+
 REGIONS = (
     Region("henan", 0.44), Region("guangdong", 0.32), Region("zhejiang", 0.26),
     Region("sichuan", 0.34), Region("beijing", 0.22), Region("shanghai", 0.20),
@@ -36,6 +45,34 @@ REGIONS = (
 
 _LARGE_WIFI = ((1460, 0.45), (1452, 0.45), (1440, 0.10))
 _LARGE_CELL = ((1400, 0.50), (1380, 0.30), (1360, 0.20))
+# The domain shift across nodes (ALICCS §2, §3.1 Fig. 5: X = f(Y, Z), the feature↔type relation
+# differs across nodes and prefixes through hidden path state Z; §3.1 "significant deviations in
+# feature distribution ... in particular for smaller ISPs"). Chinese ISPs run their access
+# networks per province, so three things a classifier can latch onto are properties of the
+# provincial branch or of the node's topology, not of the access type:
+# 1. MSS (here): most broadband is PPPoE (MTU 1492 → MSS 1452, or 1460 where the CPE clamps to
+#    1500-40), but some branches deliver it over a DS-Lite softwire (IPv4 in IPv6, RFC 6333:
+#    MTU 1460 → MSS 1420) or L2TP/GRE wholesale tunnels (MSS 1380-1400, the range of
+#    GTP-tunnelled cellular); most mobile cores hand UEs an MTU of 1400-1440, but cores whose
+#    transport network carries jumbo frames announce MTU 1500 (MSS 1460, the PPPoE range).
+# 2. access RTT level (`access_branch_sigma`): how loaded a branch's radio network or PON/DSL
+#    plant is — a congested rural LTE branch vs an urban one, DSL vs FTTH.
+# 3. the path through the BRAS or the mobile gateway (World._gateways): RTT, jitter and MSS clamp
+#    differ by pool, and which is nearer depends on where the node sits (`in_carrier_node_share`).
+# What keeps its meaning everywhere (X_y) is radio-side: the uplink scheduling delay inside the
+# handshake (traffic.py, connection time), RTT variation of the radio link, and client OSes
+# sizing TCP windows per network type. A plain model fitted on a few nodes leans on 1-3 and
+# misses on nodes whose branches differ; prefix-group invariance (§3.1) is meant to drop them.
+BROADBAND_PLANTS = (
+    AccessPlant("pppoe", _LARGE_WIFI),
+    AccessPlant("ds-lite", ((1420, 0.8), (1412, 0.2))),
+    AccessPlant("l2tp-wholesale", ((1400, 0.6), (1380, 0.4))),
+)
+CELLULAR_PLANTS = (
+    AccessPlant("gtp", _LARGE_CELL),
+    AccessPlant("ue-mtu-1500", ((1460, 0.7), (1440, 0.3))),
+)
+
 ISPS = (
     Isp(4134, "chinanet", 0.36, 0.85, _LARGE_WIFI, _LARGE_CELL),
     Isp(4837, "unicom", 0.26, 1.00, _LARGE_WIFI, _LARGE_CELL),
@@ -79,6 +116,17 @@ class SimParams:
     nat_host_share: float = 0.08
     #: share of cellular connections that are 5G rather than 4G (our pick).
     share_5g_of_cell: float = 0.15
+    #: share of (region, large ISP) branches whose broadband is not PPPoE (DS-Lite or L2TP), and
+    #: whose mobile core gives UEs MTU 1500 (our pick; see BROADBAND_PLANTS above).
+    odd_broadband_share: float = 0.3
+    odd_cellular_share: float = 0.3
+    #: spread (lognormal sigma) of the access RTT between provincial branches, per access type
+    access_branch_sigma: float = 1.0
+    #: median extra RTT from a node to an ISP's BRAS and to its mobile gateway (World._gateways)
+    bras_rtt_ms: float = 3.0
+    mobile_gw_rtt_ms: float = 15.0
+    #: share of nodes hosted in a large ISP's IDC next to its mobile gateway (World._gateways)
+    in_carrier_node_share: float = 0.25
 
     # --- monthly and daily cycles (ALICCS §5.1 Fig. 9, Observation III) ---
     #: the cellular share is multiplied by 1+amp at the month's start, 1-amp at its end.

@@ -36,11 +36,15 @@ class Path:
 def draw_path(rng: np.random.Generator, cell: np.ndarray, is5g: np.ndarray, fam6: np.ndarray,
               base_rtt_ms: np.ndarray, dist_rtt_ms: np.ndarray, cap_mult: np.ndarray,
               capacity_factor: float, competing: int, path_jitter_ms: np.ndarray,
-              police_p: float, police_rate: tuple[float, float], bbr_day_effect: np.ndarray) -> Path:
+              police_p: float, police_rate: tuple[float, float], bbr_day_effect: np.ndarray,
+              access_scale: np.ndarray) -> Path:
+    """`access_scale` [n, 2]: the access RTT multiplier of the client's provincial branch for
+    broadband and cellular (world.World._access_plants)."""
     n = len(cell)
     ln = rng.lognormal
     access = np.where(cell, np.where(is5g, ln(np.log(16.0), 0.45, n), ln(np.log(34.0), 0.45, n)),
                       ln(np.log(5.0), 0.6, n))
+    access = access * np.where(cell, access_scale[:, 1], access_scale[:, 0])
     # rare, very long RTT spikes (radio stalls, bufferbloat) that skew mean RTTs towards seconds
     spike = np.where(rng.random(n) < 0.004, ln(np.log(800.0), 0.8, n), 0.0)
     min_rtt = base_rtt_ms + dist_rtt_ms + access

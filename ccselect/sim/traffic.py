@@ -12,7 +12,7 @@ import numpy as np
 import polars as pl
 
 from ccselect.sim import physics
-from ccselect.sim.params import ISPS, REGIONS
+from ccselect.sim.params import BROADBAND_PLANTS, CELLULAR_PLANTS, ISPS, REGIONS
 from ccselect.sim.tables import CcTable
 from ccselect.sim.world import World, unit
 
@@ -40,15 +40,23 @@ def _choice(rng: np.random.Generator, values_probs: tuple[np.ndarray, np.ndarray
     return values[rng.choice(len(values), size=n, p=probs)]
 
 
-def _mss_profile(rng: np.random.Generator, isp: np.ndarray, cell: np.ndarray) -> np.ndarray:
+def _mss_profile(rng: np.random.Generator, isp: np.ndarray, cell: np.ndarray, plant_bb: np.ndarray,
+                 plant_cell: np.ndarray) -> np.ndarray:
+    """The MSS each client announces: its provincial access plant's (large ISPs, see
+    params.BROADBAND_PLANTS) or its small ISP's own profile, for the connection's access type."""
+    small = plant_bb < 0
+    profile = np.where(small, 100 + 2 * isp + cell, np.where(cell, 10 + plant_cell, plant_bb))
     out = np.empty(len(isp), dtype=np.int64)
-    for ii, spec in enumerate(ISPS):
-        for is_cell, prof in ((False, spec.mss_wifi), (True, spec.mss_cell)):
-            m = (isp == ii) & (cell == is_cell)
-            if m.any():
-                vals = np.array([v for v, _ in prof])
-                probs = np.array([q for _, q in prof])
-                out[m] = vals[rng.choice(len(vals), size=int(m.sum()), p=probs / probs.sum())]
+    for pid in np.unique(profile):
+        if pid >= 100:
+            spec = ISPS[(pid - 100) // 2]
+            prof = spec.mss_cell if (pid - 100) % 2 else spec.mss_wifi
+        else:
+            prof = CELLULAR_PLANTS[pid - 10].mss if pid >= 10 else BROADBAND_PLANTS[pid].mss
+        m = profile == pid
+        vals = np.array([v for v, _ in prof])
+        probs = np.array([q for _, q in prof])
+        out[m] = vals[rng.choice(len(vals), size=int(m.sum()), p=probs / probs.sum())]
     return out
 
 
@@ -124,15 +132,22 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     police_p = p.police_p_start + (p.police_p_end - p.police_p_start) * month
     day = world.day_index(hour_idx)
     day_eff = np.exp(0.07 * (unit(p.seed, 30, ps.region[pref], day) * 2 - 1) * 1.7)
-    path = physics.draw_path(rng, cell, is5g, fam6, node.base_rtt_ms, ps.dist_rtt_ms[pref],
+    # the /24's pool at this hour (mobile if cellular-dominated) picks its gateway path
+    pool = (ps.share_cell[pref, hour_idx] >= 0.5).astype(np.int64)
+    rows = np.arange(n)
+    path = physics.draw_path(rng, cell, is5g, fam6, node.base_rtt_ms,
+                             ps.dist_rtt_ms[pref] + ps.gw_rtt_ms[pref][rows, pool],
                              ps.cap_mult[pref], node.capacity_factor, node.competing_flows,
-                             ps.path_jitter_ms[pref], police_p, p.police_rate_mbps, day_eff)
+                             ps.path_jitter_ms[pref] + ps.gw_jitter_ms[pref][rows, pool], police_p, p.police_rate_mbps, day_eff,
+                             ps.access_scale[pref])
     isp = ps.isp[pref]
-    mss = _mss_profile(rng, isp, cell)
+    plant_bb, plant_cell = ps.plant_bb[pref], ps.plant_cell[pref]
+    mss = _mss_profile(rng, isp, cell, plant_bb, plant_cell)
     if world.fault_prefix16 is not None:  # planted fault: MSS of the other access type
         f = (~fam6) & ((net >> 8) == world.fault_prefix16)
-        mss = np.where(f, _mss_profile(np.random.default_rng([p.seed, 12, node_idx, hour_idx]), isp, ~cell), mss)
-    mss = np.minimum(mss - np.where(fam6, 20, 0), ps.mss_clamp[pref])
+        mss = np.where(f, _mss_profile(np.random.default_rng([p.seed, 12, node_idx, hour_idx]), isp, ~cell,
+                                         plant_bb, plant_cell), mss)
+    mss = np.minimum(np.minimum(mss - np.where(fam6, 20, 0), ps.mss_clamp[pref]), ps.gw_clamp[pref][rows, pool])
 
     service_idx = rng.choice(3, size=n, p=SERVICE_P)
     n_req = 1 + rng.poisson(_MEAN_EXTRA_REQ[service_idx])
@@ -178,7 +193,9 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     end_ms = start_ms + duration_ms.astype(np.int64)
 
     segs = np.ceil(bytes_c / mss).astype(np.int64)
-    retrans = rng.poisson(segs * loss)
+    # own stream: Poisson sampling consumes a variable number of draws, and a planted MSS fault
+    # (which changes segs) must leave every other feature as it was
+    retrans = np.random.default_rng([p.seed, 13, node_idx, hour_idx]).poisson(segs * loss)
     s = np.clip(bytes_c / np.maximum(1.0, rate * 1e3 / 8 * path.min_rtt_ms * 4), 0.0, 1.0)
     queue = np.where(cc == physics.BBR, path.min_rtt_ms * rng.uniform(0.1, 0.5, n),
                      path.buffer_ms * rng.uniform(0.4, 1.0, n))
@@ -188,8 +205,13 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     min_var = path.jitter_ms * rng.uniform(0.2, 0.6, n)
     max_var = path.jitter_ms * rng.uniform(1.2, 3.0, n) + 0.3 * queue + 0.5 * path.spike_ms
     min_rto = min_srtt + np.maximum(4 * min_var, 200.0)  # Linux: srtt + max(4·mdev, rto_min)
-    conn_time = path.min_rtt_ms * rng.uniform(1.0, 1.4, n) + np.where(cell, rng.lognormal(np.log(3), 0.6, n),
-                                                                     rng.lognormal(np.log(0.5), 0.6, n))
+    # connection time (SYN-ACK sent → ACK received): one RTT with little queueing, plus the
+    # client's uplink access delay — an LTE uplink waits for a scheduling grant (SR period plus
+    # grant, ~5-15 ms), NR's is shorter, Wi-Fi contends for the air only briefly. This radio-side
+    # delay is the same on every path (ALICCS Table 4 "connection time"; §3.1 X_y).
+    uplink = np.where(cell, np.where(is5g, rng.lognormal(np.log(4.0), 0.5, n), rng.lognormal(np.log(8.0), 0.5, n)),
+                      rng.lognormal(np.log(0.8), 0.6, n))
+    conn_time = path.min_rtt_ms * (1 + rng.lognormal(np.log(0.03), 0.6, n)) + uplink
     os_u = rng.random(n)
     android = os_u < ps.android_share[pref]
     pc = (~cell) & (os_u > 0.8 + 0.2 * ps.android_share[pref])

@@ -10,7 +10,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from ccselect.sim.params import ISPS, REGIONS, SimParams
+from ccselect.sim.params import BROADBAND_PLANTS, ISPS, REGIONS, SimParams
 
 # Public first octets per ISP family of blocks (none is reserved or bogon space).
 _V4_OCTETS = {
@@ -60,6 +60,8 @@ class Node:
     jitter_ms: float
     mss_clamp: int
     labelled: bool
+    #: a node hosted in one large ISP's IDC, next to its mobile gateway (index into ISPS; -1: none)
+    host_isp: int = -1
 
 
 @dataclass
@@ -79,6 +81,13 @@ class PrefixSet:
     android_share: np.ndarray
     share_cell: np.ndarray    # [prefix, hour] share of cellular connections (the dominance)
     segment: np.ndarray       # [prefix, hour] id of the dominance segment in force
+    plant_bb: np.ndarray      # index into BROADBAND_PLANTS (-1: a small ISP's own profile)
+    plant_cell: np.ndarray    # index into CELLULAR_PLANTS (-1: a small ISP's own profile)
+    access_scale: np.ndarray  # [prefix, (broadband, cellular)] access RTT multiplier of its branch
+    # [prefix, (broadband pool, mobile pool)]: the path through the ISP's BRAS or mobile gateway
+    gw_rtt_ms: np.ndarray
+    gw_jitter_ms: np.ndarray
+    gw_clamp: np.ndarray
 
     def cidr(self, i: int) -> str:
         if self.family[i] == 4:
@@ -108,6 +117,7 @@ class World:
         self.start = datetime.fromisoformat(params.start).replace(tzinfo=timezone.utc)
         self.start_ms = int(self.start.timestamp() * 1000)
         self.blocks = self._address_plan()
+        self.plants, self.access_scale = self._access_plants()
         self.nodes = self._nodes()
         self._prefix_cache: dict[int, PrefixSet] = {}
         self.fault_prefix16 = self._fault_block()
@@ -139,6 +149,23 @@ class World:
                 blocks.append(Block(6, net32, ii, ri))
         return blocks
 
+    def _access_plants(self) -> tuple[np.ndarray, np.ndarray]:
+        """[region, isp, (broadband, cellular)] → plant index, and the branch's access RTT
+        multiplier: each provincial branch runs its own access network (params.BROADBAND_PLANTS:
+        encapsulation; and how loaded its PON/DSL or radio network is). Small ISPs keep their
+        own MSS profile."""
+        rng = np.random.default_rng([self.p.seed, 4])
+        plants = np.full((len(REGIONS), len(ISPS), 2), -1, dtype=np.int64)
+        scale = rng.lognormal(0.0, self.p.access_branch_sigma, (len(REGIONS), len(ISPS), 2))
+        for ri in range(len(REGIONS)):
+            for ii, isp in enumerate(ISPS):
+                if isp.small:
+                    continue
+                odd_bb = rng.random() < self.p.odd_broadband_share
+                plants[ri, ii, 0] = int(rng.integers(1, len(BROADBAND_PLANTS))) if odd_bb else 0
+                plants[ri, ii, 1] = 1 if rng.random() < self.p.odd_cellular_share else 0
+        return plants, scale
+
     def reference_rows(self) -> list[dict[str, object]]:
         """The IP→ASN/region table the pipeline joins (`reference/ip_asn_region.csv`)."""
         return [{"cidr": b.cidr, "asn": ISPS[b.isp].asn, "isp": ISPS[b.isp].name,
@@ -167,6 +194,7 @@ class World:
         k = max(1, int(round(self.p.label_node_share * n)))
         labelled[rng.permutation(n)[:k]] = True
         per_region: dict[int, int] = {}
+        rng_host = np.random.default_rng([self.p.seed, 6])  # own stream: the other draws stay as they were
         nodes = []
         for i in range(n):
             region = i % len(REGIONS)
@@ -183,6 +211,7 @@ class World:
                 # a tunnel on many of the node's paths clamping MSS (applied per prefix)
                 mss_clamp=int(rng.choice([1360, 1380, 1400])) if rng.random() < 0.25 else 65535,
                 labelled=bool(labelled[i]),
+                host_isp=int(rng_host.integers(0, 3)) if rng_host.random() < self.p.in_carrier_node_share else -1,
             ))
         return nodes
 
@@ -233,8 +262,37 @@ class World:
         n_hosts = np.clip((weight * p.conns_per_node_hour * 3).astype(int), 4, 250)
         share_cell, segment = self._dominance(rng, node, isp, region)
         android = np.clip(rng.normal(0.7, 0.1, n_total), 0.3, 0.95)
+        gw_rtt, gw_jitter, gw_clamp = self._gateways(node)
         return PrefixSet(family, net, isp, region, weight, dist, cap_mult, path_jitter, mss_clamp, n_hosts, android,
-                         share_cell, segment)
+                         share_cell, segment, plant_bb=self.plants[region, isp, 0],
+                         plant_cell=self.plants[region, isp, 1], access_scale=self.access_scale[region, isp],
+                         gw_rtt_ms=gw_rtt[region, isp], gw_jitter_ms=gw_jitter[region, isp],
+                         gw_clamp=gw_clamp[region, isp])
+
+    def _gateways(self, node: Node) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per (region, ISP) and pool (broadband, mobile), the path from this node to the ISP's
+        BRAS or mobile gateway (P-GW + CGNAT): extra RTT, queueing jitter, and the MSS clamp its
+        firewall applies (65535: none). A /24 is routed through one or the other depending on
+        the pool it is assigned to at the time (its dominance segment, §3.3), so on each node the
+        path features of cellular and Wi-Fi traffic differ — but how they differ is the node's
+        own topology: one node sits next to a mobile gateway and far from the BRAS, another the
+        other way round (ALICCS §3.1, Fig. 5: hidden path state Z, X = f(Y, Z))."""
+        p = self.p
+        rng = np.random.default_rng([p.seed, 5, node.idx])
+        shape = (len(REGIONS), len(ISPS))
+        # usually the BRAS is metro-near and the mobile core (P-GW, CGNAT) sits in the provincial
+        # capital, a backhaul away; a node hosted in a carrier's IDC sits next to that carrier's
+        # mobile gateway in its own region and reaches broadband (every ISP's) via interconnects
+        bras = rng.lognormal(np.log(p.bras_rtt_ms), 0.6, shape)
+        mobile = rng.lognormal(np.log(p.mobile_gw_rtt_ms), 0.5, shape)
+        if node.host_isp >= 0:
+            bras = rng.lognormal(np.log(p.mobile_gw_rtt_ms), 0.5, shape)
+            mobile[node.region, node.host_isp] = rng.lognormal(np.log(1.0), 0.5)
+        rtt = np.clip(np.stack([bras, mobile], axis=-1), 0.3, 80.0)
+        jitter = rng.lognormal(np.log(1.5), 0.9, (*shape, 2))
+        clamp = np.stack([rng.choice([65535, 1452, 1440, 1412], size=shape, p=[0.5, 0.3, 0.1, 0.1]),
+                          rng.choice([65535, 1420, 1400, 1380], size=shape, p=[0.4, 0.2, 0.2, 0.2])], axis=-1)
+        return rtt, jitter, clamp
 
     def _dominance(self, rng: np.random.Generator, node: Node, isp: np.ndarray,
                    region: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
