@@ -180,36 +180,47 @@ def model_weights(preds):
 
 
 def spark_aggregate(preds, settings: Settings) -> list[Aggregated]:
-    """Algorithm 1 as a Spark job over a gold.predictions DataFrame; returns the entries."""
+    """Algorithm 1 as a Spark job over a gold.predictions DataFrame; returns the entries.
+
+    One pass instead of one round per level: every prefix of every ladder level gets its purity
+    (AGGREGATE_AT_PREFIX_LEN over all addresses under it); each address then takes the first
+    level whose prefix passes (or the last level). That is Algorithm 1's D_expand recursion: an
+    address reaches level L exactly when all its shorter prefixes failed, and then every address
+    under its level-L prefix reached L too, so the prefix's purity is the same either way."""
     from pyspark.sql import functions as F
-    ipcc = model_weights(preds).cache()
-    parts = []
-    try:
-        for fam, levels in settings.ladder.items():
-            failed_prev, prev_level = None, None
-            for level in levels:
-                g = (ipcc.where(F.col("fam") == fam)
-                     .withColumn("key", F.substring("hex", 1, level // 4)))
-                if failed_prev is not None:      # D_expand: only addresses of failed parents
-                    g = (g.withColumn("parent", F.substring("hex", 1, prev_level // 4))
-                         .join(failed_prev, "parent", "left_semi"))
-                lv = (g.groupBy("key", "cc").agg(F.sum("w").alias("w"), F.sum("r").alias("r"))
-                      .groupBy("key").agg(F.sum("w").alias("weight"), F.sum("r").alias("requests"),
-                                          F.max(F.struct("w", "cc")).alias("top"))
-                      .select("key", "weight", "requests", F.col("top.w").alias("top_weight"),
-                              F.col("top.cc").alias("cc")))
-                lv = lv.withColumn("passed", (F.col("top_weight") / F.col("weight")) >=
-                                   _threshold_col(settings, fam, level, F.col("requests"))).cache()
-                keep = lv if settings.is_last(fam, level) else lv.where("passed")
-                parts.append(keep.select(F.lit(fam).alias("fam"), F.lit(level).alias("level"), "*"))
-                failed_prev = lv.where(~F.col("passed")).select(F.col("key").alias("parent"))
-                prev_level = level
-        union = parts[0]
-        for p in parts[1:]:
-            union = union.unionByName(p)
-        rows = union.collect()
-    finally:
-        ipcc.unpersist()
+    fam, level = F.col("fam"), F.col("level")
+
+    def by_family(values: dict[int, object], default):
+        e = None
+        for f, v in values.items():
+            e = F.when(fam == f, v) if e is None else e.when(fam == f, v)
+        return e.otherwise(default)
+
+    ladder = by_family({f: F.array(*[F.lit(x) for x in lv]) for f, lv in settings.ladder.items()},
+                       F.array().cast("array<int>"))
+    ipcc = model_weights(preds)
+    lad = (ipcc.withColumn("level", F.explode(ladder))
+           .withColumn("key", F.expr("substring(hex, 1, level div 4)")))
+    thr = None
+    for f, levels in settings.ladder.items():
+        for lv in levels:
+            cond = (fam == f) & (level == lv)
+            t = _threshold_col(settings, f, lv, F.col("requests"))
+            thr = F.when(cond, t) if thr is None else thr.when(cond, t)
+    last = by_family({f: F.lit(lv[-1]) for f, lv in settings.ladder.items()}, F.lit(-1))
+    stats = (lad.groupBy("fam", "level", "key", "cc").agg(F.sum("w").alias("w"), F.sum("r").alias("r"))
+             .groupBy("fam", "level", "key").agg(F.sum("w").alias("weight"), F.sum("r").alias("requests"),
+                                                 F.max(F.struct("w", "cc")).alias("top"))
+             .select("fam", "level", "key", "weight", "requests", F.col("top.w").alias("top_weight"),
+                     F.col("top.cc").alias("cc"))
+             .withColumn("passed", (F.col("top_weight") / F.col("weight")) >= thr)
+             .withColumn("ok", F.col("passed") | (level == last)))
+    ok = stats.where("ok").select("fam", "level", "key")
+    first = (lad.select("fam", "hex", "level", "key").join(ok, ["fam", "level", "key"])
+             .groupBy("fam", "hex").agg(F.min("level").alias("level")))
+    chosen = (first.select("fam", "level", F.expr("substring(hex, 1, level div 4)").alias("key")).distinct()
+              .join(stats, ["fam", "level", "key"]))
+    rows = chosen.collect()
     out = [Aggregated(key_network(r["fam"], r["level"], r["key"]), r["cc"], int(r["weight"]),
                       int(r["top_weight"]), int(r["requests"]), bool(r["passed"])) for r in rows]
     return sorted(out, key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))

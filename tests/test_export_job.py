@@ -100,16 +100,15 @@ def _cfg_with(cfg, **guards_kw):
     return dataclasses.replace(cfg, raw=raw)
 
 
-def test_guard_refuses_failed_gate(exported):
+def test_guard_refuses_failed_gate(cfg):
     """A real MLflow registry: version 1 tagged gate=failed, version 2 gate=passed."""
     from models import registry
-    _, cfg, man, _ = exported
     client = registry.configure(cfg)
     name = registry.model_name(cfg)
     client.create_registered_model(name)
     for v, gate in (("1", "failed"), ("2", "passed")):
         mv = client.create_model_version(name, source=str(cfg.data_root))
-        assert mv.version == v
+        assert str(mv.version) == v
         client.set_model_version_tag(name, v, "gate", gate)
     rep = guards.GuardReport()
     guards.check_gate(rep, cfg, ["1"])
