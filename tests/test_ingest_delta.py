@@ -137,7 +137,7 @@ def _run_and_kill_when(cmd, env, pattern, committed) -> bool:
     file matching `pattern` exists; True when it was killed before `committed()` held."""
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
+    deadline = time.time() + 1200   # generous: on a loaded 2-core machine a run takes minutes
     killed = False
     while time.time() < deadline and proc.poll() is None:
         if glob.glob(pattern, recursive=True):
@@ -145,6 +145,8 @@ def _run_and_kill_when(cmd, env, pattern, committed) -> bool:
             killed = True
             break
         time.sleep(0.01)
+    if proc.poll() is None and not killed:      # never got there in time: do not leave it running
+        os.killpg(proc.pid, signal.SIGKILL)
     proc.wait(timeout=60)
     return killed and not committed()
 
