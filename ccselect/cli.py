@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "distill.cli",
     "export.cli",
     "models.cli",
+    "models.registry_cli",
 )
 
 

@@ -1,0 +1,220 @@
+"""bench/infer: network-type inference speed (issue 4 "Must show").
+
+(a) model only: the NetTypeModel (G + C) in torch on CPU, 2 threads, no grad, large batches, in
+    fp32 and in bf16 (weights and activations cast; the CPU's AMX/AVX-512 bf16 paths), rows/s;
+    and bf16's accuracy change against fp32 on the labelled rows (goal: ≤ 0.1 point), plus how
+    many CC decisions change. Goal ≥ 10 M rows/s.
+(b) Spark-integrated: `ccs infer`'s job (jobs/infer.run) over a silver.connections of `--rows`
+    rows (the simulated fleet's silver replicated with fresh connection ids), local[2], writing
+    gold.predictions; with two floors that show what limits it: the same scan and Arrow UDF into
+    Spark's `noop` sink (no Delta write), and the scan alone. Goal ≥ 3 M rows/s. Peak memory of
+    the driver, its JVM and the Python workers.
+
+The model is trained here for a few epochs on a small simulated fleet (the architecture, not its
+accuracy, sets the speed; the bf16 check uses its labelled rows). Writes bench/results/infer.json
+and prints it.
+
+    .venv/bin/python bench/infer.py [--rows 600000] [--model-rows 4000000] [--workdir /tmp/ccs-bench-infer]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.ingest import PeakRss  # noqa: E402
+
+
+def model_only(model, x_all, x_lab, y_lab, infer_params, rows: int, batches, threads: int = 2) -> dict:
+    import numpy as np
+    import torch
+
+    from jobs.infer import predict_wifi
+    torch.set_num_threads(threads)
+    reps = int(np.ceil(rows / len(x_all)))
+    x = np.ascontiguousarray(np.tile(x_all, (reps, 1))[:rows])
+    out: dict = {"rows": rows, "threads": threads, "precisions": {}}
+    models = {"fp32": model.float().eval(), "bf16": __import__("copy").deepcopy(model).to(torch.bfloat16).eval()}
+    probs = {}
+    for prec, m in models.items():
+        res = {}
+        for b in batches:
+            predict_wifi(m, x[:b * 2], prec, chunk=b)  # warm-up (oneDNN primitives per shape)
+            best = float("inf")
+            for _ in range(3):
+                t0 = time.perf_counter()
+                predict_wifi(m, x, prec, chunk=b)
+                best = min(best, time.perf_counter() - t0)
+            res[str(b)] = round(rows / best)
+        probs[prec] = predict_wifi(m, x_lab, prec)
+        probs[prec + "_all"] = predict_wifi(m, x_all, prec)
+        out["precisions"][prec] = {"rows_per_s_by_batch": res, "best_rows_per_s": max(res.values())}
+    acc = {p: float(((probs[p] >= 0.5) == y_lab.astype(bool)).mean()) for p in models}
+
+    def cc(p):
+        wifi = p >= 0.5
+        trusted = np.where(wifi, p >= infer_params.wifi_threshold, 1 - p >= infer_params.cell_threshold)
+        return np.where(trusted, np.where(wifi, infer_params.wifi_cc, infer_params.cell_cc), infer_params.default_cc)
+    out["accuracy"] = {
+        "labelled_rows": int(len(y_lab)), "fp32": round(acc["fp32"], 6), "bf16": round(acc["bf16"], 6),
+        "change_points": round(100 * (acc["bf16"] - acc["fp32"]), 4),
+        "prediction_agreement": float(((probs["fp32"] >= 0.5) == (probs["bf16"] >= 0.5)).mean()),
+        "max_abs_p_diff": float(np.abs(probs["fp32"] - probs["bf16"]).max()),
+        "cc_changed_share_all_rows": float((cc(probs["fp32_all"]) != cc(probs["bf16_all"])).mean()),
+        "goal_points": 0.1}
+    return out
+
+
+def replicate_silver(spark, src_cfg, dst_cfg, lo, hi, rows: int) -> int:
+    """dst's silver.connections = src's window replicated to ≥ `rows` rows (new conn_ids)."""
+    from pyspark.sql import functions as F
+
+    from ccselect.lake import table_path
+    from jobs.window import connections_in
+    src = connections_in(spark, src_cfg, lo, hi)
+    n = src.count()
+    k = max(1, -(-rows // n))
+    rep = spark.range(k).withColumnRenamed("id", "_copy")
+    df = (src.crossJoin(rep).withColumn("conn_id", F.concat_ws("-", "conn_id", F.col("_copy").cast("string")))
+          .drop("_copy").repartition("node_id", "hour"))
+    df.write.format("delta").mode("overwrite").partitionBy("node_id", "hour").save(table_path(dst_cfg, "silver.connections"))
+    return n * k
+
+
+def write_cfg(root: Path, master: str = "local[2]"):
+    import yaml
+
+    from ccselect.config import load_config
+    raw = yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())
+    raw["data_root"] = str(root)
+    raw["spark"]["master"] = master
+    raw["spark"]["conf"].update({"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2",
+                                 "spark.driver.memory": "4g"})
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "ccs.yaml").write_text(yaml.safe_dump(raw))
+    return load_config(root / "ccs.yaml")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=600_000, help="silver rows for the Spark-integrated run")
+    ap.add_argument("--model-rows", type=int, default=4_000_000, help="rows per model-only timing")
+    ap.add_argument("--batches", default="16384,65536,262144", help="model-only batch sizes")
+    ap.add_argument("--nodes", type=int, default=8)
+    ap.add_argument("--hours", type=int, default=3)
+    ap.add_argument("--conns-per-node-hour", type=int, default=1500)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--workdir", default="/tmp/ccs-bench-infer")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "infer.json"))
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args(argv)
+
+    import numpy as np
+    import pandas as pd
+    from ccselect.contract import FEATURES
+    from ccselect.lake import table_path
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
+    from ccselect.spark import get_spark
+    from features import labels, scaling
+    from jobs import infer, ingest
+    from jobs.window import connections_in, write_window
+    from models.dataset import load_labelled, to_train_data
+    from models.registry import Champion
+    from models.train import TrainParams, fit
+
+    def say(m):
+        print(m, file=sys.stderr, flush=True)
+
+    work = Path(args.workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    t_all = time.perf_counter()
+    manifest = simulate(SimParams(nodes=args.nodes, hours=args.hours, conns_per_node_hour=args.conns_per_node_hour,
+                                  seed=23), str(work / "logs"), workers=2, progress=False)
+    cfg = write_cfg(work / "fleet")
+    bench_cfg = write_cfg(work / "bench")
+    spark = get_spark(cfg, "ccs-bench-infer")
+    ing = ingest.run(spark, cfg, str(work / "logs"))
+    silver = spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+    hours = sorted(r["hour"] for r in silver.select("hour").distinct().collect())
+    lo, hi = hours[0], hours[-1]
+    window = f"{lo}..{hi}"
+    conns = connections_in(spark, cfg, lo, hi)
+    stats = scaling.fit(conns, window)
+    write_window(spark, cfg, labels.training_set(conns, 0.5), "gold.training_set", window)
+    lab = load_labelled(spark, cfg, lo, hi, stats)
+    data, _ = to_train_data(lab, pd.DataFrame(columns=["label", "prefix24", "group", "k"]))
+    say(f"fleet: {ing.get('silver_rows')} silver rows, {len(lab)} labelled; training {args.epochs} epochs ...")
+    trainer = fit(TrainParams(variant="mlp", epochs=args.epochs, seed=0, device="cpu"), data)
+    model = trainer.model.cpu().eval()
+    x_all = np.array(scaling.transform(conns, stats).select("features").toArrow().column(0).to_pylist(),
+                     dtype=np.float32)
+    p = infer.InferParams()
+
+    say("model only ...")
+    with PeakRss() as mem_model:
+        mo = model_only(model, x_all, lab.x, lab.y, p, args.model_rows, [int(b) for b in args.batches.split(",")])
+    mo["peak_rss_mb"] = round(mem_model.peak / 2 ** 20)
+
+    say(f"replicating silver to {args.rows:,} rows ...")
+    n_rows = replicate_silver(spark, cfg, bench_cfg, lo, hi, args.rows)
+    champion = Champion(model=model, stats=stats, name="bench", version="0", run_id="")
+    spark_res: dict = {"silver_rows": n_rows, "partitions": len(hours) * args.nodes, "master": "local[2]"}
+    load_avg = {"start": os.getloadavg()[0]}
+    with PeakRss() as mem:
+        for prec in ("fp32", "bf16"):
+            runs = []
+            for i in range(2):  # the first run starts the Python workers (each imports torch)
+                r = infer.run(spark, bench_cfg, lo, hi, champion=champion, precision=prec, decisions=False)
+                runs.append({"seconds": r["seconds"], "rows": r["rows"], "rows_per_s": r["rows_per_s"]})
+                say(f"ccs infer {prec} run {i + 1}: {r['rows']:,} rows in {r['seconds']:.1f} s")
+            spark_res[f"infer_{prec}"] = {"cold": runs[0], "warm": runs[1]}
+        src = infer.extract(spark, bench_cfg, lo, hi)
+        for name, df in (("score_noop_sink_fp32", infer.transform(src, champion, p)),
+                         ("scan_noop_sink", src)):
+            spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(p.batch_rows))
+            t0 = time.perf_counter()
+            df.write.format("noop").mode("overwrite").save()
+            s = time.perf_counter() - t0
+            spark_res[name] = {"seconds": round(s, 2), "rows_per_s": round(n_rows / s)}
+            say(f"{name}: {s:.1f} s")
+    load_avg["end"] = os.getloadavg()[0]
+    spark_res["peak_rss_mb"] = {"total": round(mem.peak / 2 ** 20), "python_driver": round(mem.peak_python / 2 ** 20),
+                                "jvm_and_workers": round(mem.peak_jvm / 2 ** 20)}
+    written = spark.read.format("delta").load(table_path(bench_cfg, "gold.predictions"))
+    spark_res["written_rows"] = written.count()
+    spark_res["decisions"] = {f"{r['decision']}/{r['cc']}": r["count"] for r in
+                              written.groupBy("decision", "cc").count().orderBy("decision", "cc").collect()}
+    spark.stop()
+
+    cpu = ""
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    best_model = max(v["best_rows_per_s"] for v in mo["precisions"].values())
+    best_spark = max(spark_res[f"infer_{p}"]["warm"]["rows_per_s"] or 0 for p in ("fp32", "bf16"))
+    out = {"bench": "infer", "cpu": cpu, "cores": os.cpu_count(), "features": len(FEATURES),
+           "load_average": load_avg, "model_only": mo, "spark": spark_res,
+           "goals": {"model_rows_per_s": 10_000_000, "model_met": best_model >= 10_000_000,
+                     "spark_rows_per_s": 3_000_000, "spark_met": best_spark >= 3_000_000,
+                     "bf16_accuracy_points": 0.1,
+                     "bf16_met": abs(mo["accuracy"]["change_points"]) <= 0.1},
+           "seconds": round(time.perf_counter() - t_all, 1)}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2, sort_keys=True))
+    print(json.dumps(out, indent=2, sort_keys=True))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,114 @@
+"""`ccs train`: train one variant of the network-type classifier on a window, evaluate it per
+held-out node, log and register it in MLflow, and run the validation gate (issue 4 item 5).
+
+Same data and evaluation as `ccs evaluate` (models/evaluate.py, ALICCS §5.1): the window's
+labelled rows standardized with the window's feature statistics, nodes split into training
+(`share`, 30% by default) and held-out, prefix groups (the discriminators' targets) clustered on
+the training nodes only, per-node accuracy on the held-out nodes with the §5.1 exclusion of
+nodes where either type has less than `model.evaluate.min_class_share` of the rows.
+The groups are computed for this run (not written): gold.prefix_groups is keyed by window, and
+groups of a node subset under that key would pass for the whole window's.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import numpy as np
+import pandas as pd
+
+from ccselect.config import Config
+
+log = logging.getLogger(__name__)
+
+
+def window_stats(spark, cfg: Config, lo: str, hi: str):
+    """The window's saved FeatureStats (`ccs features`), else fitted on its silver and saved."""
+    from features import scaling
+    from jobs.window import connections_in
+    window = f"{lo}..{hi}"
+    path = scaling.artifact_path(cfg.data_root, window)
+    if os.path.exists(path):
+        return scaling.load(path), path, False
+    stats = scaling.fit(connections_in(spark, cfg, lo, hi), window=window)
+    path = scaling.save(spark, cfg, stats, datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    return stats, path, True
+
+
+def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: float | None = None,
+        seed: int | None = None, epochs: int | None = None, k: int | None = None, gate: bool = True,
+        params=None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Train, evaluate, log, register and gate; returns what happened (version, gate verdict)."""
+    from models import registry
+    from models.dataset import load_labelled, to_train_data, window_name
+    from models.evaluate import evaluation_settings, per_node, split_nodes, summary
+    from models.groups import compute_groups
+    from models.train import VARIANTS, TrainParams, fit
+
+    say = progress or log.info
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; one of {sorted(VARIANTS)}")
+    s = evaluation_settings(cfg)
+    share = float(s["share"] if share is None else share)
+    seed = int(s["seed"] if seed is None else seed)
+    window = window_name(lo, hi)
+    t0 = time.time()
+
+    stats, stats_path, fitted = window_stats(spark, cfg, lo, hi)
+    lab = load_labelled(spark, cfg, lo, hi, stats)
+    if not len(lab):
+        raise ValueError(f"no labelled rows in window {window}")
+    train_nodes, test_nodes = split_nodes(lab.node, share, seed)
+    tr, te = lab.of_nodes(train_nodes), lab.of_nodes(test_nodes)
+    groups_pd, groups_info = compute_groups(spark, cfg, lo, hi, stats, k, nodes=train_nodes)
+    data, _ = to_train_data(tr, groups_pd)
+    params = params or TrainParams()
+    params = replace(params, variant=variant, seed=seed, **({"epochs": int(epochs)} if epochs is not None else {}))
+    say(f"{window}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
+        f"{len(test_nodes)} nodes; prefix groups K(4G, Wi-Fi) = {data.n_groups}; {variant}, "
+        f"{params.epochs} epochs")
+
+    # §5.1: nodes with too few rows of either type stay in the table but out of the summary
+    mcs = float(s["min_class_share"])
+    cell_share = pd.Series(te.y == 0).groupby(te.node).mean()
+    included = {str(n): bool(mcs <= c <= 1 - mcs) for n, c in cell_share.items()}
+
+    with registry.training_run(cfg, run_name=f"{variant} {window}"):
+        t1 = time.time()
+        trainer = fit(params, data, on_epoch=registry.epoch_logger())
+        train_s = time.time() - t1
+        pn = per_node(te.y, trainer.predict_proba(te.x), te.node)
+        pn["included"] = pn["node_id"].map(included).fillna(False).astype(bool)
+        summ = summary(pn[pn["included"]])
+        train_acc = float(((trainer.predict_proba(tr.x) >= 0.5) == tr.y.astype(bool)).mean())
+        run_id, version = registry.log_training(
+            cfg, params, trainer, stats, pn, summ, window=window, train_nodes=train_nodes,
+            test_nodes=test_nodes, input_example=te.x[:5] if len(te) else None,
+            extra_params={"share": share, "n_train": len(tr), "n_test": len(te),
+                          "k_4g": data.n_groups[0], "k_wifi": data.n_groups[1],
+                          "groups_chosen_by": ",".join(sorted({str(i.get("chosen_by")) for i in
+                                                                groups_info["types"].values()}))},
+            extra_metrics={"train_accuracy": train_acc, "train_seconds": train_s,
+                           "heldout_excluded_nodes": int(sum(not v for v in included.values()))})
+        import mlflow
+        mlflow.log_dict(groups_info, "prefix_groups/summary.json")
+        mlflow.log_text(groups_pd.to_csv(index=False), "prefix_groups/groups.csv")
+    say(f"{registry.model_name(cfg)} v{version} (run {run_id}): held-out mean {summ['mean']:.4f} "
+        f"worst {summ['worst']:.4f} std {summ['std']:.4f} over {summ['nodes']} nodes")
+    out: dict[str, Any] = {
+        "window": window, "variant": variant, "run_id": run_id, "model_name": registry.model_name(cfg),
+        "version": version, "summary": summ, "train_accuracy": train_acc,
+        "train_nodes": train_nodes, "test_nodes": test_nodes, "n_train": int(len(tr)), "n_test": int(len(te)),
+        "excluded_nodes": sorted(n for n, ok in included.items() if not ok),
+        "feature_stats": {"path": stats_path, "fitted_now": fitted}, "groups": groups_info,
+        "params": params.to_dict(), "per_node": pn.replace({np.nan: None}).to_dict(orient="records"),
+        "train_seconds": round(train_s, 1)}
+    if gate:
+        out["gate"] = registry.gate(cfg, version, summ)
+        say(f"gate: {'passed → @challenger' if out['gate']['passed'] else 'failed: ' + '; '.join(out['gate']['reasons'])}")
+    out["seconds"] = round(time.time() - t0, 1)
+    return out

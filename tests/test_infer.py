@@ -1,0 +1,153 @@
+"""`ccs infer`: the ALICCS §4.2 decision on hand-made boundary rows (whole frames), and the job
+end to end on a copy of the small lake with a real registered champion: gold.predictions has
+exactly PREDICTION_COLS, one row per silver connection, probabilities equal to a direct torch
+computation, the fallback rule applied, and a re-run replaces rather than appends."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from ccs_testing import copy_lake
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def test_decide_at_the_thresholds(spark):
+    from jobs.infer import InferParams, decide
+    p = InferParams(wifi_threshold=0.8, cell_threshold=0.6, default_cc="reno", wifi_cc="cubic", cell_cc="bbr")
+    probs = [None, 0.0, 0.39, 0.4, 0.41, 0.4999, 0.5, 0.79, 0.8, 0.81, 1.0]
+    df = spark.createDataFrame([(i, v) for i, v in enumerate(probs)], "id int, p_wifi double")
+    expected = spark.createDataFrame([
+        (0, None, None, None, "fallback", "reno", "reno"),
+        (1, 0.0, 1.0, "cell", "model", "bbr", "reno"),
+        (2, 0.39, 0.61, "cell", "model", "bbr", "reno"),
+        (3, 0.4, 0.6, "cell", "model", "bbr", "reno"),          # P(4G) = 0.6: trusted (≥)
+        (4, 0.41, 0.59, "cell", "fallback", "reno", "reno"),    # P(4G) < 0.6: default CC
+        (5, 0.4999, 0.5001, "cell", "fallback", "reno", "reno"),
+        (6, 0.5, 0.5, "wifi", "fallback", "reno", "reno"),      # argmax tie → Wi-Fi, not trusted
+        (7, 0.79, 0.21, "wifi", "fallback", "reno", "reno"),
+        (8, 0.8, 0.2, "wifi", "model", "cubic", "reno"),        # P(Wi-Fi) = 0.8: trusted (≥)
+        (9, 0.81, 0.19, "wifi", "model", "cubic", "reno"),
+        (10, 1.0, 0.0, "wifi", "model", "cubic", "reno"),
+    ], "id int, p_wifi double, p_cell double, pred_net_type string, decision string, cc string, default_cc string")
+    got = decide(df, p).select(*expected.columns)
+    assertDataFrameEqual(got, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_standardize_matches_spark_scaling(spark):
+    """The Arrow side's standardization equals features.scaling.transform (log1p, z-score,
+    std 0 → 1, negatives clipped at 0)."""
+    from features.scaling import FeatureStats, transform
+    from jobs.infer import standardize
+    feats = ("a", "b", "c")
+    stats = FeatureStats(feats, (1.0, 2.0, 0.5), (0.5, 0.0, 2.0), 3, "w")
+    rows = [(0, 10, -3), (1460, 0, 7), (3, 2**40, 0)]
+    df = spark.createDataFrame(rows, "a long, b long, c long")
+    want = np.array(transform(df, stats).select("features").toPandas()["features"].tolist(), dtype=np.float32)
+    cols = [np.array([r[j] for r in rows], dtype=np.int64) for j in range(3)]
+    np.testing.assert_allclose(standardize(cols, stats.mean, stats.std), want, rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def lake_with_champion(tmp_path_factory, spark, small_lake):
+    """A writable copy of the small lake with a champion trained on its labelled rows."""
+    from features import scaling
+    from models import registry
+    from models.dataset import load_labelled, to_train_data
+    from models.evaluate import per_node, summary
+    from models.train import TrainParams, fit
+    lake = copy_lake(small_lake, tmp_path_factory.mktemp("infer_lake"))
+    cfg = lake.cfg()
+    stats = scaling.load(lake.stats_path)
+    lab = load_labelled(spark, cfg, lake.lo, lake.hi, stats)
+    data, _ = to_train_data(lab, pd.DataFrame(columns=["label", "prefix24", "group", "k"]))
+    params = TrainParams(variant="mlp", epochs=2, seed=0, device="cpu")
+    trainer = fit(params, data)
+    pn = per_node(lab.y, trainer.predict_proba(lab.x), lab.node)
+    _, version = registry.log_training(cfg, params, trainer, stats, pn, summary(pn), window=lake.window,
+                                       train_nodes=sorted(set(lab.node)))
+    # The gate is not what this module tests: pass it whatever this quick model scores.
+    loose = type(cfg)(path=cfg.path, raw={**cfg.raw, "model": {**cfg.raw.get("model", {}), "gate": {
+        "min_mean_accuracy": 0.0, "min_worst_accuracy": 0.0, "max_drop_vs_champion": 1.0}}})
+    assert registry.gate(loose, version)["passed"]
+    registry.promote(cfg, version)
+    return lake, cfg, version
+
+
+def _predictions(spark, cfg):
+    from ccselect.lake import table_path
+    return spark.read.format("delta").load(table_path(cfg, "gold.predictions"))
+
+
+def test_ccs_infer_writes_predictions(spark, lake_with_champion):
+    import torch
+    from typer.testing import CliRunner
+
+    from ccselect.cli import app
+    from ccselect.contract import PREDICTION_COLS
+    from features.scaling import transform
+    from jobs.infer import InferParams
+    from jobs.window import connections_in
+    from models import registry
+    lake, cfg, version = lake_with_champion
+    runner = CliRunner()
+    args = ["infer", "--hours", f"{lake.lo}..{lake.hi}", "--json", "--config", str(lake.cfg_path)]
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output + repr(res.exception)
+    out = json.loads(res.stdout[res.stdout.index("{"):])
+    silver = connections_in(spark, cfg, lake.lo, lake.hi)
+    pred = _predictions(spark, cfg)
+    assert tuple(pred.columns) == PREDICTION_COLS
+    n_silver = silver.count()
+    assert out["rows"] == n_silver == pred.count()
+    # one row per silver connection, same keys and pass-through columns
+    keys = ["conn_id", "client_ip", "family", "prefix16", "prefix24", "prefix48", "prefix64", "ug_id",
+            "requests", "node_id", "hour"]
+    assertDataFrameEqual(pred.select(*keys), silver.select(*keys))
+    assert pred.select("conn_id", "node_id", "hour").distinct().count() == n_silver
+
+    # probabilities equal a direct torch computation over Spark-standardized features
+    champ = registry.load_champion(cfg)
+    assert champ.version == version == out["model_version"]
+    sample = transform(silver.orderBy("conn_id").limit(200), champ.stats).select("conn_id", "features").toPandas()
+    with torch.no_grad():
+        direct = champ.model(torch.as_tensor(np.stack(sample["features"]).astype(np.float32)))[:, 1].double().numpy()
+    got = pred.where(F.col("conn_id").isin(sample["conn_id"].tolist())).select("conn_id", "p_wifi").toPandas()
+    got = got.set_index("conn_id").loc[sample["conn_id"], "p_wifi"].to_numpy()
+    np.testing.assert_allclose(got, direct, rtol=1e-5, atol=1e-6)
+
+    # the fallback rule over every row, and the constants
+    p = InferParams.from_config(cfg)
+    pdf = pred.select("p_wifi", "p_cell", "pred_net_type", "decision", "cc", "default_cc", "model_name",
+                      "model_version").toPandas()
+    wifi = pdf["p_wifi"] >= 0.5
+    trusted = np.where(wifi, pdf["p_wifi"] >= p.wifi_threshold, pdf["p_cell"] >= p.cell_threshold)
+    expect = pd.DataFrame({
+        "p_cell": 1.0 - pdf["p_wifi"], "pred_net_type": np.where(wifi, "wifi", "cell"),
+        "decision": np.where(trusted, "model", "fallback"),
+        "cc": np.where(trusted, np.where(wifi, p.wifi_cc, p.cell_cc), p.default_cc),
+        "default_cc": p.default_cc, "model_name": champ.name, "model_version": version})
+    pd.testing.assert_frame_equal(pdf[expect.columns], expect, check_dtype=False)
+    assert set(pdf["decision"]) == {"model", "fallback"}, "the quick model should leave some rows untrusted"
+    assert out["decisions"] == {f"{d}/{c}": int(n) for (d, c), n in pdf.groupby(["decision", "cc"]).size().items()}
+
+    # idempotent: a second run replaces the same partitions (same rows, no duplicates)
+    before = pred.toPandas().sort_values("conn_id").reset_index(drop=True)
+    res = runner.invoke(app, args)
+    assert res.exit_code == 0, res.output
+    after = _predictions(spark, cfg).toPandas().sort_values("conn_id").reset_index(drop=True)
+    pd.testing.assert_frame_equal(after, before)
+
+
+def test_ccs_infer_without_champion_fails(tmp_path, small_lake):
+    from typer.testing import CliRunner
+
+    from ccselect.cli import app
+    lake = copy_lake(small_lake, tmp_path / "lake")
+    res = CliRunner().invoke(app, ["infer", "--hours", f"{lake.lo}..{lake.hi}", "--config", str(lake.cfg_path)])
+    assert res.exit_code == 1 and "champion" in res.output
