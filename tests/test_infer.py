@@ -66,7 +66,7 @@ def lake_with_champion(tmp_path_factory, spark, small_lake):
     stats = scaling.load(lake.stats_path)
     lab = load_labelled(spark, cfg, lake.lo, lake.hi, stats)
     data, _ = to_train_data(lab, pd.DataFrame(columns=["label", "prefix24", "group", "k"]))
-    params = TrainParams(variant="mlp", epochs=2, seed=0, device="cpu")
+    params = TrainParams(variant="mlp", epochs=8, seed=0, device="cpu")  # enough to leave both decisions
     trainer = fit(params, data)
     pn = per_node(lab.y, trainer.predict_proba(lab.x), lab.node)
     _, version = registry.log_training(cfg, params, trainer, stats, pn, summary(pn), window=lake.window,
