@@ -30,7 +30,7 @@ python: $(STAMP)
 $(STAMP): requirements.lock pyproject.toml
 	@command -v uv >/dev/null 2>&1 || python3 -m pip install -q uv
 	@[ -x $(PY) ] || uv venv -q --python 3.11 $(VENV)
-	uv pip install -q --python $(PY) -r requirements.lock
+	uv pip install -q --compile-bytecode --python $(PY) -r requirements.lock
 	uv pip install -q --python $(PY) --no-deps -e .
 	@touch $@
 
@@ -62,11 +62,17 @@ test: setup
 # bench/ingest's issue figure is 5 million connections (hours at today's speed):
 # `make bench BENCH_INGEST_CONNS=5000000`.
 BENCH_INGEST_CONNS ?= 200000
+# the issues' sizes: BENCH_TRAIN_ROWS=500000 (issue 4), BENCH_EXPORT_ROWS=5000000 (issue 7)
+BENCH_TRAIN_ROWS ?= 500000
+BENCH_EXPORT_ROWS ?= 1000000
 bench: setup
 	@mkdir -p bench/results
 	$(PY) bench/simulate.py
 	$(PY) bench/kernel.py
 	$(PY) bench/ingest.py --conns $(BENCH_INGEST_CONNS)
+	$(PY) bench/train.py --rows $(BENCH_TRAIN_ROWS)
+	$(PY) bench/infer.py
+	$(PY) bench/export.py --rows $(BENCH_EXPORT_ROWS)
 
 mlflow: python
 	$(PY) -m ccselect.ui mlflow

@@ -42,35 +42,11 @@ def tree_model_name(cfg) -> str:
 
 
 def load_champion(cfg):
-    """The champion classifier, its FeatureStats, name, version and run id (models.registry)."""
+    """The champion classifier, its FeatureStats, name, version and run id, through
+    `models:/<name>@champion` (models.registry.load_champion)."""
+    from models.registry import load_champion as _load
     tracking(cfg)
-    try:
-        from models.registry import load_champion as _load
-    except ImportError:  # models/registry.py not landed yet: the same convention, read here
-        _load = _load_champion_alias
     return _load(cfg)
-
-
-@dataclass
-class _Champion:
-    model: object
-    stats: object
-    name: str
-    version: str
-    run_id: str
-
-
-def _load_champion_alias(cfg) -> _Champion:
-    import mlflow.artifacts
-    import mlflow.pytorch
-
-    from features.scaling import FeatureStats
-    client = tracking(cfg)
-    name = cfg.get("mlflow.model_name")
-    mv = client.get_model_version_by_alias(name, "champion")
-    model = mlflow.pytorch.load_model(f"models:/{name}@champion", map_location="cpu").eval()
-    stats = FeatureStats.from_json(mlflow.artifacts.load_text(f"runs:/{mv.run_id}/feature_stats/feature_stats.json"))
-    return _Champion(model, stats, name, str(mv.version), mv.run_id)
 
 
 def log_tree(cfg, distilled, params, champion, window: str, sample_raw) -> dict:

@@ -328,7 +328,7 @@ def load_champion(cfg: Config, dst: str | None = None) -> Champion:
         tmp = tempfile.mkdtemp(prefix="ccs-champion-", dir=dst)
         try:
             local = mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=tmp)
-            model = mlflow.pytorch.load_model(local).cpu().eval()
+            model = _load_pickled_model(local)
             with open(os.path.join(local, "extra_files", STATS_FILE)) as fh:
                 stats = FeatureStats.from_json(fh.read())
         finally:
@@ -337,6 +337,23 @@ def load_champion(cfg: Config, dst: str | None = None) -> Champion:
         if _alias_version(client, name, CHAMPION) == str(mv.version):
             return Champion(model=model, stats=stats, name=name, version=str(mv.version), run_id=mv.run_id)
     raise RuntimeError(f"{uri} kept moving while loading it")
+
+
+def _load_pickled_model(local: str):
+    """MLflow 3.17 refuses pickle-format PyTorch models unless MLFLOW_ALLOW_PICKLE_DESERIALIZATION
+    is set. The champion comes from our own registry (written by `log_training` only), so it is
+    allowed for this one load and the previous setting restored."""
+    import mlflow.pytorch
+    key = "MLFLOW_ALLOW_PICKLE_DESERIALIZATION"
+    old = os.environ.get(key)
+    os.environ[key] = "true"
+    try:
+        return mlflow.pytorch.load_model(local).cpu().eval()
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
 
 
 def list_versions(cfg: Config) -> list[dict[str, Any]]:
