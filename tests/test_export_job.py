@@ -156,7 +156,7 @@ def test_guard_refuses_flipping_too_much_traffic(spark, exported):
                     for e in table.entries)
     live = tf.Table(0, 0, 1, swapped)
     share = guards.flip_share(preds, table.entries, swapped)
-    assert share >= man["coverage"] - 1e-9, (share, man["coverage"])
+    assert share >= man["coverage"] - 1e-6, (share, man["coverage"])  # the manifest rounds to 6 places
     rep = guards.GuardReport()
     guards.check_flips(rep, cfg, preds, table.entries, live)
     assert not rep.ok and "would flip" in rep.refusals[0] and "more than 30.0%" in rep.refusals[0]
