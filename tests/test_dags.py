@@ -1,0 +1,127 @@
+"""The Airflow DAGs through real Airflow (SQLite metadata DB, `dag.test()`), each run in a child
+process with the project's Airflow environment (ccselect.airflow_env), then the analysts'
+notebooks executed (nbclient) over the lake those runs wrote."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from ccs_testing import REPO, copy_lake, write_config
+
+pytestmark = pytest.mark.timeout(2400)
+
+
+@pytest.fixture(scope="module")
+def airflow_home(tmp_path_factory):
+    """One Airflow home (metadata DB migrated once) for the module's DAG runs."""
+    from ccselect.airflow_env import ensure_db
+    from ccselect.config import load_config
+    root = tmp_path_factory.mktemp("airflow")
+    home = root / "home"
+    cfg = load_config(write_config(root, airflow={"home": str(home)}))
+    ensure_db(cfg)
+    return str(home)
+
+
+@pytest.fixture(scope="module")
+def pipeline_lake(small_lake, airflow_home, tmp_path_factory):
+    """A copy of the small lake after ccs_train on the first 5 hours (auto-promote on, so the
+    hourly run has a champion), ccs_hourly for the last hour (publish only: the kernel side of a
+    rollout has its own tests in tests/kernel/) and ccs_autoplex for 03:00–03:30."""
+    from ccselect.airflow_env import result_of, run_in_airflow
+    from ccselect.config import load_config
+    from export.cli import init_keys
+    lake = copy_lake(small_lake, tmp_path_factory.mktemp("pipeline_lake"))
+    base = load_config()
+    path = write_config(lake.root, airflow={"home": airflow_home},
+                        pipeline={**base.section("pipeline"), "raw_dir": lake.fleet_dir, "train_window_hours": 5,
+                                  "auto_promote": True, "deploy": False, "epochs": 10},
+                        model={**base.section("model"),
+                               "gate": {**base.get("model.gate"), "min_mean_accuracy": 0.5,
+                                        "min_worst_accuracy": 0.0}})
+    cfg = load_config(path)
+    init_keys(cfg)
+    runs = {}
+    # the training window 00..04 ends at 05:00; the hourly run at 06:00 works on hour 05
+    for dag_id, date in (("ccs_train", "2026-11-01T05:00:00+00:00"), ("ccs_hourly", "2026-11-01T06:00:00+00:00"),
+                         ("ccs_autoplex", "2026-11-01T03:30:00+00:00")):
+        runs[dag_id] = result_of(run_in_airflow(cfg, ["test", dag_id, "--date", date], timeout=1500))
+    return cfg, runs
+
+
+def _delta(spark, cfg, name):
+    from ccselect.lake import table_path
+    return spark.read.format("delta").load(table_path(cfg, name))
+
+
+def test_dagbag_imports_every_dag_with_tags_retries_and_docs(airflow_home, tmp_path):
+    from ccselect.airflow_env import DAG_IDS, result_of, run_in_airflow
+    from ccselect.config import load_config
+    cfg = load_config(write_config(tmp_path, airflow={"home": airflow_home}))
+    bag = result_of(run_in_airflow(cfg, ["dagbag"], timeout=600))
+    assert bag["import_errors"] == {}
+    assert sorted(bag["dags"]) == sorted(DAG_IDS) == sorted(p.stem for p in (REPO / "dags").glob("ccs_*.py"))
+    for dag_id, d in bag["dags"].items():
+        assert "ccselect" in d["tags"], dag_id
+        assert d["doc_md"] and d["max_active_runs"] == 1, dag_id
+        assert d["tasks"] and all(t["retries"] >= 1 for t in d["tasks"].values()), dag_id
+    hourly = bag["dags"]["ccs_hourly"]["tasks"]
+    assert hourly["rollout"]["upstream"] == ["export"] and hourly["export"]["upstream"] == ["infer"]
+    assert hourly["infer"]["upstream"] == ["ingest"] and hourly["ingest"]["upstream"] == []
+    train = bag["dags"]["ccs_train"]["tasks"]
+    assert train["promote"]["upstream"] == ["gate_passed", "train"]
+
+
+def _ok(run):
+    return run["state"].endswith("success") and all(v.endswith("success") for v in run["tasks"].values())
+
+
+def test_train_dag_writes_training_set_groups_model_and_diagnostics(spark, pipeline_lake):
+    from pyspark.sql import functions as F
+
+    from models import registry
+    cfg, runs = pipeline_lake
+    assert _ok(runs["ccs_train"]), runs["ccs_train"]
+    window = "2026-11-01T00..2026-11-01T04"
+    assert _delta(spark, cfg, "gold.training_set").where(F.col("window") == window).count() > 0
+    assert _delta(spark, cfg, "gold.prefix_groups").count() > 0
+    versions = registry.list_versions(cfg)
+    assert len(versions) == 1 and versions[0]["gate"] == "passed" and "champion" in versions[0]["aliases"]
+    assert _delta(spark, cfg, "gold.diagnostics").count() > 0
+
+
+def test_hourly_dag_ingests_infers_exports_and_publishes(spark, pipeline_lake):
+    from pyspark.sql import functions as F
+    cfg, runs = pipeline_lake
+    assert _ok(runs["ccs_hourly"]), runs["ccs_hourly"]
+    hour = F.col("hour") == "2026-11-01T05"
+    n = _delta(spark, cfg, "silver.connections").where(hour).count()
+    assert n > 0 and _delta(spark, cfg, "gold.predictions").where(hour).count() == n
+    tables = _delta(spark, cfg, "gold.cc_tables").collect()
+    assert len(tables) == 1
+    store = cfg.get("export.rollout.store")
+    assert any(f.startswith("table-") for f in os.listdir(store) if os.path.isfile(os.path.join(store, f))) or \
+        any("table-" in f for _, _, files in os.walk(store) for f in files)
+
+
+def test_autoplex_dag_writes_the_period_that_just_ended(spark, pipeline_lake):
+    cfg, runs = pipeline_lake
+    assert _ok(runs["ccs_autoplex"]), runs["ccs_autoplex"]
+    periods = {r["period"] for r in _delta(spark, cfg, "gold.autoplex_params").select("period").distinct().collect()}
+    assert periods == {"2026-11-01T03:00"}, periods
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb")))
+def test_notebook_executes_and_writes_its_figures(pipeline_lake, name, monkeypatch):
+    import nbformat
+    from nbclient import NotebookClient
+    cfg, _ = pipeline_lake
+    monkeypatch.setenv("CCS_CONFIG", str(cfg.path))
+    nbk = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
+    NotebookClient(nbk, timeout=900, kernel_name="python3",
+                   resources={"metadata": {"path": str(REPO)}}).execute()
+    figs = os.path.join(cfg.data_root, "reports", "notebooks", name)
+    pngs = [f for f in os.listdir(figs) if f.endswith(".png")]
+    assert pngs, f"{name} wrote no figure"
+    assert all(os.path.getsize(os.path.join(figs, f)) > 5000 for f in pngs), pngs
