@@ -46,6 +46,12 @@ def get_spark(cfg: Config | None = None, app_name: str | None = None,
     return spark
 
 
+def session_for(config: str | None, app_name: str) -> tuple[Config, "SparkSession"]:
+    """The configuration named on a command line (or the default) and its Spark session."""
+    cfg = load_config(config)
+    return cfg, get_spark(cfg, app_name)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Spark session factory utilities")
     ap.add_argument("--warm", action="store_true", help="start a session once so Delta's jars are fetched")

@@ -13,10 +13,8 @@ def register(app: typer.Typer) -> None:
 
 
 def _session(config: Optional[str], app_name: str):
-    from ccselect.config import load_config
-    from ccselect.spark import get_spark
-    cfg = load_config(config)
-    return cfg, get_spark(cfg, app_name)
+    from ccselect.spark import session_for
+    return session_for(config, app_name)
 
 
 def distill_cmd(

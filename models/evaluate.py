@@ -24,14 +24,14 @@ import json
 import logging
 import math
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from typing import Callable, Iterable
 
 import numpy as np
 import pandas as pd
 
-from models.train import VARIANTS, TrainParams, accuracy_report
+from models.train import VARIANTS, TrainData, TrainParams, accuracy_report
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +94,34 @@ def window_stats(spark, cfg, lo: str, hi: str):
     return scaling.fit(connections_in(spark, cfg, lo, hi), window=f"{lo}..{hi}"), None
 
 
+@dataclass
+class Split:
+    """A window's labelled rows split by node (ALICCS §5.1), with the prefix groups fitted on the
+    training nodes only and the training arrays built from them."""
+    train: object
+    test: object
+    train_nodes: list
+    test_nodes: list
+    data: TrainData
+    groups: pd.DataFrame
+    groups_info: dict
+
+
+def cross_node_split(spark, cfg, lo: str, hi: str, stats, share: float, seed: int, k: int | None = None) -> Split:
+    """What `ccs evaluate` and `ccs train` share: labelled rows of lo..hi standardized with
+    `stats`, split into training and held-out nodes, prefix groups of the training nodes."""
+    from models.dataset import load_labelled, to_train_data, window_name
+    from models.groups import compute_groups
+    lab = load_labelled(spark, cfg, lo, hi, stats)
+    if not len(lab):
+        raise ValueError(f"no labelled rows in window {window_name(lo, hi)}")
+    train_nodes, test_nodes = split_nodes(lab.node, share, seed)
+    tr, te = lab.of_nodes(train_nodes), lab.of_nodes(test_nodes)
+    groups_pd, groups_info = compute_groups(spark, cfg, lo, hi, stats, k, nodes=train_nodes)
+    data, _ = to_train_data(tr, groups_pd)
+    return Split(tr, te, train_nodes, test_nodes, data, groups_pd, groups_info)
+
+
 def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None = None,
                    share: float | None = None, seed: int | None = None, epochs: int | None = None,
                    k: int | None = None, grid: bool = False, params: TrainParams | None = None,
@@ -102,8 +130,7 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
     lo..hi, score each held-out node, write gold.model_eval(+_summary); returns
     {window, train_nodes, test_nodes, groups, variants: {v: {summary..., per_node: [...]}}}."""
     from models import configanator
-    from models.dataset import load_labelled, to_train_data, window_name
-    from models.groups import compute_groups
+    from models.dataset import window_name
     from models.train import fit
 
     say = progress or log.info
@@ -117,13 +144,9 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
     window = window_name(lo, hi)
     t0 = time.time()
     stats, stats_path = window_stats(spark, cfg, lo, hi)
-    lab = load_labelled(spark, cfg, lo, hi, stats)
-    if not len(lab):
-        raise ValueError(f"no labelled rows in window {window}")
-    train_nodes, test_nodes = split_nodes(lab.node, share, seed)
-    tr, te = lab.of_nodes(train_nodes), lab.of_nodes(test_nodes)
-    groups_pd, groups_info = compute_groups(spark, cfg, lo, hi, stats, k, nodes=train_nodes)
-    data, _ = to_train_data(tr, groups_pd)
+    sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k)
+    tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
+    data, groups_info = sp.data, sp.groups_info
     say(f"{window}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
         f"{len(test_nodes)} nodes; prefix groups K(4G, Wi-Fi) = {data.n_groups}")
 

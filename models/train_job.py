@@ -44,9 +44,8 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
         params=None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train, evaluate, log, register and gate; returns what happened (version, gate verdict)."""
     from models import registry
-    from models.dataset import load_labelled, to_train_data, window_name
-    from models.evaluate import evaluation_settings, per_node, split_nodes, summary
-    from models.groups import compute_groups
+    from models.dataset import window_name
+    from models.evaluate import cross_node_split, evaluation_settings, per_node, summary
     from models.train import VARIANTS, TrainParams, fit
 
     say = progress or log.info
@@ -59,13 +58,9 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
     t0 = time.time()
 
     stats, stats_path, fitted = window_stats(spark, cfg, lo, hi)
-    lab = load_labelled(spark, cfg, lo, hi, stats)
-    if not len(lab):
-        raise ValueError(f"no labelled rows in window {window}")
-    train_nodes, test_nodes = split_nodes(lab.node, share, seed)
-    tr, te = lab.of_nodes(train_nodes), lab.of_nodes(test_nodes)
-    groups_pd, groups_info = compute_groups(spark, cfg, lo, hi, stats, k, nodes=train_nodes)
-    data, _ = to_train_data(tr, groups_pd)
+    sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k)
+    tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
+    data, groups_pd, groups_info = sp.data, sp.groups, sp.groups_info
     params = params or TrainParams()
     params = replace(params, variant=variant, seed=seed, **({"epochs": int(epochs)} if epochs is not None else {}))
     say(f"{window}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
