@@ -14,7 +14,7 @@ DEB_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libssl-dev pkg-c
 help:
 	@echo "make run    - set up, then run the main job on the embedded default (infra/conf/local.yaml)"
 	@echo "make test   - set up, then run the whole test suite"
-	@echo "make bench  - run the benchmarks in bench/ (JSON under bench/results/)"
+	@echo "make bench  - run the benchmarks in bench/ (JSON under bench/results/ and var/bench/)"
 	@echo "make setup  - install everything (.venv, Debian packages when root, Delta jars)"
 	@echo "make mlflow / make airflow / make notebooks - the MLflow UI (:5000), Airflow UI (:8080), JupyterLab (:8888)"
 
