@@ -19,6 +19,20 @@ _VAR = re.compile(r"\$\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
 _PATH_KEYS = {"data_root", "root", "artifact_root", "home", "out", "raw_dir", "fleet"}
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.safe_load that refuses a key given twice in one mapping (PyYAML keeps the last one
+    silently, so a duplicated section would hide an edit to the first)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise ValueError(f"duplicate key {key!r} in the configuration (line {key_node.start_mark.line + 1})")
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def project_root() -> Path:
     """CCS_HOME if set, else the checkout this module lives in."""
     env = os.environ.get("CCS_HOME")
@@ -90,7 +104,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     p = Path(path) if path else default_config_path()
     if not p.exists():
         raise FileNotFoundError(f"configuration file not found: {p}")
-    raw = yaml.safe_load(p.read_text()) or {}
+    raw = yaml.load(p.read_text(), Loader=_UniqueKeyLoader) or {}
     if "data_root" not in raw:
         raise ValueError(f"{p}: 'data_root' is required")
     if os.environ.get("CCS_DATA_ROOT"):

@@ -53,6 +53,9 @@ def test_bad_config_is_refused(tmp_path):
     (tmp_path / "y.yaml").write_text("data_root: /tmp\nlake: {root: '${nope}/x'}\n")
     with pytest.raises(KeyError, match="nope"):
         load_config(tmp_path / "y.yaml")
+    (tmp_path / "z.yaml").write_text("data_root: /tmp\npipeline: {deploy: true}\nlake: {}\npipeline: {deploy: false}\n")
+    with pytest.raises(ValueError, match="duplicate key 'pipeline'"):
+        load_config(tmp_path / "z.yaml")
 
 
 def test_table_paths(cfg):
