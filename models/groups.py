@@ -67,12 +67,13 @@ def cluster_type(means: DataFrame, n_prefixes: int, k: int | None, k_range, seed
         ev = ClusteringEvaluator(featuresCol="vec", predictionCol="group", metricName="silhouette",
                                  distanceMeasure="squaredEuclidean")
         scores, models = {}, {}
-        means = means.cache()
+        # a few hundred /24 means: one partition, cached, so each K-means iteration is one small task
+        means = means.coalesce(1).cache()
         for c in cands:
             models[c] = _kmeans(means, c, seed)
-            pred = models[c].transform(means)
             # silhouette is undefined when K-means left a single non-empty cluster
-            scores[c] = ev.evaluate(pred) if pred.select("group").distinct().count() > 1 else float("-inf")
+            non_empty = sum(1 for n in models[c].summary.clusterSizes if n > 0)
+            scores[c] = ev.evaluate(models[c].transform(means)) if non_empty > 1 else float("-inf")
         best = max(cands, key=lambda c: (scores[c], -c))
         model = models[best]
         info.update(k=best, chosen_by="silhouette", silhouette={str(c): round(s, 4) for c, s in scores.items()})
