@@ -62,6 +62,12 @@ def run_in_airflow(cfg: Config, args: list[str], timeout: float | None = None,
                           capture_output=capture, text=True, timeout=timeout)
 
 
+def results_of(proc: subprocess.CompletedProcess) -> list[dict]:
+    """Every JSON result line a child printed (`CCS_RESULT {...}`), in order."""
+    return [json.loads(line[len("CCS_RESULT "):]) for line in (proc.stdout or "").splitlines()
+            if line.startswith("CCS_RESULT ")]
+
+
 def result_of(proc: subprocess.CompletedProcess) -> dict:
     """The JSON result line a child printed (`CCS_RESULT {...}`); raises with its output if none."""
     for line in reversed((proc.stdout or "").splitlines()):
@@ -109,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("dag_id")
     t.add_argument("--date", required=True, help="logical date, ISO 8601 UTC")
     t.add_argument("--conf", default=None, help="run conf as JSON")
+    q = sub.add_parser("sequence", help="dag.test() several runs in one process (one Spark session for all), "
+                                        "in order, stopping at the first that fails")
+    q.add_argument("plan", help='JSON list of {"dag_id": ..., "date": ISO, "conf": {...}}')
     sub.add_parser("env", help="print the Airflow environment for the configuration")
     sub.add_parser("migrate", help="create or upgrade Airflow's metadata DB")
     a = ap.parse_args(argv)
@@ -122,6 +131,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if "AIRFLOW_HOME" not in os.environ:  # started by hand: re-exec with the environment
         return run_in_airflow(load_config(), sys.argv[1:], capture=False).returncode
+    if a.cmd == "sequence":
+        for step in json.loads(a.plan):
+            out = _test(step["dag_id"], step["date"], step.get("conf"))
+            print("CCS_RESULT " + json.dumps(out, sort_keys=True), flush=True)
+            if not out["state"].endswith("success"):
+                return 1
+        return 0
     out = _dagbag() if a.cmd == "dagbag" else _test(a.dag_id, a.date, json.loads(a.conf) if a.conf else None)
     print("CCS_RESULT " + json.dumps(out, sort_keys=True))
     return 0 if a.cmd == "dagbag" or out["state"].endswith("success") else 1

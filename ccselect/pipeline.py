@@ -37,6 +37,19 @@ def previous_hour(ts: datetime) -> str:
     return hour_of(end - timedelta(hours=1))
 
 
+def report(task: str, result):
+    """Print a task's result as one `CCS_STEP <task> <json>` line (what `make run` shows while the
+    DAGs run; Airflow keeps it in the task log too) and return it."""
+    import json
+    import os
+    import sys
+    line = f"CCS_STEP {task} {json.dumps(result, default=str, sort_keys=True)}"
+    print(line, flush=True)
+    if sys.stdout is not sys.__stdout__:  # Airflow redirected the task's stdout into its log
+        os.write(1, (line + "\n").encode())
+    return result
+
+
 def _spark(cfg: Config, app: str):
     from ccselect.spark import get_spark
     return get_spark(cfg, app)
@@ -172,11 +185,12 @@ def train(lo: str, hi: str, cfg: Config | None = None) -> dict:
             if k in res}
 
 
-def promote_if_configured(version: str, cfg: Config | None = None) -> dict:
-    """Promotion is a human decision (`ccs promote`) unless `pipeline.auto_promote` is true."""
+def promote_if_configured(version: str, cfg: Config | None = None, auto: bool | None = None) -> dict:
+    """Promotion is a human decision (`ccs promote`) unless `pipeline.auto_promote` is true (or a
+    run's conf says `auto_promote`, as `make run`'s does)."""
     from models import registry
     cfg = cfg or load_config()
-    if not cfg.get("pipeline.auto_promote", False):
+    if not (cfg.get("pipeline.auto_promote", False) if auto is None else bool(auto)):
         return {"promoted": False, "why": "pipeline.auto_promote is false: promote with `ccs promote`"}
     return {"promoted": True, **registry.promote(cfg, version)}
 

@@ -1,30 +1,207 @@
-"""`ccs run`: the main job on the embedded default (what `make run` calls). It grows as the
-pipeline's stages land; today: simulate the fleet, ingest its last hours into the lakehouse
-(bronze, quarantine, audit, silver), and summarize what it produced."""
+"""`ccs run`: the main job on the embedded default (what `make run` calls), through real Airflow.
+
+1. simulate the configured fleet (reused when its parameters and the simulator are unchanged);
+2. backfill: ingest the training window into the lakehouse (one Spark job over those hours);
+3. `ccs_train` through Airflow (`dag.test()`): training set → prefix groups → train → gate →
+   promote → distilled tree + SHAP diagnostics. Promotion is a human decision in production;
+   `make run` stands in for that human (the run's conf says `auto_promote`);
+4. `ccs_hourly` through Airflow for each hour after the window: ingest → infer → export →
+   rollout, which loads the signed table into the kernel enforcer of the local fleet
+   (infra/fleet.yaml: a canary and one more node, each an agent on its own cgroup) when root, and
+   stops at the signed artifact otherwise;
+5. when root: connections from simulated client addresses (in a network namespace of its own) to
+   every node, to show the kernel giving them the table's CC;
+6. a summary: per-node accuracy, table entries and memory saving, rollout status, kernel counters,
+   and where to look further.
+
+A second run reuses the fleet, the backfilled lake, the keys and — when nothing it learnt from
+changed — the champion model; the hourly runs are redone (each replaces its own partitions and
+exports a new table version). `--fresh` redoes everything after the simulation.
+"""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import time
+from datetime import datetime, timedelta, timezone
 from typing import Optional
 
 import typer
 
-from ccselect.config import load_config
+from ccselect.config import Config, load_config
+
+HOUR_FMT = "%Y-%m-%dT%H"
 
 
 def register(app: typer.Typer) -> None:
     app.command("run")(run_cmd)
 
 
+def _say(msg: str) -> None:
+    typer.echo(f"[{datetime.now().strftime('%H:%M:%S')}] {msg}", err=False)
+
+
 def run_cmd(config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
-            ingest_hours: int = typer.Option(2, help="ingest the fleet's last N hours into Delta (0: none)")) -> None:
-    """Run the main job: simulate the configured fleet, ingest its last hours into the Delta
-    lakehouse, then print a summary and where to look."""
+            hourly_hours: int = typer.Option(2, "--hourly-hours", min=1,
+                                             help="hours after the training window run through ccs_hourly"),
+            fresh: bool = typer.Option(False, "--fresh", help="redo the backfill and the training even when "
+                                                              "what they learnt from is unchanged"),
+            probe: bool = typer.Option(True, "--probe/--no-probe",
+                                       help="when root: open connections from table addresses to the fleet")) -> None:
+    """Run the main job: simulate, backfill, ccs_train and ccs_hourly through Airflow, the kernel
+    enforcer when root, then a summary."""
+    res = main(load_config(config), hourly_hours=hourly_hours, fresh=fresh, probe=probe)
+    typer.echo(res["summary"])
+    if not res["ok"]:
+        raise typer.Exit(1)
+
+
+def main(cfg: Config, hourly_hours: int = 2, fresh: bool = False, probe: bool = True) -> dict:
+    """The whole main job; returns {"ok", "summary", "train", "hourly", "probe", "reused"}."""
+    t0 = time.time()
+    reused: list[str] = []
+    manifest, fleet_reused = fleet(cfg)
+    if fleet_reused:
+        reused.append("fleet")
+    start = datetime.fromisoformat(manifest["params"]["start"]).replace(tzinfo=timezone.utc)
+    hours = int(manifest["params"]["hours"])
+    if hours < hourly_hours + 2:
+        raise typer.BadParameter(f"the fleet has {hours} hours: need at least {hourly_hours + 2} "
+                                 f"(a training window of 2 or more, then {hourly_hours} hourly runs)")
+    window_hours = hours - hourly_hours
+    lo, hi = start.strftime(HOUR_FMT), (start + timedelta(hours=window_hours - 1)).strftime(HOUR_FMT)
+    state_path = os.path.join(cfg.data_root, "run", "state.json")
+    state = {} if fresh or not os.path.exists(state_path) else json.load(open(state_path))
+    digest = _digest(manifest)
+    if state.get("fleet") != digest:
+        state = {"fleet": digest}
+
+    # 2. backfill
+    from ccselect.spark import get_spark
+    spark = get_spark(cfg, "ccs-run")
+    if fleet_reused and not fresh and _ingested(spark, cfg, lo, hi):
+        _say(f"backfill: reusing the lakehouse's {lo}..{hi} (gold.ingest_audit has every file of the window)")
+        reused.append("backfill")
+    else:
+        from jobs import ingest
+        _say(f"backfill: ingest the training window {lo}..{hi} ({window_hours} h) into the lakehouse")
+        res = ingest.run(spark, cfg, _raw_dir(cfg), (lo, hi))
+        for stream, t in sorted(res["streams"].items()):
+            _say(f"  {stream:9s}: {t['lines_read']:,} lines = {t['accepted']:,} accepted + "
+                 f"{t['quarantined']:,} quarantined")
+
+    from export.cli import init_keys, key_paths
+    if not os.path.exists(key_paths(cfg)[0]):
+        init_keys(cfg)
+        _say(f"signing keys created under {os.path.dirname(key_paths(cfg)[0])} (private key stays there)")
+    else:
+        reused.append("keys")
+
+    # 3. + 4. ccs_train, then ccs_hourly for each hour after the window: one Airflow process
+    deploy, why = _can_deploy(cfg)
+    fleet_obj = None
+    if deploy:
+        from ccselect.pipeline import _fleet_and_store_for
+        from export.localnet import ensure_attached
+        fleet_obj, _ = _fleet_and_store_for(cfg)
+        ensure_attached(fleet_obj, log=_say)
+    else:
+        _say(f"rollout will stop at the signed artifact in the store: {why}")
+    from models import registry
+    train_at = start + timedelta(hours=window_hours)
+    champ = _champion(cfg)
+    model_state = state.get("model") or {}
+    plan = []
+    if champ and model_state.get("window") == [lo, hi] and model_state.get("version") == champ["version"]:
+        _say(f"ccs_train: reusing {registry.model_name(cfg)} v{champ['version']} @champion "
+             f"(trained on {lo}..{hi} of the same fleet)")
+        reused.append("model")
+    else:
+        _say(f"Airflow: ccs_train for the window ending {train_at:%Y-%m-%dT%H:%M}Z ({window_hours} h), "
+             "auto_promote on (make run stands in for the human who runs `ccs promote`)")
+        plan.append({"dag_id": "ccs_train", "date": train_at.isoformat(),
+                     "conf": {"window_hours": window_hours, "auto_promote": True}})
+    for i in range(hourly_hours):
+        at = train_at + timedelta(hours=i + 1)
+        plan.append({"dag_id": "ccs_hourly", "date": at.isoformat(), "conf": {"deploy": deploy}})
+    _say(f"Airflow: ccs_hourly at {', '.join(p['date'][11:16] + 'Z' for p in plan if p['dag_id'] == 'ccs_hourly')} "
+         "(each on the hour before it)")
+    runs = airflow_sequence(cfg, plan, os.path.join(cfg.data_root, "run", "airflow.log"))
+    train = next((r for r in runs if r["dag_id"] == "ccs_train"), None) if plan[0]["dag_id"] == "ccs_train" \
+        else {"state": "reused", "tasks": {}}
+    hourly = [r for r in runs if r["dag_id"] == "ccs_hourly"]
+    if train is None:
+        train = {"dag_id": "ccs_train", "state": "failed (no result)", "tasks": {}}
+    champ = _champion(cfg)
+    if champ and train["state"].endswith("success"):
+        state["model"] = {"window": [lo, hi], "version": champ["version"]}
+        _save(state_path, state)
+
+    # 5. the kernel, with real connections
+    probed = None
+    if deploy and probe:
+        probed = _probe(cfg, fleet_obj)
+    ok = (train["state"] == "reused" or train["state"].endswith("success")) and len(hourly) == hourly_hours and \
+        all(r["state"].endswith("success") for r in hourly) and \
+        (probed is None or all(n["as_table"] == n["connections"] for n in probed["nodes"].values()))
+    summary = _summary(cfg, manifest, time.time() - t0, reused, why if not deploy else None, probed)
+    return {"ok": ok, "summary": summary, "train": train, "hourly": hourly, "probe": probed,
+            "reused": reused}
+
+
+# ---- steps --------------------------------------------------------------------------------------
+
+def airflow_sequence(cfg: Config, plan: list[dict], log_path: str) -> list[dict]:
+    """`dag.test()` the runs of `plan` in order in one Airflow child process (one Spark session for
+    all of them), stopping at the first that fails; shows each task's result as it comes, keeps the
+    whole output in `log_path`. → the runs' results (dag_id, logical_date, state, tasks)."""
+    import subprocess
+    import sys
+
+    from ccselect.airflow_env import airflow_env, ensure_db
+    if not plan:
+        return []
+    ensure_db(cfg)
+    os.makedirs(os.path.dirname(log_path), exist_ok=True)
+    results = []
+    with open(log_path, "a") as log, subprocess.Popen(
+            [sys.executable, "-m", "ccselect.airflow_env", "sequence", json.dumps(plan)], env=airflow_env(cfg),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        _say(f"  (Airflow's whole output: {log_path})")
+        for line in proc.stdout:
+            log.write(line)
+            if line.startswith("CCS_RESULT "):
+                r = json.loads(line[len("CCS_RESULT "):])
+                results.append(r)
+                _say(f"  {r['dag_id']} {r['logical_date'][:16]}: {r['state']} ({_tasks(r)})")
+            elif line.startswith("CCS_STEP "):
+                _, task, body = line.rstrip("\n").split(" ", 2)
+                try:
+                    _say(f"    {task}: {_brief(json.loads(body))}")
+                except ValueError:
+                    _say(f"    {task}: {body[:150]}")
+        proc.wait()
+    return results
+
+
+def _brief(result, width: int = 150) -> str:
+    """A task's result in one short line: its scalar fields first."""
+    if isinstance(result, dict):
+        parts = [f"{k}={v}" for k, v in result.items() if isinstance(v, (int, float, str, bool)) and len(str(v)) < 60]
+        parts += [f"{k}={{…}}" for k, v in result.items() if isinstance(v, (dict, list))]
+        text = ", ".join(parts)
+    else:
+        text = str(result)
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
+def fleet(cfg: Config) -> tuple[dict, bool]:
+    """The simulated fleet of the `simulate` section: reused when its parameters and the
+    simulator's code are the same as last time. → (manifest, reused)."""
     from ccselect.sim.fleet import code_version, simulate
     from ccselect.sim.params import SimParams
     from ccselect.sim.summary import summarize
-
-    cfg = load_config(config)
     d = cfg.section("simulate")
     params = SimParams(nodes=int(d["nodes"]), hours=int(d["hours"]), start=str(d["start"]),
                        seed=int(d["seed"]), conns_per_node_hour=int(d["conns_per_node_hour"]))
@@ -32,31 +209,190 @@ def run_cmd(config: Optional[str] = typer.Option(None, "--config", envvar="CCS_C
     manifest_path = os.path.join(out, "manifest.json")
     old = json.load(open(manifest_path)) if os.path.exists(manifest_path) else {}
     if old.get("params") == json.loads(json.dumps(params.to_dict())) and old.get("code_version") == code_version():
-        typer.echo(f"reusing the simulated fleet in {out} (same parameters, same simulator)")
-        manifest = json.load(open(manifest_path))
-    else:
-        manifest = simulate(params, out)
+        _say(f"reusing the simulated fleet in {out} (same parameters, same simulator)")
+        return old, True
+    _say(f"simulating {params.nodes} nodes × {params.hours} h × {params.conns_per_node_hour} connections "
+         f"into {out}")
+    manifest = simulate(params, out)
     typer.echo(summarize(out, manifest))
-    if ingest_hours > 0:
-        typer.echo(_ingest_summary(cfg, out, manifest, ingest_hours))
+    return manifest, False
 
 
-def _ingest_summary(cfg, out: str, manifest: dict, n_hours: int) -> str:
-    from datetime import datetime, timedelta
+def _raw_dir(cfg: Config) -> str:
+    return cfg.get("pipeline.raw_dir") or cfg.get("simulate.out")
+
+
+def _digest(manifest: dict) -> str:
+    return hashlib.sha256(json.dumps({k: manifest.get(k) for k in ("params", "code_version", "counts")},
+                                     sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _save(path: str, state: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=1)
+    os.replace(tmp, path)
+
+
+def _ingested(spark, cfg: Config, lo: str, hi: str) -> bool:
+    """Every node-hour file of lo..hi under the raw directory has its row in gold.ingest_audit."""
+    from pyspark.sql import functions as F
 
     from ccselect.lake import table_path
-    from ccselect.spark import get_spark
-    from jobs import ingest
-    start = datetime.fromisoformat(manifest["params"]["start"])
-    hours = manifest["params"]["hours"]
-    lo = (start + timedelta(hours=max(0, hours - n_hours))).strftime("%Y-%m-%dT%H")
-    hi = (start + timedelta(hours=hours - 1)).strftime("%Y-%m-%dT%H")
-    spark = get_spark(cfg, "ccs-run")
-    res = ingest.run(spark, cfg, out, (lo, hi))
-    lines = ["", f"lakehouse       : ingested hours {lo}..{hi} of {len(manifest['nodes'])} nodes"]
-    for stream, t in sorted(res["streams"].items()):
-        lines.append(f"  {stream:10s}: {t['lines_read']:,} lines = {t['accepted']:,} accepted + "
-                     f"{t['quarantined']:,} quarantined")
-    lines.append(f"  silver.connections rows for those hours: {res.get('silver_rows', 0):,}")
-    lines.append(f"  Delta tables under {cfg.get('lake.root')} (e.g. {table_path(cfg, 'silver.connections')})")
+    from jobs.delta_io import is_delta
+    from jobs.sources import discover
+    path = table_path(cfg, "gold.ingest_audit")
+    if not is_delta(spark, path) or not is_delta(spark, table_path(cfg, "silver.connections")):
+        return False
+    files = {(f.stream, f.node_id, f.hour, f.path) for f in discover(_raw_dir(cfg), (lo, hi))}
+    done = {tuple(r) for r in spark.read.format("delta").load(path).where(F.col("hour").between(lo, hi))
+            .select("stream", "node_id", "hour", "source_file").collect()}
+    return bool(files) and files <= done
+
+
+def _champion(cfg: Config) -> dict | None:
+    from models import registry
+    return next((v for v in registry.list_versions(cfg) if "champion" in v["aliases"]), None)
+
+
+def _tasks(run: dict) -> str:
+    return ", ".join(f"{k} {v.split('.')[-1]}" for k, v in sorted(run.get("tasks", {}).items()))
+
+
+def _can_deploy(cfg: Config) -> tuple[bool, str]:
+    from export.edge_agent import DEFAULT_BINARY
+    from export.localnet import kernel_ready
+    if not cfg.get("pipeline.deploy", True):
+        return False, "pipeline.deploy is false"
+    why = kernel_ready()
+    if why:
+        return False, f"{why}: run as root to load the table into the kernel enforcer"
+    if not os.path.exists(DEFAULT_BINARY):
+        return False, f"the edge agent is not built ({DEFAULT_BINARY}; `make edge` as root)"
+    return True, ""
+
+
+def _probe(cfg: Config, fleet_obj) -> dict | None:
+    from export import signing
+    from export.cli import key_paths
+    from ccselect.pipeline import _fleet_and_store_for
+    from export.localnet import probe
+    _, store = _fleet_and_store_for(cfg)
+    v = store.current()
+    if v is None:
+        _say("kernel probe: the store has no current table")
+        return None
+    manifest = store.fetch(v, os.path.join(cfg.data_root, "run", "probe"))
+    _, table = signing.read_manifest(manifest, signing.load_public_key(key_paths(cfg)[1]))
+    _say(f"kernel probe: connections from simulated client addresses of table v{v} to every node")
+    res = probe(fleet_obj, table, per_cc=2, log=lambda m: _say("  " + m))
+    res["version"] = v
+    return res
+
+
+# ---- the summary --------------------------------------------------------------------------------
+
+def _summary(cfg: Config, manifest: dict, seconds: float, reused: list[str], no_deploy: str | None,
+             probed: dict | None) -> str:
+    from models import registry
+    p = manifest["params"]
+    lines = ["", "=" * 78, f"ccselect main job: done in {seconds / 60:.1f} min"
+             + (f" (reused: {', '.join(reused)})" if reused else ""), "=" * 78,
+             f"fleet           : {p['nodes']} simulated nodes × {p['hours']} h from {p['start']} "
+             f"({manifest.get('counts', {}).get('transport', '?'):,} connections) in {cfg.get('simulate.out')}"]
+    champ = _champion(cfg)
+    if champ:
+        s = {k: champ[k] for k in registry.SUMMARY_METRICS if isinstance(champ.get(k), float)}
+        lines.append(f"model           : {registry.model_name(cfg)} v{champ['version']} @champion "
+                     f"(window {champ.get('window')}, gate {champ.get('gate')})")
+        lines += _per_node(cfg, champ)
+        if s:
+            lines.append("  held-out summary logged in MLflow: " + ", ".join(f"{k} {v:.3f}" for k, v in s.items()))
+    else:
+        lines.append("model           : no @champion (no version passed its gate)")
+    lines += _table_lines(cfg)
+    lines += _fleet_lines(cfg, no_deploy, probed)
+    lines += ["", "look further:",
+              "  make mlflow      MLflow UI: runs, per-node tables, registered models (http://localhost:5000)",
+              "  make airflow     Airflow UI: the three DAGs and these runs (http://localhost:8080)",
+              "  make notebooks   Jupyter with the analysts' notebooks (notebooks/)",
+              f"  reports         {os.path.join(cfg.data_root, 'reports')} (SHAP diagnostics, AutoPlex plots)",
+              f"  Delta tables    {cfg.get('lake.root')}"]
     return "\n".join(lines)
+
+
+def _per_node(cfg: Config, champ: dict) -> list[str]:
+    try:
+        import mlflow
+
+        from models import registry
+        registry.configure(cfg)
+        rows = json.loads(mlflow.artifacts.load_text(f"runs:/{champ['run_id']}/eval/per_node.json"))
+    except Exception as e:  # noqa: BLE001 — the summary reports what it can
+        return [f"  (per-node table unavailable: {e})"]
+    out = ["  per held-out node (the model never saw these nodes):",
+           f"    {'node':14s} {'accuracy':>8s} {'wifi rec':>8s} {'4g rec':>8s} {'4G share':>8s} {'rows':>7s}"]
+    for r in sorted(rows, key=lambda r: r["node_id"]):
+        out.append(f"    {r['node_id']:14s} {r['accuracy']:8.3f} {_f(r.get('wifi_recall'))} {_f(r.get('cell_recall'))} "
+                   f"{_f(r.get('share_cell'))} {int(r['n']):7d}")
+    acc = [r["accuracy"] for r in rows if r.get("accuracy") is not None]
+    if acc:
+        out.append(f"    mean {sum(acc) / len(acc):.3f}, worst {min(acc):.3f} over {len(acc)} nodes")
+    return out
+
+
+def _f(v) -> str:
+    return f"{v:8.3f}" if isinstance(v, (int, float)) and v == v else f"{'-':>8s}"
+
+
+def _table_lines(cfg: Config) -> list[str]:
+    from ccselect.spark import get_spark
+    from export import aggregate
+    tables = aggregate.history(get_spark(cfg, "ccs-run"), cfg)
+    if not tables:
+        return ["table           : none exported"]
+    t = tables[-1]
+    try:
+        man = json.load(open(t["manifest_path"]))
+    except OSError:
+        man = {}
+    lines = [f"table           : v{t['version']} from model v{t['model_version']}, hours {json.loads(t['hours'])}, "
+             f"{t['entries_v4']:,} IPv4 + {t['entries_v6']:,} IPv6 entries ({len(tables)} versions in gold.cc_tables)"]
+    if man.get("entries_per_level"):
+        lines.append(f"  per level      : {json.dumps(man['entries_per_level'], sort_keys=True)}")
+    lines.append(f"  memory saving  : {t['memory_saving']:.1f}× (model-decided client addresses per entry)")
+    lines.append(f"  coverage {t['coverage']:.3f}, agreement with per-connection decisions {t['agreement']:.3f}")
+    lines.append(f"  artifact       : {t['manifest_path']} (+ .sig, Ed25519)")
+    return lines
+
+
+def _fleet_lines(cfg: Config, no_deploy: str | None, probed: dict | None) -> list[str]:
+    from ccselect.pipeline import _fleet_and_store_for
+    fleet_obj, store = _fleet_and_store_for(cfg)
+    out = [f"rollout         : store {cfg.get('export.rollout.store')} current version {store.current()}"]
+    if no_deploy:
+        return out + [f"  not loaded into the kernel: {no_deploy}"]
+    for node in fleet_obj.nodes:
+        agent = node.agent()
+        try:
+            st = agent.status()
+        except Exception as e:  # noqa: BLE001
+            out.append(f"  {node.node_id:20s} status unavailable: {e}")
+            continue
+        finally:
+            agent.close()
+        t = st.get("table") or {}
+        c = st.get("counters") or {}
+        role = "canary" if node.canary else "node"
+        e = t.get("entries") or {}
+        out.append(f"  {node.node_id:20s} {role:6s} table v{t.get('version')} "
+                   f"{'enforced' if t.get('enforced') else 'NOT enforced'}, {e.get('v4', 0)} + {e.get('v6', 0)} entries "
+                   "in the kernel's tries")
+        shown = {k: v for k, v in sorted(c.items()) if v}
+        out.append(f"    kernel counters: {json.dumps(shown) if shown else '(all zero)'}")
+    if probed:
+        for nid, r in probed["nodes"].items():
+            out.append(f"  probe {nid}: {r['as_table']}/{r['connections']} connections from table addresses "
+                       f"got the table's CC" + (f"; {r['mismatches'][:3]}" if r["mismatches"] else ""))
+    return out

@@ -30,8 +30,8 @@ period, so a re-run replaces its own rows. Export reads the caps of switched-on 
 def ccs_autoplex():
     @task
     def autoplex_parameters(logical_date=None) -> dict:
-        from ccselect.pipeline import autoplex_period, previous_period
-        return autoplex_period(previous_period(logical_date))
+        from ccselect.pipeline import autoplex_period, previous_period, report
+        return report("autoplex", autoplex_period(previous_period(logical_date)))
 
     autoplex_parameters()
 

@@ -19,7 +19,8 @@ The run at HH:00 works on the hour (HH-1):00–HH:00 of every edge node.
 3. **export** — purity aggregation over the last `pipeline.export_window_hours` into a signed
    table recorded in `gold.cc_tables`.
 4. **rollout** — guards (gate, flip share, coverage, bogons), publish to the artifact store,
-   canaries → health → the rest. A refused guard fails this task, never the ingest.
+   canaries → health → the rest. A refused guard fails this task, never the ingest. The fleet
+   step needs root; a run's conf may say `{"deploy": false}` to stop at the signed artifact.
 """
 
 
@@ -36,33 +37,40 @@ The run at HH:00 works on the hour (HH-1):00–HH:00 of every edge node.
 def ccs_hourly():
     @task
     def ingest(logical_date=None) -> str:
-        from ccselect.pipeline import ingest_hour, previous_hour
+        from ccselect.pipeline import ingest_hour, previous_hour, report
         hour = previous_hour(logical_date)
-        print(ingest_hour(hour))
+        report("ingest", ingest_hour(hour))
         return hour
 
     @task
     def infer(hour: str) -> str:
         from airflow.exceptions import AirflowSkipException
 
-        from ccselect.pipeline import infer_hour
+        from ccselect.pipeline import infer_hour, report
         try:
-            print(infer_hour(hour))
+            report("infer", infer_hour(hour))
         except LookupError as e:  # no @champion yet: nothing to enforce, not a failure
             raise AirflowSkipException(str(e))
         return hour
 
     @task(retries=1)
     def export(hour: str) -> int:
-        from ccselect.pipeline import export_hour
+        from ccselect.pipeline import export_hour, report
         man = export_hour(hour)
-        print(man)
+        report("export", man)
         return int(man["version"])
 
     @task(retries=1)
-    def rollout(version: int) -> dict:
-        from ccselect.pipeline import rollout as do_rollout
-        return do_rollout(version)
+    def rollout(version: int, dag_run=None) -> dict:
+        from airflow.exceptions import AirflowFailException
+
+        from ccselect.pipeline import report, rollout as do_rollout
+        from export.guards import GuardRefused
+        deploy = (dag_run.conf or {}).get("deploy") if dag_run else None
+        try:
+            return report("rollout", do_rollout(version, deploy_fleet=deploy))
+        except GuardRefused as e:  # a refusal is a verdict on this table: retrying cannot change it
+            raise AirflowFailException(str(e)) from e
 
     rollout(export(infer(ingest())))
 

@@ -11,7 +11,8 @@ from airflow.sdk import dag, task
 DOC = """
 ### ccs_train
 The run at day D 00:00 learns from the `pipeline.train_window_hours` hours before it (a manual
-run may pass `{"window_hours": N}` as its conf).
+run may pass `{"window_hours": N}` as its conf, and `{"auto_promote": true}` to stand in for the
+human decision, as `make run` does).
 
 1. **training_set** — feature statistics (log1p + standardize) fitted on the window →
    `gold.feature_stats`; labelled, balanced connections → `gold.training_set`.
@@ -39,23 +40,23 @@ def ccs_train():
     @task
     def training_set(logical_date=None, dag_run=None) -> list[str]:
         from ccselect.config import load_config
-        from ccselect.pipeline import training_set as build, window_before
+        from ccselect.pipeline import report, training_set as build, window_before
         hours = (dag_run.conf or {}).get("window_hours") if dag_run else None
         lo, hi = window_before(logical_date, int(hours or load_config().get("pipeline.train_window_hours", 24)))
-        print(build(lo, hi))
+        report("training_set", build(lo, hi))
         return [lo, hi]
 
     @task
     def prefix_groups(window: list[str]) -> list[str]:
-        from ccselect.pipeline import prefix_groups as groups
-        print(groups(*window))
+        from ccselect.pipeline import prefix_groups as groups, report
+        report("prefix_groups", groups(*window))
         return window
 
     @task
     def train(window: list[str]) -> dict:
-        from ccselect.pipeline import train as do_train
+        from ccselect.pipeline import report, train as do_train
         res = do_train(*window)
-        print(res)
+        report("train", res)
         return {"version": str(res["version"]), "passed": bool(res["gate"]["passed"]), "window": window}
 
     @task.short_circuit
@@ -64,17 +65,18 @@ def ccs_train():
         return result["passed"]
 
     @task
-    def promote(result: dict) -> dict:
-        from ccselect.pipeline import promote_if_configured
-        return promote_if_configured(result["version"])
+    def promote(result: dict, dag_run=None) -> dict:
+        from ccselect.pipeline import promote_if_configured, report
+        auto = (dag_run.conf or {}).get("auto_promote") if dag_run else None
+        return report("promote", promote_if_configured(result["version"], auto=auto))
 
     @task
     def distill_diagnose(result: dict) -> dict:
         from airflow.exceptions import AirflowSkipException
 
-        from ccselect.pipeline import distill_and_diagnose
+        from ccselect.pipeline import distill_and_diagnose, report
         try:
-            return distill_and_diagnose(*result["window"])
+            return report("distill_diagnose", distill_and_diagnose(*result["window"]))
         except LookupError as e:  # no @champion yet
             raise AirflowSkipException(str(e))
 

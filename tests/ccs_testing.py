@@ -23,6 +23,12 @@ def write_config(root: Path, **overrides) -> Path:
     return path
 
 
+def raw_section(name: str) -> dict:
+    """A section of infra/conf/local.yaml as written (`${data_root}` not yet resolved), to
+    override a few keys of it in `write_config` without pinning paths to the project's var/."""
+    return dict(yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())[name])
+
+
 @dataclass(frozen=True)
 class SmallLake:
     """What the `small_lake` fixture built (see tests/conftest.py)."""

@@ -75,3 +75,51 @@ def _fleet_hours(fleet_dir: str) -> list[str]:
 
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
+
+
+@pytest.fixture(scope="session")
+def main_job(tmp_path_factory, small_lake):
+    """`ccs run` — the main job, through real Airflow — on a copy of the small lake: the fleet is
+    `small_fleet` (reused: same parameters), the backfill is reused (the lake already holds every
+    file of the window), ccs_train learns from hours 00..04 (auto-promoted by the run), ccs_hourly
+    runs at 06:00 on hour 05, then ccs_autoplex for 03:00–03:30. As root the table goes into the
+    kernel of a throwaway two-node fleet and the run probes it with real connections; otherwise the
+    run stops at the signed artifact. Returns (cfg, result of ccselect.run.main, autoplex run)."""
+    import json
+
+    import yaml
+
+    from ccs_testing import copy_lake, raw_section
+    from ccselect.airflow_env import result_of, run_in_airflow
+    from ccselect.config import load_config
+    from ccselect import run as main_run
+    lake = copy_lake(small_lake, tmp_path_factory.mktemp("main_job"))
+    manifest = json.load(open(os.path.join(lake.fleet_dir, "manifest.json")))
+    p = manifest["params"]
+    deploy = os.geteuid() == 0
+    tag = f"{os.getpid()}"
+    fleet_path = lake.root / "fleet.yaml"
+    fleet_path.write_text(yaml.safe_dump({"nodes": [
+        {"node_id": f"mj-{role}-{tag}", "canary": role == "canary",
+         "agent": {"cgroup": f"/sys/fs/cgroup/unified/ccs-mj-{role}-{tag}", "pin_dir": f"/sys/fs/bpf/ccs-mj-{role}-{tag}",
+                   "sample_rate": 0.0, "services": [{"port": 443, "name": "video"}]}}
+        for role in ("canary", "node")]}))
+    path = write_config(
+        lake.root, airflow={"home": str(lake.root / "airflow")},
+        simulate={"out": lake.fleet_dir, **{k: p[k] for k in ("nodes", "hours", "start", "seed", "conns_per_node_hour")}},
+        pipeline={**raw_section("pipeline"), "raw_dir": lake.fleet_dir, "epochs": 10, "deploy": deploy,
+                  "fleet": str(fleet_path)},
+        model={**(m := raw_section("model")), "gate": {**m["gate"], "min_mean_accuracy": 0.5, "min_worst_accuracy": 0.0}},
+        export={**(e := raw_section("export")), "rollout": {**e["rollout"], "health_wait_s": 0.3}})
+    cfg = load_config(path)
+    try:
+        res = main_run.main(cfg, hourly_hours=1)
+        print(res["summary"])
+        autoplex = result_of(run_in_airflow(cfg, ["test", "ccs_autoplex", "--date", "2026-11-01T03:30:00+00:00"],
+                                            timeout=1500))
+        yield cfg, res, autoplex
+    finally:
+        if deploy:
+            from ccselect.pipeline import _fleet_and_store_for
+            from export.localnet import teardown
+            teardown(_fleet_and_store_for(cfg)[0])

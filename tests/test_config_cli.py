@@ -1,6 +1,7 @@
 """Configuration loading, the Spark factory and the CLI's help."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -95,12 +96,17 @@ def test_simulate_command_end_to_end(tmp_path):
     assert m["counts"]["transport"] > 0 and len(m["nodes"]) == 2
 
 
-def test_run_reuses_an_unchanged_fleet(tmp_path):
-    cfg = write_config(tmp_path, simulate={"out": str(tmp_path / "raw"), "nodes": 2, "hours": 2,
-                                           "start": "2026-11-01T00:00:00", "seed": 1, "conns_per_node_hour": 100})
-    cmd = [sys.executable, "-m", "ccselect.cli", "run", "--config", str(cfg), "--ingest-hours", "0"]
-    first = subprocess.run(cmd, capture_output=True, text=True)
-    second = subprocess.run(cmd, capture_output=True, text=True)
-    assert first.returncode == 0 and second.returncode == 0, first.stderr[-800:] + second.stderr[-800:]
-    assert "reusing" not in first.stdout and "main job summary" in first.stdout
-    assert "reusing the simulated fleet" in second.stdout, second.stdout[:400]
+def test_run_reuses_an_unchanged_fleet(tmp_path, capsys):
+    """`ccs run`'s first step: the simulated fleet is reused when its parameters and the simulator
+    are unchanged, and simulated again when a parameter changes."""
+    from ccselect.run import fleet
+    sim = {"out": str(tmp_path / "raw"), "nodes": 2, "hours": 2, "start": "2026-11-01T00:00:00", "seed": 1,
+           "conns_per_node_hour": 100}
+    cfg = load_config(write_config(tmp_path, simulate=sim))
+    first, reused_first = fleet(cfg)
+    second, reused_second = fleet(cfg)
+    assert not reused_first and reused_second and second == json.loads(json.dumps(first, default=str))
+    assert "reusing the simulated fleet" in capsys.readouterr().out
+    changed = load_config(write_config(tmp_path, simulate={**sim, "seed": 2}))
+    third, reused_third = fleet(changed)
+    assert not reused_third and third["params"]["seed"] == 2

@@ -1,13 +1,15 @@
 """The Airflow DAGs through real Airflow (SQLite metadata DB, `dag.test()`), each run in a child
-process with the project's Airflow environment (ccselect.airflow_env), then the analysts'
-notebooks executed (nbclient) over the lake those runs wrote."""
+process with the project's Airflow environment (ccselect.airflow_env): ccs_train and ccs_hourly as
+the main job (`ccs run`, the `main_job` fixture of conftest.py) runs them, ccs_autoplex on its own;
+the main job's summary; then the analysts' notebooks executed (nbclient) over the lake those runs
+wrote."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from ccs_testing import REPO, copy_lake, write_config
+from ccs_testing import REPO, write_config
 
 pytestmark = pytest.mark.timeout(2400)
 
@@ -22,32 +24,6 @@ def airflow_home(tmp_path_factory):
     cfg = load_config(write_config(root, airflow={"home": str(home)}))
     ensure_db(cfg)
     return str(home)
-
-
-@pytest.fixture(scope="module")
-def pipeline_lake(small_lake, airflow_home, tmp_path_factory):
-    """A copy of the small lake after ccs_train on the first 5 hours (auto-promote on, so the
-    hourly run has a champion), ccs_hourly for the last hour (publish only: the kernel side of a
-    rollout has its own tests in tests/kernel/) and ccs_autoplex for 03:00–03:30."""
-    from ccselect.airflow_env import result_of, run_in_airflow
-    from ccselect.config import load_config
-    from export.cli import init_keys
-    lake = copy_lake(small_lake, tmp_path_factory.mktemp("pipeline_lake"))
-    base = load_config()
-    path = write_config(lake.root, airflow={"home": airflow_home},
-                        pipeline={**base.section("pipeline"), "raw_dir": lake.fleet_dir, "train_window_hours": 5,
-                                  "auto_promote": True, "deploy": False, "epochs": 10},
-                        model={**base.section("model"),
-                               "gate": {**base.get("model.gate"), "min_mean_accuracy": 0.5,
-                                        "min_worst_accuracy": 0.0}})
-    cfg = load_config(path)
-    init_keys(cfg)
-    runs = {}
-    # the training window 00..04 ends at 05:00; the hourly run at 06:00 works on hour 05
-    for dag_id, date in (("ccs_train", "2026-11-01T05:00:00+00:00"), ("ccs_hourly", "2026-11-01T06:00:00+00:00"),
-                         ("ccs_autoplex", "2026-11-01T03:30:00+00:00")):
-        runs[dag_id] = result_of(run_in_airflow(cfg, ["test", dag_id, "--date", date], timeout=1500))
-    return cfg, runs
 
 
 def _delta(spark, cfg, name):
@@ -77,12 +53,12 @@ def _ok(run):
     return run["state"].endswith("success") and all(v.endswith("success") for v in run["tasks"].values())
 
 
-def test_train_dag_writes_training_set_groups_model_and_diagnostics(spark, pipeline_lake):
+def test_train_dag_writes_training_set_groups_model_and_diagnostics(spark, main_job):
     from pyspark.sql import functions as F
 
     from models import registry
-    cfg, runs = pipeline_lake
-    assert _ok(runs["ccs_train"]), runs["ccs_train"]
+    cfg, res, _ = main_job
+    assert _ok(res["train"]), res["train"]
     window = "2026-11-01T00..2026-11-01T04"
     assert _delta(spark, cfg, "gold.training_set").where(F.col("window") == window).count() > 0
     assert _delta(spark, cfg, "gold.prefix_groups").count() > 0
@@ -91,10 +67,10 @@ def test_train_dag_writes_training_set_groups_model_and_diagnostics(spark, pipel
     assert _delta(spark, cfg, "gold.diagnostics").count() > 0
 
 
-def test_hourly_dag_ingests_infers_exports_and_publishes(spark, pipeline_lake):
+def test_hourly_dag_ingests_infers_exports_and_publishes(spark, main_job):
     from pyspark.sql import functions as F
-    cfg, runs = pipeline_lake
-    assert _ok(runs["ccs_hourly"]), runs["ccs_hourly"]
+    cfg, res, _ = main_job
+    assert len(res["hourly"]) == 1 and _ok(res["hourly"][0]), res["hourly"]
     hour = F.col("hour") == "2026-11-01T05"
     n = _delta(spark, cfg, "silver.connections").where(hour).count()
     assert n > 0 and _delta(spark, cfg, "gold.predictions").where(hour).count() == n
@@ -105,18 +81,29 @@ def test_hourly_dag_ingests_infers_exports_and_publishes(spark, pipeline_lake):
         any("table-" in f for _, _, files in os.walk(store) for f in files)
 
 
-def test_autoplex_dag_writes_the_period_that_just_ended(spark, pipeline_lake):
-    cfg, runs = pipeline_lake
-    assert _ok(runs["ccs_autoplex"]), runs["ccs_autoplex"]
+def test_autoplex_dag_writes_the_period_that_just_ended(spark, main_job):
+    cfg, _, autoplex = main_job
+    assert _ok(autoplex), autoplex
     periods = {r["period"] for r in _delta(spark, cfg, "gold.autoplex_params").select("period").distinct().collect()}
     assert periods == {"2026-11-01T03:00"}, periods
 
 
+def test_main_job_reuses_the_fleet_and_lake_and_prints_its_summary(main_job):
+    cfg, res, _ = main_job
+    assert res["ok"] and {"fleet", "backfill"} <= set(res["reused"]), res["reused"]
+    s = res["summary"]
+    for what in ("per held-out node", "mean ", "worst ", "table           : v1 from model v1", "memory saving",
+                 "rollout         : store", "make mlflow", "make airflow", "make notebooks"):
+        assert what in s, f"{what!r} missing from the summary:\n{s}"
+    if not res["probe"]:
+        assert "not loaded into the kernel" in s
+
+
 @pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb")))
-def test_notebook_executes_and_writes_its_figures(pipeline_lake, name, monkeypatch):
+def test_notebook_executes_and_writes_its_figures(main_job, name, monkeypatch):
     import nbformat
     from nbclient import NotebookClient
-    cfg, _ = pipeline_lake
+    cfg, _, _ = main_job
     monkeypatch.setenv("CCS_CONFIG", str(cfg.path))
     nbk = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
     NotebookClient(nbk, timeout=900, kernel_name="python3",

@@ -2,44 +2,18 @@
 them, tables signed with a test key, and a transport-log record checker against the contract."""
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import ipaddress
-import os
 import socket
 import struct
 import subprocess
-import threading
-from concurrent.futures import ThreadPoolExecutor
 
 from ccselect import contract
 
-CGROUP_ROOT = "/sys/fs/cgroup/unified"
-CLONE_NEWNET = 0x40000000
+# cgroups, namespaces and sockets: the same helpers `make run`'s kernel probe uses
+from export.localnet import (CGROUP_ROOT, CLONE_NEWNET, NetnsRunner, client, in_cgroup,  # noqa: E402,F401
+                             listener, own_cgroup, sock_cc)
+
 SO_MAX_PACING_RATE = 47
-
-_cg_lock = threading.Lock()
-
-
-def own_cgroup() -> str:
-    for line in open("/proc/self/cgroup"):
-        if line.startswith("0::"):
-            return line[3:].strip()
-    return "/"
-
-
-@contextlib.contextmanager
-def in_cgroup(path: str):
-    """Move this process into `path` for the block; sockets created inside belong to it."""
-    with _cg_lock:
-        back = os.path.join(CGROUP_ROOT, own_cgroup().lstrip("/"))
-        with open(os.path.join(path, "cgroup.procs"), "w") as f:
-            f.write(str(os.getpid()))
-        try:
-            yield
-        finally:
-            with open(os.path.join(back, "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
 
 
 def sysctl_cc(netns: str | None = None) -> str:
@@ -52,49 +26,6 @@ def sysctl_cc(netns: str | None = None) -> str:
 def other_ccs(default: str) -> list[str]:
     """Two CCs different from the default, so table hits are told apart from misses."""
     return [c for c in ("cubic", "reno", "bbr") if c != default][:2]
-
-
-class NetnsRunner:
-    """A single worker thread that has joined a network namespace: sockets created through
-    `call` live in that namespace (the netns of a socket is its creating thread's)."""
-
-    def __init__(self, name: str):
-        libc = ctypes.CDLL(None, use_errno=True)
-
-        def join():
-            fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
-            try:
-                if libc.setns(fd, CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "setns")
-            finally:
-                os.close(fd)
-
-        self.pool = ThreadPoolExecutor(max_workers=1, initializer=join)
-
-    def call(self, fn, *a, **kw):
-        return self.pool.submit(fn, *a, **kw).result()
-
-    def close(self):
-        self.pool.shutdown(wait=True)
-
-
-def listener(family=socket.AF_INET, addr="127.0.0.1", backlog=512) -> socket.socket:
-    s = socket.socket(family, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind((addr, 0))
-    s.listen(backlog)
-    return s
-
-
-def client(src: str, family=socket.AF_INET) -> socket.socket:
-    c = socket.socket(family, socket.SOCK_STREAM)
-    c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    c.bind((src, 0))
-    return c
-
-
-def sock_cc(s: socket.socket) -> str:
-    return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0")[0].decode()
 
 
 def pacing_rate(s: socket.socket) -> int:
