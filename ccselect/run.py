@@ -332,9 +332,9 @@ def _per_node(cfg: Config, champ: dict) -> list[str]:
     except Exception as e:  # noqa: BLE001 — the summary reports what it can
         return [f"  (per-node table unavailable: {e})"]
     out = ["  per held-out node (the model never saw these nodes):",
-           f"    {'node':14s} {'accuracy':>8s} {'wifi rec':>8s} {'4g rec':>8s} {'4G share':>8s} {'rows':>7s}"]
+           f"    {'node':18s} {'accuracy':>8s} {'wifi rec':>8s} {'4g rec':>8s} {'4G share':>8s} {'rows':>7s}"]
     for r in sorted(rows, key=lambda r: r["node_id"]):
-        out.append(f"    {r['node_id']:14s} {r['accuracy']:8.3f} {_f(r.get('wifi_recall'))} {_f(r.get('cell_recall'))} "
+        out.append(f"    {r['node_id']:18s} {r['accuracy']:8.3f} {_f(r.get('wifi_recall'))} {_f(r.get('cell_recall'))} "
                    f"{_f(r.get('share_cell'))} {int(r['n']):7d}")
     acc = [r["accuracy"] for r in rows if r.get("accuracy") is not None]
     if acc:
