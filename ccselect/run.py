@@ -30,8 +30,8 @@ from typing import Optional
 import typer
 
 from ccselect.config import Config, load_config
+from ccselect.pipeline import HOUR_FMT, raw_dir
 
-HOUR_FMT = "%Y-%m-%dT%H"
 
 
 def register(app: typer.Typer) -> None:
@@ -86,7 +86,7 @@ def main(cfg: Config, hourly_hours: int = 2, fresh: bool = False, probe: bool = 
     else:
         from jobs import ingest
         _say(f"backfill: ingest the training window {lo}..{hi} ({window_hours} h) into the lakehouse")
-        res = ingest.run(spark, cfg, _raw_dir(cfg), (lo, hi))
+        res = ingest.run(spark, cfg, raw_dir(cfg), (lo, hi))
         for stream, t in sorted(res["streams"].items()):
             _say(f"  {stream:9s}: {t['lines_read']:,} lines = {t['accepted']:,} accepted + "
                  f"{t['quarantined']:,} quarantined")
@@ -218,10 +218,6 @@ def fleet(cfg: Config) -> tuple[dict, bool]:
     return manifest, False
 
 
-def _raw_dir(cfg: Config) -> str:
-    return cfg.get("pipeline.raw_dir") or cfg.get("simulate.out")
-
-
 def _digest(manifest: dict) -> str:
     return hashlib.sha256(json.dumps({k: manifest.get(k) for k in ("params", "code_version", "counts")},
                                      sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -245,7 +241,7 @@ def _ingested(spark, cfg: Config, lo: str, hi: str) -> bool:
     path = table_path(cfg, "gold.ingest_audit")
     if not is_delta(spark, path) or not is_delta(spark, table_path(cfg, "silver.connections")):
         return False
-    files = {(f.stream, f.node_id, f.hour, f.path) for f in discover(_raw_dir(cfg), (lo, hi))}
+    files = {(f.stream, f.node_id, f.hour, f.path) for f in discover(raw_dir(cfg), (lo, hi))}
     done = {tuple(r) for r in spark.read.format("delta").load(path).where(F.col("hour").between(lo, hi))
             .select("stream", "node_id", "hour", "source_file").collect()}
     return bool(files) and files <= done

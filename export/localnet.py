@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ipaddress
+import itertools
 import os
 import socket
 import struct
@@ -24,6 +25,7 @@ BPFFS = "/sys/fs/bpf"
 CLONE_NEWNET = 0x40000000
 
 _cg_lock = threading.Lock()
+_ns_seq = itertools.count()
 
 
 # ---- cgroups, namespaces, sockets ---------------------------------------------------------------
@@ -76,7 +78,7 @@ class NetnsRunner:
 @contextlib.contextmanager
 def netns(prefix: str = "ccs"):
     """A throwaway network namespace with lo up; yields (name, runner-thread inside it)."""
-    name = f"{prefix}-{os.getpid()}-{int(time.time() * 1000) % 1000000}"
+    name = f"{prefix}-{os.getpid()}-{next(_ns_seq)}"
     subprocess.run(["ip", "netns", "add", name], check=True)
     runner = None
     try:

@@ -17,7 +17,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 if REPO not in sys.path:
     sys.path.insert(0, REPO)
 
-from _edge_helpers import CGROUP_ROOT, NetnsRunner  # noqa: E402
+from _edge_helpers import CGROUP_ROOT  # noqa: E402
 
 from export import signing  # noqa: E402
 from export.edge_agent import EdgeAgent, EdgeConfig  # noqa: E402
@@ -140,14 +140,6 @@ def edge(edge_binary, keys, tmp_path):
 @pytest.fixture
 def netns():
     """A network namespace with lo up; yields (name, runner-thread inside it)."""
-    name = f"ccs-test-{os.getpid()}-{next(_seq)}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    runner = None
-    try:
-        subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
-        runner = NetnsRunner(name)
-        yield name, runner
-    finally:
-        if runner:
-            runner.close()
-        subprocess.run(["ip", "netns", "del", name])
+    from export.localnet import netns as make_netns
+    with make_netns("ccs-test") as ns:
+        yield ns
