@@ -136,6 +136,26 @@ class SimParams:
     police_p_end: float = 0.45
     police_rate_mbps: tuple[float, float] = (0.8, 2.5)
 
+    # --- congestion of a user group's broadband aggregation (AutoPlex §3.4, Figs. 2, 3;
+    # ccselect/sim/congestion.py) ---
+    #: length of a congestion epoch: AutoPlex §3.4 measures at T = 15 minutes.
+    congestion_epoch_minutes: int = 15
+    #: share of broadband hosts behind oversubscribed aggregation (our pick: the 75-90th
+    #: percentile band of a user group's retransmission ratio falls on them when it is busy).
+    congested_host_share: float = 0.4
+    #: probability that a user group's aggregation is busy in an epoch, and the lognormal σ of
+    #: its severity then (our picks).
+    congestion_busy_p: float = 0.5
+    congestion_sigma: float = 0.7
+    #: loss on an exposed connection × c·(1 + gain·severity), c keeping the broadband mean loss:
+    #: 50 puts good paths at ≈0.07× and busy bad ones at several × the mean (Fig. 2: better
+    #: sessions retransmit ~0.03%, worse ~2.9%).
+    congestion_loss_gain: float = 50.0
+    #: capacity of an exposed connection is capped at fair_share/severity Mbps: what the busy
+    #: uplink leaves each flow (our pick: 4 Mbps keeps broadband rebuffering below cellular's,
+    #: BBR-E2E §III; 1 Mbps or less, near the video bitrate, makes broadband players stall more).
+    congestion_fair_share_mbps: float = 4.0
+
     # --- labels (ALICCS §3 "Labeled data acquisition", Observation IV) ---
     #: share of nodes whose short-video app reports the access network type.
     label_node_share: float = 0.7

@@ -31,15 +31,19 @@ class Path:
     police_mbps: np.ndarray
     bbr_eff: np.ndarray
     spike_ms: np.ndarray
+    #: congestion of the user group's aggregation on this path (congestion.on_path)
+    loss_mult: np.ndarray
 
 
 def draw_path(rng: np.random.Generator, cell: np.ndarray, is5g: np.ndarray, fam6: np.ndarray,
               base_rtt_ms: np.ndarray, dist_rtt_ms: np.ndarray, cap_mult: np.ndarray,
               capacity_factor: float, competing: int, path_jitter_ms: np.ndarray,
               police_p: float, police_rate: tuple[float, float], bbr_day_effect: np.ndarray,
-              access_scale: np.ndarray) -> Path:
+              access_scale: np.ndarray, loss_mult: np.ndarray | float = 1.0,
+              fair_share_mbps: np.ndarray | float = np.inf) -> Path:
     """`access_scale` [n, 2]: the access RTT multiplier of the client's provincial branch for
-    broadband and cellular (world.World._access_plants)."""
+    broadband and cellular (world.World._access_plants). `loss_mult`, `fair_share_mbps`: the
+    aggregation's congestion in the connection's epoch (congestion.on_path)."""
     n = len(cell)
     ln = rng.lognormal
     access = np.where(cell, np.where(is5g, ln(np.log(16.0), 0.45, n), ln(np.log(34.0), 0.45, n)),
@@ -52,7 +56,7 @@ def draw_path(rng: np.random.Generator, cell: np.ndarray, is5g: np.ndarray, fam6
     jitter = jitter + path_jitter_ms * ln(0.0, 0.5, n)
     cap = np.where(cell, np.where(is5g, ln(np.log(60.0), 0.6, n), ln(np.log(11.0), 0.7, n)),
                    ln(np.log(24.0), 0.7, n))
-    cap = np.clip(cap * cap_mult * capacity_factor / (1.0 + 0.12 * competing), 0.1, 300.0)
+    cap = np.clip(np.minimum(cap * cap_mult * capacity_factor / (1.0 + 0.12 * competing), fair_share_mbps), 0.1, 300.0)
     buffer_ms = np.where(cell, ln(np.log(160.0), 0.5, n), ln(np.log(30.0), 0.6, n))
     # cellular link layers retransmit locally (RLC ARQ), so end-to-end random loss stays low;
     # cellular/Wi-Fi mean retransmission ratio ≈2.1× on IPv4, ≈2.9× on IPv6 (ALICCS §4.2)
@@ -63,7 +67,8 @@ def draw_path(rng: np.random.Generator, cell: np.ndarray, is5g: np.ndarray, fam6
     police_mbps = rng.uniform(police_rate[0], police_rate[1], n)
     agg = np.where(cell, 1.0, np.clip(ln(np.log(0.74), 0.08, n), 0.5, 1.0))  # Wi-Fi aggregation
     bbr_eff = np.clip(0.93 * agg * bbr_day_effect, 0.3, 0.99)
-    return Path(min_rtt, jitter, cap, buffer_ms, loss, policed, police_mbps, bbr_eff, spike)
+    return Path(min_rtt, jitter, cap, buffer_ms, loss, policed, police_mbps, bbr_eff, spike,
+                np.broadcast_to(np.asarray(loss_mult, dtype=float), (n,)))
 
 
 def rate_and_loss(path: Path, cc: np.ndarray, mss: np.ndarray, rng: np.random.Generator
@@ -74,11 +79,12 @@ def rate_and_loss(path: Path, cc: np.ndarray, mss: np.ndarray, rng: np.random.Ge
     shallow = 1.0 / (1.0 + path.buffer_ms / path.min_rtt_ms)
     # CUBIC: self-induced overflow loss plus random loss; a loss-bound rate of the Mathis form
     # C·MSS/(RTT·√p) with C=1.8 rather than Reno's 1.22 (CUBIC regrows its window faster).
-    p_cubic = path.loss + 0.004 * shallow
+    # both loss terms scale with the aggregation's congestion (congestion.py)
+    p_cubic = (path.loss + 0.004 * shallow) * path.loss_mult
     mathis = 1.8 * mss * 8 / (rtt_s * np.sqrt(p_cubic)) / 1e6
     rate_cubic = np.minimum(path.capacity_mbps * 0.92, mathis)
     # BBR: rate-based, loss-insensitive, but 2·BDP in flight overflows shallow buffers.
-    p_bbr = path.loss + 0.005 * shallow
+    p_bbr = (path.loss + 0.005 * shallow) * path.loss_mult
     rate_bbr = path.capacity_mbps * path.bbr_eff
     # Token-bucket policer (Observation III): CUBIC bursts into the empty bucket and collapses.
     pol = path.policed

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from ccselect.sim import physics
+from ccselect.sim import congestion, physics
 from ccselect.sim.params import BROADBAND_PLANTS, CELLULAR_PLANTS, ISPS, REGIONS
 from ccselect.sim.tables import CcTable
 from ccselect.sim.world import World, unit
@@ -135,11 +135,19 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     # the /24's pool at this hour (mobile if cellular-dominated) picks its gateway path
     pool = (ps.share_cell[pref, hour_idx] >= 0.5).astype(np.int64)
     rows = np.arange(n)
+    # time-varying congestion of the user group's broadband aggregation (congestion.py, AutoPlex
+    # §3.4): each connection lives inside one epoch of the hour (own stream, so every draw of
+    # `rng` stays as it was)
+    epoch_len = congestion.epoch_ms(p)
+    epoch_of_conn = np.random.default_rng([p.seed, 14, node_idx, hour_idx]).integers(0, 3_600_000 // epoch_len, n)
+    cong_sev = np.where(congestion.exposed(p, node_idx, pref, host, cell),
+                        congestion.severity(p, ps.region[pref], ps.isp[pref], hour_ms // epoch_len + epoch_of_conn), 0.0)
+    loss_mult, fair_share = congestion.on_path(p, cong_sev, cell)
     path = physics.draw_path(rng, cell, is5g, fam6, node.base_rtt_ms,
                              ps.dist_rtt_ms[pref] + ps.gw_rtt_ms[pref][rows, pool],
                              ps.cap_mult[pref], node.capacity_factor, node.competing_flows,
                              ps.path_jitter_ms[pref] + ps.gw_jitter_ms[pref][rows, pool], police_p, p.police_rate_mbps, day_eff,
-                             ps.access_scale[pref])
+                             ps.access_scale[pref], loss_mult, fair_share)
     isp = ps.isp[pref]
     plant_bb, plant_cell = ps.plant_bb[pref], ps.plant_cell[pref]
     mss = _mss_profile(rng, isp, cell, plant_bb, plant_cell)
@@ -189,7 +197,8 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     idle = np.where(req_rank == 0, 0.0, idle)
     gap = idle + t_req
     duration_ms = np.minimum(np.bincount(conn_of_req, weights=gap, minlength=n) + path.min_rtt_ms, 600_000)
-    start_ms = hour_ms + (rng.random(n) * np.maximum(1.0, 3_600_000 - duration_ms - 1)).astype(np.int64)
+    start_ms = hour_ms + epoch_of_conn * epoch_len + (rng.random(n) * np.maximum(1.0, epoch_len - duration_ms - 1)
+                                                      ).astype(np.int64)
     end_ms = start_ms + duration_ms.astype(np.int64)
 
     segs = np.ceil(bytes_c / mss).astype(np.int64)
@@ -318,6 +327,7 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
         "policed": path.policed,
         "capacity_mbps": path.capacity_mbps,
         "base_rtt_ms": path.min_rtt_ms,
+        "congestion_severity": cong_sev,
         "bitrate_mbps": bitrate,
         "goodput_mbps": goodput,
         "retrans_ratio": loss,
