@@ -1,0 +1,41 @@
+"""AutoPlex §3.4 (Fig. 3) on the simulated fleet, through the lake: `jobs.autoplex.run_similarity`
+over the shared small lake (8 nodes × 6 h, 12 periods of 30 minutes). Better-performed sessions
+(retransmission ratio 5-20th percentile of their user group) sit on good paths and change less
+between adjacent periods than worse-performed ones (75-90th), which sit on broadband aggregation
+whose congestion comes and goes (ccselect/sim/congestion.py)."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import pytest
+
+from ccs_testing import copy_lake
+
+
+@pytest.fixture(scope="module")
+def summary(spark, small_lake, tmp_path_factory):
+    from jobs.autoplex import run_similarity
+    lake = copy_lake(small_lake, tmp_path_factory.mktemp("autoplex_sim"))
+    start = int(datetime.strptime(lake.lo, "%Y-%m-%dT%H").replace(tzinfo=timezone.utc).timestamp() * 1000)
+    res = run_similarity(spark, lake.cfg(), start, 2 * len(lake.hours))
+    print(res["summary"])
+    return {r["value"]: r for r in res["summary"]}
+
+
+@pytest.mark.parametrize("value", ["max_cwnd_segs", "max_inflight_segs"])
+def test_better_sessions_change_less_than_worse(summary, value):
+    """Fig. 3(b), 3(c): worse sessions change max_cwnd 3.0-5.1× and max_inflight 1.3-3.0× more.
+    Measured here (seed 11): better/worse 0.44 (max_cwnd) and 0.46 (max_inflight)."""
+    r = summary[value]
+    assert r["better"] < r["worse"], f"{value}: better {r['better']:.3f} vs worse {r['worse']:.3f}"
+
+
+@pytest.mark.xfail(reason="the job's goodput_bps is bytes over the connection's whole life, idle time "
+                          "included, so a video session's is its bitrate however congested the path; and "
+                          "a small group's better band is one to four sessions with no retransmission, "
+                          "often short image fetches whose goodput varies most (README: AutoPlex parameters)",
+                   strict=False)
+def test_better_sessions_goodput_changes_less_than_worse(summary):
+    """Fig. 3(a): the better sessions' goodput change rate is 25-30% of the worse sessions'."""
+    r = summary["goodput_bps"]
+    assert r["better"] < r["worse"], f"goodput: better {r['better']:.3f} vs worse {r['worse']:.3f}"
