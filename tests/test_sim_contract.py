@@ -163,3 +163,29 @@ def test_resimulating_into_the_same_folder_leaves_no_stale_files(tmp_path):
     assert len(glob.glob(str(tmp_path / "transport" / "*" / "*.jsonl"))) == 2, "files of the earlier, larger run remain"
     from ccselect.sim.fleet import code_version
     assert m["code_version"] == code_version()
+
+
+def test_planted_mss_fault_changes_only_the_mss_of_its_prefix16_from_its_hour():
+    """The issue-5 fault: from `fault_start_hour` on, the /16's IPv4 connections log MSS
+    `fault_mss_bytes`; every other column of every stream is what the fault-free fleet writes."""
+    from ccselect.sim.traffic import generate_node_hour
+    from ccselect.sim.world import World
+    base = SimParams(nodes=4, hours=3, conns_per_node_hour=300, seed=5)
+    clean = World(base)
+    faulty = World(SimParams(**{**base.to_dict(), "fault_mss_prefix16": "auto", "fault_start_hour": 1}))
+    net16 = ipaddress.ip_network(f"{faulty.fault_prefix16 >> 8}.{faulty.fault_prefix16 & 255}.0.0/16")
+    assert any(n.labelled for n in faulty.nodes) and clean.fault_prefix16 is None
+    hit = 0
+    for node in range(base.nodes):
+        for hour in range(base.hours):
+            a, b = generate_node_hour(clean, node, hour), generate_node_hour(faulty, node, hour)
+            for stream in ("access", "qoe"):
+                assert getattr(a, stream).equals(getattr(b, stream))
+            assert a.transport.drop("mss_bytes").equals(b.transport.drop("mss_bytes"))
+            inside = [ipaddress.ip_address(ip) in net16 if ":" not in ip else False for ip in b.transport["client_ip"]]
+            want = [536 if (f and hour >= 1) else m for f, m in zip(inside, a.transport["mss_bytes"])]
+            assert b.transport["mss_bytes"].to_list() == want
+            truth = dict(zip(b.truth["conn_id"], b.truth["fault_mss"]))
+            assert [truth[c] for c in b.transport["conn_id"]] == [f and hour >= 1 for f in inside]
+            hit += sum(inside) * (hour >= 1)
+    assert hit > 0

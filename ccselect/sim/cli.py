@@ -24,6 +24,8 @@ def simulate_cmd(
     table: Optional[str] = typer.Option(None, help="prefix→CC table CSV (cidr,cc) for --cc-mode table"),
     table_ab: bool = typer.Option(False, help="with a table: even CRC32 stays on the default as control"),
     fault_mss_prefix16: Optional[str] = typer.Option(None, help="plant an MSS anomaly in this /16 ('auto' picks one)"),
+    fault_mss_bytes: int = typer.Option(536, help="with --fault-mss-prefix16: the anomalous MSS its IPv4 clients announce"),
+    fault_start_hour: int = typer.Option(0, help="with --fault-mss-prefix16: the fleet hour (0-based) the fault starts"),
     workers: Optional[int] = typer.Option(None, help="worker processes (default: all cores)"),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG", help="configuration file"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
@@ -39,7 +41,8 @@ def simulate_cmd(
         nodes=nodes or int(d.get("nodes", 12)), hours=hours or int(d.get("hours", 24)),
         start=start or str(d.get("start", SimParams.start)), seed=seed if seed is not None else int(d.get("seed", 7)),
         conns_per_node_hour=conns or int(d.get("conns_per_node_hour", 1500)),
-        cc_mode=cc_mode, table_path=table, table_ab=table_ab, fault_mss_prefix16=fault_mss_prefix16)
+        cc_mode=cc_mode, table_path=table, table_ab=table_ab, fault_mss_prefix16=fault_mss_prefix16,
+        fault_mss_bytes=fault_mss_bytes, fault_start_hour=fault_start_hour)
     manifest = simulate(params, out or d["out"], workers=workers, progress=not as_json)
     if as_json:
         typer.echo(json.dumps(manifest, indent=1))

@@ -173,8 +173,15 @@ class SimParams:
 
     # --- planted faults for diagnostics (issue 5) ---
     #: a /16 (e.g. "58.14.0.0/16" or "auto") whose MSS is anomalous while other features stay
-    #: normal: Wi-Fi clients there announce cellular MSS values and vice versa.
+    #: normal (ALICCS §3.2: one /16 made the model lean on MSS): a middlebox on its access network
+    #: clamps every IPv4 client's MSS to `fault_mss_bytes`, whatever the access type.
     fault_mss_prefix16: str | None = None
+    #: the clamped MSS: 536 is TCP's default MSS (RFC 879), what a misconfigured clamp or a client
+    #: that lost its MTU announces; no healthy access plant here is below 1340 (M-Lab 1364-1460).
+    fault_mss_bytes: int = 536
+    #: the fleet hour (0-based) from which the fault is present: a model trained before it and
+    #: deployed after it meets the anomaly, as in ALICCS §3.2's initial deployment
+    fault_start_hour: int = 0
 
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -151,11 +151,13 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     isp = ps.isp[pref]
     plant_bb, plant_cell = ps.plant_bb[pref], ps.plant_cell[pref]
     mss = _mss_profile(rng, isp, cell, plant_bb, plant_cell)
-    if world.fault_prefix16 is not None:  # planted fault: MSS of the other access type
-        f = (~fam6) & ((net >> 8) == world.fault_prefix16)
-        mss = np.where(f, _mss_profile(np.random.default_rng([p.seed, 12, node_idx, hour_idx]), isp, ~cell,
-                                         plant_bb, plant_cell), mss)
     mss = np.minimum(np.minimum(mss - np.where(fam6, 20, 0), ps.mss_clamp[pref]), ps.gw_clamp[pref][rows, pool])
+    # planted fault (ALICCS §3.2's /16 whose MSS misled the model): the /16's IPv4 connections
+    # are logged with an anomalous MSS; the path, the transfer and every other feature keep the
+    # real MSS, so MSS is the only feature that is off
+    fault = ((~fam6) & ((net >> 8) == world.fault_prefix16)) \
+        if world.fault_prefix16 is not None and hour_idx >= p.fault_start_hour else np.zeros(n, dtype=bool)
+    mss_logged = np.where(fault, p.fault_mss_bytes, mss)
 
     service_idx = rng.choice(3, size=n, p=SERVICE_P)
     n_req = 1 + rng.poisson(_MEAN_EXTRA_REQ[service_idx])
@@ -202,8 +204,7 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     end_ms = start_ms + duration_ms.astype(np.int64)
 
     segs = np.ceil(bytes_c / mss).astype(np.int64)
-    # own stream: Poisson sampling consumes a variable number of draws, and a planted MSS fault
-    # (which changes segs) must leave every other feature as it was
+    # own stream: Poisson sampling consumes a variable number of draws
     retrans = np.random.default_rng([p.seed, 13, node_idx, hour_idx]).poisson(segs * loss)
     s = np.clip(bytes_c / np.maximum(1.0, rate * 1e3 / 8 * path.min_rtt_ms * 4), 0.0, 1.0)
     queue = np.where(cc == physics.BBR, path.min_rtt_ms * rng.uniform(0.1, 0.5, n),
@@ -252,7 +253,7 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
         "cc": np.array(["cubic", "bbr"])[cc],
         "decision": decision.astype(str),
         "table_version": pl.Series(version.tolist(), dtype=pl.Utf8),
-        "mss_bytes": mss.astype(np.int64),
+        "mss_bytes": mss_logged.astype(np.int64),
         "connection_time_us": us(conn_time),
         "init_snd_wnd_bytes": init_wnd.astype(np.int64),
         "min_rtt_us": us(path.min_rtt_ms),
@@ -334,7 +335,6 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
         "goodput_cubic_mbps": cf["cubic"][0], "goodput_bbr_mbps": cf["bbr"][0],
         "retrans_cubic": cf["cubic"][1], "retrans_bbr": cf["bbr"][1],
         "exp_rebuffer_cubic": cf["cubic"][2], "exp_rebuffer_bbr": cf["bbr"][2],
-        "fault_mss": ((~fam6) & ((net >> 8) == world.fault_prefix16)) if world.fault_prefix16 is not None
-        else np.zeros(n, dtype=bool),
+        "fault_mss": fault,
     })
     return NodeHour(transport, access, qoe, truth)

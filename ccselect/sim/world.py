@@ -175,11 +175,14 @@ class World:
         f = self.p.fault_mss_prefix16
         if not f:
             return None
-        if f == "auto":  # the busiest large-ISP /16 of node 0's own region
-            ps = self.prefixes(0)
-            v4 = (ps.family == 4) & (ps.isp < 3)
+        if f == "auto":  # the busiest large-ISP /16 of the nodes that carry labels (diagnosable)
             w = np.zeros(1 << 16)
-            np.add.at(w, (ps.net[v4] >> 8).astype(np.int64), ps.weight[v4])
+            for node in self.nodes:
+                if not node.labelled:
+                    continue
+                ps = self.prefixes(node.idx)
+                v4 = (ps.family == 4) & (ps.isp < 3)
+                np.add.at(w, (ps.net[v4] >> 8).astype(np.int64), ps.weight[v4])
             return int(np.argmax(w))
         net = ipaddress.ip_network(f, strict=False)
         if net.version != 4 or net.prefixlen != 16:
