@@ -73,6 +73,7 @@ bench: setup
 	$(PY) bench/train.py --rows $(BENCH_TRAIN_ROWS)
 	$(PY) bench/infer.py
 	$(PY) bench/export.py --rows $(BENCH_EXPORT_ROWS)
+	$(PY) bench/autoplex.py
 
 mlflow: python
 	$(PY) -m ccselect.ui mlflow

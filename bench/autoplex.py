@@ -1,0 +1,191 @@
+"""bench/autoplex: AutoPlex over one day of a 20-node fleet (issue 6 "Must show"), Spark local[2].
+
+Times the two AutoPlex jobs on the same silver.connections: `jobs.autoplex.run_parameters`
+(Algorithm 1 for every configured policy, 48 periods of 30 minutes → gold.autoplex_params) and
+`jobs.autoplex.run_similarity` (§3.4's change rates → gold.autoplex_similarity), and — in the same
+run, as the single-machine reference — the same computation in DuckDB (2 threads) over the same
+silver Parquet files. Wall time and silver rows/s for each; Spark over DuckDB.
+
+The day's silver is built from the simulated transport log through `jobs.silver.build_connections`
+(user groups, goodput, retransmission ratio) without the access log and QoE beacons, which the
+AutoPlex jobs do not read (so labels and QoE columns are null): the ingest has its own bench and
+is hours of work at this size. Writes bench/results/autoplex.json and prints it.
+
+    .venv/bin/python bench/autoplex.py [--nodes 20] [--hours 24] [--workdir /tmp/ccs-bench-autoplex]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.ingest import PeakRss  # noqa: E402
+
+# Algorithm 1's Extract + mean (lines 5-8) per policy, and §3.4's change rates, in DuckDB SQL:
+# positions k (0-based, ties broken by conn_id) with lo·n/100 <= k < hi·n/100 of each group-period.
+_BAND = """
+WITH s AS (SELECT *, CAST(floor(ts_end_ms / {t}) * {t} AS BIGINT) AS period_start_ms, {metric} AS m
+           FROM conns WHERE {metric} IS NOT NULL),
+r AS (SELECT *, row_number() OVER (PARTITION BY ug_id, period_start_ms ORDER BY m {dir} NULLS LAST, conn_id) - 1 AS k,
+             count(*) OVER (PARTITION BY ug_id, period_start_ms) AS n FROM s)
+SELECT ug_id, period_start_ms, any_value(n) AS n_sessions, count(*) AS n_band,
+       avg(goodput_bps) AS mean_goodput_bps, avg(max_inflight_segs) AS mean_max_inflight_segs,
+       avg(max_cwnd_segs) AS mean_max_cwnd_segs, avg(m) AS mean_metric
+FROM r WHERE k >= n * {lo} / 100.0 AND k < n * {hi} / 100.0
+GROUP BY ug_id, period_start_ms HAVING any_value(n) >= {min_n}
+"""
+_METRIC_SQL = {"retrans_ratio": "retrans_ratio",
+               "goodput_per_srtt": "(goodput_bps / 1e6) / (((min_srtt_us + max_srtt_us) / 2) / 1e6)"}
+
+
+def duckdb_autoplex(parquet_glob: str, policies, period_minutes: int, start_ms: int, end_ms: int,
+                    better, worse) -> dict:
+    import duckdb
+    con = duckdb.connect()
+    con.execute("SET threads TO 2")
+    t = period_minutes * 60_000
+    t0 = time.perf_counter()
+    con.execute(f"CREATE TEMP TABLE conns AS SELECT * FROM read_parquet('{parquet_glob}', hive_partitioning=true) "
+                f"WHERE ts_end_ms >= {start_ms} AND ts_end_ms < {end_ms}")
+    rows = con.execute("SELECT count(*) FROM conns").fetchone()[0]
+
+    def band_sql(p):
+        return _BAND.format(t=t, metric=_METRIC_SQL[p.metric], dir="ASC" if p.ascending else "DESC",
+                            lo=p.band_lo, hi=p.band_hi, min_n=p.min_sessions)
+    params = sum(len(con.execute(band_sql(p)).fetchall()) for p in policies)
+    t_params = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    rates = []
+    for label, p in (("better", better), ("worse", worse)):
+        for v in ("goodput_bps", "max_inflight_segs", "max_cwnd_segs"):
+            rates += con.execute(f"""
+                WITH b AS ({band_sql(p)}),
+                l AS (SELECT *, lag(mean_{v}) OVER w AS prev, lag(period_start_ms) OVER w AS prev_start FROM b
+                      WINDOW w AS (PARTITION BY ug_id ORDER BY period_start_ms))
+                SELECT '{label}', '{v}', abs(mean_{v} - prev) / prev FROM l
+                WHERE prev > 0 AND period_start_ms - prev_start = {t}""").fetchall()
+    summary = {}
+    for label, v, r in rates:
+        summary.setdefault(v, {}).setdefault(label, []).append(r)
+    t_sim = time.perf_counter() - t1
+    return {"rows": rows, "parameter_rows": params, "similarity_rows": len(rates),
+            "parameters_seconds": round(t_params, 2), "similarity_seconds": round(t_sim, 2),
+            "summary": {v: {b: round(sum(x) / len(x), 4) for b, x in d.items()} for v, d in summary.items()}}
+
+
+def build_silver(spark, cfg, fleet: str) -> int:
+    """silver.connections for the fleet's transport log (see the module docstring)."""
+    from pyspark.sql import functions as F
+
+    from ccselect.lake import table_path
+    from jobs import delta_io
+    from jobs.parse import schema
+    from jobs.silver import SILVER_CONSTRAINTS, build_connections, read_reference, reference_frame
+    transport = (spark.read.schema(schema("transport")).json(f"{fleet}/transport/*/*.jsonl")
+                 .withColumn("hour", F.regexp_extract(F.input_file_name(), r"(\d{4}-\d\d-\d\dT\d\d)\.jsonl$", 1)))
+    empty = lambda s: spark.createDataFrame([], schema(s)).withColumn("hour", F.lit(None).cast("string"))  # noqa: E731
+    ref = reference_frame(spark, read_reference(f"{fleet}/reference/ip_asn_region.csv"))
+    conns = build_connections(transport, empty("access"), empty("qoe"), ref)
+    keys = {(r["node_id"], r["hour"]) for r in transport.select("node_id", "hour").distinct().collect()}
+    path = table_path(cfg, "silver.connections")
+    delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS)
+    return spark.read.format("delta").load(path).count()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=20)
+    ap.add_argument("--hours", type=int, default=24)
+    ap.add_argument("--conns-per-node-hour", type=int, default=1500)
+    ap.add_argument("--workdir", default="/tmp/ccs-bench-autoplex")
+    ap.add_argument("--keep", action="store_true")
+    args = ap.parse_args(argv)
+
+    import yaml
+
+    from ccselect.config import load_config
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
+    from ccselect.spark import get_spark
+    from jobs import autoplex
+
+    work = Path(args.workdir)
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "root").mkdir(parents=True)
+    fleet = str(work / "fleet")
+    start = "2026-11-01T00:00:00"
+    t0 = time.perf_counter()
+    manifest = simulate(SimParams(nodes=args.nodes, hours=args.hours, start=start, seed=17,
+                                  conns_per_node_hour=args.conns_per_node_hour), fleet, workers=2, progress=False)
+    sim_s = time.perf_counter() - t0
+
+    raw = yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())
+    raw["data_root"] = str(work / "root")
+    raw["spark"]["master"] = "local[2]"
+    raw["spark"]["conf"].update({"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2",
+                                 "spark.driver.memory": "4g"})
+    (work / "ccs.yaml").write_text(yaml.safe_dump(raw))
+    cfg = load_config(work / "ccs.yaml")
+    policies, _, period = autoplex.settings(cfg)
+    start_ms = int(time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))) * 1000 - time.timezone * 1000
+    periods = args.hours * 60 // period
+    end_ms = start_ms + periods * period * 60_000
+    print(f"simulated {manifest['counts']['transport']} connections in {sim_s:.0f} s; silver ...", file=sys.stderr, flush=True)
+    with PeakRss() as mem:
+        spark = get_spark(cfg, "ccs-bench-autoplex")
+        t0 = time.perf_counter()
+        silver_rows = build_silver(spark, cfg, fleet)
+        silver_s = time.perf_counter() - t0
+        load_spark = os.getloadavg()[0]
+        t0 = time.perf_counter()
+        params = autoplex.run_parameters(spark, cfg, start_ms, periods)
+        params_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        sim = autoplex.run_similarity(spark, cfg, start_ms, periods)
+        sim_sp_s = time.perf_counter() - t0
+        spark.stop()
+    print(f"Spark parameters {params_s:.0f} s, similarity {sim_sp_s:.0f} s; DuckDB ...", file=sys.stderr, flush=True)
+    from ccselect.lake import table_path
+    sec = cfg.section("autoplex")
+    better = autoplex.Policy("better", "retrans_ratio", True, *sec.get("similarity_better_band", (5, 20)), 5)
+    worse = autoplex.Policy("worse", "retrans_ratio", True, *sec.get("similarity_worse_band", (75, 90)), 5)
+    load_duck = os.getloadavg()[0]
+    duck = duckdb_autoplex(f"{table_path(cfg, 'silver.connections')}/*/*/*.parquet", policies, period,
+                           start_ms, end_ms, better, worse)
+    rows = duck["rows"]
+    spark_total = params_s + sim_sp_s
+    duck_total = duck["parameters_seconds"] + duck["similarity_seconds"]
+    out = {
+        "bench": "autoplex", "cores": 2, "nodes": args.nodes, "hours": args.hours, "periods": periods,
+        "period_minutes": period, "policies": [p.name for p in policies],
+        "simulate_seconds": round(sim_s, 1), "silver_build_seconds": round(silver_s, 1), "silver_rows": silver_rows,
+        "rows_in_window": rows,
+        "spark": {"parameters_seconds": round(params_s, 2), "parameters_rows_per_s": round(rows / params_s),
+                  "parameter_rows": params["rows_per_policy"],
+                  "similarity_seconds": round(sim_sp_s, 2), "similarity_rows_per_s": round(rows / sim_sp_s),
+                  "similarity_rows": sim["rows"], "summary": sim["summary"],
+                  "seconds": round(spark_total, 2), "rows_per_s": round(rows / spark_total),
+                  "peak_driver_rss_mb": round(mem.peak / 2 ** 20), "master": "local[2]", "driver_memory": "4g"},
+        "duckdb": {**duck, "seconds": round(duck_total, 2), "rows_per_s": round(rows / duck_total), "threads": 2},
+        "spark_over_duckdb": round(spark_total / duck_total, 2),
+        # other work on the machine slows both sides: the 1-minute load as each side started
+        "load_average_1m": {"spark_start": round(load_spark, 2), "duckdb_start": round(load_duck, 2),
+                            "end": round(os.getloadavg()[0], 2)},
+    }
+    Path(REPO, "bench", "results").mkdir(parents=True, exist_ok=True)
+    Path(REPO, "bench", "results", "autoplex.json").write_text(json.dumps(out, indent=2, default=str) + "\n")
+    print(json.dumps(out, indent=2, default=str))
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
