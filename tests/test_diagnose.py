@@ -3,8 +3,10 @@ classifier → distilled tree (registered, linked to its DNN) → `ccs diagnose 
 gold.diagnostics and the report: plots exist, are referenced, are not empty, and the page renders
 in headless Chromium to a screenshot that is not blank.
 
-Not here yet: the planted-MSS-fault demonstration of issue 5 — on today's simulator the fault
-does not move the classifier (it hardly uses MSS), so `--worst 1` does not name the /16."""
+And the paper's own case, as a deployment: a champion learns from the small fleet's first hours;
+from hour FAULT_START on, one /16's MSS is anomalous (the simulator's planted fault) while every
+other feature stays normal. Diagnosing the later hours, `--worst 1` names that /16 and puts
+`mss_bytes` first among its over-relied features; on the same hours without the fault it does not."""
 from __future__ import annotations
 
 import os
@@ -54,10 +56,11 @@ def _champion(spark, cfg, stats, lo, hi):
     return version
 
 
-def _pipeline(spark, cfg, stats, lo, hi):
+def _pipeline(spark, cfg, stats, lo, hi, live: tuple[str, str] | None = None):
+    """Champion from lo..hi; the tree distilled (and diagnosed) over `live` (default: lo..hi)."""
     from distill.jobs import run_diagnose, run_distill
     version = _champion(spark, cfg, stats, lo, hi)
-    distilled = run_distill(spark, cfg, lo, hi)
+    distilled = run_distill(spark, cfg, *(live or (lo, hi)))
     diagnosed = run_diagnose(spark, cfg, worst=1)
     return {"cfg": cfg, "version": version, "distill": distilled, "diagnose": diagnosed}
 
@@ -69,6 +72,68 @@ def clean(tmp_path_factory, spark, small_lake):
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("clean_lake"))
     cfg = _config(lake.root)
     return _pipeline(spark, cfg, scaling.load(lake.stats_path), lake.lo, lake.hi)
+
+
+FAULT_START = 3  # the small fleet's hour from which the planted fault is present
+
+
+def _deployment(spark, small_lake, dest: Path, fault: bool) -> dict:
+    """A champion trained on hours 0..FAULT_START-1 of a copy of the small lake; with `fault`, the
+    later hours are re-ingested from the same fleet simulated with the planted MSS fault from
+    FAULT_START on (the earlier hours are identical, so both champions learn the same rows); then
+    the tree is distilled over the later hours and `diagnose --worst 1` runs on them."""
+    import json
+
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
+    from features import scaling
+    from jobs import ingest
+    from jobs.window import connections_in
+    lake = copy_lake(small_lake, dest)
+    cfg = _config(lake.root)
+    train, live = (lake.hours[0], lake.hours[FAULT_START - 1]), (lake.hours[FAULT_START], lake.hours[-1])
+    fault16 = None
+    if fault:
+        small = json.load(open(os.path.join(lake.fleet_dir, "manifest.json")))["params"]
+        params = SimParams(**{**small, "fault_mss_prefix16": "auto", "fault_start_hour": FAULT_START})
+        fleet = str(dest / "fleet_fault")
+        fault16 = simulate(params, fleet, workers=1, progress=False)["fault_mss_prefix16"]
+        ingest.run(spark, cfg, fleet, hours=live)
+    stats = scaling.fit(connections_in(spark, cfg, *train), window=f"{train[0]}..{train[1]}")
+    out = {**_pipeline(spark, cfg, stats, *train, live=live), "fault16": fault16, "live": live}
+    print(f"fault={fault16}", {k: out["distill"][k] for k in ("rows", "depth", "fidelity", "dnn_accuracy")},
+          out["diagnose"]["global_top"], out["diagnose"]["subsets"])
+    return out
+
+
+@pytest.fixture(scope="module")
+def faulted(tmp_path_factory, spark, small_lake):
+    return _deployment(spark, small_lake, tmp_path_factory.mktemp("fault_lake"), fault=True)
+
+
+@pytest.fixture(scope="module")
+def unfaulted(tmp_path_factory, spark, small_lake):
+    return _deployment(spark, small_lake, tmp_path_factory.mktemp("nofault_lake"), fault=False)
+
+
+def test_planted_mss_fault_is_named_with_mss_first(faulted):
+    d = faulted["diagnose"]
+    assert d["window"] == f"{faulted['live'][0]}..{faulted['live'][1]}"
+    worst = d["subsets"][0]
+    assert worst["kind"] == "prefix16" and worst["key"] == faulted["fault16"], d["subsets"]
+    assert worst["over_relied"][:1] == ["mss_bytes"], worst
+    assert worst["top"][0] == "mss_bytes"
+    assert worst["accuracy"] < 0.5  # the champion fails there: the anomaly, not the clients, moved
+
+
+def test_without_the_fault_mss_is_not_blamed(unfaulted, faulted):
+    # same champion training rows, same later hours, only the fault missing
+    assert unfaulted["distill"]["rows"] != 0
+    worst = unfaulted["diagnose"]["subsets"][0]
+    assert "mss_bytes" not in worst["over_relied"][:1], worst
+    by_key = {s["key"]: s for s in unfaulted["diagnose"]["subsets"]}
+    assert worst["accuracy"] > faulted["diagnose"]["subsets"][0]["accuracy"]
+    assert faulted["fault16"] not in by_key or by_key[faulted["fault16"]]["over_relied"][:1] != ["mss_bytes"]
 
 
 def test_distilled_tree_registered_and_linked(clean):
