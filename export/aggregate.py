@@ -17,8 +17,8 @@ applies to them anyway), but they count in the coverage.
 Two implementations of the same aggregation:
 - `reference_aggregate(rows, settings)`: plain Python over (ip, cc, requests) rows; the property
   tests and hand-made Algorithm 1 examples run against it, and it is checked against the Spark job.
-- `spark_aggregate(preds, settings)`: the Spark job (DataFrame ops only; the per-address work
-  is grouped in Spark and only the entries — hundreds to thousands of rows — reach the driver).
+- `spark_aggregate(address_decisions(preds), settings)`: the Spark job (DataFrame ops only; the
+  per-address work is grouped in Spark and only the entries reach the driver).
 Entries of one table never overlap: an entry's descendants are only considered when it failed,
 so every address resolves by longest-prefix match to exactly the entry at its first passing level.
 """
@@ -166,27 +166,63 @@ def _threshold_col(settings: Settings, family: int, level: int, requests):
     return expr
 
 
-def model_weights(preds):
-    """Model decisions grouped per (family, address hex, cc): weight and requests."""
+def _weight_cols():
+    """(w, r) of a decision: its request weight (at least 1) and its requests (at least 0)."""
+    from pyspark.sql import functions as F
+    req = F.coalesce(F.col("requests").cast("long"), F.lit(0))
+    return F.greatest(req, F.lit(1)).alias("w"), F.greatest(req, F.lit(0)).alias("r")
+
+
+def address_decisions(preds):
+    """gold.predictions summed per (family, address hex, cc, decision, default CC): weight `w` and
+    requests `r`. The one pass over the predictions that the aggregation (`model_weights`) and its
+    metrics (`address_weights`) share: persist it when both run on it.
+
+    Summed per address text before the text is parsed: an address repeats over connections and
+    hours (5 M decisions, 164 k addresses in bench/export), and parsing it (jobs.ipaddr's regexes
+    and IPv6 expansion) once per decision was most of the job's time. Only sums here: a max over
+    a string column (the default CC) made Spark sort the predictions (SortAggregate, about 3× the
+    CPU of the hash aggregation in bench/export's event log), so the default CC is a key instead."""
     from pyspark.sql import functions as F
     from jobs.ipaddr import with_ip
-    d = with_ip(preds.where(F.col("decision") == "model").select("client_ip", "cc", "requests"),
-                "client_ip")
-    return (d.select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), "cc",
-                     F.greatest(F.coalesce(F.col("requests").cast("long"), F.lit(0)), F.lit(1)).alias("w"),
-                     F.greatest(F.coalesce(F.col("requests").cast("long"), F.lit(0)), F.lit(0)).alias("r"))
+    w, r = _weight_cols()
+    keys = ("cc", "decision", "default_cc")
+    sums = (F.sum("w").alias("w"), F.sum("r").alias("r"))
+    per_text = preds.select("client_ip", *keys, w, r).groupBy("client_ip", *keys).agg(*sums)
+    d = with_ip(per_text, "client_ip")
+    return (d.select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), *keys, "w", "r")
             .where(F.col("fam").isNotNull())
-            .groupBy("fam", "hex", "cc").agg(F.sum("w").alias("w"), F.sum("r").alias("r")))
+            .groupBy("fam", "hex", *keys).agg(*sums))
 
 
-def spark_aggregate(preds, settings: Settings) -> list[Aggregated]:
-    """Algorithm 1 as a Spark job over a gold.predictions DataFrame; returns the entries.
+def model_weights(decisions):
+    """Model decisions (fam, hex, cc, w, r) from `address_decisions`; an (address, cc) may repeat
+    (one row per default CC): the aggregation sums them per prefix anyway, so no shuffle here."""
+    from pyspark.sql import functions as F
+    return decisions.where(F.col("decision") == "model").select("fam", "hex", "cc", "w", "r")
+
+
+def spark_aggregate(decisions, settings: Settings) -> list[Aggregated]:
+    """Algorithm 1 as a Spark job over gold.predictions (as `address_decisions(preds)`); returns
+    the entries."""
+    rows = ladder_entries(model_weights(decisions), settings).collect()
+    out = [Aggregated(key_network(r["fam"], r["level"], r["key"]), r["cc"], int(r["weight"]),
+                      int(r["top_weight"]), int(r["requests"]), bool(r["passed"])) for r in rows]
+    return sorted(out, key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))
+
+
+def ladder_entries(weights, settings: Settings):
+    """The table entries of Algorithm 1 (Appendix F) from `model_weights`' rows (weights summed
+    per prefix and CC), as a DataFrame (fam, level, key, weight, requests, top_weight, cc,
+    passed); `key` is the prefix's first level/4 hex digits.
 
     One pass instead of one round per level: every prefix of every ladder level gets its purity
-    (AGGREGATE_AT_PREFIX_LEN over all addresses under it); each address then takes the first
-    level whose prefix passes (or the last level). That is Algorithm 1's D_expand recursion: an
-    address reaches level L exactly when all its shorter prefixes failed, and then every address
-    under its level-L prefix reached L too, so the prefix's purity is the same either way."""
+    (AGGREGATE_AT_PREFIX_LEN over all addresses under it). A prefix of level L is an entry when it
+    passes (or L is the last level) and none of its shorter ladder prefixes passed. That is
+    Algorithm 1's D_expand recursion (steps 2-3): the addresses under a prefix reach level L
+    exactly when all its shorter prefixes failed, and then all of them reach it, so the prefix's
+    purity is the same either way. Deciding on the prefixes alone (an anti-join with the passed
+    ones) keeps the job to one pass over the addresses."""
     from pyspark.sql import functions as F
     fam, level = F.col("fam"), F.col("level")
 
@@ -198,8 +234,7 @@ def spark_aggregate(preds, settings: Settings) -> list[Aggregated]:
 
     ladder = by_family({f: F.array(*[F.lit(x) for x in lv]) for f, lv in settings.ladder.items()},
                        F.array().cast("array<int>"))
-    ipcc = model_weights(preds)
-    lad = (ipcc.withColumn("level", F.explode(ladder))
+    lad = (weights.withColumn("level", F.explode(ladder))
            .withColumn("key", F.expr("substring(hex, 1, level div 4)")))
     thr = None
     for f, levels in settings.ladder.items():
@@ -214,16 +249,25 @@ def spark_aggregate(preds, settings: Settings) -> list[Aggregated]:
              .select("fam", "level", "key", "weight", "requests", F.col("top.w").alias("top_weight"),
                      F.col("top.cc").alias("cc"))
              .withColumn("passed", (F.col("top_weight") / F.col("weight")) >= thr)
-             .withColumn("ok", F.col("passed") | (level == last)))
-    ok = stats.where("ok").select("fam", "level", "key")
-    first = (lad.select("fam", "hex", "level", "key").join(ok, ["fam", "level", "key"])
-             .groupBy("fam", "hex").agg(F.min("level").alias("level")))
-    chosen = (first.select("fam", "level", F.expr("substring(hex, 1, level div 4)").alias("key")).distinct()
-              .join(stats, ["fam", "level", "key"]))
-    rows = chosen.collect()
-    out = [Aggregated(key_network(r["fam"], r["level"], r["key"]), r["cc"], int(r["weight"]),
-                      int(r["top_weight"]), int(r["requests"]), bool(r["passed"])) for r in rows]
-    return sorted(out, key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))
+             .withColumn("_last", level == last))
+    # the shorter ladder prefixes of each prefix (none at a family's first level)
+    shorter = None
+    for f, levels in settings.ladder.items():
+        for i, lv in enumerate(levels[1:], start=1):
+            arr = F.array(*[F.struct(F.lit(a).alias("_alevel"), F.substring("key", 1, a // 4).alias("_akey"))
+                            for a in levels[:i]])
+            cond = (fam == f) & (level == lv)
+            shorter = F.when(cond, arr) if shorter is None else shorter.when(cond, arr)
+    candidates = stats.where(F.col("passed") | F.col("_last"))
+    if shorter is None:                       # every ladder has a single level
+        return candidates.drop("_last")
+    passed_above = stats.where(F.col("passed") & ~F.col("_last")).select(
+        "fam", F.col("level").alias("_alevel"), F.col("key").alias("_akey"))
+    covered = (candidates.select("fam", "level", "key", F.explode(shorter).alias("_a"))
+               .select("fam", "level", "key", "_a._alevel", "_a._akey")
+               .join(passed_above, ["fam", "_alevel", "_akey"], "left_semi")
+               .select("fam", "level", "key"))
+    return candidates.join(covered, ["fam", "level", "key"], "left_anti").drop("_last")
 
 
 # ---- longest-prefix match of addresses against a table, in Spark -------------------------
@@ -247,41 +291,46 @@ def entries_frame(spark, entries: Iterable[tf.Entry]):
 
 def lpm(ips, entries: list[tf.Entry], prefix: str):
     """Add `<prefix>_cc` (the matched entry's CC or null) and `<prefix>_effective` to `ips`
-    (columns fam, hex): longest-prefix match, as the kernel's trie does."""
+    (columns fam, hex; one row per address): longest-prefix match, as the kernel's trie does.
+
+    One pass over the addresses: each address is paired with its own prefix at every entry length
+    of its family and left-joined to the (broadcast) entries. A union of one join per length (seven
+    on the default ladder) took 4× the time of computing `ips` once in bench/export at 5 M rows:
+    Spark recomputed `ips` from the predictions in the branches."""
     from pyspark.sql import functions as F
     spark = ips.sparkSession
-    ips = ips.withColumn("_bits", _bits(F.col("hex")))
-    lengths = sorted({(e.family, e.prefix.prefixlen) for e in entries})
+    lengths: dict[int, list[int]] = defaultdict(list)
+    for fam, plen in sorted({(e.family, e.prefix.prefixlen) for e in entries}):
+        lengths[fam].append(plen)
     if not lengths:
-        return (ips.drop("_bits").withColumn(f"{prefix}_cc", F.lit(None).cast("string"))
+        return (ips.withColumn(f"{prefix}_cc", F.lit(None).cast("string"))
                 .withColumn(f"{prefix}_effective", F.lit(False)))
-    ef = F.broadcast(entries_frame(spark, entries).select("fam", "plen", "key", "cc", "effective"))
-    cands = None
-    for fam, plen in lengths:
-        m = (ips.where(F.col("fam") == fam).select("fam", "hex", F.substring("_bits", 1, plen).alias("key"))
-             .withColumn("plen", F.lit(plen))
-             .join(ef, ["fam", "plen", "key"]).select("fam", "hex", "plen", "cc", "effective"))
-        cands = m if cands is None else cands.unionByName(m)
-    best = (cands.groupBy("fam", "hex").agg(F.max(F.struct("plen", "cc", "effective")).alias("_m"))
-            .select("fam", "hex", F.col("_m.cc").alias(f"{prefix}_cc"),
-                    F.col("_m.effective").alias(f"{prefix}_effective")))
-    return (ips.drop("_bits").join(best, ["fam", "hex"], "left")
-            .withColumn(f"{prefix}_effective", F.coalesce(F.col(f"{prefix}_effective"), F.lit(False))))
+    bits = F.col("_bits")
+    own = None                      # null for a family without entries: explode_outer keeps it
+    for fam, plens in lengths.items():
+        arr = F.array(*[F.struct(F.lit(n).alias("_plen"), F.substring(bits, 1, n).alias("_key")) for n in plens])
+        own = F.when(F.col("fam") == fam, arr) if own is None else own.when(F.col("fam") == fam, arr)
+    ef = F.broadcast(entries_frame(spark, entries).select(
+        "fam", F.col("plen").alias("_plen"), F.col("key").alias("_key"), F.col("cc").alias("_ecc"),
+        F.col("effective").alias("_eeff")))
+    cols = ips.columns
+    m = (ips.withColumn("_bits", _bits(F.col("hex"))).withColumn("_own", F.explode_outer(own))
+         .select(*cols, "_own._plen", "_own._key")
+         .join(ef, ["fam", "_plen", "_key"], "left")
+         .groupBy(*cols).agg(F.max(F.when(F.col("_ecc").isNotNull(), F.struct("_plen", "_ecc", "_eeff")))
+                             .alias("_m")))
+    return m.select(*cols, F.col("_m._ecc").alias(f"{prefix}_cc"),
+                    F.coalesce(F.col("_m._eeff"), F.lit(False)).alias(f"{prefix}_effective"))
 
 
-def address_weights(preds):
-    """All decisions per (family, address hex): total weight, model weight, the majority model CC
-    (ties: the CC name sorting last, as in the aggregation), and the default CC."""
+def address_weights(decisions):
+    """All decisions per (family, address hex) from `address_decisions`: total weight, model
+    weight, the majority model CC (ties: the CC name sorting last, as in the aggregation), and
+    the default CC."""
     from pyspark.sql import functions as F
-    from jobs.ipaddr import with_ip
-    d = with_ip(preds.select("client_ip", "cc", "requests", "decision", "default_cc"), "client_ip")
-    d = d.select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), "cc", "decision",
-                 "default_cc",
-                 F.greatest(F.coalesce(F.col("requests").cast("long"), F.lit(0)), F.lit(1)).alias("w"))
-    d = d.where(F.col("fam").isNotNull())
-    per_cc = d.groupBy("fam", "hex", "cc", "decision").agg(F.sum("w").alias("w"),
-                                                            F.max("default_cc").alias("default_cc"))
     is_model = F.col("decision") == "model"
+    per_cc = decisions.groupBy("fam", "hex", "cc", "decision").agg(
+        F.sum("w").alias("w"), F.max("default_cc").alias("default_cc"))
     return per_cc.groupBy("fam", "hex").agg(
         F.sum("w").alias("w_all"),
         F.sum(F.when(is_model, F.col("w")).otherwise(0)).alias("w_model"),
@@ -291,8 +340,9 @@ def address_weights(preds):
              F.col("_top.w").alias("major_w"), "default_cc")
 
 
-def table_metrics(preds, entries: list[tf.Entry], n_aggregated: list[Aggregated]) -> dict:
-    """Coverage, agreement and memory saving of a table over the predictions it was built from.
+def table_metrics(decisions, entries: list[tf.Entry], n_aggregated: list[Aggregated]) -> dict:
+    """Coverage, agreement and memory saving of a table over the predictions it was built from
+    (as `address_decisions(preds)`).
 
     coverage: request-weighted share of all decisions (model and fallback) whose address has an
       entry. agreement: request-weighted share of model decisions whose CC equals the table's
@@ -300,7 +350,7 @@ def table_metrics(preds, entries: list[tf.Entry], n_aggregated: list[Aggregated]
       whose majority CC equals the table's. memory_saving: model-decided client addresses per entry.
     """
     from pyspark.sql import functions as F
-    aw = lpm(address_weights(preds), entries, "t")
+    aw = lpm(address_weights(decisions), entries, "t")
     s = aw.agg(F.sum("w_all").alias("w_all"), F.sum("w_model").alias("w_model"),
                F.sum(F.when(F.col("t_cc").isNotNull(), F.col("w_all")).otherwise(0)).alias("covered"),
                F.sum(F.when(F.col("t_cc") == F.col("major_cc"), F.col("w_model")).otherwise(0)).alias("agree_ip"),
@@ -460,10 +510,12 @@ def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None
     from export import signing
     settings = Settings.from_config(cfg.section("export"))
     preds = extract(spark, cfg, lo, hi)
-    aggs = spark_aggregate(preds, settings)
+    decisions = address_decisions(preds).persist()       # read by the aggregation and the metrics
+    aggs = spark_aggregate(decisions, settings)
     aggs, caps = with_caps(spark, cfg, preds, aggs)
     entries = [a.entry() for a in aggs]
-    metrics = table_metrics(preds, entries, aggs)
+    metrics = table_metrics(decisions, entries, aggs)
+    decisions.unpersist()
     name, version_main, versions = model_versions(preds)
     now = int(time.time()) if now is None else int(now)
     expires = now + int(float(cfg.get("export.expiry_hours", 6)) * 3600)

@@ -100,7 +100,7 @@ def flip_share(preds, new_entries, live_entries) -> float:
     from pyspark.sql import functions as F
 
     from export import aggregate as agg
-    aw = agg.address_weights(preds)
+    aw = agg.address_weights(agg.address_decisions(preds))
     aw = agg.lpm(agg.lpm(aw, list(new_entries), "new"), list(live_entries), "live")
     eff = lambda p: F.when(F.col(f"{p}_effective"), F.col(f"{p}_cc")).otherwise(F.col("default_cc"))  # noqa: E731
     s = aw.agg(F.sum("w_all").alias("w"),

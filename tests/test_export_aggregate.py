@@ -192,12 +192,12 @@ def _random_rows(seed, n):
 def test_spark_job_matches_reference(spark, seed):
     rows, fallbacks = _random_rows(seed, 400), _random_rows(seed + 100, 40)
     fallbacks.append(("9.9.9.9", "cubic", 5))        # an address no model decision covers
-    preds = _pred_frame(spark, rows, fallbacks)
-    got = agg.spark_aggregate(preds, SETTINGS)
+    decisions = agg.address_decisions(_pred_frame(spark, rows, fallbacks))
+    got = agg.spark_aggregate(decisions, SETTINGS)
     want = agg.reference_aggregate(rows, SETTINGS)
     assert got == want
     entries = [a.entry() for a in got]
-    m = agg.table_metrics(preds, entries, got)
+    m = agg.table_metrics(decisions, entries, got)
     table = tf.Table(1, 0, 1, tuple(entries))
     all_rows = list(rows) + list(fallbacks)
     w_all = sum(agg.weight(r) for _, _, r in all_rows)
@@ -208,3 +208,53 @@ def test_spark_job_matches_reference(spark, seed):
         / sum(agg.weight(r) for _, _, r in rows))
     assert m["agreement_ip_majority"] == pytest.approx(_ip_majority_agreement(got, rows))
     assert m["client_ips_model"] == len({ipaddress.ip_address(ip) for ip, _, _ in rows})
+
+
+# Algorithm 1's hand-made cases through the Spark job: a prefix whose shorter prefix passed is
+# no entry even when it passes itself (the one-pass job decides this by an anti-join)
+ALGORITHM_1_CASES = {
+    "pure /16 over pure /24s": ([("81.20.1.5", "bbr", 10, 3), ("81.20.7.9", "bbr", 5, 2)], {"81.20.0.0/16"}),
+    "impure /16, pure /24s": ([("81.20.1.5", "bbr", 10, 3), ("81.20.2.9", "cubic", 5, 2)],
+                              {"81.20.1.0/24", "81.20.2.0/24"}),
+    "impure /24 → /32s beside a pure /24": (
+        [("81.20.1.5", "bbr", 4, 1), ("81.20.1.6", "cubic", 4, 1), ("81.20.3.1", "bbr", 3, 1),
+         ("81.20.3.2", "bbr", 3, 1)], {"81.20.1.5/32", "81.20.1.6/32", "81.20.3.0/24"}),
+    # v6: the /32 fails, one /48 passes (its /64s too), the other /48 fails down to its /64s; no v4
+    "v6 /48 and /64s, no IPv4": (
+        [("2408:8300:1:0:1::1", "bbr", 6, 1), ("2408:8300:1:1::2", "bbr", 6, 1),
+         ("2408:8300:2:0::1", "cubic", 5, 1), ("2408:8300:2:1::1", "bbr", 5, 1)],
+        {"2408:8300:1::/48", "2408:8300:2::/64", "2408:8300:2:1::/64"}),
+}
+
+
+@pytest.mark.parametrize("case", list(ALGORITHM_1_CASES))
+def test_spark_job_on_algorithm_1_cases(spark, case):
+    spec, want = ALGORITHM_1_CASES[case]
+    rows = _rows(spec)
+    got = agg.spark_aggregate(agg.address_decisions(_pred_frame(spark, rows)), SETTINGS)
+    assert set(_by_net(got)) == want, f"{case}: {sorted(_by_net(got))}"
+    assert got == agg.reference_aggregate(rows, SETTINGS), case
+
+
+def test_lpm_longest_match_and_a_family_without_entries(spark):
+    """lpm against the table format's own lookup: overlapping entries (longest wins), an address
+    under no entry, and IPv6 addresses when the table has only IPv4 entries."""
+    from pyspark.sql.types import IntegerType, StringType, StructField, StructType
+    from pyspark.testing import assertDataFrameEqual
+    entries = [tf.Entry("81.20.0.0/16", "bbr"), tf.Entry("81.20.1.0/24", "cubic"),
+               tf.Entry("81.20.1.7/32", "reno", low_confidence=True), tf.Entry("81.21.0.0/16", "keep")]
+    ips = ["81.20.1.7", "81.20.1.8", "81.20.9.1", "81.21.3.3", "81.22.0.1", "2408:8300::1"]
+    rows = [(agg._hex(ip)[0], agg._hex(ip)[1], ip) for ip in ips]
+    frame = spark.createDataFrame(rows, StructType([StructField("fam", IntegerType()),
+                                                    StructField("hex", StringType()),
+                                                    StructField("ip", StringType())]))
+    got = agg.lpm(frame, entries, "t")
+    table = tf.Table(1, 0, 1, tuple(entries))
+    want = []
+    for fam, hx, ip in rows:
+        e = tf.lookup(table, ip)
+        want.append((fam, hx, ip, e.cc if e else None,
+                     e is not None and e.cc != "keep" and not e.low_confidence))
+    assert [w[3] for w in want] == ["reno", "cubic", "bbr", "keep", None, None]   # the cases above
+    assertDataFrameEqual(got, spark.createDataFrame(want, "fam int, hex string, ip string, t_cc string, "
+                                                          "t_effective boolean"))
