@@ -64,7 +64,7 @@ test: setup
 BENCH_INGEST_CONNS ?= 200000
 # the issues' sizes: BENCH_TRAIN_ROWS=500000 (issue 4), BENCH_EXPORT_ROWS=5000000 (issue 7)
 BENCH_TRAIN_ROWS ?= 500000
-BENCH_EXPORT_ROWS ?= 1000000
+BENCH_EXPORT_ROWS ?= 5000000
 bench: setup
 	@mkdir -p bench/results
 	$(PY) bench/simulate.py
