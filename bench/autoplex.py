@@ -6,10 +6,10 @@ Times the two AutoPlex jobs on the same silver.connections: `jobs.autoplex.run_p
 run, as the single-machine reference — the same computation in DuckDB (2 threads) over the same
 silver Parquet files. Wall time and silver rows/s for each; Spark over DuckDB.
 
-The day's silver is built from the simulated transport log through `jobs.silver.build_connections`
-(user groups, goodput, retransmission ratio) without the access log and QoE beacons, which the
-AutoPlex jobs do not read (so labels and QoE columns are null): the ingest has its own bench and
-is hours of work at this size. Writes bench/results/autoplex.json and prints it.
+The day's silver is built from the simulated transport and access logs through
+`jobs.silver.build_connections` (user groups, delivery rate — AutoPlex's goodput —, retransmission
+ratio) without the QoE beacons, which the AutoPlex jobs do not read (so QoE columns are null): the
+ingest has its own bench and is hours of work at this size. Writes bench/results/autoplex.json and prints it.
 
     .venv/bin/python bench/autoplex.py [--nodes 20] [--hours 24] [--workdir /tmp/ccs-bench-autoplex]
 """
@@ -36,13 +36,13 @@ WITH s AS (SELECT *, CAST(floor(ts_end_ms / {t}) * {t} AS BIGINT) AS period_star
 r AS (SELECT *, row_number() OVER (PARTITION BY ug_id, period_start_ms ORDER BY m {dir} NULLS LAST, conn_id) - 1 AS k,
              count(*) OVER (PARTITION BY ug_id, period_start_ms) AS n FROM s)
 SELECT ug_id, period_start_ms, any_value(n) AS n_sessions, count(*) AS n_band,
-       avg(goodput_bps) AS mean_goodput_bps, avg(max_inflight_segs) AS mean_max_inflight_segs,
+       avg(delivery_rate_bps) AS mean_goodput_bps, avg(max_inflight_segs) AS mean_max_inflight_segs,
        avg(max_cwnd_segs) AS mean_max_cwnd_segs, avg(m) AS mean_metric
 FROM r WHERE k >= n * {lo} / 100.0 AND k < n * {hi} / 100.0
 GROUP BY ug_id, period_start_ms HAVING any_value(n) >= {min_n}
 """
 _METRIC_SQL = {"retrans_ratio": "retrans_ratio",
-               "goodput_per_srtt": "(goodput_bps / 1e6) / (((min_srtt_us + max_srtt_us) / 2) / 1e6)"}
+               "goodput_per_srtt": "(delivery_rate_bps / 1e6) / (((min_srtt_us + max_srtt_us) / 2) / 1e6)"}
 
 
 def duckdb_autoplex(parquet_glob: str, policies, period_minutes: int, start_ms: int, end_ms: int,
@@ -81,18 +81,20 @@ def duckdb_autoplex(parquet_glob: str, policies, period_minutes: int, start_ms: 
 
 
 def build_silver(spark, cfg, fleet: str) -> int:
-    """silver.connections for the fleet's transport log (see the module docstring)."""
+    """silver.connections for the fleet's transport and access logs (see the module docstring)."""
     from pyspark.sql import functions as F
 
     from ccselect.lake import table_path
     from jobs import delta_io
     from jobs.parse import schema
     from jobs.silver import SILVER_CONSTRAINTS, build_connections, read_reference, reference_frame
-    transport = (spark.read.schema(schema("transport")).json(f"{fleet}/transport/*/*.jsonl")
-                 .withColumn("hour", F.regexp_extract(F.input_file_name(), r"(\d{4}-\d\d-\d\dT\d\d)\.jsonl$", 1)))
+    def read(stream):
+        return (spark.read.schema(schema(stream)).json(f"{fleet}/{stream}/*/*.jsonl")
+                .withColumn("hour", F.regexp_extract(F.input_file_name(), r"(\d{4}-\d\d-\d\dT\d\d)\.jsonl$", 1)))
+    transport = read("transport")
     empty = lambda s: spark.createDataFrame([], schema(s)).withColumn("hour", F.lit(None).cast("string"))  # noqa: E731
     ref = reference_frame(spark, read_reference(f"{fleet}/reference/ip_asn_region.csv"))
-    conns = build_connections(transport, empty("access"), empty("qoe"), ref)
+    conns = build_connections(transport, read("access"), empty("qoe"), ref)
     keys = {(r["node_id"], r["hour"]) for r in transport.select("node_id", "hour").distinct().collect()}
     path = table_path(cfg, "silver.connections")
     delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS)

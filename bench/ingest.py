@@ -72,7 +72,7 @@ WITH tv AS (
     AND max_srtt_us BETWEEN 1 AND 10000000 AND min_rtt_var_us >= 0 AND max_rtt_var_us >= 0
     AND (regexp_matches(client_ip, '^[0-9.]+$') OR regexp_matches(client_ip, '^[0-9a-fA-F:.]+$'))
 ), lab AS (
-  SELECT node_id, conn_id, count(*) AS requests, sum(bytes_sent) AS bytes_sent,
+  SELECT node_id, conn_id, count(*) AS requests, sum(bytes_sent) AS bytes_sent, sum(request_time_ms) AS request_time_ms,
          CASE WHEN count(DISTINCT net_type) = 1 THEN any_value(net_type) FILTER (WHERE net_type IS NOT NULL) END AS net_type
   FROM a WHERE status BETWEEN 100 AND 599 GROUP BY ALL
 ), qo AS (
@@ -91,6 +91,7 @@ SELECT tv.*,
   ref.ug_id, lab.net_type, CASE lab.net_type WHEN 'wifi' THEN 1 WHEN '4g' THEN 0 WHEN '5g' THEN 0 END AS label,
   lab.requests, qo.qoe_sessions, qo.play_ms, qo.rebuffer_ms,
   bytes_acked * 8e6 / nullif(duration_us, 0) AS goodput_bps,
+  lab.bytes_sent * 8e3 / nullif(lab.request_time_ms, 0) AS delivery_rate_bps,
   total_retrans / nullif(data_segs_out, 0) AS retrans_ratio,
   max_rtt_var_us / max_srtt_us AS rtt_var_norm
 FROM (SELECT *, CASE WHEN contains(client_ip, ':') THEN 6 ELSE 4 END AS family FROM tv

@@ -13,13 +13,19 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
+#: AutoPlex's goodput is the rate a session delivered at while sending: it becomes the next
+#: period's pacing rate (Algorithm 1 line 7), so it is silver's `delivery_rate_bps` (response bytes
+#: over the time spent serving them), not `goodput_bps` (bytes over the connection's whole life,
+#: the player's idle time included — for a video session about its bitrate, however good the path).
+GOODPUT = "delivery_rate_bps"
 #: metrics a policy may sort by: name → Spark expression over silver.connections columns
 METRICS = {
     "retrans_ratio": lambda: F.col("retrans_ratio"),
     # goodput / srtt in Mbps per second, as AutoPlex Fig. 2 reports it
-    "goodput_per_srtt": lambda: (F.col("goodput_bps") / 1e6) / (((F.col("min_srtt_us") + F.col("max_srtt_us")) / 2) / 1e6),
+    "goodput_per_srtt": lambda: (F.col(GOODPUT) / 1e6) / (((F.col("min_srtt_us") + F.col("max_srtt_us")) / 2) / 1e6),
 }
-VALUES = ("goodput_bps", "max_inflight_segs", "max_cwnd_segs")
+#: the band means of Algorithm 1 line 6: output name → silver column
+VALUES = {"goodput_bps": GOODPUT, "max_inflight_segs": "max_inflight_segs", "max_cwnd_segs": "max_cwnd_segs"}
 
 
 class PolicyError(ValueError):
@@ -104,7 +110,7 @@ def parameters(df: DataFrame, policy: Policy, group_cols: list[str], period_minu
     b = band(df, policy, group_cols)
     keys = [*group_cols, "period_start_ms"]
     agg = (b.groupBy(*keys).agg(F.first("n_sessions").alias("n_sessions"), F.count(F.lit(1)).alias("n_band"),
-                                *[F.avg(c).alias(f"mean_{c}") for c in VALUES],
+                                *[F.avg(src).alias(f"mean_{c}") for c, src in VALUES.items()],
                                 F.avg("_m").alias("mean_metric"))
            .where(F.col("n_sessions") >= policy.min_sessions))
     return (agg.withColumn("policy", F.lit(policy.name)).withColumn("metric", F.lit(policy.metric))

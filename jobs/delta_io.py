@@ -40,16 +40,21 @@ def is_delta(spark: SparkSession, path: str) -> bool:
 
 
 def replace_partitions(df: DataFrame, path: str, keys: Iterable[tuple[str, ...]],
-                       cols: tuple[str, ...] = PARTITION_COLS, constraints: dict[str, str] | None = None) -> None:
+                       cols: tuple[str, ...] = PARTITION_COLS, constraints: dict[str, str] | None = None,
+                       add_columns: bool = False) -> None:
     """Overwrite the partitions `keys` (tuples over `cols`) of the Delta table at `path` with `df`,
-    in one commit; `constraints` (name → CHECK expression) are added first where missing."""
+    in one commit; `constraints` (name → CHECK expression) are added first where missing. With
+    `add_columns`, columns `df` has and the table lacks are added (older rows read them as null)."""
     pred = partition_predicate(keys, cols)
     spark = df.sparkSession
     if not is_delta(spark, path):
         df.limit(0).write.format("delta").partitionBy(*cols).mode("overwrite").save(path)
     if constraints:
         ensure_constraints(spark, path, constraints)
-    df.write.format("delta").partitionBy(*cols).mode("overwrite").option("replaceWhere", pred).save(path)
+    w = df.write.format("delta").partitionBy(*cols).mode("overwrite").option("replaceWhere", pred)
+    if add_columns:
+        w = w.option("mergeSchema", "true")
+    w.save(path)
 
 
 def overwrite(df: DataFrame, path: str, partition_cols: tuple[str, ...] = ()) -> None:

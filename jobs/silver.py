@@ -33,7 +33,8 @@ SILVER_CONSTRAINTS = {
                "OR (family = 6 AND prefix48 IS NOT NULL AND prefix64 IS NOT NULL AND prefix24 IS NULL))",
     "label_matches_net_type": "(net_type IS NULL AND label IS NULL) OR (net_type = 'wifi' AND label = 1) "
                               "OR (net_type IN ('4g', '5g') AND label = 0)",
-    "derived_nonnegative": "(goodput_bps IS NULL OR goodput_bps >= 0) AND (retrans_ratio IS NULL OR retrans_ratio >= 0) "
+    "derived_nonnegative": "(goodput_bps IS NULL OR goodput_bps >= 0) AND (delivery_rate_bps IS NULL OR delivery_rate_bps >= 0) "
+                           "AND (retrans_ratio IS NULL OR retrans_ratio >= 0) "
                            "AND (rtt_var_norm IS NULL OR rtt_var_norm >= 0)",
 }
 
@@ -60,12 +61,14 @@ def reference_frame(spark: SparkSession, rows: list[tuple[int, str, str]]) -> Da
 
 def access_labels(access: DataFrame) -> tuple[DataFrame, DataFrame]:
     """Per connection (JSON access log: by conn_id; nginx log: by client socket) the network type
-    (null when absent or when the requests disagree), request count and bytes sent."""
+    (null when absent or when the requests disagree), request count, bytes sent and the time
+    spent serving them (the sum of nginx's $request_time, first byte read to last byte sent)."""
     def agg(df: DataFrame, keys: list[str]) -> DataFrame:
         return df.groupBy(*keys).agg(
             F.array_distinct(F.collect_list("net_type")).alias("_nts"),
             F.count(F.lit(1)).alias("requests"),
-            F.sum("bytes_sent").alias("bytes_sent")) \
+            F.sum("bytes_sent").alias("bytes_sent"),
+            F.sum("request_time_ms").alias("request_time_ms")) \
             .withColumn("net_type", F.when(F.size("_nts") == 1, F.col("_nts")[0])).drop("_nts")
     by_conn = agg(access.filter(F.col("conn_id").isNotNull()), [*KEYS, "conn_id"])
     by_socket = agg(access.filter(F.col("conn_id").isNull()), [*KEYS, "client_ip", "client_port"])
@@ -100,10 +103,14 @@ def with_user_group(df: DataFrame, reference: DataFrame) -> DataFrame:
 
 
 def derived(df: DataFrame) -> DataFrame:
-    """Goodput (bits/s over the connection's lifetime), retransmission ratio, and BBR-E2E's
-    normalised RTT variation rttvar/srtt (here the largest of each over the connection)."""
+    """Goodput (bits/s over the connection's lifetime, idle time between requests included), the
+    delivery rate (bits/s of the responses while they were being served: bytes sent over the summed
+    request times — the rate a pacing cap bounds, AutoPlex's goodput), retransmission ratio, and
+    BBR-E2E's normalised RTT variation rttvar/srtt (here the largest of each over the connection)."""
     return (df.withColumn("goodput_bps", F.when(F.col("duration_us") > 0,
                                                 F.col("bytes_acked") * 8e6 / F.col("duration_us")))
+            .withColumn("delivery_rate_bps", F.when(F.col("request_time_ms") > 0,
+                                                    F.col("bytes_sent") * 8e3 / F.col("request_time_ms")))
             .withColumn("retrans_ratio", F.when(F.col("data_segs_out") > 0,
                                                 F.col("total_retrans") / F.col("data_segs_out")))
             .withColumn("rtt_var_norm", F.col("max_rtt_var_us") / F.col("max_srtt_us"))
@@ -113,9 +120,9 @@ def derived(df: DataFrame) -> DataFrame:
 SILVER_COLS = (
     "conn_id", *[f for f in TRANSPORT_FIELDS if f not in ("conn_id", "node_id")],
     "family", "prefix16", "prefix24", "prefix48", "prefix64", "ab_bucket", "ab_treatment", "ug_id",
-    "net_type", "label", "requests", "bytes_sent",
+    "net_type", "label", "requests", "bytes_sent", "request_time_ms",
     "qoe_sessions", "play_ms", "rebuffer_ms", "rebuffer_count", "startup_ms", "rebuffer_rate",
-    "goodput_bps", "retrans_ratio", "rtt_var_norm", "node_id", "hour",
+    "goodput_bps", "delivery_rate_bps", "retrans_ratio", "rtt_var_norm", "node_id", "hour",
 )
 
 
@@ -129,10 +136,10 @@ def build_connections(transport: DataFrame, access: DataFrame, qoe: DataFrame, r
     t = t.withColumn("ab_treatment", F.col("ab_bucket") % 2 == 1)
     t = with_user_group(t, reference).drop("_hex")
     sock = by_socket.select(*KEYS, "client_ip", "client_port", *[F.col(c).alias(f"_s_{c}") for c in
-                                                                  ("requests", "bytes_sent", "net_type")])
+                                                                  ("requests", "bytes_sent", "request_time_ms", "net_type")])
     t = (t.join(by_conn, [*KEYS, "conn_id"], "left")
          .join(sock, [*KEYS, "client_ip", "client_port"], "left"))
-    for c in ("requests", "bytes_sent", "net_type"):
+    for c in ("requests", "bytes_sent", "request_time_ms", "net_type"):
         t = t.withColumn(c, F.coalesce(F.col(c), F.col(f"_s_{c}"))).drop(f"_s_{c}")
     t = t.withColumn("requests", F.coalesce("requests", F.lit(0)).cast("bigint"))
     t = t.withColumn("label", net_type_label(F.col("net_type")))
@@ -167,5 +174,6 @@ def run(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], input_dir:
     transport, access, qoe = extract(spark, cfg, keys)
     conns = build_connections(transport, access, qoe, reference_frame(spark, rows))
     path = table_path(cfg, "silver.connections")
-    delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS)
+    # add_columns: a silver table written before a column was added (delivery_rate_bps) gains it
+    delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS, add_columns=True)
     return spark.read.format("delta").load(path).where(delta_io.partition_predicate(keys)).count()

@@ -6,7 +6,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from jobs.autoplex import Policy, PolicyError, band, change_rates, f_cap, parameters, prefix_caps, with_period
 
-SCHEMA = ("ug_id string, conn_id string, ts_end_ms long, retrans_ratio double, goodput_bps double, "
+SCHEMA = ("ug_id string, conn_id string, ts_end_ms long, retrans_ratio double, delivery_rate_bps double, "
           "min_srtt_us long, max_srtt_us long, max_inflight_segs long, max_cwnd_segs long")
 P0 = 0  # first 30-minute period
 P1 = 1_800_000

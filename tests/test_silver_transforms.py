@@ -9,33 +9,39 @@ from pyspark.testing import assertDataFrameEqual
 from jobs.silver import access_labels, build_connections, derived, qoe_per_conn, read_reference, reference_frame
 
 ACCESS = ("node_id string, hour string, conn_id string, client_ip string, client_port bigint, "
-          "net_type string, bytes_sent bigint")
+          "net_type string, bytes_sent bigint, request_time_ms bigint")
 
 
 def test_access_labels_by_conn_and_by_socket(spark):
     acc = spark.createDataFrame([
-        ("n", "h", "c1", "1.2.3.4", None, None, 10), ("n", "h", "c1", "1.2.3.4", None, "wifi", 20),
-        ("n", "h", "c2", "1.2.3.5", None, "4g", 1), ("n", "h", "c2", "1.2.3.5", None, "wifi", 1),  # conflict
-        ("n", "h", "c3", "1.2.3.6", None, None, 5),
-        ("n", "h", None, "2001:db8::1", 5000, "5g", 7),                                             # nginx
+        ("n", "h", "c1", "1.2.3.4", None, None, 10, 3), ("n", "h", "c1", "1.2.3.4", None, "wifi", 20, 4),
+        ("n", "h", "c2", "1.2.3.5", None, "4g", 1, 0), ("n", "h", "c2", "1.2.3.5", None, "wifi", 1, 0),  # conflict
+        ("n", "h", "c3", "1.2.3.6", None, None, 5, 1),
+        ("n", "h", None, "2001:db8::1", 5000, "5g", 7, 2),                                             # nginx
     ], ACCESS)
     by_conn, by_socket = access_labels(acc)
     assertDataFrameEqual(by_conn, spark.createDataFrame(
-        [("n", "h", "c1", 2, 30, "wifi"), ("n", "h", "c2", 2, 2, None), ("n", "h", "c3", 1, 5, None)],
-        "node_id string, hour string, conn_id string, requests bigint, bytes_sent bigint, net_type string"))
+        [("n", "h", "c1", 2, 30, 7, "wifi"), ("n", "h", "c2", 2, 2, 0, None), ("n", "h", "c3", 1, 5, 1, None)],
+        "node_id string, hour string, conn_id string, requests bigint, bytes_sent bigint, request_time_ms bigint, "
+        "net_type string"))
     assertDataFrameEqual(by_socket, spark.createDataFrame(
-        [("n", "h", "2001:db8::1", 5000, 1, 7, "5g")],
-        "node_id string, hour string, client_ip string, client_port bigint, requests bigint, bytes_sent bigint, net_type string"))
+        [("n", "h", "2001:db8::1", 5000, 1, 7, 2, "5g")],
+        "node_id string, hour string, client_ip string, client_port bigint, requests bigint, bytes_sent bigint, "
+        "request_time_ms bigint, net_type string"))
 
 
 def test_derived_fields_handle_zero_denominators(spark):
-    df = spark.createDataFrame([(1000, 2_000_000, 10, 100, 5000, 20000, 0, 100),
-                                (1000, 0, 0, 0, 0, 20000, None, None)],
+    df = spark.createDataFrame([(1000, 2_000_000, 10, 100, 5000, 20000, 0, 100, 900, 400),
+                                (1000, 0, 0, 0, 0, 20000, None, None, 900, 0),
+                                (1000, 0, 0, 0, 0, 20000, None, None, None, None)],
                                "bytes_acked bigint, duration_us bigint, total_retrans bigint, data_segs_out bigint, "
-                               "max_rtt_var_us bigint, max_srtt_us bigint, rebuffer_ms bigint, play_ms bigint")
-    got = derived(df).select("goodput_bps", "retrans_ratio", "rtt_var_norm", "rebuffer_rate")
-    assertDataFrameEqual(got, spark.createDataFrame([(4000.0, 0.1, 0.25, 0.0), (None, None, 0.0, None)],
-                                                    "goodput_bps double, retrans_ratio double, rtt_var_norm double, rebuffer_rate double"))
+                               "max_rtt_var_us bigint, max_srtt_us bigint, rebuffer_ms bigint, play_ms bigint, "
+                               "bytes_sent bigint, request_time_ms bigint")
+    got = derived(df).select("goodput_bps", "delivery_rate_bps", "retrans_ratio", "rtt_var_norm", "rebuffer_rate")
+    # delivery rate: 900 bytes served in 400 ms = 18,000 bit/s; none without serving time or requests
+    assertDataFrameEqual(got, spark.createDataFrame(
+        [(4000.0, 18000.0, 0.1, 0.25, 0.0), (None, None, None, 0.0, None), (None, None, None, 0.0, None)],
+        "goodput_bps double, delivery_rate_bps double, retrans_ratio double, rtt_var_norm double, rebuffer_rate double"))
 
 
 def test_build_connections_enriches_and_joins(spark, tmp_path):
@@ -57,23 +63,23 @@ def test_build_connections_enriches_and_joins(spark, tmp_path):
         ("c3", "n", "h", 1, 2, "2408:833e:d113:0:a4c:7b5f:c63c:7ab9", 5000, 443, "cubic", "table", "v", *base),
         ("c4", "n", "h", 1, 2, "192.168.0.1", 40002, 443, "cubic", "default", "v", *base),
     ], cols)
-    acc = spark.createDataFrame([("n", "h", "c1", "10.1.2.3", None, "wifi", 100),
-                                 ("n", "h", None, "2408:833e:d113:0:a4c:7b5f:c63c:7ab9", 5000, "4g", 50)], ACCESS)
+    acc = spark.createDataFrame([("n", "h", "c1", "10.1.2.3", None, "wifi", 100, 10),
+                                 ("n", "h", None, "2408:833e:d113:0:a4c:7b5f:c63c:7ab9", 5000, "4g", 50, 5)], ACCESS)
     qoe = spark.createDataFrame([("n", "h", "c1", 1000, 100, 1, 300), ("n", "h", "c1", 1000, 0, 0, 200)],
                                 "node_id string, hour string, conn_id string, play_ms bigint, rebuffer_ms bigint, "
                                 "rebuffer_count bigint, startup_ms bigint")
     got = build_connections(t, acc, qoe, reference).select(
         "conn_id", "family", "prefix16", "prefix24", "prefix48", "prefix64", "ab_bucket", "ab_treatment", "ug_id",
-        "net_type", "label", "requests", "qoe_sessions", "play_ms", "rebuffer_rate", "node_id", "hour")
+        "net_type", "label", "requests", "qoe_sessions", "play_ms", "rebuffer_rate", "delivery_rate_bps", "node_id", "hour")
 
     def crc(ip):
         c = zlib.crc32(ipaddress.ip_address(ip).packed)
         return c, c % 2 == 1
     want = [
-        ("c1", 4, "10.1.0.0/16", "10.1.2.0/24", None, None, *crc("10.1.2.3"), "henan-AS4134", "wifi", 1, 1, 2, 2000, 0.05, "n", "h"),
-        ("c2", 4, "10.200.0.0/16", "10.200.0.0/24", None, None, *crc("10.200.0.1"), "any-AS9808", None, None, 0, 0, None, None, "n", "h"),
+        ("c1", 4, "10.1.0.0/16", "10.1.2.0/24", None, None, *crc("10.1.2.3"), "henan-AS4134", "wifi", 1, 1, 2, 2000, 0.05, 80_000.0, "n", "h"),
+        ("c2", 4, "10.200.0.0/16", "10.200.0.0/24", None, None, *crc("10.200.0.1"), "any-AS9808", None, None, 0, 0, None, None, None, "n", "h"),
         ("c3", 6, None, None, "2408:833e:d113::/48", "2408:833e:d113::/64",
-         *crc("2408:833e:d113:0:a4c:7b5f:c63c:7ab9"), "beijing-AS4837", "4g", 0, 1, 0, None, None, "n", "h"),
-        ("c4", 4, "192.168.0.0/16", "192.168.0.0/24", None, None, *crc("192.168.0.1"), None, None, None, 0, 0, None, None, "n", "h"),
+         *crc("2408:833e:d113:0:a4c:7b5f:c63c:7ab9"), "beijing-AS4837", "4g", 0, 1, 0, None, None, 80_000.0, "n", "h"),
+        ("c4", 4, "192.168.0.0/16", "192.168.0.0/24", None, None, *crc("192.168.0.1"), None, None, None, 0, 0, None, None, None, "n", "h"),
     ]
     assertDataFrameEqual(got, spark.createDataFrame(want, got.schema))
