@@ -8,7 +8,6 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 
-from ccselect.contract import FEATURES
 
 
 def dnn_probabilities(model, z: np.ndarray, batch: int = 65536) -> np.ndarray:

@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from ccselect.config import Config
-from ccselect.contract import FEATURES, OUTCOMES, TRANSPORT_FIELDS
+from ccselect.contract import TRANSPORT_FIELDS
 from ccselect.lake import table_path
 from features.labels import net_type_label
 from jobs import delta_io

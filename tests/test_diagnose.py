@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import subprocess
-from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -77,63 +76,56 @@ def clean(tmp_path_factory, spark, small_lake):
 FAULT_START = 3  # the small fleet's hour from which the planted fault is present
 
 
-def _deployment(spark, small_lake, dest: Path, fault: bool) -> dict:
-    """A champion trained on hours 0..FAULT_START-1 of a copy of the small lake; with `fault`, the
-    later hours are re-ingested from the same fleet simulated with the planted MSS fault from
-    FAULT_START on (the earlier hours are identical, so both champions learn the same rows); then
-    the tree is distilled over the later hours and `diagnose --worst 1` runs on them."""
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory, spark, small_lake):
+    """One deployment on a copy of the small lake: a champion trained on hours 0..FAULT_START-1;
+    the tree distilled and `diagnose --worst 1` run over the later hours as they are ("clean");
+    then those hours re-ingested from the same fleet simulated with the planted MSS fault from
+    FAULT_START on (earlier hours identical), and distilled and diagnosed again ("fault")."""
     import json
 
     from ccselect.sim.fleet import simulate
     from ccselect.sim.params import SimParams
+    from distill.jobs import run_diagnose, run_distill
     from features import scaling
     from jobs import ingest
     from jobs.window import connections_in
+    dest = tmp_path_factory.mktemp("deploy_lake")
     lake = copy_lake(small_lake, dest)
     cfg = _config(lake.root)
     train, live = (lake.hours[0], lake.hours[FAULT_START - 1]), (lake.hours[FAULT_START], lake.hours[-1])
-    fault16 = None
-    if fault:
-        small = json.load(open(os.path.join(lake.fleet_dir, "manifest.json")))["params"]
-        params = SimParams(**{**small, "fault_mss_prefix16": "auto", "fault_start_hour": FAULT_START})
-        fleet = str(dest / "fleet_fault")
-        fault16 = simulate(params, fleet, workers=1, progress=False)["fault_mss_prefix16"]
-        ingest.run(spark, cfg, fleet, hours=live)
     stats = scaling.fit(connections_in(spark, cfg, *train), window=f"{train[0]}..{train[1]}")
-    out = {**_pipeline(spark, cfg, stats, *train, live=live), "fault16": fault16, "live": live}
-    print(f"fault={fault16}", {k: out["distill"][k] for k in ("rows", "depth", "fidelity", "dnn_accuracy")},
-          out["diagnose"]["global_top"], out["diagnose"]["subsets"])
+    version = _champion(spark, cfg, stats, *train)
+    out = {"cfg": cfg, "version": version, "live": live}
+    small = json.load(open(os.path.join(lake.fleet_dir, "manifest.json")))["params"]
+    for case in ("clean", "fault"):
+        if case == "fault":
+            params = SimParams(**{**small, "fault_mss_prefix16": "auto", "fault_start_hour": FAULT_START})
+            fleet = str(dest / "fleet_fault")
+            out["fault16"] = simulate(params, fleet, workers=1, progress=False)["fault_mss_prefix16"]
+            ingest.run(spark, cfg, fleet, hours=live)
+        out[case] = {"distill": run_distill(spark, cfg, *live), "diagnose": run_diagnose(spark, cfg, worst=1)}
+        print(case, {k: out[case]["distill"][k] for k in ("rows", "depth", "fidelity", "dnn_accuracy")},
+              out[case]["diagnose"]["global_top"], out[case]["diagnose"]["subsets"])
     return out
 
 
-@pytest.fixture(scope="module")
-def faulted(tmp_path_factory, spark, small_lake):
-    return _deployment(spark, small_lake, tmp_path_factory.mktemp("fault_lake"), fault=True)
-
-
-@pytest.fixture(scope="module")
-def unfaulted(tmp_path_factory, spark, small_lake):
-    return _deployment(spark, small_lake, tmp_path_factory.mktemp("nofault_lake"), fault=False)
-
-
-def test_planted_mss_fault_is_named_with_mss_first(faulted):
-    d = faulted["diagnose"]
-    assert d["window"] == f"{faulted['live'][0]}..{faulted['live'][1]}"
+def test_planted_mss_fault_is_named_with_mss_first(deployment):
+    d = deployment["fault"]["diagnose"]
+    assert d["window"] == "{}..{}".format(*deployment["live"])
     worst = d["subsets"][0]
-    assert worst["kind"] == "prefix16" and worst["key"] == faulted["fault16"], d["subsets"]
+    assert worst["kind"] == "prefix16" and worst["key"] == deployment["fault16"], d["subsets"]
     assert worst["over_relied"][:1] == ["mss_bytes"], worst
     assert worst["top"][0] == "mss_bytes"
     assert worst["accuracy"] < 0.5  # the champion fails there: the anomaly, not the clients, moved
 
 
-def test_without_the_fault_mss_is_not_blamed(unfaulted, faulted):
-    # same champion training rows, same later hours, only the fault missing
-    assert unfaulted["distill"]["rows"] != 0
-    worst = unfaulted["diagnose"]["subsets"][0]
+def test_without_the_fault_mss_is_not_blamed(deployment):
+    # the same champion on the same later hours, only the fault missing
+    worst = deployment["clean"]["diagnose"]["subsets"][0]
     assert "mss_bytes" not in worst["over_relied"][:1], worst
-    by_key = {s["key"]: s for s in unfaulted["diagnose"]["subsets"]}
-    assert worst["accuracy"] > faulted["diagnose"]["subsets"][0]["accuracy"]
-    assert faulted["fault16"] not in by_key or by_key[faulted["fault16"]]["over_relied"][:1] != ["mss_bytes"]
+    assert worst["accuracy"] > deployment["fault"]["diagnose"]["subsets"][0]["accuracy"]
+    assert worst["key"] != deployment["fault16"] or worst["over_relied"][:1] != ["mss_bytes"]
 
 
 def test_distilled_tree_registered_and_linked(clean):

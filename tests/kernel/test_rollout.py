@@ -4,7 +4,6 @@ a canary whose connection rate collapses after the load is rolled back and the r
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import threading
 import time
