@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.ingest import PeakRss  # noqa: E402
+from bench.ingest import PeakRss, bench_config  # noqa: E402
 
 # Algorithm 1's Extract + mean (lines 5-8) per policy, and §3.4's change rates, in DuckDB SQL:
 # positions k (0-based, ties broken by conn_id) with lo·n/100 <= k < hi·n/100 of each group-period.
@@ -110,9 +110,6 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args(argv)
 
-    import yaml
-
-    from ccselect.config import load_config
     from ccselect.sim.fleet import simulate
     from ccselect.sim.params import SimParams
     from ccselect.spark import get_spark
@@ -128,13 +125,7 @@ def main(argv=None) -> int:
                                   conns_per_node_hour=args.conns_per_node_hour), fleet, workers=2, progress=False)
     sim_s = time.perf_counter() - t0
 
-    raw = yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())
-    raw["data_root"] = str(work / "root")
-    raw["spark"]["master"] = "local[2]"
-    raw["spark"]["conf"].update({"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2",
-                                 "spark.driver.memory": "4g"})
-    (work / "ccs.yaml").write_text(yaml.safe_dump(raw))
-    cfg = load_config(work / "ccs.yaml")
+    cfg = bench_config(work, work / "root")
     policies, _, period = autoplex.settings(cfg)
     start_ms = int(time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))) * 1000 - time.timezone * 1000
     periods = args.hours * 60 // period

@@ -208,9 +208,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import pyarrow.parquet as pq
-    import yaml
 
-    from ccselect.config import load_config
     from ccselect.lake import table_path
     from ccselect.spark import get_spark
     from export import aggregate as agg
@@ -219,16 +217,11 @@ def main(argv=None) -> int:
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    raw = yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())
-    raw["data_root"] = str(work)
-    raw["spark"]["master"] = "local[2]"
     # sized for 2 cores: Delta replays its log into 50 partitions by default (snapshotPartitions);
     # those 50 tiny tasks took 28.6 s of wall time for 6.9 CPU-seconds in a cold 5 M run on the
-    # loaded machine, 5.0 s as 2 (Spark's event log)
-    raw["spark"]["conf"].update({"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2",
-                                 "spark.databricks.delta.snapshotPartitions": "2"})
-    (work / "ccs.yaml").write_text(yaml.safe_dump(raw))
-    cfg = load_config(work / "ccs.yaml")
+    # loaded machine, 5.0 s as 2 (Spark's event log) — infra/conf/local.yaml now says 2 as well
+    from bench.ingest import bench_config
+    cfg = bench_config(work, **{"spark.databricks.delta.snapshotPartitions": "2"})
     settings = agg.Settings.from_config(cfg.section("export"))
     key = signing.generate_key()
 
@@ -292,7 +285,7 @@ def main(argv=None) -> int:
     out = {
         "bench": "export", "goal": "spark within 3x of duckdb; paper: 614x memory saving, no accuracy loss",
         "cores": 2, "spark_master": "local[2]", "duckdb_threads": 2,
-        "spark_conf": {k: raw["spark"]["conf"][k] for k in ("spark.sql.shuffle.partitions", "spark.default.parallelism",
+        "spark_conf": {k: cfg.section("spark")["conf"][k] for k in ("spark.sql.shuffle.partitions", "spark.default.parallelism",
                                                           "spark.databricks.delta.snapshotPartitions")},
         "simulated_hours": args.hours, "simulation_seconds": round(sim_s, 1),
         "decisions": "simulator ground truth (wifi→cubic, 4g/5g→bbr), one per connection",

@@ -29,7 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.ingest import PeakRss  # noqa: E402
+from bench.ingest import PeakRss, bench_config  # noqa: E402
 
 
 def model_only(model, x_all, x_lab, y_lab, infer_params, rows: int, batches, threads: int = 2) -> dict:
@@ -89,17 +89,7 @@ def replicate_silver(spark, src_cfg, dst_cfg, lo, hi, rows: int) -> int:
 
 
 def write_cfg(root: Path, master: str = "local[2]"):
-    import yaml
-
-    from ccselect.config import load_config
-    raw = yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())
-    raw["data_root"] = str(root)
-    raw["spark"]["master"] = master
-    raw["spark"]["conf"].update({"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2",
-                                 "spark.driver.memory": "4g"})
-    root.mkdir(parents=True, exist_ok=True)
-    (root / "ccs.yaml").write_text(yaml.safe_dump(raw))
-    return load_config(root / "ccs.yaml")
+    return bench_config(root, master=master)
 
 
 def main(argv=None) -> int:

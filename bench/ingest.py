@@ -104,6 +104,23 @@ COPY silver TO '{out}' (FORMAT parquet, PARTITION_BY (node_id, hour), OVERWRITE_
 """
 
 
+def bench_config(root: Path, data_root: Path | None = None, master: str = "local[2]", **conf: str):
+    """The embedded default configuration sized for the benches' 2 cores (`master`, 4 shuffle
+    partitions, parallelism 2, a 4 GB driver, plus `conf`), written to root/ccs.yaml with its
+    data root at `data_root` (default: root), and loaded."""
+    import yaml
+
+    from ccselect.config import load_config
+    raw = yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())
+    raw["data_root"] = str(data_root or root)
+    raw["spark"]["master"] = master
+    raw["spark"]["conf"].update({"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2",
+                                 "spark.driver.memory": "4g", **conf})
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "ccs.yaml").write_text(yaml.safe_dump(raw))
+    return load_config(root / "ccs.yaml")
+
+
 def duckdb_columns(stream: str) -> str:
     from ccselect.contract import FIELDS
     return "{" + ", ".join(f"'{k}': '{'BIGINT' if t is int else 'VARCHAR'}'" for k, t in FIELDS[stream].items()) + "}"
@@ -149,7 +166,6 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the simulated logs and the lake")
     args = ap.parse_args(argv)
 
-    from ccselect.config import load_config
     from ccselect.sim.fleet import simulate
     from ccselect.sim.params import SimParams
     from ccselect.spark import get_spark
@@ -166,14 +182,7 @@ def main(argv=None) -> int:
     sim_s = time.perf_counter() - t0
     input_bytes = sum(f.stat().st_size for s in ("transport", "access", "qoe") for f in Path(data, s).rglob("*.jsonl"))
 
-    import yaml
-    raw = yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())
-    raw["data_root"] = str(work / "root")
-    raw["spark"]["master"] = "local[2]"
-    raw["spark"]["conf"].update({"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2",
-                                 "spark.driver.memory": "4g"})
-    (work / "ccs.yaml").write_text(yaml.safe_dump(raw))
-    cfg = load_config(work / "ccs.yaml")
+    cfg = bench_config(work, work / "root")
     print(f"simulated {manifest['counts']} in {sim_s:.0f} s; Spark ingest ...", file=sys.stderr, flush=True)
     load_spark = os.getloadavg()[0]
     with PeakRss() as mem:
