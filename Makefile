@@ -57,7 +57,7 @@ run: setup
 	$(PY) -m ccselect.cli run
 
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15
 
 # bench/ingest's issue figure is 5 million connections (hours at today's speed):
 # `make bench BENCH_INGEST_CONNS=5000000`.
