@@ -2,8 +2,8 @@
 on 500,000 labelled rows on 2 CPU cores, and the plain MLP on the same rows for the ratio
 (the GAN/RSC/variance terms' cost). Issue 4 "Must show".
 
-The rows come from a simulated fleet (`ccs simulate`, 20 nodes × 25 h × 4,200 connections an
-hour ≈ 2 M connections, of which ≈ 25% carry a client-reported network type), read straight from
+The rows come from a simulated fleet (`ccs simulate`, 20 nodes × 25 h × 5,600 connections an
+hour ≈ 2.8 M connections, of which ≈ 18% carry a client-reported network type), read straight from
 its transport and access logs with polars — the same labelled rows silver would hold (a
 connection's label is its access log's `net_type`), not balanced. 500,000 of them are drawn
 (seeded); standardization (log1p, z) and the prefix groups (K-means per type over per-/24
@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from ccselect.contract import FEATURES  # noqa: E402
 
-SIM = {"nodes": 20, "hours": 25, "conns_per_node_hour": 4200, "seed": 1}
+SIM = {"nodes": 20, "hours": 25, "conns_per_node_hour": 5600, "seed": 1}
 
 
 def simulate(out: str) -> dict:
