@@ -21,6 +21,7 @@ import os
 import shutil
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
 
     cfg = bench_config(work, work / "root")
     policies, _, period = autoplex.settings(cfg)
-    start_ms = int(time.mktime(time.strptime(start, "%Y-%m-%dT%H:%M:%S"))) * 1000 - time.timezone * 1000
+    start_ms = int(datetime.fromisoformat(start).replace(tzinfo=timezone.utc).timestamp() * 1000)
     periods = args.hours * 60 // period
     end_ms = start_ms + periods * period * 60_000
     print(f"simulated {manifest['counts']['transport']} connections in {sim_s:.0f} s; silver ...", file=sys.stderr, flush=True)
@@ -146,9 +147,7 @@ def main(argv=None) -> int:
         spark.stop()
     print(f"Spark parameters {params_s:.0f} s, similarity {sim_sp_s:.0f} s; DuckDB ...", file=sys.stderr, flush=True)
     from ccselect.lake import table_path
-    sec = cfg.section("autoplex")
-    better = autoplex.Policy("better", "retrans_ratio", True, *sec.get("similarity_better_band", (5, 20)), 5)
-    worse = autoplex.Policy("worse", "retrans_ratio", True, *sec.get("similarity_worse_band", (75, 90)), 5)
+    better, worse = autoplex.similarity_bands(cfg)
     load_duck = os.getloadavg()[0]
     duck = duckdb_autoplex(f"{table_path(cfg, 'silver.connections')}/*/*/*.parquet", policies, period,
                            start_ms, end_ms, better, worse)

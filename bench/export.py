@@ -217,11 +217,10 @@ def main(argv=None) -> int:
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    # sized for 2 cores: Delta replays its log into 50 partitions by default (snapshotPartitions);
-    # those 50 tiny tasks took 28.6 s of wall time for 6.9 CPU-seconds in a cold 5 M run on the
-    # loaded machine, 5.0 s as 2 (Spark's event log) — infra/conf/local.yaml now says 2 as well
+    # local.yaml's 2-core sizing, Delta's log replay in 2 partitions included (50 by default:
+    # 28.6 s of tiny tasks in one cold 5 M run here, 5.0 s at 2 — Spark's event log)
     from bench.ingest import bench_config
-    cfg = bench_config(work, **{"spark.databricks.delta.snapshotPartitions": "2"})
+    cfg = bench_config(work)
     settings = agg.Settings.from_config(cfg.section("export"))
     key = signing.generate_key()
 

@@ -88,10 +88,6 @@ def replicate_silver(spark, src_cfg, dst_cfg, lo, hi, rows: int) -> int:
     return n * k
 
 
-def write_cfg(root: Path, master: str = "local[2]"):
-    return bench_config(root, master=master)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=600_000, help="silver rows for the Spark-integrated run")
@@ -126,10 +122,10 @@ def main(argv=None) -> int:
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     t_all = time.perf_counter()
-    manifest = simulate(SimParams(nodes=args.nodes, hours=args.hours, conns_per_node_hour=args.conns_per_node_hour,
-                                  seed=23), str(work / "logs"), workers=2, progress=False)
-    cfg = write_cfg(work / "fleet")
-    bench_cfg = write_cfg(work / "bench")
+    simulate(SimParams(nodes=args.nodes, hours=args.hours, conns_per_node_hour=args.conns_per_node_hour,
+                       seed=23), str(work / "logs"), workers=2, progress=False)
+    cfg = bench_config(work / "fleet")
+    bench_cfg = bench_config(work / "bench")
     spark = get_spark(cfg, "ccs-bench-infer")
     ing = ingest.run(spark, cfg, str(work / "logs"))
     silver = spark.read.format("delta").load(table_path(cfg, "silver.connections"))

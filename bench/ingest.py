@@ -104,18 +104,18 @@ COPY silver TO '{out}' (FORMAT parquet, PARTITION_BY (node_id, hour), OVERWRITE_
 """
 
 
-def bench_config(root: Path, data_root: Path | None = None, master: str = "local[2]", **conf: str):
-    """The embedded default configuration sized for the benches' 2 cores (`master`, 4 shuffle
-    partitions, parallelism 2, a 4 GB driver, plus `conf`), written to root/ccs.yaml with its
+def bench_config(root: Path, data_root: Path | None = None):
+    """The embedded default configuration sized for the benches' 2 cores (local[2], 4 shuffle
+    partitions, parallelism 2, a 4 GB driver), written to root/ccs.yaml with its
     data root at `data_root` (default: root), and loaded."""
     import yaml
 
     from ccselect.config import load_config
     raw = yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())
     raw["data_root"] = str(data_root or root)
-    raw["spark"]["master"] = master
+    raw["spark"]["master"] = "local[2]"
     raw["spark"]["conf"].update({"spark.sql.shuffle.partitions": "4", "spark.default.parallelism": "2",
-                                 "spark.driver.memory": "4g", **conf})
+                                 "spark.driver.memory": "4g"})
     root.mkdir(parents=True, exist_ok=True)
     (root / "ccs.yaml").write_text(yaml.safe_dump(raw))
     return load_config(root / "ccs.yaml")

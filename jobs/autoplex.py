@@ -233,6 +233,16 @@ def run_parameters(spark: SparkSession, cfg: Any, start_ms: int, periods: int) -
     return {"periods": labels, "group_by": group_cols, "rows_per_policy": counts}
 
 
+def similarity_bands(cfg: Any) -> tuple[Policy, Policy]:
+    """AutoPlex §3.4's better- and worse-performed sessions: retransmission-ratio bands 5-20 and
+    75-90 (`autoplex.similarity_better_band` / `_worse_band`), validated."""
+    sec = cfg.section("autoplex")
+    better = Policy("better", "retrans_ratio", True, *sec.get("similarity_better_band", (5, 20)), 5)
+    worse = Policy("worse", "retrans_ratio", True, *sec.get("similarity_worse_band", (75, 90)), 5)
+    better.validate(), worse.validate()
+    return better, worse
+
+
 def run_similarity(spark: SparkSession, cfg: Any, start_ms: int, periods: int,
                    plot_dir: str | None = None) -> dict[str, Any]:
     """AutoPlex §3.4 over `periods` periods: gold.autoplex_similarity (per group, period, band and
@@ -240,11 +250,8 @@ def run_similarity(spark: SparkSession, cfg: Any, start_ms: int, periods: int,
     import os
 
     from jobs.window import write_window
-    sec = cfg.section("autoplex")
     _, group_cols, period = settings(cfg)
-    better = Policy("better", "retrans_ratio", True, *sec.get("similarity_better_band", (5, 20)), 5)
-    worse = Policy("worse", "retrans_ratio", True, *sec.get("similarity_worse_band", (75, 90)), 5)
-    better.validate(), worse.validate()
+    better, worse = similarity_bands(cfg)
     t = period * 60_000
     start_ms -= start_ms % t
     df = with_period(extract(spark, cfg, start_ms, start_ms + periods * t), period)

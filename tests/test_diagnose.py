@@ -55,11 +55,10 @@ def _champion(spark, cfg, stats, lo, hi):
     return version
 
 
-def _pipeline(spark, cfg, stats, lo, hi, live: tuple[str, str] | None = None):
-    """Champion from lo..hi; the tree distilled (and diagnosed) over `live` (default: lo..hi)."""
+def _pipeline(spark, cfg, stats, lo, hi):
     from distill.jobs import run_diagnose, run_distill
     version = _champion(spark, cfg, stats, lo, hi)
-    distilled = run_distill(spark, cfg, *(live or (lo, hi)))
+    distilled = run_distill(spark, cfg, lo, hi)
     diagnosed = run_diagnose(spark, cfg, worst=1)
     return {"cfg": cfg, "version": version, "distill": distilled, "diagnose": diagnosed}
 

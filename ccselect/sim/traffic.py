@@ -201,6 +201,8 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     duration_ms = np.minimum(np.bincount(conn_of_req, weights=gap, minlength=n) + path.min_rtt_ms, 600_000)
     start_ms = hour_ms + epoch_of_conn * epoch_len + (rng.random(n) * np.maximum(1.0, epoch_len - duration_ms - 1)
                                                       ).astype(np.int64)
+    # a connection longer than an epoch (epochs under 10 minutes) still ends inside its hour
+    start_ms = np.minimum(start_ms, hour_ms + np.maximum(0, 3_600_000 - duration_ms.astype(np.int64) - 1))
     end_ms = start_ms + duration_ms.astype(np.int64)
 
     segs = np.ceil(bytes_c / mss).astype(np.int64)
