@@ -11,8 +11,11 @@
    stops at the signed artifact otherwise;
 5. when root: connections from simulated client addresses (in a network namespace of its own) to
    every node, to show the kernel giving them the table's CC;
-6. a summary: per-node accuracy, table entries and memory saving, rollout status, kernel counters,
-   and where to look further.
+6. the trace-driven emulation (`ccs emulate`, ALICCS §5.4) of the last hourly hour: CUBIC, BBR,
+   the Oracle, the table the hour before exported (ALICCS), Configanator, Disco, Pytheas, and the
+   true network type from the simulator's truth — into gold.emulation for notebook 06;
+7. a summary: per-node accuracy, table entries and memory saving, rollout status, kernel counters,
+   the emulation's QoE per policy, and where to look further.
 
 A second run reuses the fleet, the backfilled lake, the keys and — when nothing it learnt from
 changed — the champion model; the hourly runs are redone (each replaces its own partitions and
@@ -142,12 +145,15 @@ def main(cfg: Config, hourly_hours: int = 2, fresh: bool = False, probe: bool = 
     probed = None
     if deploy and probe:
         probed = _probe(cfg, fleet_obj)
+    # 6. the emulation of the last hourly hour
+    last = (train_at + timedelta(hours=hourly_hours - 1)).strftime(HOUR_FMT)
+    emulated = _emulate(spark, cfg, last, hourly_hours)
     ok = (train["state"] == "reused" or train["state"].endswith("success")) and len(hourly) == hourly_hours and \
-        all(r["state"].endswith("success") for r in hourly) and \
+        all(r["state"].endswith("success") for r in hourly) and "error" not in emulated and \
         (probed is None or all(n["as_table"] == n["connections"] for n in probed["nodes"].values()))
-    summary = _summary(cfg, manifest, time.time() - t0, reused, why if not deploy else None, probed)
+    summary = _summary(cfg, manifest, time.time() - t0, reused, why if not deploy else None, probed, emulated)
     return {"ok": ok, "summary": summary, "train": train, "hourly": hourly, "probe": probed,
-            "reused": reused}
+            "emulation": emulated, "reused": reused}
 
 
 # ---- steps --------------------------------------------------------------------------------------
@@ -289,8 +295,44 @@ def _probe(cfg: Config, fleet_obj) -> dict | None:
 
 # ---- the summary --------------------------------------------------------------------------------
 
+def _emulate(spark, cfg: Config, hour: str, hourly_hours: int) -> dict:
+    """`ccs emulate --hours HOUR --truth <the simulated fleet>`: the ALICCS table is the one the
+    hour before exported (with a single hourly run there is none, so that hour's own table)."""
+    from jobs import emulate
+    lag = 1 if hourly_hours > 1 else 0
+    _say(f"emulation: hour {hour} under every policy (ALICCS §5.4; table of {emulate.hour_shift(hour, -lag)})")
+    try:
+        return emulate.run(spark, cfg, hour, hour, truth_dir=raw_dir(cfg),
+                           params=emulate.EmulateParams.from_config(cfg, table_lag_hours=lag))
+    except Exception as e:  # noqa: BLE001 — reported in the summary, and the run is not ok
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def _emulation_lines(res: dict | None) -> list[str]:
+    if not res:
+        return []
+    if "error" in res:
+        return [f"emulation       : failed: {res['error']}"]
+    pol = res["policies"]
+    lines = [f"emulation       : hour {res['range'][:13]}, {res['sessions']:,} playback sessions "
+             f"(QoE = 1 − {res['alpha']}·rebuffer − {1 - res['alpha']:.1f}·retransmission; gold.emulation)",
+             f"  {'policy':16s}{'QoE':>9s}{'rebuffer':>10s}{'retrans':>9s}{'reb p85':>9s}{'gap closed':>12s}"
+             f"{'truth gain':>12s}"]
+    for name in ("cubic", "bbr", "oracle", "aliccs", "configanator", "disco", "pytheas", "true_type"):
+        d = pol.get(name)
+        if not d or "qoe" not in d:
+            continue
+        gap = d.get("gap_closed", {}).get("oracle")
+        truth = (d.get("truth") or {}).get("exp_qoe_gain_vs_cubic")
+        lines.append(f"  {name:16s}{d['qoe']:9.5f}{d['rebuffer_rate']:10.4f}{d['retrans_rate']:9.4f}"
+                     f"{d.get('rebuffer_pct', {}).get('p85', float('nan')):9.4f}"
+                     + (f"{gap:12.0%}" if gap is not None else f"{'-':>12s}")
+                     + (f"{truth:+12.5f}" if truth is not None else f"{'-':>12s}"))
+    return lines
+
+
 def _summary(cfg: Config, manifest: dict, seconds: float, reused: list[str], no_deploy: str | None,
-             probed: dict | None) -> str:
+             probed: dict | None, emulated: dict | None = None) -> str:
     from models import registry
     p = manifest["params"]
     lines = ["", "=" * 78, f"ccselect main job: done in {seconds / 60:.1f} min"
@@ -309,6 +351,7 @@ def _summary(cfg: Config, manifest: dict, seconds: float, reused: list[str], no_
         lines.append("model           : no @champion (no version passed its gate)")
     lines += _table_lines(cfg)
     lines += _fleet_lines(cfg, no_deploy, probed)
+    lines += _emulation_lines(emulated)
     lines += ["", "look further:",
               "  make mlflow      MLflow UI: runs, per-node tables, registered models (http://localhost:5000)",
               "  make airflow     Airflow UI: the three DAGs and these runs (http://localhost:8080)",

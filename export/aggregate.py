@@ -211,7 +211,7 @@ def spark_aggregate(decisions, settings: Settings) -> list[Aggregated]:
     return sorted(out, key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))
 
 
-def ladder_entries(weights, settings: Settings):
+def ladder_entries(weights, settings: Settings, by: tuple[str, ...] = ()):
     """The table entries of Algorithm 1 (Appendix F) from `model_weights`' rows (weights summed
     per prefix and CC), as a DataFrame (fam, level, key, weight, requests, top_weight, cc,
     passed); `key` is the prefix's first level/4 hex digits.
@@ -222,8 +222,12 @@ def ladder_entries(weights, settings: Settings):
     Algorithm 1's D_expand recursion (steps 2-3): the addresses under a prefix reach level L
     exactly when all its shorter prefixes failed, and then all of them reach it, so the prefix's
     purity is the same either way. Deciding on the prefixes alone (an anti-join with the passed
-    ones) keeps the job to one pass over the addresses."""
+    ones) keeps the job to one pass over the addresses.
+
+    `by`: extra key columns of `weights` (say, the hour of the decisions): one independent table
+    per value of them, all in the same pass (jobs/emulate.py builds every hour's table at once)."""
     from pyspark.sql import functions as F
+    by = tuple(by)
     fam, level = F.col("fam"), F.col("level")
 
     def by_family(values: dict[int, object], default):
@@ -243,10 +247,10 @@ def ladder_entries(weights, settings: Settings):
             t = _threshold_col(settings, f, lv, F.col("requests"))
             thr = F.when(cond, t) if thr is None else thr.when(cond, t)
     last = by_family({f: F.lit(lv[-1]) for f, lv in settings.ladder.items()}, F.lit(-1))
-    stats = (lad.groupBy("fam", "level", "key", "cc").agg(F.sum("w").alias("w"), F.sum("r").alias("r"))
-             .groupBy("fam", "level", "key").agg(F.sum("w").alias("weight"), F.sum("r").alias("requests"),
+    stats = (lad.groupBy(*by, "fam", "level", "key", "cc").agg(F.sum("w").alias("w"), F.sum("r").alias("r"))
+             .groupBy(*by, "fam", "level", "key").agg(F.sum("w").alias("weight"), F.sum("r").alias("requests"),
                                                  F.max(F.struct("w", "cc")).alias("top"))
-             .select("fam", "level", "key", "weight", "requests", F.col("top.w").alias("top_weight"),
+             .select(*by, "fam", "level", "key", "weight", "requests", F.col("top.w").alias("top_weight"),
                      F.col("top.cc").alias("cc"))
              .withColumn("passed", (F.col("top_weight") / F.col("weight")) >= thr)
              .withColumn("_last", level == last))
@@ -262,12 +266,12 @@ def ladder_entries(weights, settings: Settings):
     if shorter is None:                       # every ladder has a single level
         return candidates.drop("_last")
     passed_above = stats.where(F.col("passed") & ~F.col("_last")).select(
-        "fam", F.col("level").alias("_alevel"), F.col("key").alias("_akey"))
-    covered = (candidates.select("fam", "level", "key", F.explode(shorter).alias("_a"))
-               .select("fam", "level", "key", "_a._alevel", "_a._akey")
-               .join(passed_above, ["fam", "_alevel", "_akey"], "left_semi")
-               .select("fam", "level", "key"))
-    return candidates.join(covered, ["fam", "level", "key"], "left_anti").drop("_last")
+        *by, "fam", F.col("level").alias("_alevel"), F.col("key").alias("_akey"))
+    covered = (candidates.select(*by, "fam", "level", "key", F.explode(shorter).alias("_a"))
+               .select(*by, "fam", "level", "key", "_a._alevel", "_a._akey")
+               .join(passed_above, [*by, "fam", "_alevel", "_akey"], "left_semi")
+               .select(*by, "fam", "level", "key"))
+    return candidates.join(covered, [*by, "fam", "level", "key"], "left_anti").drop("_last")
 
 
 # ---- longest-prefix match of addresses against a table, in Spark -------------------------

@@ -1,0 +1,182 @@
+"""Trace-driven emulation (jobs/emulate.py, ALICCS §5.4): the estimator on hand-made traces with
+known answers, each policy's decision rule on hand-made inputs, and the job on the main job's lake
+(with the simulator's truth beside it)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from ccselect.contract import FEATURES
+from jobs import emulate
+
+H0, H1 = "2026-11-01T00", "2026-11-01T01"
+T0, T1 = 1_761_955_200_000, 1_761_955_200_000 + 3_600_000   # the two hours' starts (UTC ms)
+P = emulate.EmulateParams(window_minutes=60, train_hours=0)
+
+
+def _trace(spark, rows):
+    """Silver-like rows (the columns `emulate.sessions` reads): (conn_id, hour, ip, prefix24,
+    label, cc, rebuffer rate, retransmission rate); one node, play 10 s, 1000 segments out."""
+    cols = ["conn_id", "node_id", "hour", "in_range", "client_ip", "ug_id", "cc", *FEATURES, "prefix24", "prefix48",
+            "label", "pred_net_type", "ts_start_ms", "play_ms", "rebuffer_ms", "total_retrans", "data_segs_out"]
+    out = []
+    for cid, hour, ip, p24, label, cc, reb, ret in rows:
+        t = (T0 if hour == H0 else T1) + 1000
+        out.append((cid, "n1", hour, True, ip, "henan-AS4134", cc, *[100] * len(FEATURES), p24, None,
+                    label, None, t, 10_000, int(round(reb * 10_000)), int(round(ret * 1000)), 1000))
+    schema = ", ".join(f"{c} {t}" for c, t in zip(cols, ["string", "string", "string", "boolean", "string", "string", "string",
+                                                         *["long"] * len(FEATURES), "string", "string", "string", "string",
+                                                         "long", "long", "long", "long", "long"]))
+    return spark.createDataFrame(out, schema)
+
+
+# Window 0: /24 A (Wi-Fi) served by both CCs. Window 1: A only by CUBIC (BBR's outcome comes from
+# window 0: history); /24 B (4G) only by BBR and /24 C (4G) only by CUBIC, ever (each one's other
+# CC comes from the node's 4G sessions of the window); /24 D without a type, only CUBIC (BBR
+# nowhere for its type: unestimated, the observed outcome kept).
+TRACE = [
+    ("a1", H0, "1.1.1.1", "1.1.1.0/24", "wifi", "cubic", 0.10, 0.000),
+    ("a2", H0, "1.1.1.2", "1.1.1.0/24", "wifi", "bbr", 0.20, 0.000),
+    ("a3", H0, "1.1.1.3", "1.1.1.0/24", "wifi", "cubic", 0.30, 0.100),
+    ("a4", H1, "1.1.1.4", "1.1.1.0/24", "wifi", "cubic", 0.05, 0.000),
+    ("b1", H1, "2.2.2.1", "2.2.2.0/24", "4g", "bbr", 0.02, 0.010),
+    ("c1", H1, "3.3.3.1", "3.3.3.0/24", "5g", "cubic", 0.40, 0.200),
+    ("d1", H1, "4.4.4.1", "4.4.4.0/24", None, "cubic", 0.50, 0.300),
+]
+
+
+def test_estimates_follow_the_chain_observed_window_history_node_unestimated(spark):
+    est = emulate.estimates(emulate.sessions(_trace(spark, TRACE), P))
+    got = est.select("conn_id", "net_type", "reb_cubic", "ret_cubic", "lvl_cubic", "reb_bbr", "ret_bbr", "lvl_bbr")
+    expected = spark.createDataFrame([
+        ("a1", "wifi", 0.10, 0.000, "observed", 0.20, 0.000, "window"),
+        ("a2", "wifi", 0.20, 0.050, "window", 0.20, 0.000, "observed"),
+        ("a3", "wifi", 0.30, 0.100, "observed", 0.20, 0.000, "window"),
+        ("a4", "wifi", 0.05, 0.000, "observed", 0.20, 0.000, "history"),
+        ("b1", "cell", 0.40, 0.200, "node", 0.02, 0.010, "observed"),
+        ("c1", "cell", 0.40, 0.200, "observed", 0.02, 0.010, "node"),
+        ("d1", "unknown", 0.50, 0.300, "observed", 0.50, 0.300, "unestimated"),
+    ], got.schema)
+    assertDataFrameEqual(got, expected, rtol=1e-9)
+
+
+def test_scoring_a_policy_counts_every_estimate_level(spark):
+    est = emulate.estimates(emulate.sessions(_trace(spark, TRACE), P))
+    scored = emulate.score(est, {"bbr": emulate.fixed_policy(est, "bbr"), "cubic": emulate.fixed_policy(est, "cubic")}, P)
+    w = emulate.per_window(scored)
+    got = (w.groupBy("policy").agg(F.sum("sessions").alias("sessions"), *[F.sum(f"n_{lv}").alias(lv) for lv in emulate.LEVELS])
+           .orderBy("policy"))
+    expected = spark.createDataFrame([("bbr", 7, 2, 2, 1, 1, 1), ("cubic", 7, 5, 1, 0, 1, 0)], got.schema)
+    assertDataFrameEqual(got, expected)
+    # all-BBR's mean rebuffer rate: a1 .2, a2 .2, a3 .2, a4 .2 (history), b1 .02, c1 .02 (node), d1 .5 (kept)
+    reb = scored.where("policy = 'bbr'").agg(F.avg("rebuffer")).first()[0]
+    assert reb == pytest.approx((0.2 * 4 + 0.02 * 2 + 0.5) / 7), "all-BBR rebuffer from the estimates"
+    q = scored.where("policy = 'bbr' and conn_id = 'b1'").first()["qoe"]
+    assert q == pytest.approx(1 - 0.8 * 0.02 - 0.2 * 0.01), "§5.4 QoE with α = 0.8"
+
+
+def _noise_trace(spark, seed: int, cells: int = 150, per_cell: int = 12, bbr_gain: float = 0.0):
+    """Cells (one /24 each, one window) whose CCs are drawn from the same rebuffer distribution,
+    except that BBR's mean is lower by `bbr_gain`; the CC by the client IP's parity as the A/B
+    split does."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for c in range(cells):
+        base = rng.uniform(0.02, 0.08)
+        for i in range(per_cell):
+            cc = "bbr" if i % 2 else "cubic"
+            mean = base - (bbr_gain if cc == "bbr" else 0.0)
+            reb = float(min(1.0, max(0.0, mean * rng.gamma(0.5, 2.0))))
+            rows.append((f"x{c}-{i}", H1, f"10.{c // 250}.{c % 250}.{i + 1}", f"10.{c // 250}.{c % 250}.0/24",
+                         "wifi", cc, reb, 0.0))
+    return _trace(spark, rows)
+
+
+def test_cross_fitted_oracle_does_not_score_the_noise_it_picked(spark):
+    """With two CCs that are truly the same, the in-sample Oracle of §5.4 still 'gains' (it picks
+    whichever average the noise favoured and is scored with that same average); the cross-fitted
+    one gains nothing beyond noise. With a real BBR advantage, the cross-fitted Oracle finds it."""
+    def gains(df):
+        est = emulate.estimates(emulate.sessions(df, P)).persist()
+        choices = {"cubic": emulate.fixed_policy(est, "cubic"), "oracle": emulate.oracle_crossfit(est, P),
+                   "oracle_insample": emulate.oracle_insample(est, P), "bbr": emulate.fixed_policy(est, "bbr")}
+        q = {r["policy"]: r["q"] for r in emulate.score(est, choices, P).groupBy("policy").agg(F.avg("qoe").alias("q")).collect()}
+        return {k: v - q["cubic"] for k, v in q.items()}
+
+    same = gains(_noise_trace(spark, 1))
+    sd = 0.8 * 0.05 * np.sqrt(2) / np.sqrt(150 * 12)        # ≈ the standard error of a policy's mean QoE
+    assert same["oracle_insample"] > 8 * sd, f"in-sample Oracle should show a winner's curse: {same}"
+    assert abs(same["oracle"]) < 4 * sd, f"cross-fitted Oracle should not gain on pure noise: {same}"
+    real = gains(_noise_trace(spark, 2, bbr_gain=0.02))
+    assert real["oracle"] > 0.5 * real["bbr"] > 0, f"cross-fitted Oracle should find BBR's real advantage: {real}"
+
+
+def test_pytheas_tries_each_cc_then_settles_on_the_better_one(spark):
+    rows = [(f"p{i:04d}", H1, "5.5.5.1", "5.5.5.0/24", "wifi", "cubic" if i % 2 else "bbr", 0.05, 0.0)
+            for i in range(400)]
+    df = _trace(spark, rows).withColumn("ts_start_ms", F.col("ts_start_ms") + F.substring("conn_id", 2, 4).cast("long"))
+    s = emulate.sessions(df, P)
+    # outcome model: BBR's QoE is better by 0.02 rebuffer for every session of the group
+    est = (s.withColumn("reb_cubic", F.lit(0.07)).withColumn("reb_bbr", F.lit(0.05) + (F.rand(3) - 0.5) * 0.01)
+           .withColumn("ret_cubic", F.lit(0.0)).withColumn("ret_bbr", F.lit(0.0)))
+    ch = emulate.pytheas_policy(est, P).join(s.select("conn_id", "ts_start_ms"), "conn_id").orderBy("ts_start_ms").collect()
+    picks = [r["choice"] for r in ch]
+    assert picks[:2] == ["cubic", "bbr"], "each CC is tried once first"
+    assert picks.count("bbr") / len(picks) > 0.9, f"settles on the better CC: {picks.count('bbr')} of {len(picks)}"
+
+
+def test_aliccs_uses_the_previous_hours_table_and_keeps_the_default_on_a_miss(spark, cfg):
+    from ccselect.lake import table_path
+    preds = [(f"q{i}", "n1", H0, f"7.7.{i}.9", "bbr", "model", 3) for i in range(12)]        # a pure /16 → one entry
+    preds += [("f1", "n1", H0, "8.8.8.8", "bbr", "fallback", 3)]                              # fallback: no entry
+    preds += [("q99", "n1", H1, "9.9.9.9", "bbr", "model", 3)]                                # hour 1: not the table of hour 1
+    (spark.createDataFrame(preds, "conn_id string, node_id string, hour string, client_ip string, cc string, decision string, requests long")
+     .write.format("delta").save(table_path(cfg, "gold.predictions")))
+    trace = [("s1", H1, "7.7.200.1", "7.7.200.0/24", "wifi", "cubic", 0.1, 0.0),   # inside 7.7.0.0/16
+             ("s2", H1, "8.8.8.8", "8.8.8.0/24", "wifi", "cubic", 0.1, 0.0),        # only a fallback
+             ("s3", H1, "9.9.9.9", "9.9.9.0/24", "wifi", "cubic", 0.1, 0.0)]        # same-hour decision only
+    est = emulate.sessions(_trace(spark, trace), P)
+    got = {r["conn_id"]: r["choice"] for r in emulate.aliccs_policy(spark, cfg, est, emulate.EmulateParams()).collect()}
+    assert got == {"s1": "bbr", "s2": "cubic", "s3": "cubic"}
+
+
+def test_the_main_job_emulates_its_hourly_hour_under_every_policy_and_a_rerun_changes_nothing(spark, main_job):
+    """The main job's step 6 (`ccselect.run._emulate`) on its lake: its champion scored hour 05
+    (the one hourly run), the baselines learn from the hours before; with a single hourly run the
+    ALICCS table is hour 05's own (lag 0). The simulator's truth gives true_type and the truth
+    check. Then the same emulation again: gold.emulation unchanged."""
+    from ccselect.lake import table_path
+    cfg, res, _ = main_job
+    hour = "2026-11-01T05"
+    out = res["emulation"]
+    assert "error" not in out, out
+    assert "emulation       : hour 2026-11-01T05" in res["summary"], res["summary"]
+    pol = out["policies"]
+    assert set(pol) == set(emulate.POLICIES), f"every policy scored: {sorted(pol)}"
+    silver = (spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+              .where((F.col("hour") == hour) & (F.col("play_ms") > 0)))
+    n, n_cubic = silver.count(), silver.where("cc = 'cubic'").count()
+    assert out["sessions"] == n > 500, "the range's playback sessions"
+    for name, d in pol.items():
+        assert d["sessions"] == n and sum(d["levels"].values()) == n, f"{name}: every session scored once, one level each"
+        assert d["truth"]["sessions"] == n, f"{name}: truth joined for every session"
+    assert pol["cubic"]["levels"]["observed"] == n_cubic, "all-CUBIC is observed exactly where the trace used CUBIC"
+    assert pol["oracle"]["gap_closed"]["oracle"] == pytest.approx(1.0)
+    assert 0.0 < pol["aliccs"]["share_bbr"] < 1.0, "the table sends some prefixes to BBR and keeps others on CUBIC"
+    assert pol["true_type"]["truth"]["exp_qoe_gain_vs_cubic"] > 0, "the true type's CC beats all-CUBIC in truth"
+    for name in ("configanator", "disco"):
+        assert out["baselines"][name], f"{name} trained on the hours before"
+    assert {"p85", "p90", "p95", "p99"} <= set(pol["aliccs"]["rebuffer_pct"]), "the tail of the cells' rebuffer rate"
+
+    def table():
+        return spark.read.format("delta").load(table_path(cfg, "gold.emulation")).where(F.col("window") == f"{hour}..{hour}")
+    before = table().toPandas()
+    assert set(before["policy"]) == set(emulate.POLICIES)
+    assert (before.groupby("policy")["sessions"].sum() == n).all()
+    from ccselect.pipeline import raw_dir
+    emulate.run(spark, cfg, hour, hour, truth_dir=raw_dir(cfg),
+                params=emulate.EmulateParams.from_config(cfg, table_lag_hours=0))
+    after = table()
+    assertDataFrameEqual(after, spark.createDataFrame(before, after.schema), rtol=1e-9)
