@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "ccselect.run",
     "jobs.cli",
     "jobs.autoplex_cli",
+    "jobs.abtest_cli",
     "jobs.emulate_cli",
     "distill.cli",
     "export.cli",
