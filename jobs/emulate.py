@@ -30,8 +30,9 @@ before the emulated range, or, for Pytheas, online from its own choices):
   the one that did best on the other fold, and the fold is scored with its own data only.
   `oracle_insample` is the paper's literal version, reported beside it.
 - `aliccs`: the purity-aggregated table (export.aggregate, Algorithm 1) built from the previous
-  hour's gold.predictions, looked up by longest-prefix match; a miss keeps the default CC — what
-  the edge enforces an hour after the hourly export.
+  hour's gold.predictions (the last `pipeline.export_window_hours` of them, as the hourly export
+  does), looked up by longest-prefix match; a miss keeps the default CC — what the edge enforces
+  in the hour after the hourly export.
 - `configanator`: network classes (K-means over per-/24 mean features, Configanator §3.2), each
   class's best CC over the training hours, a decision tree from {the /24's features, its class}
   to that CC (the exploitation arm, §3.1), and an ε-bandit exploring a random CC (§3.1 arm 2).
@@ -79,6 +80,7 @@ class EmulateParams:
     alpha: float = 0.8                    # §5.4: QoE = 1 − α·rebuffer − (1 − α)·retransmission
     train_hours: int = 6                  # hours before the range the learned baselines train on
     table_lag_hours: int = 1              # the aliccs table is built from this many hours before
+    export_window_hours: int = 1          # ... over this many hours (pipeline.export_window_hours)
     default_cc: str = "cubic"
     min_cell_sessions: int = 5            # cells (node, window, /24, type) in the distributions
     epsilon: float = 0.1                  # Configanator's ε-bandit
@@ -90,7 +92,7 @@ class EmulateParams:
 
     @classmethod
     def from_config(cls, cfg: Config, **overrides) -> "EmulateParams":
-        d = cfg.section("emulate")
+        d = {"export_window_hours": cfg.get("pipeline.export_window_hours", 1), **cfg.section("emulate")}
         d.update({k: v for k, v in overrides.items() if v is not None})
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
@@ -258,12 +260,16 @@ def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulatePa
     hours = [r["hour"] for r in est.select("hour").distinct().collect()]
     if not hours:
         return est.select("conn_id", F.lit(p.default_cc).alias("choice"))
-    src_hours = sorted({hour_shift(h, -p.table_lag_hours) for h in hours})
+    n_hours = max(1, int(p.export_window_hours))
+    src_hours = sorted({hour_shift(h, -p.table_lag_hours - k) for h in hours for k in range(n_hours)})
     pred_path = table_path(cfg, "gold.predictions")
     if not os.path.exists(pred_path):
         return est.select("conn_id", F.lit(p.default_cc).alias("choice"))
+    # a prediction of hour t goes into the tables of hours t .. t + n − 1 (pipeline.export_window_hours)
+    hour_ts = F.to_timestamp("hour", "yyyy-MM-dd'T'HH")
     preds = (spark.read.format("delta").load(pred_path).where(F.col("hour").isin(src_hours) & (F.col("decision") == "model"))
-             .withColumn("table_hour", F.col("hour")))
+             .withColumn("table_hour", F.explode(F.array(*[F.date_format(hour_ts + F.expr(f"INTERVAL {k} HOURS"), "yyyy-MM-dd'T'HH")
+                                                           for k in range(n_hours)]))))
     req = F.coalesce(F.col("requests").cast("long"), F.lit(0))
     per_text = preds.groupBy("table_hour", "client_ip", "cc").agg(
         F.sum(F.greatest(req, F.lit(1))).alias("w"), F.sum(F.greatest(req, F.lit(0))).alias("r"))
