@@ -173,8 +173,9 @@ def _weight_cols():
     return F.greatest(req, F.lit(1)).alias("w"), F.greatest(req, F.lit(0)).alias("r")
 
 
-def address_decisions(preds):
-    """gold.predictions summed per (family, address hex, cc, decision, default CC): weight `w` and
+def address_decisions(preds, by: tuple[str, ...] = ()):
+    """gold.predictions summed per (family, address hex, cc, decision, default CC) — and per the
+    `by` columns, one table's decisions per value of them (see `ladder_entries`): weight `w` and
     requests `r`. The one pass over the predictions that the aggregation (`model_weights`) and its
     metrics (`address_weights`) share: persist it when both run on it.
 
@@ -186,7 +187,7 @@ def address_decisions(preds):
     from pyspark.sql import functions as F
     from jobs.ipaddr import with_ip
     w, r = _weight_cols()
-    keys = ("cc", "decision", "default_cc")
+    keys = (*by, "cc", "decision", "default_cc")
     sums = (F.sum("w").alias("w"), F.sum("r").alias("r"))
     per_text = preds.select("client_ip", *keys, w, r).groupBy("client_ip", *keys).agg(*sums)
     d = with_ip(per_text, "client_ip")
@@ -195,11 +196,12 @@ def address_decisions(preds):
             .groupBy("fam", "hex", *keys).agg(*sums))
 
 
-def model_weights(decisions):
-    """Model decisions (fam, hex, cc, w, r) from `address_decisions`; an (address, cc) may repeat
-    (one row per default CC): the aggregation sums them per prefix anyway, so no shuffle here."""
+def model_weights(decisions, by: tuple[str, ...] = ()):
+    """Model decisions (*by, fam, hex, cc, w, r) from `address_decisions`; an (address, cc) may
+    repeat (one row per default CC): the aggregation sums them per prefix anyway, so no shuffle
+    here."""
     from pyspark.sql import functions as F
-    return decisions.where(F.col("decision") == "model").select("fam", "hex", "cc", "w", "r")
+    return decisions.where(F.col("decision") == "model").select(*by, "fam", "hex", "cc", "w", "r")
 
 
 def spark_aggregate(decisions, settings: Settings) -> list[Aggregated]:

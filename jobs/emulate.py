@@ -61,6 +61,7 @@ from pyspark.sql import functions as F
 from ccselect.config import Config
 from ccselect.contract import FEATURES
 from ccselect.lake import table_path
+from ccselect.pipeline import HOUR_FMT
 
 CCS = ("cubic", "bbr")
 POLICIES = ("cubic", "bbr", "oracle", "oracle_insample", "aliccs", "configanator", "disco", "pytheas",
@@ -99,8 +100,8 @@ class EmulateParams:
 
 
 def hour_shift(hour: str, hours: int) -> str:
-    t = datetime.strptime(hour, "%Y-%m-%dT%H").replace(tzinfo=timezone.utc) + timedelta(hours=hours)
-    return t.strftime("%Y-%m-%dT%H")
+    t = datetime.strptime(hour, HOUR_FMT).replace(tzinfo=timezone.utc) + timedelta(hours=hours)
+    return t.strftime(HOUR_FMT)
 
 
 # ---- extract ------------------------------------------------------------------------------------
@@ -203,8 +204,7 @@ def estimates(s: DataFrame) -> DataFrame:
         cols += [std["reb"].alias(f"reb_{c}"), std["ret"].alias(f"ret_{c}"), lvl.alias(f"lvl_{c}"),
                  fold["reb"].alias(f"freb_{c}"), fold["ret"].alias(f"fret_{c}"), flvl.alias(f"flvl_{c}"),
                  prior["reb"].alias(f"preb_{c}"), prior["ret"].alias(f"pret_{c}")]
-    keep = [c for c in s.columns]
-    return out.select(*keep, *cols)
+    return out.select(*s.columns, *cols)
 
 
 def qoe(reb, ret, alpha: float):
@@ -254,7 +254,7 @@ def true_type_policy(est: DataFrame, truth: DataFrame) -> DataFrame:
 def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateParams) -> DataFrame:
     """The exported table of the previous hour (ALICCS Algorithm 1 over gold.predictions, the
     export's ladder and purity thresholds), longest-prefix matched; a miss keeps the default CC."""
-    from export.aggregate import Settings, ladder_entries
+    from export.aggregate import Settings, address_decisions, ladder_entries, model_weights
     from jobs.ipaddr import with_ip
     settings = Settings.from_config(cfg.section("export"))
     hours = [r["hour"] for r in est.select("hour").distinct().collect()]
@@ -270,13 +270,8 @@ def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulatePa
     preds = (spark.read.format("delta").load(pred_path).where(F.col("hour").isin(src_hours) & (F.col("decision") == "model"))
              .withColumn("table_hour", F.explode(F.array(*[F.date_format(hour_ts + F.expr(f"INTERVAL {k} HOURS"), "yyyy-MM-dd'T'HH")
                                                            for k in range(n_hours)]))))
-    req = F.coalesce(F.col("requests").cast("long"), F.lit(0))
-    per_text = preds.groupBy("table_hour", "client_ip", "cc").agg(
-        F.sum(F.greatest(req, F.lit(1))).alias("w"), F.sum(F.greatest(req, F.lit(0))).alias("r"))
-    weights = (with_ip(per_text, "client_ip")
-               .select("table_hour", F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), "cc", "w", "r")
-               .where(F.col("fam").isNotNull()))
-    entries = ladder_entries(weights, settings, by=("table_hour",)).select(
+    by = ("table_hour",)
+    entries = ladder_entries(model_weights(address_decisions(preds, by), by), settings, by).select(
         "table_hour", "fam", "level", "key", F.col("cc").alias("_ecc"))
     lag = p.table_lag_hours
     conns = with_ip(est.select("conn_id", "client_ip", "hour"), "client_ip").select(
@@ -309,8 +304,9 @@ def _best_cc_labels(train: DataFrame, keys: list[str], p: EmulateParams) -> Data
 
 
 def _prefix_means(df: DataFrame) -> DataFrame:
-    return df.groupBy("node_id", "prefix").agg(*[F.avg(F.log1p(F.greatest(F.col(f).cast("double"), F.lit(0.0)))).alias(f)
-                                                 for f in FEATURES])
+    """Per (node, /24): the mean log features of its sessions (Configanator's per-path archive)."""
+    return (df.select("node_id", "prefix", *_log_features(FEATURES))
+            .groupBy("node_id", "prefix").agg(*[F.avg(f).alias(f) for f in FEATURES]))
 
 
 def _explore(p: EmulateParams, tag: str):
@@ -555,7 +551,8 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
     if "true_type" in policies and not truth_dir:
         raise ValueError("policy true_type needs --truth (the simulator's output folder)")
     truth = read_truth(spark, truth_dir) if truth_dir else None
-    s = sessions(extract(spark, cfg, lo, hi, p), p)
+    # the sessions feed five aggregations of the estimator and the baselines' training: read once
+    s = sessions(extract(spark, cfg, lo, hi, p), p).persist()
     est_all = estimates(s).persist()
     try:
         est = est_all.where("in_range").persist()
@@ -598,3 +595,4 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
                 "policies": summary, "baselines": info}
     finally:
         est_all.unpersist()
+        s.unpersist()

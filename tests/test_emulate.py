@@ -129,10 +129,11 @@ def test_pytheas_tries_each_cc_then_settles_on_the_better_one(spark):
 
 def test_aliccs_uses_the_previous_hours_table_and_keeps_the_default_on_a_miss(spark, cfg):
     from ccselect.lake import table_path
-    preds = [(f"q{i}", "n1", H0, f"7.7.{i}.9", "bbr", "model", 3) for i in range(12)]        # a pure /16 → one entry
-    preds += [("f1", "n1", H0, "8.8.8.8", "bbr", "fallback", 3)]                              # fallback: no entry
-    preds += [("q99", "n1", H1, "9.9.9.9", "bbr", "model", 3)]                                # hour 1: not the table of hour 1
-    (spark.createDataFrame(preds, "conn_id string, node_id string, hour string, client_ip string, cc string, decision string, requests long")
+    preds = [(f"q{i}", "n1", H0, f"7.7.{i}.9", "bbr", "model", "cubic", 3) for i in range(12)]   # a pure /16 → one entry
+    preds += [("f1", "n1", H0, "8.8.8.8", "bbr", "fallback", "cubic", 3)]                         # fallback: no entry
+    preds += [("q99", "n1", H1, "9.9.9.9", "bbr", "model", "cubic", 3)]                           # hour 1: not the table of hour 1
+    (spark.createDataFrame(preds, "conn_id string, node_id string, hour string, client_ip string, cc string, decision string, "
+                                  "default_cc string, requests long")
      .write.format("delta").save(table_path(cfg, "gold.predictions")))
     trace = [("s1", H1, "7.7.200.1", "7.7.200.0/24", "wifi", "cubic", 0.1, 0.0),   # inside 7.7.0.0/16
              ("s2", H1, "8.8.8.8", "8.8.8.0/24", "wifi", "cubic", 0.1, 0.0),        # only a fallback
