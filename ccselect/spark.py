@@ -36,8 +36,9 @@ def get_spark(cfg: Config | None = None, app_name: str | None = None,
     conf = {**DELTA_EXTENSIONS, **{k: str(v) for k, v in (sc.get("conf") or {}).items()},
             **(overrides or {})}
     conf.setdefault("spark.sql.warehouse.dir", os.path.join(cfg.data_root, "spark-warehouse"))
-    conf.setdefault("spark.driver.extraJavaOptions",
-                    f"-Dderby.system.home={os.path.join(cfg.data_root, 'derby')}")
+    derby = f"-Dderby.system.home={os.path.join(cfg.data_root, 'derby')}"
+    conf["spark.driver.extraJavaOptions"] = " ".join(
+        o for o in (derby, conf.get("spark.driver.extraJavaOptions", "")) if o)
     for key, value in conf.items():
         builder = builder.config(key, value)
     builder = configure_spark_with_delta_pip(builder, extra_packages=list(sc.get("extra_packages") or []))

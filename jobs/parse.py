@@ -49,6 +49,9 @@ NGINX_TOKENS = ("msec", "node_id", "client_ip", "client_port", "status", "bytes_
 ACCESS_EXTRA = {"client_port": int, "tcpinfo_rtt_us": int, "tcpinfo_rttvar_us": int,
                 "tcpinfo_snd_cwnd_segs": int, "tcpinfo_rcv_space_bytes": int, "log_format": str}
 
+#: Streams with a duplicate rule: the key that must be unique within a file.
+DEDUPLICATED = {"transport": "conn_id", "qoe": "session_id"}
+
 _SPARK_TYPE = {int: T.LongType(), str: T.StringType()}
 _VARIANT_TYPE = {int: "BIGINT", str: "STRING"}
 
@@ -146,20 +149,21 @@ def parse(lines: DataFrame, stream: str) -> DataFrame:
     raw = F.col("raw")
     sch = schema(stream)
     is_json = F.ltrim(raw).startswith("{")
-    parsed = F.from_json(raw, sch)
+    lines = lines.withColumn("_json", F.from_json(raw, sch))
+    parsed = F.col("_json")
     if stream == "access":
-        parsed = parsed.withField("log_format", F.lit("json"))
+        # Field by field, not `withField`: Spark inlines the one-reference `_json` column before it
+        # expands withField into one from_json per field, and shares no subexpression inside a CASE
+        # branch — 15 JSON parses per access line (measured on 738k lines: 23.4 s → 8.9 s)
+        parsed = F.when(parsed.isNotNull(), F.struct(*[parsed[f.name].alias(f.name) if f.name != "log_format"
+                                                        else F.lit("json").alias("log_format") for f in sch]))
         nginx_rec, nginx_reason = _parse_nginx(raw)
         looks_nginx = ~is_json & raw.rlike(r"^[0-9]+\.[0-9]{3} ")
         rec = F.when(looks_nginx, nginx_rec).otherwise(parsed)
     else:
         looks_nginx = F.lit(False)
         rec = parsed
-    key = {"transport": "conn_id", "qoe": "session_id"}.get(stream)
-    if key:
-        # The duplicate rule needs each file's lines together: shuffle once by (node, hour) here,
-        # which also leaves one output file per (node, hour) partition when bronze is written.
-        lines = lines.repartition("node_id", "hour")
+    key = DEDUPLICATED.get(stream)
     df = lines.withColumn("record", rec)
     r = F.col("record")
     json_required = [f for f in required(stream) if not (stream == "access" and f == "conn_id")]
@@ -190,11 +194,13 @@ def parse(lines: DataFrame, stream: str) -> DataFrame:
     reason = F.coalesce(structural, _first_reason(rules))
     df = df.withColumn("reason", reason)
     if key:
-        # Only lines that pass every other rule compete; the first of them is kept.
+        # Only lines that pass every other rule compete; the first of them is kept. The window
+        # needs each file's lines together: lines from read_lines(clustered=True) already are
+        # (partitioned by node and hour), anything else is shuffled here by the window's keys.
         w = Window.partitionBy("node_id", "hour", "source_file", F.col("record")[key], F.col("reason").isNull()).orderBy("line_no")
         first = F.row_number().over(w) == 1
         df = df.withColumn("reason", F.when(F.col("reason").isNull() & ~first,
                                             F.lit(f"duplicate_{key}")).otherwise(F.col("reason")))
     return (df.withColumn("status", F.when(F.col("reason").isNull(), F.lit("ok")).otherwise(F.lit("quarantined")))
             .withColumn("record", F.when(F.col("reason").isNull(), F.col("record")))
-            .drop("ip"))
+            .drop("ip", "_json"))

@@ -155,3 +155,54 @@ def test_ip_parsing_and_ab_bucket_match_python(spark):
     want = [(i, *py_ip(t)) for i, t in enumerate(IPS)] + [(len(IPS) + i, *([None] * 7)) for i in range(len(BAD))]
     assertDataFrameEqual(got, spark.createDataFrame(
         want, "i int, family int, hex string, prefix16 string, prefix24 string, prefix48 string, prefix64 string, crc bigint"))
+
+
+def _ip_texts():
+    """Address texts in the forms clients and loggers write: IPv4, IPv6 compressed or exploded, in
+    either case, with an IPv4 tail, with runs of zero groups; and the same texts damaged."""
+    from hypothesis import strategies as st
+
+    def v6_text(groups, form):
+        a = ipaddress.IPv6Address(sum(g << (16 * (7 - i)) for i, g in enumerate(groups)))
+        if form == "exploded":
+            return a.exploded
+        if form == "upper":
+            return a.compressed.upper()
+        if form == "v4tail":
+            return ":".join(a.exploded.split(":")[:6]) + ":" + str(ipaddress.IPv4Address(int(a) & 0xFFFFFFFF))
+        return a.compressed
+    group = st.one_of(st.just(0), st.integers(0, 0xFFFF))
+    v4 = st.integers(0, 2 ** 32 - 1).map(lambda n: str(ipaddress.IPv4Address(n)))
+    v6 = st.builds(v6_text, st.lists(group, min_size=8, max_size=8),
+                   st.sampled_from(["compressed", "exploded", "upper", "v4tail"]))
+    good = st.one_of(v4, v6)
+    damage = st.sampled_from([":", "::", ".", "0", "f", "g", " ", "1.2.3.4", ":::"])
+    bad = st.builds(lambda t, i, d, cut: (t[:i] + d + t[i + cut:]), good, st.integers(0, 40), damage, st.integers(0, 2))
+    return st.one_of(good, bad)
+
+
+def _py_ip_or_none(text):
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return (None,) * 7
+    return py_ip(text)
+
+
+def test_ip_parsing_matches_python_on_generated_texts(spark):
+    """Property: for any text, with_ip accepts exactly what Python's ipaddress accepts and gives
+    the same bytes, prefixes and CRC32 (50 texts per example, one Spark query each)."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(_ip_texts(), min_size=50, max_size=50))
+    def check(texts):
+        df = spark.createDataFrame(list(enumerate(texts)), "i int, t string")
+        got = with_ip(df, "t").select("i", "ip.family", "ip.hex", "ip.prefix16", "ip.prefix24", "ip.prefix48",
+                                      "ip.prefix64", ab_bucket(F.col("ip.packed")).alias("crc"))
+        want = [(i, *_py_ip_or_none(t)) for i, t in enumerate(texts)]
+        assertDataFrameEqual(got, spark.createDataFrame(
+            want, "i int, family int, hex string, prefix16 string, prefix24 string, prefix48 string, "
+                  "prefix64 string, crc bigint"))
+    check()
