@@ -189,3 +189,20 @@ def test_planted_mss_fault_changes_only_the_mss_of_its_prefix16_from_its_hour():
             assert [truth[c] for c in b.transport["conn_id"]] == [f and hour >= 1 for f in inside]
             hit += sum(inside) * (hour >= 1)
     assert hit > 0
+
+
+def test_busy_nodes_get_distinct_prefixes_beyond_a_regions_blocks():
+    """At bench/ingest's 5 M connections (17,361 per node-hour) a node wants more /24s of a small
+    ISP in its region than that ISP's one /16 there holds: the extra prefixes come from the ISP's
+    blocks in other regions (this used to loop forever); every prefix stays distinct and in the
+    reference table's blocks."""
+    from ccselect.sim.world import World
+    w = World(SimParams(nodes=12, hours=24, conns_per_node_hour=17_361, seed=17))
+    blocks = {(b.family, b.net, b.region) for b in w.blocks}
+    for i in range(len(w.nodes)):
+        ps = w.prefixes(i)
+        keys = list(zip(ps.family.tolist(), ps.net.tolist()))
+        assert len(set(keys)) == len(keys), f"node {i}: a prefix drawn twice"
+        for fam, net, region in zip(ps.family.tolist(), ps.net.tolist(), ps.region.tolist()):
+            parent = net >> (8 if fam == 4 else 16)
+            assert (fam, parent, region) in blocks, f"node {i}: prefix {net:x} not in its region's block"

@@ -237,11 +237,25 @@ class World:
         region = np.where(local, node.region, rng.integers(0, len(REGIONS), n_total))
         net = np.zeros(n_total, dtype=np.int64)
         by_key: dict[tuple[int, int, int], list[Block]] = {}
+        by_isp: dict[tuple[int, int], list[Block]] = {}
         for b in self.blocks:
             by_key.setdefault((b.family, b.isp, b.region), []).append(b)
+            by_isp.setdefault((b.family, b.isp), []).append(b)
         seen: set[tuple[int, int]] = set()
+        taken: dict[tuple[int, int, int], int] = {}
         for i in range(n_total):
-            cands = by_key[(int(family[i]), int(isp[i]), int(region[i]))]
+            key3 = (int(family[i]), int(isp[i]), int(region[i]))
+            cands = by_key[key3]
+            # A busy node can want more /24s of one ISP in one region than its /16 blocks hold
+            # (a small ISP has one /16, 256 /24s, per region): then the prefix comes from the ISP's
+            # blocks in any region (a non-local prefix). Smaller fleets never get here, so their
+            # draws, and files, are unchanged.
+            shift = 8 if key3[0] == 4 else 16
+            if taken.get(key3, 0) >= len(cands) << shift:
+                cands = by_isp[key3[:2]]
+                if sum(taken.get((b.family, b.isp, b.region), 0) for b in cands) >= len(cands) << shift:
+                    raise ValueError(f"node {node.node_id}: {n_total} prefixes are more than the address "
+                                     f"plan holds for ISP {ISPS[key3[1]].name}; lower conns_per_node_hour")
             while True:
                 b = cands[int(rng.integers(0, len(cands)))]
                 sub = int(rng.integers(0, 1 << (8 if b.family == 4 else 16)))
@@ -249,6 +263,8 @@ class World:
                 if key not in seen:
                     seen.add(key)
                     break
+            taken[(b.family, b.isp, b.region)] = taken.get((b.family, b.isp, b.region), 0) + 1
+            region[i] = b.region
             net[i] = key[1]
         # Zipf popularity over a random order, so families and ISPs mix among the busiest.
         ranks = rng.permutation(n_total) + 1
