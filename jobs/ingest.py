@@ -16,7 +16,7 @@ from ccselect.config import Config
 from ccselect.contract import STREAMS
 from ccselect.lake import table_path
 from jobs import delta_io
-from jobs.parse import DEDUPLICATED, parse
+from jobs.parse import parse
 from jobs.sources import SourceFile, discover, read_lines
 
 BRONZE_COLS = ("stream", "node_id", "hour", "source_file", "line_no", "raw", "ingest_time", "status",
@@ -98,8 +98,7 @@ def ingest_bronze(spark: SparkSession, cfg: Config, files: list[SourceFile],
         if not sfiles:
             continue
         keys = {(f.node_id, f.hour) for f in sfiles}
-        # the duplicate rules of transport and QoE compare lines within a file (jobs.parse)
-        bronze = to_bronze(read_lines(spark, sfiles, clustered=stream in DEDUPLICATED), stream, ingest_time)
+        bronze = to_bronze(read_lines(spark, sfiles), stream, ingest_time)
         delta_io.replace_partitions(bronze, table_path(cfg, f"bronze.{stream}"), keys,
                                     properties=BRONZE_PROPERTIES)
         keys_by_stream[stream] = keys

@@ -80,14 +80,11 @@ def discover(input_dir: str, hours: tuple[str, str] | None = None,
     return sorted(found)
 
 
-def read_lines(spark, files: list[SourceFile], clustered: bool = False):
+def read_lines(spark, files: list[SourceFile]):
     """One row per line: stream, node_id, hour, hour_start_ms, source_file, line_no (1-based), raw.
 
     Files are read whole (`wholetext`) so that line numbers are exact; a final newline does not
-    make an extra empty line, and an empty file has no lines. With `clustered`, the lines come
-    hash-partitioned by (node_id, hour): the files are shuffled whole, one row each, before they
-    are split into lines (what a per-file rule such as the duplicate check needs, for the price of
-    a shuffle of few large rows instead of one of every line).
+    make an extra empty line, and an empty file has no lines.
     """
     from pyspark.sql import functions as F
 
@@ -100,10 +97,7 @@ def read_lines(spark, files: list[SourceFile], clustered: bool = False):
             .select(F.regexp_replace("_metadata.file_path", "^file:(//)?", "").alias("uri"), "value"))
     body = F.regexp_replace(F.col("value"), r"\n\z", "")
     lines = F.when(F.col("value") == "", F.array().cast("array<string>")).otherwise(F.split(body, "\n", -1))
-    files_df = text.join(F.broadcast(meta), "uri")
-    if clustered:
-        files_df = files_df.repartition("node_id", "hour")
-    return (files_df
+    return (text.join(F.broadcast(meta), "uri")
             .select("stream", "node_id", "hour", "hour_start_ms", "source_file",
                     F.posexplode(lines).alias("pos", "raw"))
             .select("stream", "node_id", "hour", "hour_start_ms", "source_file",
