@@ -57,7 +57,7 @@ def groups_cmd(
 def evaluate_cmd(
     hours: str = typer.Option(..., "--hours", help="window FROM..TO (inclusive)"),
     variants: Optional[str] = typer.Option(None, "--variants", help="comma-separated (default: all of models.train.VARIANTS and configanator)"),
-    share: Optional[float] = typer.Option(None, "--share", help="share of the labelled nodes to train on (default model.evaluate.share, 0.3)"),
+    share: Optional[float] = typer.Option(None, "--share", help="share of the window's nodes to train on, drawn from the labelled ones (default model.evaluate.share, 0.3)"),
     seed: Optional[int] = typer.Option(None, "--seed", help="node split and training seed (default model.evaluate.seed)"),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="training epochs (default: TrainParams)"),
     k: Optional[int] = typer.Option(None, "--k", help="prefix groups per type (default: model.groups)"),

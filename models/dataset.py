@@ -64,10 +64,15 @@ def window_name(lo: str, hi: str) -> str:
     return f"{lo}..{hi}"
 
 
-def training_frame(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
+def training_frame(spark: SparkSession, cfg: Config, lo: str, hi: str, balanced: bool = True) -> DataFrame:
     """gold.training_set's rows of window lo..hi, or the same set built from silver when that
-    window has never been written."""
+    window has never been written. With `balanced=False`: every labelled connection of the
+    window (from silver, nothing downsampled)."""
     from jobs import delta_io
+    if not balanced:
+        from features.labels import training_set
+        from jobs.window import connections_in
+        return training_set(connections_in(spark, cfg, lo, hi), None)
     window = window_name(lo, hi)
     path = table_path(cfg, "gold.training_set")
     if delta_io.is_delta(spark, path):
@@ -100,10 +105,17 @@ def from_arrow(table, features: tuple[str, ...]) -> Labelled:
                     conn_id=as_str("conn_id"))
 
 
+def window_nodes(spark: SparkSession, cfg: Config, lo: str, hi: str) -> list[str]:
+    """Every node with connections in silver over lo..hi (labelled or not)."""
+    from jobs.window import connections_in
+    return sorted(r["node_id"] for r in connections_in(spark, cfg, lo, hi).select("node_id").distinct().collect())
+
+
 def load_labelled(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: FeatureStats,
-                  nodes=None) -> Labelled:
-    """The labelled rows of window lo..hi (optionally only `nodes`), standardized with `stats`."""
-    df = training_frame(spark, cfg, lo, hi)
+                  nodes=None, balanced: bool = True) -> Labelled:
+    """The labelled rows of window lo..hi (optionally only `nodes`), standardized with `stats`:
+    the training set, or with `balanced=False` every labelled connection."""
+    df = training_frame(spark, cfg, lo, hi, balanced)
     if nodes is not None:
         df = df.where(F.col("node_id").isin(*sorted(nodes)))
     return from_arrow(standardized(df, stats).toArrow(), tuple(stats.features))

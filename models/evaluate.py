@@ -1,5 +1,6 @@
-"""Evaluation across nodes (ALICCS §5.1, Fig. 9 right, Fig. 10): train on a share of the labelled
-nodes (30% by default), score every held-out node apart.
+"""Evaluation across nodes (ALICCS §5.1, Fig. 9 right, Fig. 10): train on a share of the nodes
+(30% of the window's nodes by default, drawn from those with labels), score every held-out node
+apart.
 
 Per held-out node and variant: n, accuracy, Wi-Fi recall, 4G recall and the node's 4G share
 (Fig. 9 right plots accuracy against it); per variant: mean, worst and standard deviation
@@ -14,9 +15,13 @@ variants' rows stay):
 - gold.model_eval_summary: window, variant, mean, worst, std, nodes, acc_share_cell_corr,
   n_train, n_test, train_nodes, test_nodes, seed, share, params (JSON), seconds, evaluated_at.
 
-Every variant trains on the same rows: the window's gold.training_set restricted to the training
-nodes, standardized with the window's feature statistics (fitted on silver, unlabelled); the
-prefix groups are fitted on the training nodes only.
+The training nodes are `share` (30%) of the window's nodes — the whole fleet's, as the paper's
+labels come "from about 30% of the CDN nodes" — drawn from the nodes that carry labels; every
+other labelled node is held out. Every variant trains on the same rows: the window's
+gold.training_set (balanced, ALICCS trains on 50% 4G) restricted to the training nodes,
+standardized with the window's feature statistics (fitted on silver, unlabelled); the prefix
+groups are fitted on the training nodes only. A held-out node is scored on all of its labelled
+connections, in its own Wi-Fi/4G mix.
 """
 from __future__ import annotations
 
@@ -40,13 +45,17 @@ ALL_VARIANTS = (*VARIANTS, CONFIGANATOR)
 PER_NODE_COLS = ("node_id", "n", "accuracy", "wifi_recall", "cell_recall", "share_cell")
 
 
-def split_nodes(nodes: Iterable[str], share: float = 0.3, seed: int = 0) -> tuple[list[str], list[str]]:
-    """(training nodes, held-out nodes), both sorted: round(share · N) of the distinct nodes,
-    drawn with `seed`, at least one on each side when there are two or more."""
+def split_nodes(nodes: Iterable[str], share: float = 0.3, seed: int = 0,
+                fleet: Iterable[str] | None = None) -> tuple[list[str], list[str]]:
+    """(training nodes, held-out nodes), both sorted: round(share · N) of the distinct labelled
+    `nodes`, drawn with `seed`, at least one on each side when there are two or more. With
+    `fleet` (every node of the window, labelled or not), N is the fleet's size: ALICCS §1/§5.1
+    train on labelled data "from about 30% of the CDN nodes", and only some nodes carry labels."""
     uniq = sorted(set(nodes))
     if len(uniq) < 2:
         raise ValueError(f"need at least two nodes to hold some out, got {uniq}")
-    k = min(len(uniq) - 1, max(1, int(round(share * len(uniq)))))
+    n = len(set(fleet) | set(uniq)) if fleet is not None else len(uniq)
+    k = min(len(uniq) - 1, max(1, int(round(share * n))))
     train = sorted(np.random.default_rng(seed).choice(uniq, size=k, replace=False).tolist())
     return train, sorted(set(uniq) - set(train))
 
@@ -109,14 +118,19 @@ class Split:
 
 def cross_node_split(spark, cfg, lo: str, hi: str, stats, share: float, seed: int, k: int | None = None) -> Split:
     """What `ccs evaluate` and `ccs train` share: labelled rows of lo..hi standardized with
-    `stats`, split into training and held-out nodes, prefix groups of the training nodes."""
-    from models.dataset import load_labelled, to_train_data, window_name
+    `stats`, split into training and held-out nodes (`share` of the window's nodes, drawn from
+    those with labels), prefix groups of the training nodes. Training rows come from the
+    window's training set (gold.training_set, balanced as the paper trains); a held-out node is
+    scored on all of its labelled connections, in its own mix of Wi-Fi and 4G/5G, as it would be
+    served."""
+    from models.dataset import load_labelled, to_train_data, window_name, window_nodes
     from models.groups import compute_groups
-    lab = load_labelled(spark, cfg, lo, hi, stats)
-    if not len(lab):
+    natural = load_labelled(spark, cfg, lo, hi, stats, balanced=False)
+    if not len(natural):
         raise ValueError(f"no labelled rows in window {window_name(lo, hi)}")
-    train_nodes, test_nodes = split_nodes(lab.node, share, seed)
-    tr, te = lab.of_nodes(train_nodes), lab.of_nodes(test_nodes)
+    train_nodes, test_nodes = split_nodes(natural.node, share, seed, fleet=window_nodes(spark, cfg, lo, hi))
+    tr = load_labelled(spark, cfg, lo, hi, stats, nodes=train_nodes)
+    te = natural.of_nodes(test_nodes)
     groups_pd, groups_info = compute_groups(spark, cfg, lo, hi, stats, k, nodes=train_nodes)
     data, _ = to_train_data(tr, groups_pd)
     return Split(tr, te, train_nodes, test_nodes, data, groups_pd, groups_info)

@@ -138,6 +138,11 @@ def test_split_nodes_seeded_disjoint_sorted():
     assert any(split_nodes(nodes, 0.3, s)[0] != tr for s in range(6, 12))
     assert split_nodes(["a", "b"], 0.01, 0)[0] in (["a"], ["b"])  # at least one each side
     assert len(split_nodes(["a", "b"], 0.99, 0)[1]) == 1
+    # the share is of the whole fleet (ALICCS: labels from ~30% of the nodes), drawn from the
+    # labelled ones: 30% of 20 nodes is 6 of the 10 labelled
+    fleet = [f"n{i:02d}" for i in range(20)]
+    tr, te = split_nodes(fleet[:10], 0.3, 5, fleet=fleet)
+    assert len(tr) == 6 and len(te) == 4 and set(tr) | set(te) == set(fleet[:10])
 
 
 def test_per_node_and_summary_hand_made():
@@ -188,24 +193,32 @@ def _ccs(args: list[str]):
     return CliRunner().invoke(app, args, catch_exceptions=False)
 
 
-def test_ccs_evaluate_json_all_variants_writes_model_eval(spark, lake, labelled, monkeypatch):
+def test_ccs_evaluate_json_all_variants_writes_model_eval(spark, lake, stats, labelled, monkeypatch):
     from ccselect.lake import table_path
+    from models.dataset import load_labelled, window_nodes
     from models.evaluate import ALL_VARIANTS, split_nodes
     monkeypatch.delenv("CCS_CONFIG", raising=False)
     res = _ccs(["evaluate", "--hours", f"{lake.lo}..{lake.hi}", "--epochs", "1", "--k", "2",
                 "--seed", "3", "--json", "--config", str(lake.cfg_path)])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout[res.stdout.index("{"):])
-    train_nodes, test_nodes = split_nodes(labelled.node, 0.3, 3)
+    # training nodes: 30% of the window's nodes, drawn from the labelled ones; training rows: the
+    # (balanced) training set of those nodes; held-out nodes: all their labelled connections
+    natural = load_labelled(spark, lake.cfg(), lake.lo, lake.hi, stats, balanced=False)
+    fleet = window_nodes(spark, lake.cfg(), lake.lo, lake.hi)
+    assert set(natural.node) < set(fleet), "the small lake has nodes without labels"
+    train_nodes, test_nodes = split_nodes(natural.node, 0.3, 3, fleet=fleet)
     assert out["train_nodes"] == train_nodes and out["test_nodes"] == test_nodes
     assert out["n_train"] == int(np.isin(labelled.node, train_nodes).sum())
+    assert out["n_test"] == int(np.isin(natural.node, test_nodes).sum())
+    assert out["n_test"] > int(np.isin(labelled.node, test_nodes).sum()), "held-out rows are not downsampled"
     assert set(out["variants"]) == set(ALL_VARIANTS)
     ev = (spark.read.format("delta").load(table_path(lake.cfg(), "gold.model_eval"))
           .where(F.col("window") == lake.window).toPandas())
     assert sorted(zip(ev.variant, ev.node_id)) == sorted((v, n) for v in ALL_VARIANTS for n in test_nodes)
-    te = np.isin(labelled.node, test_nodes)
-    n_per_node = pd.Series(labelled.node[te]).value_counts().to_dict()
-    share_cell = pd.Series(labelled.y[te] == 0).groupby(labelled.node[te]).mean().to_dict()
+    te = np.isin(natural.node, test_nodes)
+    n_per_node = pd.Series(natural.node[te]).value_counts().to_dict()
+    share_cell = pd.Series(natural.y[te] == 0).groupby(natural.node[te]).mean().to_dict()
     for _, r in ev.iterrows():
         assert r.n == n_per_node[r.node_id] and r.share_cell == pytest.approx(share_cell[r.node_id])
         assert 0.0 <= r.accuracy <= 1.0
@@ -225,7 +238,7 @@ def test_ccs_evaluate_json_all_variants_writes_model_eval(spark, lake, labelled,
     assert res.exit_code == 0, res.output
     ev2 = (spark.read.format("delta").load(table_path(lake.cfg(), "gold.model_eval"))
            .where(F.col("window") == lake.window).toPandas())
-    assert sorted(ev2[ev2.variant == "mlp"].node_id) == split_nodes(labelled.node, 0.3, 4)[1]
+    assert sorted(ev2[ev2.variant == "mlp"].node_id) == split_nodes(natural.node, 0.3, 4, fleet=fleet)[1]
     assert set(ev2[ev2.variant == "mlp"].seed) == {4}
     assert len(ev2[ev2.variant != "mlp"]) == len(ev[ev.variant != "mlp"])
 
