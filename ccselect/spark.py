@@ -6,6 +6,7 @@ Delta's jars come from Maven Central via `spark.jars.packages` (delta-spark 4.4.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from typing import TYPE_CHECKING
@@ -45,6 +46,22 @@ def get_spark(cfg: Config | None = None, app_name: str | None = None,
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+@contextlib.contextmanager
+def conf_set(spark: "SparkSession", conf: dict[str, str]):
+    """Session settings `conf` for the duration of the block; each is restored (or unset) after."""
+    before = {k: spark.conf.get(k, None) for k in conf}
+    for k, v in conf.items():
+        spark.conf.set(k, v)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                spark.conf.unset(k)
+            else:
+                spark.conf.set(k, v)
 
 
 def session_for(config: str | None, app_name: str) -> tuple[Config, "SparkSession"]:

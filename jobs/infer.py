@@ -29,6 +29,7 @@ from pyspark.sql import functions as F
 from ccselect.config import Config
 from ccselect.contract import FEATURES, PREDICTION_COLS
 from ccselect.lake import table_path
+from ccselect.spark import conf_set
 from jobs import delta_io
 
 PASS_THROUGH = ("conn_id", "client_ip", "family", "prefix16", "prefix24", "prefix48", "prefix64", "ug_id",
@@ -188,16 +189,9 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, champion=None,
     keys = partitions(src)
     if not keys:
         return {"window": f"{lo}..{hi}", "rows": 0, "partitions": 0, "model_version": champion.version}
-    previous = spark.conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", None)
-    spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(int(p.batch_rows)))
     t0 = time.perf_counter()
-    try:
+    with conf_set(spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": str(int(p.batch_rows))}):
         load(transform(src, champion, p), cfg, keys)
-    finally:
-        if previous is None:
-            spark.conf.unset("spark.sql.execution.arrow.maxRecordsPerBatch")
-        else:
-            spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", previous)
     seconds = time.perf_counter() - t0
     path = table_path(cfg, "gold.predictions")
     rows = _written_rows(spark, path)

@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from ccselect.config import Config
 from ccselect.contract import NET_TYPES, TRANSPORT_FIELDS
 from ccselect.lake import table_path
+from ccselect.spark import conf_set
 from features.labels import net_type_label
 from jobs import delta_io
 from jobs.ipaddr import ab_bucket, with_ip
@@ -144,7 +145,7 @@ def build_connections(transport: DataFrame, access: DataFrame, qoe: DataFrame, r
     sock = by_socket.select(*KEYS, "client_ip", "client_port", *[F.col(c).alias(f"_s_{c}") for c in
                                                                   ("requests", "bytes_sent", "request_time_ms", "net_type")])
     # every input is hash-partitioned by (node_id, hour) (extract): shuffled hash joins inside
-    # those partitions, no sort and no further shuffle (`co_partitioned` allows partitioning by a subset
+    # those partitions, no sort and no further shuffle (`CO_PARTITIONED` allows partitioning by a subset
     # of the join keys)
     t = (t.join(by_conn.hint("shuffle_hash"), [*KEYS, "conn_id"], "left")
          .join(sock.hint("shuffle_hash"), [*KEYS, "client_ip", "client_port"], "left"))
@@ -174,27 +175,13 @@ def extract(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]]) -> tup
     return accepted("transport"), accepted("access"), accepted("qoe")
 
 
-def co_partitioned(spark: SparkSession):
-    """A context in which a join of inputs all hash-partitioned by (node_id, hour) needs no
-    shuffle on its full keys (`spark.sql.requireAllClusterKeysForCoPartition`, default true, would
-    re-shuffle the transport rows and the access aggregates by (node_id, hour, conn_id); measured
-    on 200k connections: 86 MB + 22 MB more shuffled) and AQE keeps every side's partitions as
-    they are (coalescing one side differently would break the co-partitioning)."""
-    import contextlib
-
-    @contextlib.contextmanager
-    def ctx():
-        conf = {"spark.sql.requireAllClusterKeysForCoPartition": "false",
-                "spark.sql.adaptive.coalescePartitions.enabled": "false"}
-        before = {k: spark.conf.get(k, None) for k in conf}
-        for k, v in conf.items():
-            spark.conf.set(k, v)
-        try:
-            yield
-        finally:
-            for k, v in before.items():
-                spark.conf.unset(k) if v is None else spark.conf.set(k, v)
-    return ctx()
+#: Session settings under which a join of inputs all hash-partitioned by (node_id, hour) needs no
+#: shuffle on its full keys (`spark.sql.requireAllClusterKeysForCoPartition`, default true, would
+#: re-shuffle the transport rows and the access aggregates by (node_id, hour, conn_id); measured
+#: on 200k connections: 86 MB + 22 MB more shuffled) and AQE keeps every side's partitions as
+#: they are (coalescing one side differently would break the co-partitioning).
+CO_PARTITIONED = {"spark.sql.requireAllClusterKeysForCoPartition": "false",
+                  "spark.sql.adaptive.coalescePartitions.enabled": "false"}
 
 
 def run(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], input_dir: str) -> int:
@@ -207,6 +194,6 @@ def run(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], input_dir:
     conns = build_connections(transport, access, qoe, reference_frame(spark, rows))
     path = table_path(cfg, "silver.connections")
     # add_columns: a silver table written before a column was added (delivery_rate_bps) gains it
-    with co_partitioned(spark):
+    with conf_set(spark, CO_PARTITIONED):
         delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS, add_columns=True)
     return spark.read.format("delta").load(path).where(delta_io.partition_predicate(keys)).count()

@@ -253,7 +253,8 @@ class World:
             shift = 8 if key3[0] == 4 else 16
             if taken.get(key3, 0) >= len(cands) << shift:
                 cands = by_isp[key3[:2]]
-                if sum(taken.get((b.family, b.isp, b.region), 0) for b in cands) >= len(cands) << shift:
+                used = sum(taken.get(k, 0) for k in {(b.family, b.isp, b.region) for b in cands})
+                if used >= len(cands) << shift:
                     raise ValueError(f"node {node.node_id}: {n_total} prefixes are more than the address "
                                      f"plan holds for ISP {ISPS[key3[1]].name}; lower conns_per_node_hour")
             while True:
