@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     import pyarrow.parquet as pq
 
     from ccselect.lake import table_path
-    from ccselect.spark import get_spark
+    from ccselect.spark import conf_set, get_spark
     from export import aggregate as agg
     from export import signing
 
@@ -239,13 +239,14 @@ def main(argv=None) -> int:
         setup_s = time.perf_counter() - t1
         load_spark = os.getloadavg()
         t2 = time.perf_counter()
-        preds = spark.read.format("delta").load(lake_path)
-        decisions = agg.address_decisions(preds).persist()   # as run_export: one pass, two readers
-        aggs = agg.spark_aggregate(decisions, settings)
-        t_agg = time.perf_counter()
-        metrics = agg.table_metrics(decisions, [a.entry() for a in aggs], aggs)
-        t_metrics = time.perf_counter()
-        decisions.unpersist()
+        with conf_set(spark, agg.TREE_PARTITIONED):               # as run_export: one pass, two readers
+            preds = spark.read.format("delta").load(lake_path)
+            decisions = agg.address_decisions(preds, settings=settings).persist()
+            aggs = agg.spark_aggregate(decisions, settings)
+            t_agg = time.perf_counter()
+            metrics = agg.table_metrics(decisions, [a.entry() for a in aggs], aggs)
+            t_metrics = time.perf_counter()
+            decisions.unpersist()
         _sign(aggs, metrics, str(work / f"spark_{name}"), key, 1)
         spark_s = time.perf_counter() - t2
         load_duck = os.getloadavg()

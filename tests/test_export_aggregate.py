@@ -188,16 +188,24 @@ def _random_rows(seed, n):
     return [((v4 if rng.random() < 0.6 else v6)(), rng.choice(CCS), rng.randrange(0, 30)) for _ in range(n)]
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_spark_job_matches_reference(spark, seed):
+@pytest.mark.parametrize("seed,tree", [(1, False), (2, False), (1, True), (2, True)])
+def test_spark_job_matches_reference(spark, seed, tree):
+    """The job against the Python reference; `tree`: as run_export runs it — decisions
+    partitioned by ladder tree, persisted, under TREE_PARTITIONED's settings."""
+    from ccselect.spark import conf_set
     rows, fallbacks = _random_rows(seed, 400), _random_rows(seed + 100, 40)
     fallbacks.append(("9.9.9.9", "cubic", 5))        # an address no model decision covers
-    decisions = agg.address_decisions(_pred_frame(spark, rows, fallbacks))
-    got = agg.spark_aggregate(decisions, SETTINGS)
+    with conf_set(spark, agg.TREE_PARTITIONED if tree else {}):
+        preds = _pred_frame(spark, rows, fallbacks)
+        decisions = (agg.address_decisions(preds, settings=SETTINGS).persist() if tree
+                     else agg.address_decisions(preds))
+        got = agg.spark_aggregate(decisions, SETTINGS)
+        entries = [a.entry() for a in got]
+        m = agg.table_metrics(decisions, entries, got)
+        if tree:
+            decisions.unpersist()
     want = agg.reference_aggregate(rows, SETTINGS)
     assert got == want
-    entries = [a.entry() for a in got]
-    m = agg.table_metrics(decisions, entries, got)
     table = tf.Table(1, 0, 1, tuple(entries))
     all_rows = list(rows) + list(fallbacks)
     w_all = sum(agg.weight(r) for _, _, r in all_rows)
@@ -236,13 +244,16 @@ def test_spark_job_on_algorithm_1_cases(spark, case):
     assert got == agg.reference_aggregate(rows, SETTINGS), case
 
 
-def test_lpm_longest_match_and_a_family_without_entries(spark):
+@pytest.mark.parametrize("extra", [[], [tf.Entry("9.9.8.0/22", "bbr")]], ids=["hex-keys", "bit-keys"])
+def test_lpm_longest_match_and_a_family_without_entries(spark, extra):
     """lpm against the table format's own lookup: overlapping entries (longest wins), an address
-    under no entry, and IPv6 addresses when the table has only IPv4 entries."""
+    under no entry, and IPv6 addresses when the table has only IPv4 entries. With only lengths
+    that are multiples of 4 lpm compares hex digits; an entry of another length (a /22 under
+    none of the addresses) makes it compare bits."""
     from pyspark.sql.types import IntegerType, StringType, StructField, StructType
     from pyspark.testing import assertDataFrameEqual
     entries = [tf.Entry("81.20.0.0/16", "bbr"), tf.Entry("81.20.1.0/24", "cubic"),
-               tf.Entry("81.20.1.7/32", "reno", low_confidence=True), tf.Entry("81.21.0.0/16", "keep")]
+               tf.Entry("81.20.1.7/32", "reno", low_confidence=True), tf.Entry("81.21.0.0/16", "keep"), *extra]
     ips = ["81.20.1.7", "81.20.1.8", "81.20.9.1", "81.21.3.3", "81.22.0.1", "2408:8300::1"]
     rows = [(agg._hex(ip)[0], agg._hex(ip)[1], ip) for ip in ips]
     frame = spark.createDataFrame(rows, StructType([StructField("fam", IntegerType()),
