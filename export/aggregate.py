@@ -334,7 +334,8 @@ def _bits(hex_col):
 def entries_frame(spark, entries: Iterable[tf.Entry], hex_keys: bool = False):
     """(fam, plen, key, cc, effective) of table entries: `key` is the prefix's first plen bits
     (with `hex_keys`, its first plen/4 hex digits: every plen a multiple of 4); `effective` is
-    False for entries the edge does not enforce (cc "keep" or low confidence → the default CC)."""
+    False for entries the edge does not enforce (cc "keep" or low confidence → the default CC);
+    `idx`: the entry's position in `entries`."""
     import pyarrow as pa
     entries = list(entries)
     plen = [e.prefix.prefixlen for e in entries]
@@ -348,13 +349,15 @@ def entries_frame(spark, entries: Iterable[tf.Entry], hex_keys: bool = False):
                          for e, n in zip(entries, plen)], pa.string()),
         "cc": pa.array([e.cc for e in entries], pa.string()),
         "effective": pa.array([e.cc != "keep" and not e.low_confidence for e in entries], pa.bool_()),
+        "idx": pa.array(range(len(entries)), pa.int32()),
     })
     return spark.createDataFrame(table)
 
 
-def lpm(ips, entries: list[tf.Entry], prefix: str):
+def lpm(ips, entries: list[tf.Entry], prefix: str, entry_index: bool = False):
     """Add `<prefix>_cc` (the matched entry's CC or null) and `<prefix>_effective` to `ips`
     (columns fam, hex; one row per address): longest-prefix match, as the kernel's trie does.
+    With `entry_index`, also `<prefix>_entry`: the matched entry's position in `entries`.
 
     One pass over the addresses: each address is paired with its own prefix at every entry length
     of its family and left-joined to the (broadcast) entries. A union of one join per length (seven
@@ -367,9 +370,11 @@ def lpm(ips, entries: list[tf.Entry], prefix: str):
     lengths: dict[int, list[int]] = defaultdict(list)
     for fam, plen in sorted({(e.family, e.prefix.prefixlen) for e in entries}):
         lengths[fam].append(plen)
+    extra = [f"{prefix}_entry"] if entry_index else []
     if not lengths:
-        return (ips.withColumn(f"{prefix}_cc", F.lit(None).cast("string"))
-                .withColumn(f"{prefix}_effective", F.lit(False)))
+        out = (ips.withColumn(f"{prefix}_cc", F.lit(None).cast("string"))
+               .withColumn(f"{prefix}_effective", F.lit(False)))
+        return out.withColumn(extra[0], F.lit(None).cast("int")) if extra else out
     hex_keys = all(n % 4 == 0 for plens in lengths.values() for n in plens)
     digits = F.col("hex") if hex_keys else F.col("_bits")
     own = None                      # null for a family without entries: explode_outer keeps it
@@ -379,16 +384,17 @@ def lpm(ips, entries: list[tf.Entry], prefix: str):
         own = F.when(F.col("fam") == fam, arr) if own is None else own.when(F.col("fam") == fam, arr)
     ef = F.broadcast(entries_frame(spark, entries, hex_keys).select(
         "fam", F.col("plen").alias("_plen"), F.col("key").alias("_key"), F.col("cc").alias("_ecc"),
-        F.col("effective").alias("_eeff")))
+        F.col("effective").alias("_eeff"), F.col("idx").alias("_eidx")))
     cols = ips.columns
     m = (ips if hex_keys else ips.withColumn("_bits", _bits(F.col("hex"))))
     m = (m.withColumn("_own", F.explode_outer(own))
          .select(*cols, "_own._plen", "_own._key")
          .join(ef, ["fam", "_plen", "_key"], "left")
-         .groupBy(*cols).agg(F.max(F.when(F.col("_ecc").isNotNull(), F.struct("_plen", "_ecc", "_eeff")))
+         .groupBy(*cols).agg(F.max(F.when(F.col("_ecc").isNotNull(), F.struct("_plen", "_ecc", "_eeff", "_eidx")))
                              .alias("_m")))
     return m.select(*cols, F.col("_m._ecc").alias(f"{prefix}_cc"),
-                    F.coalesce(F.col("_m._eeff"), F.lit(False)).alias(f"{prefix}_effective"))
+                    F.coalesce(F.col("_m._eeff"), F.lit(False)).alias(f"{prefix}_effective"),
+                    *([F.col("_m._eidx").alias(extra[0])] if extra else []))
 
 
 def address_weights(decisions):
@@ -469,37 +475,27 @@ def with_caps(spark, cfg, preds, aggs: list[Aggregated]) -> tuple[list[Aggregate
         return aggs, {"caps": "off (no gold.autoplex_params)"}
     policy = cfg.get("export.caps_policy")
     params = spark.read.format("delta").load(path).where(F.col("policy") == policy)
-    w = Window.partitionBy("ug_id").orderBy(F.col("period_start_ms").desc())
-    latest = (params.withColumn("_r", F.row_number().over(w)).where("_r = 1")
+    newest = Window.partitionBy("ug_id").orderBy(F.col("period_start_ms").desc())
+    latest = (params.withColumn("_r", F.row_number().over(newest)).where("_r = 1")
               .select("ug_id", F.col("pacing_rate_last_bps").cast("long").alias("pacing"),
                       F.ceil("max_cwnd_last_segs").cast("long").alias("clamp")))
-    ents = [a.entry() for a in aggs]
-    d = with_ip(preds.where(F.col("decision") == "model").select("client_ip", "ug_id", "requests"), "client_ip")
-    d = (d.select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), "ug_id",
-                  F.greatest(F.coalesce(F.col("requests").cast("long"), F.lit(0)), F.lit(1)).alias("w"))
-         .where(F.col("ug_id").isNotNull())
-         .groupBy("fam", "hex", "ug_id").agg(F.sum("w").alias("w")))
-    # the entry of each address, by its network text
-    ef = entries_frame(spark, ents).select("fam", "plen", "key")
-    matched = None
-    for fam, plen in sorted({(e.family, e.prefix.prefixlen) for e in ents}):
-        m = (d.where(F.col("fam") == fam).withColumn("key", F.substring(_bits(F.col("hex")), 1, plen))
-             .withColumn("plen", F.lit(plen)).join(F.broadcast(ef), ["fam", "plen", "key"]))
-        matched = m if matched is None else matched.unionByName(m)
-    if matched is None:
-        return aggs, {"caps": "on", "policy": policy, "entries_with_caps": 0}
-    main = (matched.groupBy("fam", "plen", "key", "ug_id").agg(F.sum("w").alias("w"))
-            .groupBy("fam", "plen", "key").agg(F.max(F.struct("w", "ug_id")).alias("_m"))
-            .select("fam", "plen", "key", F.col("_m.ug_id").alias("ug_id"))
+    # each model-decided address's user group and weight (its text parsed once, as in
+    # address_decisions), matched to its entry by lpm: one pass, not one join per prefix length
+    w = F.greatest(F.coalesce(F.col("requests").cast("long"), F.lit(0)), F.lit(1)).alias("w")
+    d = (preds.where((F.col("decision") == "model") & F.col("ug_id").isNotNull())
+         .select("client_ip", "ug_id", w).groupBy("client_ip", "ug_id").agg(F.sum("w").alias("w")))
+    d = (with_ip(d, "client_ip").select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), "ug_id", "w")
+         .where(F.col("fam").isNotNull()).groupBy("fam", "hex", "ug_id").agg(F.sum("w").alias("w")))
+    matched = lpm(d, [a.entry() for a in aggs], "t", entry_index=True).where(F.col("t_entry").isNotNull())
+    main = (matched.groupBy("t_entry", "ug_id").agg(F.sum("w").alias("w"))
+            .groupBy("t_entry").agg(F.max(F.struct("w", "ug_id")).alias("_m"))
+            .select("t_entry", F.col("_m.ug_id").alias("ug_id"))
             .join(latest, "ug_id"))
-    caps = {(r["fam"], r["plen"], r["key"]): (max(int(r["pacing"] or 0), 0), max(int(r["clamp"] or 0), 0))
+    caps = {int(r["t_entry"]): (max(int(r["pacing"] or 0), 0), max(int(r["clamp"] or 0), 0))
             for r in main.collect()}
-    out = []
-    for a in aggs:
-        bits = format(int(a.network.network_address), f"0{BITS[a.family]}b")[:a.network.prefixlen]
-        c = caps.get((a.family, a.network.prefixlen, bits))
-        out.append(dataclasses.replace(a, pacing_rate_bps=min(c[0], tf.U64_MAX),
-                                       cwnd_clamp_segs=min(c[1], tf.U32_MAX)) if c else a)
+    out = [dataclasses.replace(a, pacing_rate_bps=min(caps[i][0], tf.U64_MAX),
+                               cwnd_clamp_segs=min(caps[i][1], tf.U32_MAX)) if i in caps else a
+           for i, a in enumerate(aggs)]
     return out, {"caps": "on", "policy": policy, "services": services, "entries_with_caps": len(caps)}
 
 

@@ -269,3 +269,47 @@ def test_lpm_longest_match_and_a_family_without_entries(spark, extra):
     assert [w[3] for w in want] == ["reno", "cubic", "bbr", "keep", None, None]   # the cases above
     assertDataFrameEqual(got, spark.createDataFrame(want, "fam int, hex string, ip string, t_cc string, "
                                                           "t_effective boolean"))
+
+
+def test_with_caps_takes_each_entrys_main_user_group(spark, tmp_path):
+    """AutoPlex caps on entries (caps switched on for a service): each entry gets the latest
+    parameters of the user group with most request weight under it — an IPv4 /16, a /24 inside
+    an impure /16, an IPv6 /32 — and an entry whose group has no parameters gets none."""
+    import pandas as pd
+
+    from ccselect.config import Config
+    spec = [  # (ip, cc, requests, user group)
+        ("81.20.1.5", "bbr", 10, "g1"), ("81.20.7.9", "bbr", 3, "g2"),            # pure /16: g1
+        ("81.21.1.5", "bbr", 4, "g2"), ("81.21.1.6", "bbr", 5, "g2"),              # impure /16 →
+        ("81.21.1.7", "bbr", 6, "g1"), ("81.21.2.9", "cubic", 9, "g1"),            # /24s: g2, g1
+        ("2408:8300:1::1", "cubic", 7, "g3"), ("2408:8300:1::2", "cubic", 1, "g1"),  # pure v6 /32: g3
+    ]
+    recs = [{"conn_id": f"c{i}", "client_ip": ip, "cc": cc, "requests": r, "decision": "model",
+             "default_cc": "cubic", "ug_id": ug, "hour": "2026-11-01T00"}
+            for i, (ip, cc, r, ug) in enumerate(spec)]
+    recs.append({"conn_id": "f", "client_ip": "81.21.2.10", "cc": "cubic", "requests": 50, "decision": "fallback",
+                 "default_cc": "cubic", "ug_id": "g2", "hour": "2026-11-01T00"})   # fallbacks never count
+    preds = spark.createDataFrame(pd.DataFrame(recs))
+    aggs = agg.spark_aggregate(agg.address_decisions(preds), SETTINGS)
+    nets = {str(a.network): a for a in aggs}
+    assert set(nets) >= {"81.20.0.0/16", "81.21.1.0/24", "81.21.2.0/24", "2408:8300::/32"}, sorted(nets)
+    params = pd.DataFrame([  # two periods of g1 (the later one counts), g2 once, g3 only under another policy
+        {"policy": "low_retrans", "ug_id": "g1", "period_start_ms": 1, "pacing_rate_last_bps": 1e6, "max_cwnd_last_segs": 10.0},
+        {"policy": "low_retrans", "ug_id": "g1", "period_start_ms": 2, "pacing_rate_last_bps": 2e6, "max_cwnd_last_segs": 20.5},
+        {"policy": "low_retrans", "ug_id": "g2", "period_start_ms": 1, "pacing_rate_last_bps": 3e6, "max_cwnd_last_segs": 30.0},
+        {"policy": "other", "ug_id": "g3", "period_start_ms": 1, "pacing_rate_last_bps": 4e6, "max_cwnd_last_segs": 40.0},
+    ])
+    root = tmp_path / "lake"
+    spark.createDataFrame(params).write.format("delta").save(str(root / "gold" / "autoplex_params"))
+    cfg = Config(tmp_path / "ccs.yaml", {"lake": {"root": str(root)}, "export": {"caps_policy": "low_retrans"},
+                                         "autoplex": {"caps_services": {"video": True}}})
+    out, info = agg.with_caps(spark, cfg, preds, aggs)
+    assert info["caps"] == "on" and info["entries_with_caps"] == 3, info
+    got = {str(a.network): (a.pacing_rate_bps, a.cwnd_clamp_segs) for a in out}
+    assert got["81.20.0.0/16"] == (2_000_000, 21)        # g1's latest period, clamp rounded up
+    assert got["81.21.1.0/24"] == (3_000_000, 30)        # g2: 9 of the /24's 15
+    assert got["81.21.2.0/24"] == (2_000_000, 21)        # g1 (the fallback's g2 does not count)
+    assert got["2408:8300::/32"] == (0, 0)               # g3 has no low_retrans parameters
+    assert [(str(a.network), a.cc, a.weight) for a in out] == [(str(a.network), a.cc, a.weight) for a in aggs]
+    off = Config(tmp_path / "ccs.yaml", {**cfg.raw, "autoplex": {"caps_services": {"video": False}}})
+    assert agg.with_caps(spark, off, preds, aggs) == (aggs, {"caps": "off (no service in autoplex.caps_services)"})
