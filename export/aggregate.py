@@ -201,8 +201,8 @@ def _by_root(df, settings: Settings, by: tuple[str, ...]):
     — one ladder tree — is in one partition. Every later grouping and join of the aggregation and
     its metrics is keyed by (by, fam, root, ...), which that partitioning satisfies (a hash
     partitioning on a subset of the keys is clustered enough): one shuffle of the addresses
-    instead of one per aggregation and join (bench/export: 11 stages after the per-address sums
-    before, 2 now)."""
+    instead of one per aggregation and join (bench/export's event log: the ladder took eight
+    stages after the address parsing, one now)."""
     return df.withColumn("root", _root_col(settings)).repartition(*by, "fam", "root")
 
 
