@@ -184,16 +184,21 @@ TREE_PARTITIONED = {"spark.sql.adaptive.enabled": "false",
                     "spark.sql.requireAllClusterKeysForCoPartition": "false"}
 
 
+def _by_family(values: dict[int, object], default):
+    """A column that is `values[f]` on rows of family `f` (column `fam`), else `default`."""
+    from pyspark.sql import functions as F
+    e = None
+    for f, v in values.items():
+        e = F.when(F.col("fam") == f, v) if e is None else e.when(F.col("fam") == f, v)
+    return e.otherwise(default)
+
+
 def _root_col(settings: Settings):
     """The address's prefix at its family's first ladder level (hex digits): the root of the
     ladder tree it belongs to. Every prefix Algorithm 1 looks at for the address, and every
     shorter ladder prefix of those, lies under it."""
     from pyspark.sql import functions as F
-    e = None
-    for f, levels in settings.ladder.items():
-        s = F.substring("hex", 1, levels[0] // 4)
-        e = F.when(F.col("fam") == f, s) if e is None else e.when(F.col("fam") == f, s)
-    return e.otherwise(F.lit(""))
+    return _by_family({f: F.substring("hex", 1, lv[0] // 4) for f, lv in settings.ladder.items()}, F.lit(""))
 
 
 def _by_root(df, settings: Settings, by: tuple[str, ...]):
@@ -280,14 +285,7 @@ def ladder_entries(weights, settings: Settings, by: tuple[str, ...] = ()):
     if "root" not in weights.columns:
         weights = _by_root(weights, settings, by)
     tree = (*by, "fam", "root")
-
-    def by_family(values: dict[int, object], default):
-        e = None
-        for f, v in values.items():
-            e = F.when(fam == f, v) if e is None else e.when(fam == f, v)
-        return e.otherwise(default)
-
-    ladder = by_family({f: F.array(*[F.lit(x) for x in lv]) for f, lv in settings.ladder.items()},
+    ladder = _by_family({f: F.array(*[F.lit(x) for x in lv]) for f, lv in settings.ladder.items()},
                        F.array().cast("array<int>"))
     lad = (weights.withColumn("level", F.explode(ladder))
            .withColumn("key", F.expr("substring(hex, 1, level div 4)")))
@@ -297,7 +295,7 @@ def ladder_entries(weights, settings: Settings, by: tuple[str, ...] = ()):
             cond = (fam == f) & (level == lv)
             t = _threshold_col(settings, f, lv, F.col("requests"))
             thr = F.when(cond, t) if thr is None else thr.when(cond, t)
-    last = by_family({f: F.lit(lv[-1]) for f, lv in settings.ladder.items()}, F.lit(-1))
+    last = _by_family({f: F.lit(lv[-1]) for f, lv in settings.ladder.items()}, F.lit(-1))
     stats = (lad.groupBy(*tree, "level", "key", "cc").agg(F.sum("w").alias("w"), F.sum("r").alias("r"))
              .groupBy(*tree, "level", "key").agg(F.sum("w").alias("weight"), F.sum("r").alias("requests"),
                                                 F.max(F.struct("w", "cc")).alias("top"))
@@ -466,7 +464,6 @@ def with_caps(spark, cfg, preds, aggs: list[Aggregated]) -> tuple[list[Aggregate
 
     from ccselect.lake import table_path
     from jobs import delta_io
-    from jobs.ipaddr import with_ip
     services = [k for k, v in (cfg.get("autoplex.caps_services") or {}).items() if v]
     path = table_path(cfg, "gold.autoplex_params")
     if not services:
@@ -479,13 +476,10 @@ def with_caps(spark, cfg, preds, aggs: list[Aggregated]) -> tuple[list[Aggregate
     latest = (params.withColumn("_r", F.row_number().over(newest)).where("_r = 1")
               .select("ug_id", F.col("pacing_rate_last_bps").cast("long").alias("pacing"),
                       F.ceil("max_cwnd_last_segs").cast("long").alias("clamp")))
-    # each model-decided address's user group and weight (its text parsed once, as in
-    # address_decisions), matched to its entry by lpm: one pass, not one join per prefix length
-    w = F.greatest(F.coalesce(F.col("requests").cast("long"), F.lit(0)), F.lit(1)).alias("w")
-    d = (preds.where((F.col("decision") == "model") & F.col("ug_id").isNotNull())
-         .select("client_ip", "ug_id", w).groupBy("client_ip", "ug_id").agg(F.sum("w").alias("w")))
-    d = (with_ip(d, "client_ip").select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), "ug_id", "w")
-         .where(F.col("fam").isNotNull()).groupBy("fam", "hex", "ug_id").agg(F.sum("w").alias("w")))
+    # each model-decided address's weight per user group, matched to its entry by lpm: one pass,
+    # not one join per prefix length
+    by = ("ug_id",)
+    d = model_weights(address_decisions(preds, by), by).where(F.col("ug_id").isNotNull())
     matched = lpm(d, [a.entry() for a in aggs], "t", entry_index=True).where(F.col("t_entry").isNotNull())
     main = (matched.groupBy("t_entry", "ug_id").agg(F.sum("w").alias("w"))
             .groupBy("t_entry").agg(F.max(F.struct("w", "ug_id")).alias("_m"))
@@ -572,9 +566,9 @@ def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None
     import os
     import time
 
+    from ccselect.spark import conf_set
     from export import signing
     settings = Settings.from_config(cfg.section("export"))
-    from ccselect.spark import conf_set
     preds = extract(spark, cfg, lo, hi)
     with conf_set(spark, TREE_PARTITIONED):
         decisions = address_decisions(preds, settings=settings).persist()   # read by the aggregation and the metrics
