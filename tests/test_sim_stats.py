@@ -8,9 +8,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from ccselect.sim import stats
+from ccselect.sim import physics, stats
 from ccselect.sim.fleet import simulate
 from ccselect.sim.params import SimParams
+from ccselect.sim.world import World
 
 PARAMS = SimParams(nodes=12, hours=12, conns_per_node_hour=900, seed=7)
 
@@ -122,6 +123,19 @@ def test_cellular_rtt_and_variation_exceed_wifi(fleet):
     wifi = g.filter(pl.col("net_type")).row(0, named=True)
     cell = g.filter(~pl.col("net_type")).row(0, named=True)
     assert cell["min_srtt_us"] > wifi["min_srtt_us"] and cell["max_rtt_var_us"] > wifi["max_rtt_var_us"]
+
+
+def test_no_branch_has_broadband_slower_than_its_cellular():
+    """BBR-E2E §III: cellular srtt consistently above Wi-Fi — in every provincial branch too. The
+    branches still differ (the domain shift), but no branch's broadband median access RTT exceeds
+    its 5G median, whatever the seed."""
+    med = physics.ACCESS_MEDIAN_MS
+    spread = []
+    for seed in range(20):
+        s = World(SimParams(nodes=2, seed=seed)).access_scale
+        assert (med["wifi"] * s[..., 0] <= med["5g"] * s[..., 1] * (1 + 1e-9)).all(), f"seed {seed}"
+        spread.append(s.max() / s.min())
+    assert np.median(spread) > 4, f"branches should still differ: max/min scale {np.median(spread):.1f}"
 
 
 def test_dominance_lasts_hours_and_shifts(tmp_path):

@@ -120,8 +120,11 @@ class SimParams:
     #: whose mobile core gives UEs MTU 1500 (our pick; see BROADBAND_PLANTS above).
     odd_broadband_share: float = 0.3
     odd_cellular_share: float = 0.3
-    #: spread (lognormal sigma) of the access RTT between provincial branches, per access type
-    access_branch_sigma: float = 1.0
+    #: spread (lognormal sigma) of the access RTT between provincial branches, per access type.
+    #: 0.5 puts the extreme of 112 branches near 3× the median (a loaded DSL or rural radio
+    #: plant); 1.0 put it near 10× and a whole province's broadband above its own 4G (a Wi-Fi
+    #: median access RTT of 53 ms against 19.5 ms on 4G), against BBR-E2E §III
+    access_branch_sigma: float = 0.5
     #: median extra RTT from a node to an ISP's BRAS and to its mobile gateway (World._gateways)
     bras_rtt_ms: float = 3.0
     mobile_gw_rtt_ms: float = 15.0

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 CUBIC, BBR = 0, 1
+#: median access RTT (ms) before the branch's multiplier: Wi-Fi, 4G, 5G (BBR-E2E §III)
+ACCESS_MEDIAN_MS = {"wifi": 5.0, "4g": 34.0, "5g": 16.0}
 
 
 @dataclass
@@ -46,8 +48,9 @@ def draw_path(rng: np.random.Generator, cell: np.ndarray, is5g: np.ndarray, fam6
     aggregation's congestion in the connection's epoch (congestion.on_path)."""
     n = len(cell)
     ln = rng.lognormal
-    access = np.where(cell, np.where(is5g, ln(np.log(16.0), 0.45, n), ln(np.log(34.0), 0.45, n)),
-                      ln(np.log(5.0), 0.6, n))
+    med = ACCESS_MEDIAN_MS
+    access = np.where(cell, np.where(is5g, ln(np.log(med["5g"]), 0.45, n), ln(np.log(med["4g"]), 0.45, n)),
+                      ln(np.log(med["wifi"]), 0.6, n))
     access = access * np.where(cell, access_scale[:, 1], access_scale[:, 0])
     # rare, very long RTT spikes (radio stalls, bufferbloat) that skew mean RTTs towards seconds
     spike = np.where(rng.random(n) < 0.004, ln(np.log(800.0), 0.8, n), 0.0)

@@ -10,6 +10,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
+from ccselect.sim import physics
 from ccselect.sim.params import BROADBAND_PLANTS, ISPS, REGIONS, SimParams
 
 # Public first octets per ISP family of blocks (none is reserved or bogon space).
@@ -157,6 +158,11 @@ class World:
         rng = np.random.default_rng([self.p.seed, 4])
         plants = np.full((len(REGIONS), len(ISPS), 2), -1, dtype=np.int64)
         scale = rng.lognormal(0.0, self.p.access_branch_sigma, (len(REGIONS), len(ISPS), 2))
+        # cellular srtt stays above Wi-Fi's in every branch (BBR-E2E §III, "consistently"): a
+        # branch's broadband median access RTT is capped at its 5G median (the lowest cellular);
+        # the cap changes no random draw
+        med = physics.ACCESS_MEDIAN_MS
+        scale[..., 0] = np.minimum(scale[..., 0], scale[..., 1] * med["5g"] / med["wifi"])
         for ri in range(len(REGIONS)):
             for ii, isp in enumerate(ISPS):
                 if isp.small:
