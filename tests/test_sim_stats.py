@@ -140,7 +140,6 @@ def test_no_branch_has_broadband_slower_than_its_cellular():
 
 def test_dominance_lasts_hours_and_shifts(tmp_path):
     """§3.3: a /24 stays dominated >2 h with ~87% probability, ≥15 h with ~10%."""
-    from ccselect.sim.world import World
     w = World(SimParams(nodes=4, hours=400, conns_per_node_hour=1000, seed=3))
     lengths = []
     for n in range(4):
