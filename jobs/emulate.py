@@ -89,6 +89,7 @@ class EmulateParams:
     tree_min_leaf: int = 50
     ucb_c: float = 1.0                    # Pytheas: exploration weight (× the reward's std)
     ucb_discount: float = 0.995           # Pytheas: discounted UCB for non-stationary groups
+    bootstrap_reps: int = 400             # resamples of nodes for the tail contrasts
     seed: int = 7
 
     @classmethod
@@ -511,6 +512,45 @@ def summarize(windows: DataFrame, cells: DataFrame, p: EmulateParams, truth: dic
     return out
 
 
+def tail_contrasts(cells: pd.DataFrame, p: EmulateParams, reference: str = "aliccs", metric: str = "rebuffer_rate",
+                   percentiles: tuple[int, ...] = (85, 90, 95, 99)) -> dict[str, Any]:
+    """How sure is "the reference beats policy X at the q-th percentile"? The cells' percentiles of
+    `metric` (cells with ≥ min_cell_sessions sessions), reference − X, with a 95% interval from a
+    bootstrap over nodes (the cells of one node share its paths and hours, so the node is the unit
+    that is resampled) and the share of resamples in which the reference is lower. `cells` holds
+    gold.emulation_cells rows (policy, node_id, window_ms, prefix, net_type, sessions, metric)."""
+    import numpy as np
+    big = cells[cells["sessions"] >= p.min_cell_sessions]
+    if reference not in set(big["policy"]):
+        return {}
+    wide = big.pivot_table(index=["node_id", "window_ms", "prefix", "net_type"], columns="policy", values=metric)
+    wide = wide.dropna()
+    nodes = sorted(wide.index.get_level_values("node_id").unique())
+    by_node = [wide.xs(n, level="node_id").to_numpy() for n in nodes]
+    cols = list(wide.columns)
+    ref = cols.index(reference)
+    q = np.asarray(percentiles, dtype=float)
+
+    def diffs(arr: np.ndarray) -> np.ndarray:          # (policies, percentiles): reference − policy
+        pct = np.percentile(arr, q, axis=0).T
+        return pct[ref][None, :] - pct
+
+    point = diffs(wide.to_numpy())
+    rng = np.random.default_rng(p.seed)
+    boot = np.stack([diffs(np.concatenate([by_node[i] for i in rng.integers(0, len(nodes), len(nodes))]))
+                     for _ in range(p.bootstrap_reps)])
+    lo, hi = np.percentile(boot, [2.5, 97.5], axis=0)
+    out: dict[str, Any] = {"reference": reference, "metric": metric, "unit": "node", "nodes": len(nodes),
+                           "cells": len(wide), "reps": p.bootstrap_reps, "vs": {}}
+    for i, name in enumerate(cols):
+        if i == ref:
+            continue
+        out["vs"][name] = {f"p{int(x)}": {"diff": float(point[i, k]), "lo": float(lo[i, k]), "hi": float(hi[i, k]),
+                                          "p_lower": float((boot[:, i, k] < 0).mean())}
+                           for k, x in enumerate(q)}
+    return out
+
+
 def truth_check(scored: DataFrame, truth: DataFrame, p: EmulateParams) -> dict:
     """What each policy's choices would truly have delivered, from the simulator's per-connection
     expectations under each CC (expected rebuffer rate and retransmission), against the estimate:
@@ -525,7 +565,29 @@ def truth_check(scored: DataFrame, truth: DataFrame, p: EmulateParams) -> dict:
     base = out.get("cubic", {}).get("exp_qoe")
     for d in out.values():
         d["exp_qoe_gain_vs_cubic"] = d["exp_qoe"] - base if base is not None else None
+    qs = [x / 100 for x in PERCENTILES]
+    for r in truth_cells(scored, truth, p).groupBy("policy").agg(
+            F.percentile_approx("rebuffer_rate", qs, 10_000).alias("reb"),
+            F.percentile_approx("retrans_rate", qs, 10_000).alias("ret")).collect():
+        d = out.setdefault(r["policy"], {})
+        d["exp_rebuffer_pct"] = {f"p{x}": v for x, v in zip(PERCENTILES, r["reb"])}
+        d["exp_retrans_pct"] = {f"p{x}": v for x, v in zip(PERCENTILES, r["ret"])}
     return out
+
+
+def truth_cells(scored: DataFrame, truth: DataFrame, p: EmulateParams) -> DataFrame:
+    """The cells of the estimated tails (≥ min_cell_sessions sessions), each at the mean of its
+    sessions' expected outcomes under the chosen CC (the simulator's truth): the tail without the
+    estimator's noise, which in a cell of a few sessions is the noise of one or two stalls.
+    Evaluation only."""
+    t = truth.select("conn_id", "exp_rebuffer_cubic", "exp_rebuffer_bbr", "retrans_cubic", "retrans_bbr")
+    bbr = F.col("choice") == "bbr"
+    return (scored.join(t, "conn_id")
+            .groupBy("policy", "node_id", "window_ms", "prefix", "net_type")
+            .agg(F.count(F.lit(1)).alias("sessions"),
+                 F.avg(F.when(bbr, F.col("exp_rebuffer_bbr")).otherwise(F.col("exp_rebuffer_cubic"))).alias("rebuffer_rate"),
+                 F.avg(F.when(bbr, F.col("retrans_bbr")).otherwise(F.col("retrans_cubic"))).alias("retrans_rate"))
+            .where(F.col("sessions") >= p.min_cell_sessions))
 
 
 def read_truth(spark: SparkSession, truth_dir: str) -> DataFrame:
@@ -588,11 +650,15 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
         cells = spark.read.format("delta").load(path_c).where(F.col("window") == rng)
         checked = truth_check(scored, truth, p) if truth is not None else None
         summary = summarize(windows, cells, p, checked)
+        cols = ["policy", "node_id", "window_ms", "prefix", "net_type", "sessions", "rebuffer_rate"]
+        contrasts = {"estimated": tail_contrasts(cells.where(F.col("sessions") >= p.min_cell_sessions).select(*cols).toPandas(), p)}
+        if truth is not None:
+            contrasts["truth"] = tail_contrasts(truth_cells(scored, truth, p).select(*cols).toPandas(), p)
         scored.unpersist()
         est.unpersist()
         return {"range": rng, "sessions": n, "train_hours": f"{hour_shift(lo, -p.train_hours)}..{hour_shift(lo, -1)}",
                 "window_minutes": p.window_minutes, "alpha": p.alpha, "rows": {"gold.emulation": n_w, "gold.emulation_cells": n_c},
-                "policies": summary, "baselines": info}
+                "policies": summary, "tail_contrasts": contrasts, "baselines": info}
     finally:
         est_all.unpersist()
         s.unpersist()

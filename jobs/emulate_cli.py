@@ -29,6 +29,14 @@ def _table(res: dict) -> str:
                      f"{f(d.get('rebuffer_pct', {}).get('p85'), 9, '.4f')}{f(d.get('rebuffer_pct', {}).get('p95'), 9, '.4f')}"
                      f"{f(gap.get('oracle'), 11, '.1%')}{f(gap.get('oracle_insample'), 11, '.1%')}"
                      f"{d['share_bbr']:>6.0%}{est:>10.0%}")
+    for kind, tc in (res.get("tail_contrasts") or {}).items():
+        if not tc:
+            continue
+        lines.append(f"{tc['reference']} − policy, cells' rebuffer rate ({kind}; 95% interval from {tc['reps']} "
+                     f"resamples of {tc['nodes']} nodes; share of resamples where {tc['reference']} is lower):")
+        for name, qs in tc["vs"].items():
+            lines.append(f"  {name:<16}" + "  ".join(f"{q} {c['diff']:+.4f} [{c['lo']:+.4f}, {c['hi']:+.4f}] {c['p_lower']:.0%}"
+                                                      for q, c in qs.items()))
     return "\n".join(lines)
 
 

@@ -143,6 +143,43 @@ def test_aliccs_uses_the_previous_hours_table_and_keeps_the_default_on_a_miss(sp
     assert got == {"s1": "bbr", "s2": "cubic", "s3": "cubic"}
 
 
+def _cells(values: dict[str, list[list[float]]]) -> "pd.DataFrame":
+    """gold.emulation_cells-like rows: per policy, per node, one cell per value (10 sessions each)."""
+    import pandas as pd
+    return pd.DataFrame([(pol, f"n{i}", 0, f"10.0.{j}.0/24", "wifi", 10, v)
+                         for pol, nodes in values.items() for i, node in enumerate(nodes) for j, v in enumerate(node)],
+                        columns=["policy", "node_id", "window_ms", "prefix", "net_type", "sessions", "rebuffer_rate"])
+
+
+def test_tail_contrasts_bootstrap_over_nodes():
+    """Known answers: a policy whose every cell is 0.01 above the reference's is 0.01 worse at every
+    percentile in every resample; two policies equal cell for cell differ by nothing; a cell with
+    fewer than min_cell_sessions sessions is left out of both."""
+    rng = np.random.default_rng(0)
+    ref = [list(rng.uniform(0, 0.05, 40)) for _ in range(8)]
+    cells = _cells({"aliccs": ref, "worse": [[v + 0.01 for v in n] for n in ref], "same": ref})
+    cells.loc[len(cells)] = ("aliccs", "n0", 0, "10.9.9.0/24", "wifi", 2, 0.9)      # too few sessions: ignored
+    out = emulate.tail_contrasts(cells, emulate.EmulateParams(bootstrap_reps=50))
+    assert out["nodes"] == 8 and out["cells"] == 8 * 40 and out["reps"] == 50
+    for q in ("p85", "p90", "p95", "p99"):
+        w, s = out["vs"]["worse"][q], out["vs"]["same"][q]
+        assert w["diff"] == pytest.approx(-0.01) and w["lo"] == pytest.approx(-0.01) and w["hi"] == pytest.approx(-0.01)
+        assert w["p_lower"] == 1.0
+        assert s["diff"] == s["lo"] == s["hi"] == 0.0 and s["p_lower"] == 0.0
+
+
+def test_tail_contrasts_interval_covers_a_difference_carried_by_one_node():
+    """The reference is better only on one node of eight: the point difference at p99 is real on
+    this sample, but resampling nodes shows it rests on that node (the interval reaches 0)."""
+    base = [[0.001 * (j % 10) for j in range(50)] for _ in range(8)]
+    bad = [list(n) for n in base]
+    bad[3] = [v + 0.5 for v in bad[3]]                       # one node's cells far worse under "other"
+    out = emulate.tail_contrasts(_cells({"aliccs": base, "other": bad}), emulate.EmulateParams(bootstrap_reps=200))
+    c = out["vs"]["other"]["p99"]
+    assert c["diff"] < -0.1, c
+    assert c["hi"] == pytest.approx(0.0) and 0.3 < c["p_lower"] < 0.9, c
+
+
 def test_the_main_job_emulates_its_hourly_hour_under_every_policy_and_a_rerun_changes_nothing(spark, main_job):
     """The main job's step 6 (`ccselect.run._emulate`) on its lake: its champion scored hour 05
     (the one hourly run), the baselines learn from the hours before; with a single hourly run the
@@ -170,6 +207,12 @@ def test_the_main_job_emulates_its_hourly_hour_under_every_policy_and_a_rerun_ch
     for name in ("configanator", "disco"):
         assert out["baselines"][name], f"{name} trained on the hours before"
     assert {"p85", "p90", "p95", "p99"} <= set(pol["aliccs"]["rebuffer_pct"]), "the tail of the cells' rebuffer rate"
+    assert {"p85", "p90", "p95", "p99"} <= set(pol["aliccs"]["truth"]["exp_rebuffer_pct"]), "the same tail in truth"
+    tc = out["tail_contrasts"]
+    for kind in ("estimated", "truth"):
+        assert tc[kind]["reference"] == "aliccs" and set(tc[kind]["vs"]) == set(emulate.POLICIES) - {"aliccs"}, tc[kind]
+        for c in tc[kind]["vs"]["disco"].values():
+            assert c["lo"] <= c["diff"] <= c["hi"] and 0.0 <= c["p_lower"] <= 1.0, c
 
     def table():
         return spark.read.format("delta").load(table_path(cfg, "gold.emulation")).where(F.col("window") == f"{hour}..{hour}")
