@@ -62,6 +62,7 @@ def evaluate_cmd(
     epochs: Optional[int] = typer.Option(None, "--epochs", help="training epochs (default: TrainParams)"),
     k: Optional[int] = typer.Option(None, "--k", help="prefix groups per type (default: model.groups)"),
     grid: bool = typer.Option(False, "--grid", help="choose λ1, λ2 first by the Appendix D grid (models/grid.py)"),
+    train_seeds: Optional[int] = typer.Option(None, "--train-seeds", help="train each network variant with this many seeds and average each node's accuracy over them (default model.evaluate.train_seeds, 1)"),
     as_json: bool = typer.Option(False, "--json", help="print every variant's table as JSON"),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
@@ -75,12 +76,13 @@ def evaluate_cmd(
     lo, hi = parse_hours(hours)
     say = (lambda m: print(m, file=sys.stderr)) if as_json else typer.echo
     res = run_evaluation(spark, cfg, lo, hi, variants=variants.split(",") if variants else None,
-                         share=share, seed=seed, epochs=epochs, k=k, grid=grid, progress=say)
+                         share=share, seed=seed, epochs=epochs, k=k, grid=grid, progress=say, train_seeds=train_seeds)
     if as_json:
         typer.echo(json.dumps(_clean(res), indent=1, sort_keys=True, default=str))
         return
     typer.echo(f"window {res['window']}: train nodes {res['train_nodes']} ({res['n_train']} rows), "
                f"{len(res['test_nodes'])} held out ({res['n_test']} rows); excluded {res['excluded_nodes']}")
-    typer.echo(f"{'variant':13s} {'mean':>7s} {'worst':>7s} {'std':>7s} {'nodes':>5s}")
+    typer.echo(f"{'variant':13s} {'mean':>7s} {'worst':>7s} {'std':>7s} {'nodes':>5s} {'seeds':>5s} {'worst sd':>8s}")
     for v, r in res["variants"].items():
-        typer.echo(f"{v:13s} {r['mean']:7.4f} {r['worst']:7.4f} {r['std']:7.4f} {r['nodes']:5d}")
+        sd = f"{r['worst_sd']:8.4f}" if r.get("train_seeds", 1) > 1 else f"{'-':>8s}"
+        typer.echo(f"{v:13s} {r['mean']:7.4f} {r['worst']:7.4f} {r['std']:7.4f} {r['nodes']:5d} {r.get('train_seeds', 1):5d} {sd}")

@@ -13,7 +13,8 @@ variants' rows stay):
 - gold.model_eval: window, variant, node_id, n, accuracy, wifi_recall, cell_recall, share_cell,
   included, seed, share, evaluated_at — one row per held-out node;
 - gold.model_eval_summary: window, variant, mean, worst, std, nodes, acc_share_cell_corr,
-  n_train, n_test, train_nodes, test_nodes, seed, share, params (JSON), seconds, evaluated_at.
+  n_train, n_test, train_nodes, test_nodes, seed, share, params (JSON), seconds, evaluated_at,
+  train_seeds, mean_sd, worst_sd, std_sd (the spread of those over training seeds; null with one).
 
 The training nodes are `share` (30%) of the window's nodes — the whole fleet's, as the paper's
 labels come "from about 30% of the CDN nodes" — drawn from the nodes that carry labels; every
@@ -78,6 +79,19 @@ def summary(per_node_df: pd.DataFrame) -> dict:
     return {"mean": float(acc.mean()), "worst": float(acc.min()), "std": float(acc.std()), "nodes": int(len(acc))}
 
 
+def seed_average(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Per node, the mean over training seeds of accuracy and the recalls (n and share_cell are
+    the node's, the same in every frame): each node's expected accuracy under training
+    randomness, so the worst node and the spread compare nodes, not lucky or unlucky seeds."""
+    if len(frames) == 1:
+        return frames[0]
+    cat = pd.concat(frames, ignore_index=True)
+    out = cat.groupby("node_id", sort=True).agg(n=("n", "first"), accuracy=("accuracy", "mean"),
+                                                wifi_recall=("wifi_recall", "mean"), cell_recall=("cell_recall", "mean"),
+                                                share_cell=("share_cell", "first")).reset_index()
+    return out[list(PER_NODE_COLS)]
+
+
 def _corr(a: pd.Series, b: pd.Series) -> float:
     if len(a) < 3 or a.std() == 0 or b.std() == 0:
         return math.nan
@@ -85,7 +99,7 @@ def _corr(a: pd.Series, b: pd.Series) -> float:
 
 
 def evaluation_settings(cfg) -> dict:
-    s = {"share": 0.3, "seed": 0, "min_class_share": 0.05}
+    s = {"share": 0.3, "seed": 0, "min_class_share": 0.05, "train_seeds": 1}
     s.update(cfg.get("model.evaluate", {}) or {})
     return s
 
@@ -139,10 +153,19 @@ def cross_node_split(spark, cfg, lo: str, hi: str, stats, share: float, seed: in
 def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None = None,
                    share: float | None = None, seed: int | None = None, epochs: int | None = None,
                    k: int | None = None, grid: bool = False, params: TrainParams | None = None,
-                   write: bool = True, progress: Callable[[str], None] | None = None) -> dict:
+                   write: bool = True, progress: Callable[[str], None] | None = None,
+                   train_seeds: int | None = None) -> dict:
     """Train every variant (and the Configanator baseline) on the training nodes of window
     lo..hi, score each held-out node, write gold.model_eval(+_summary); returns
-    {window, train_nodes, test_nodes, groups, variants: {v: {summary..., per_node: [...]}}}."""
+    {window, train_nodes, test_nodes, groups, variants: {v: {summary..., per_node: [...]}}}.
+
+    With `train_seeds` N > 1 (model.evaluate.train_seeds) every network variant trains N times on
+    the same split, with training seeds seed … seed + N − 1: the per-node table holds each node's
+    accuracy averaged over them, the summary (mean, worst, std) is taken over those averages, and
+    `seeds` lists each seed's own mean, worst and std (their spread: `mean_sd`, `worst_sd`,
+    `std_sd`). One seed's worst node moves by a point or more with the last epoch's noise, as much
+    as the variants differ. Configanator (a seeded K-means and tree, no stochastic training) runs
+    once."""
     from models import configanator
     from models.dataset import window_name
     from models.train import fit
@@ -151,6 +174,7 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
     s = evaluation_settings(cfg)
     share = s["share"] if share is None else share
     seed = s["seed"] if seed is None else seed
+    train_seeds = max(1, int(s["train_seeds"] if train_seeds is None else train_seeds))
     variants = tuple(variants or ALL_VARIANTS)
     unknown = set(variants) - set(ALL_VARIANTS)
     if unknown:
@@ -169,7 +193,7 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
         params = replace(params, epochs=epochs)
     out: dict = {"window": window, "seed": seed, "share": share, "train_nodes": train_nodes,
                  "test_nodes": test_nodes, "n_train": int(len(tr)), "n_test": int(len(te)),
-                 "stats": stats_path, "groups": groups_info, "variants": {}}
+                 "stats": stats_path, "groups": groups_info, "train_seeds": train_seeds, "variants": {}}
     if grid and any(v in VARIANTS for v in variants):
         from models.grid import grid_search
         g = grid_search(params, data, tr.node, seed=seed, log=say)
@@ -190,20 +214,29 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
         if v == CONFIGANATOR:
             cp = configanator.ConfiganatorParams.from_config(cfg)
             model, info = configanator.fit(cp, tr.x, tr.y, tr.node, tr.prefix24)
-            p_wifi = configanator.predict_proba(model, te.x, te.node, te.prefix24)
+            frames = [per_node(te.y, configanator.predict_proba(model, te.x, te.node, te.prefix24), te.node)]
             vparams = {**cp.__dict__, **info}
         else:
-            trainer = fit(replace(params, variant=v), data)
-            p_wifi = trainer.predict_proba(te.x)
-            vparams = replace(params, variant=v).to_dict()
-        pn = per_node(te.y, p_wifi, te.node)
+            frames = [per_node(te.y, fit(replace(params, variant=v, seed=params.seed + i), data).predict_proba(te.x), te.node)
+                      for i in range(train_seeds)]
+            vparams = {**replace(params, variant=v).to_dict(), "train_seeds": train_seeds}
+        per_seed = [summary(f[f["node_id"].map(included).astype(bool)]) for f in frames]
+        pn = seed_average(frames)
         pn["included"] = pn["node_id"].map(included).astype(bool)
         summ = summary(pn[pn["included"]])
+        summ["train_seeds"] = len(frames)
+        for m in ("mean", "worst", "std"):
+            summ[f"{m}_sd"] = float(np.std([x[m] for x in per_seed])) if len(frames) > 1 else math.nan
+        if len(frames) > 1:
+            summ["seeds"] = [{"seed": params.seed + i, **{m: x[m] for m in ("mean", "worst", "std")}}
+                             for i, x in enumerate(per_seed)]
         inc = pn[pn["included"]]
         summ["acc_share_cell_corr"] = _corr(inc["accuracy"], inc["share_cell"])
         summ["seconds"] = round(time.time() - t1, 1)
         out["variants"][v] = {**summ, "params": vparams, "per_node": pn.to_dict(orient="records")}
-        say(f"{v:13s} mean {summ['mean']:.4f} worst {summ['worst']:.4f} std {summ['std']:.4f} "
+        sd = (f" (seed sd {summ['mean_sd']:.4f} / {summ['worst_sd']:.4f} / {summ['std_sd']:.4f} over "
+              f"{summ['train_seeds']} seeds)" if summ["train_seeds"] > 1 else "")
+        say(f"{v:13s} mean {summ['mean']:.4f} worst {summ['worst']:.4f} std {summ['std']:.4f}{sd} "
             f"over {summ['nodes']} nodes ({summ['seconds']:.0f}s)")
         node_frames.append(pn.assign(window=window, variant=v, seed=seed, share=float(share), evaluated_at=now))
         summary_rows.append({"window": window, "variant": v, "mean": summ["mean"], "worst": summ["worst"],
@@ -212,7 +245,8 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
                              "n_train": int(len(tr)), "n_test": int(len(te)),
                              "train_nodes": ",".join(train_nodes), "test_nodes": ",".join(test_nodes),
                              "seed": seed, "share": float(share), "params": json.dumps(vparams, default=str),
-                             "seconds": summ["seconds"], "evaluated_at": now})
+                             "seconds": summ["seconds"], "evaluated_at": now, "train_seeds": summ["train_seeds"],
+                             "mean_sd": summ["mean_sd"], "worst_sd": summ["worst_sd"], "std_sd": summ["std_sd"]})
     if write:
         out["tables"] = write_tables(spark, cfg, window, variants, pd.concat(node_frames, ignore_index=True),
                                      pd.DataFrame(summary_rows))
@@ -226,7 +260,7 @@ EVAL_SCHEMA = ("window string, variant string, node_id string, n long, accuracy 
 SUMMARY_SCHEMA = ("window string, variant string, mean double, worst double, std double, nodes long, "
                   "acc_share_cell_corr double, n_train long, n_test long, train_nodes string, "
                   "test_nodes string, seed long, share double, params string, seconds double, "
-                  "evaluated_at string")
+                  "evaluated_at string, train_seeds long, mean_sd double, worst_sd double, std_sd double")
 
 
 def _frame(spark, pdf: pd.DataFrame, schema: str):
@@ -247,6 +281,7 @@ def write_tables(spark, cfg, window: str, variants, per_node_pd: pd.DataFrame, s
     for table, pdf, schema in (("gold.model_eval", per_node_pd, EVAL_SCHEMA),
                                ("gold.model_eval_summary", summary_pd, SUMMARY_SCHEMA)):
         path = table_path(cfg, table)
-        delta_io.replace_partitions(_frame(spark, pdf, schema), path, keys, ("window", "variant"))
+        # add_columns: summary tables written before train_seeds existed gain its columns (null there)
+        delta_io.replace_partitions(_frame(spark, pdf, schema), path, keys, ("window", "variant"), add_columns=True)
         out[table] = path
     return out

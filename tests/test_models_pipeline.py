@@ -162,6 +162,20 @@ def test_per_node_and_summary_hand_made():
     assert strict["accuracy"].tolist() == [0.75, 0.5, 0.0]
 
 
+def test_seed_average_is_each_nodes_mean_over_seeds():
+    from models.evaluate import seed_average, summary
+    a = pd.DataFrame({"node_id": ["n1", "n2"], "n": [10, 20], "accuracy": [0.9, 0.6], "wifi_recall": [1.0, 0.5],
+                      "cell_recall": [0.8, np.nan], "share_cell": [0.5, 0.0]})
+    b = a.assign(accuracy=[0.7, 0.8], wifi_recall=[0.6, 0.7], cell_recall=[0.6, np.nan])
+    avg = seed_average([a, b])
+    assert avg.accuracy.tolist() == pytest.approx([0.8, 0.7]) and avg.n.tolist() == [10, 20]
+    assert avg.wifi_recall.tolist() == pytest.approx([0.8, 0.6]) and avg.cell_recall.iloc[0] == pytest.approx(0.7)
+    assert np.isnan(avg.cell_recall.iloc[1]) and avg.share_cell.tolist() == [0.5, 0.0]
+    # each seed alone has a worst node at 0.6 or 0.7; averaged, the worst node is at 0.7
+    assert summary(avg)["worst"] == pytest.approx(0.7) and summary(a)["worst"] == 0.6
+    assert seed_average([a]) is a
+
+
 def test_configanator_nc_and_tree():
     """Two network classes split by a per-/24 feature mean that rows alone do not show."""
     from models.configanator import ConfiganatorParams, fit, predict_proba
@@ -232,10 +246,22 @@ def test_ccs_evaluate_json_all_variants_writes_model_eval(spark, lake, stats, la
         assert summ.loc[v, "nodes"] == len(acc)
         assert len(out["variants"][v]["per_node"]) == len(test_nodes)
 
-    # a second run of one variant replaces its rows and leaves the others
+    assert summ.loc["mlp", "train_seeds"] == 1 and pd.isna(summ.loc["mlp", "worst_sd"]), "one training seed: no spread"
+
+    # a second run of one variant, over two training seeds, replaces its rows and leaves the others
     res = _ccs(["evaluate", "--hours", f"{lake.lo}..{lake.hi}", "--epochs", "1", "--k", "2", "--seed", "4",
-                "--variants", "mlp", "--json", "--config", str(lake.cfg_path)])
+                "--variants", "mlp", "--train-seeds", "2", "--json", "--config", str(lake.cfg_path)])
     assert res.exit_code == 0, res.output
+    mlp = json.loads(res.stdout[res.stdout.index("{"):])["variants"]["mlp"]
+    assert [x["seed"] for x in mlp["seeds"]] == [4, 5] and mlp["train_seeds"] == 2
+    # the node accuracies are averaged over the seeds, so the mean is the seeds' mean and the worst
+    # node of the averages is no worse than the worse seed's worst node
+    assert mlp["mean"] == pytest.approx(np.mean([x["mean"] for x in mlp["seeds"]]))
+    assert mlp["worst"] >= min(x["worst"] for x in mlp["seeds"]) - 1e-12
+    assert mlp["worst_sd"] == pytest.approx(np.std([x["worst"] for x in mlp["seeds"]]))
+    summ2 = (spark.read.format("delta").load(table_path(lake.cfg(), "gold.model_eval_summary"))
+             .where(F.col("window") == lake.window).toPandas().set_index("variant"))
+    assert summ2.loc["mlp", "train_seeds"] == 2 and summ2.loc["mlp", "worst_sd"] == pytest.approx(mlp["worst_sd"])
     ev2 = (spark.read.format("delta").load(table_path(lake.cfg(), "gold.model_eval"))
            .where(F.col("window") == lake.window).toPandas())
     assert sorted(ev2[ev2.variant == "mlp"].node_id) == split_nodes(natural.node, 0.3, 4, fleet=fleet)[1]
