@@ -54,6 +54,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -321,7 +322,6 @@ def configanator_policy(train: DataFrame, est: DataFrame, p: EmulateParams) -> t
     mean log features, K by the NC-spread rule of models/configanator.py), each class's best CC
     over the training sessions, a decision tree {the /24's mean features, its class} → that CC,
     and an ε-bandit exploring a random CC on ε of the sessions."""
-    import numpy as np
     import pandas as pd
     from sklearn.tree import DecisionTreeClassifier
 
@@ -370,7 +370,6 @@ def configanator_policy(train: DataFrame, est: DataFrame, p: EmulateParams) -> t
 def disco_policy(train: DataFrame, est: DataFrame, p: EmulateParams) -> tuple[DataFrame, dict]:
     """Disco [47] per flow: a decision tree from the flow's handshake (log) features to the CC that
     did better in its /24 and window over the training hours."""
-    import numpy as np
     from sklearn.tree import DecisionTreeClassifier
 
     labels = _best_cc_labels(train, ["node_id", "prefix", "window_ms"], p)
@@ -397,7 +396,6 @@ def pytheas_policy(hist: DataFrame, p: EmulateParams) -> DataFrame:
     session's outcome under the CC it chose (observed or estimated). The exploration bonus is
     scaled by the std of the rewards seen (QoE varies in the third decimal, so a [0, 1] UCB1 bonus
     would explore forever)."""
-    import numpy as np
 
     alpha, c_ucb, gamma = p.alpha, p.ucb_c, p.ucb_discount
 
@@ -519,7 +517,6 @@ def tail_contrasts(cells: pd.DataFrame, p: EmulateParams, reference: str = "alic
     bootstrap over nodes (the cells of one node share its paths and hours, so the node is the unit
     that is resampled) and the share of resamples in which the reference is lower. `cells` holds
     gold.emulation_cells rows (policy, node_id, window_ms, prefix, net_type, sessions, metric)."""
-    import numpy as np
     big = cells[cells["sessions"] >= p.min_cell_sessions]
     if reference not in set(big["policy"]):
         return {}

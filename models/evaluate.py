@@ -11,7 +11,8 @@ Per held-out node and variant: n, accuracy, Wi-Fi recall, 4G recall and the node
 Tables (both replaced per (window, variant), so re-running a variant is idempotent and other
 variants' rows stay):
 - gold.model_eval: window, variant, node_id, n, accuracy, wifi_recall, cell_recall, share_cell,
-  included, seed, share, evaluated_at — one row per held-out node;
+  included, seed, share, evaluated_at — one row per held-out node (accuracy and recalls averaged
+  over the training seeds when `train_seeds` > 1);
 - gold.model_eval_summary: window, variant, mean, worst, std, nodes, acc_share_cell_corr,
   n_train, n_test, train_nodes, test_nodes, seed, share, params (JSON), seconds, evaluated_at,
   train_seeds, mean_sd, worst_sd, std_sd (the spread of those over training seeds; null with one).
