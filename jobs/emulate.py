@@ -548,43 +548,45 @@ def tail_contrasts(cells: pd.DataFrame, p: EmulateParams, reference: str = "alic
     return out
 
 
-def truth_check(scored: DataFrame, truth: DataFrame, p: EmulateParams) -> dict:
-    """What each policy's choices would truly have delivered, from the simulator's per-connection
-    expectations under each CC (expected rebuffer rate and retransmission), against the estimate:
-    how far the emulator is off. Evaluation only."""
+def with_truth(scored: DataFrame, truth: DataFrame) -> DataFrame:
+    """Each scored session with the simulator's expected outcomes under the CC its policy chose
+    (`exp_rebuffer`, `exp_retrans`). Evaluation only: no policy reads it."""
+    bbr = F.col("choice") == "bbr"
     t = truth.select("conn_id", "exp_rebuffer_cubic", "exp_rebuffer_bbr", "retrans_cubic", "retrans_bbr")
-    j = scored.join(t, "conn_id")
-    reb = F.when(F.col("choice") == "bbr", F.col("exp_rebuffer_bbr")).otherwise(F.col("exp_rebuffer_cubic"))
-    ret = F.when(F.col("choice") == "bbr", F.col("retrans_bbr")).otherwise(F.col("retrans_cubic"))
-    rows = j.groupBy("policy").agg(F.count(F.lit(1)).alias("n"), F.avg(reb).alias("reb"), F.avg(ret).alias("ret")).collect()
+    return (scored.join(t, "conn_id").select(
+        "policy", "node_id", "window_ms", "prefix", "net_type",
+        F.when(bbr, F.col("exp_rebuffer_bbr")).otherwise(F.col("exp_rebuffer_cubic")).alias("exp_rebuffer"),
+        F.when(bbr, F.col("retrans_bbr")).otherwise(F.col("retrans_cubic")).alias("exp_retrans")))
+
+
+def truth_cells(truthful: DataFrame, p: EmulateParams) -> DataFrame:
+    """The cells of the estimated tails (≥ min_cell_sessions sessions) of `with_truth`'s sessions,
+    each at the mean of its sessions' expected outcomes: the tail without the estimator's noise,
+    which in a cell of a few sessions is the noise of one or two stalls."""
+    return (truthful.groupBy("policy", "node_id", "window_ms", "prefix", "net_type")
+            .agg(F.count(F.lit(1)).alias("sessions"), F.avg("exp_rebuffer").alias("rebuffer_rate"),
+                 F.avg("exp_retrans").alias("retrans_rate"))
+            .where(F.col("sessions") >= p.min_cell_sessions))
+
+
+def truth_check(truthful: DataFrame, cells: DataFrame, p: EmulateParams) -> dict:
+    """What each policy's choices would truly have delivered (`with_truth`'s sessions: the
+    simulator's per-connection expectations under the chosen CC), against the estimate: how far
+    the emulator is off; and the tail percentiles of `cells` (truth_cells). Evaluation only."""
+    rows = truthful.groupBy("policy").agg(F.count(F.lit(1)).alias("n"), F.avg("exp_rebuffer").alias("reb"),
+                                          F.avg("exp_retrans").alias("ret")).collect()
     out = {r["policy"]: {"sessions": r["n"], "exp_rebuffer_rate": r["reb"], "exp_retrans_rate": r["ret"],
                          "exp_qoe": 1 - p.alpha * r["reb"] - (1 - p.alpha) * r["ret"]} for r in rows}
     base = out.get("cubic", {}).get("exp_qoe")
     for d in out.values():
         d["exp_qoe_gain_vs_cubic"] = d["exp_qoe"] - base if base is not None else None
     qs = [x / 100 for x in PERCENTILES]
-    for r in truth_cells(scored, truth, p).groupBy("policy").agg(
-            F.percentile_approx("rebuffer_rate", qs, 10_000).alias("reb"),
-            F.percentile_approx("retrans_rate", qs, 10_000).alias("ret")).collect():
+    for r in cells.groupBy("policy").agg(F.percentile_approx("rebuffer_rate", qs, 10_000).alias("reb"),
+                                         F.percentile_approx("retrans_rate", qs, 10_000).alias("ret")).collect():
         d = out.setdefault(r["policy"], {})
         d["exp_rebuffer_pct"] = {f"p{x}": v for x, v in zip(PERCENTILES, r["reb"])}
         d["exp_retrans_pct"] = {f"p{x}": v for x, v in zip(PERCENTILES, r["ret"])}
     return out
-
-
-def truth_cells(scored: DataFrame, truth: DataFrame, p: EmulateParams) -> DataFrame:
-    """The cells of the estimated tails (≥ min_cell_sessions sessions), each at the mean of its
-    sessions' expected outcomes under the chosen CC (the simulator's truth): the tail without the
-    estimator's noise, which in a cell of a few sessions is the noise of one or two stalls.
-    Evaluation only."""
-    t = truth.select("conn_id", "exp_rebuffer_cubic", "exp_rebuffer_bbr", "retrans_cubic", "retrans_bbr")
-    bbr = F.col("choice") == "bbr"
-    return (scored.join(t, "conn_id")
-            .groupBy("policy", "node_id", "window_ms", "prefix", "net_type")
-            .agg(F.count(F.lit(1)).alias("sessions"),
-                 F.avg(F.when(bbr, F.col("exp_rebuffer_bbr")).otherwise(F.col("exp_rebuffer_cubic"))).alias("rebuffer_rate"),
-                 F.avg(F.when(bbr, F.col("retrans_bbr")).otherwise(F.col("retrans_cubic"))).alias("retrans_rate"))
-            .where(F.col("sessions") >= p.min_cell_sessions))
 
 
 def read_truth(spark: SparkSession, truth_dir: str) -> DataFrame:
@@ -645,12 +647,18 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
         path_w, path_c = table_path(cfg, "gold.emulation"), table_path(cfg, "gold.emulation_cells")
         windows = spark.read.format("delta").load(path_w).where(F.col("window") == rng)
         cells = spark.read.format("delta").load(path_c).where(F.col("window") == rng)
-        checked = truth_check(scored, truth, p) if truth is not None else None
-        summary = summarize(windows, cells, p, checked)
         cols = ["policy", "node_id", "window_ms", "prefix", "net_type", "sessions", "rebuffer_rate"]
         contrasts = {"estimated": tail_contrasts(cells.where(F.col("sessions") >= p.min_cell_sessions).select(*cols).toPandas(), p)}
+        checked = None
         if truth is not None:
-            contrasts["truth"] = tail_contrasts(truth_cells(scored, truth, p).select(*cols).toPandas(), p)
+            # one join with the truth, one aggregation into cells: the check and the contrasts read both
+            truthful = with_truth(scored, truth).persist()
+            t_cells = truth_cells(truthful, p).persist()
+            checked = truth_check(truthful, t_cells, p)
+            contrasts["truth"] = tail_contrasts(t_cells.select(*cols).toPandas(), p)
+            t_cells.unpersist()
+            truthful.unpersist()
+        summary = summarize(windows, cells, p, checked)
         scored.unpersist()
         est.unpersist()
         return {"range": rng, "sessions": n, "train_hours": f"{hour_shift(lo, -p.train_hours)}..{hour_shift(lo, -1)}",
