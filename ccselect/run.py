@@ -318,7 +318,7 @@ def _emulation_lines(res: dict | None) -> list[str]:
              f"(QoE = 1 − {res['alpha']}·rebuffer − {1 - res['alpha']:.1f}·retransmission; gold.emulation)",
              f"  {'policy':16s}{'QoE':>9s}{'rebuffer':>10s}{'retrans':>9s}{'reb p85':>9s}{'gap closed':>12s}"
              f"{'truth gain':>12s}"]
-    for name in ("cubic", "bbr", "oracle", "aliccs", "configanator", "disco", "pytheas", "true_type"):
+    for name in ("cubic", "bbr", "oracle", "aliccs", "configanator", "disco", "pytheas", "true_type", "true_table"):
         d = pol.get(name)
         if not d or "qoe" not in d:
             continue

@@ -43,8 +43,14 @@ before the emulated range, or, for Pytheas, online from its own choices):
 - `pytheas`: group-based exploration–exploitation (Pytheas [26]): per user group (region + ASN)
   and node, a discounted UCB bandit over the two CCs, updated with each session's outcome.
 - `true_type` (only with the simulator's truth): Wi-Fi → CUBIC, 4G/5G → BBR by the true network
-  type — the classifier's upper bound. The truth is read for this policy and for the `truth`
-  check of the summary, never for anything a policy learns from.
+  type — the classifier's upper bound, per session.
+- `true_table` (only with the truth): the table ALICCS's design would serve with a perfect
+  classifier — per prefix group, the majority true type of its sessions in the hour the table is
+  built from (`table_lag_hours` before, all nodes, as the hourly export), Wi-Fi → CUBIC, 4G/5G →
+  BBR, a group without sessions then → the default. The bound of a prefix table with that lag:
+  what the hour of lag costs even without a single misclassification.
+The truth is read for these two policies and for the `truth` check of the summary, never for
+anything a policy learns from.
 """
 from __future__ import annotations
 
@@ -66,7 +72,9 @@ from ccselect.pipeline import HOUR_FMT
 
 CCS = ("cubic", "bbr")
 POLICIES = ("cubic", "bbr", "oracle", "oracle_insample", "aliccs", "configanator", "disco", "pytheas",
-            "true_type")
+            "true_type", "true_table")
+#: the policies that read the simulator's truth (only with --truth)
+TRUTH_POLICIES = ("true_type", "true_table")
 LEVELS = ("observed", "window", "history", "node", "unestimated")
 PERCENTILES = (50, 85, 90, 95, 99)
 #: what the edge knows of a flow when it picks its CC (sock_ops PASSIVE_ESTABLISHED): the MSS, the
@@ -251,6 +259,20 @@ def true_type_policy(est: DataFrame, truth: DataFrame) -> DataFrame:
     return (est.select("conn_id").join(truth.select("conn_id", "true_type"), "conn_id", "left")
             .select("conn_id", F.when(F.col("true_type") == "wifi", "cubic")
                     .when(F.col("true_type").isNotNull(), "bbr").otherwise("cubic").alias("choice")))
+
+
+def true_table_policy(s: DataFrame, est: DataFrame, truth: DataFrame, p: EmulateParams) -> DataFrame:
+    """The prefix table of a perfect classifier, `table_lag_hours` old: per prefix group and hour
+    the share of cellular sessions by the true type (all nodes), the table of hour h from hour
+    h − lag; a cellular majority → BBR, else CUBIC; a group without sessions then → default."""
+    lag = p.table_lag_hours
+    shifted = F.date_format(F.to_timestamp("hour", "yyyy-MM-dd'T'HH") + F.expr(f"INTERVAL {lag} HOURS"), "yyyy-MM-dd'T'HH")
+    share = (s.select("conn_id", "prefix", "hour").join(truth.select("conn_id", "true_type"), "conn_id")
+             .groupBy("prefix", "hour").agg(F.avg((F.col("true_type") != "wifi").cast("double")).alias("_cell"))
+             .select("prefix", shifted.alias("hour"), "_cell"))
+    return (est.select("conn_id", "prefix", "hour").join(share, ["prefix", "hour"], "left")
+            .select("conn_id", F.when(F.col("_cell") > 0.5, "bbr").when(F.col("_cell").isNotNull(), "cubic")
+                    .otherwise(p.default_cc).alias("choice")))
 
 
 def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateParams) -> DataFrame:
@@ -605,12 +627,13 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
     re-run), and the summary."""
     from jobs.window import write_window
     p = params or EmulateParams.from_config(cfg)
-    policies = tuple(policies or [x for x in POLICIES if x != "true_type" or truth_dir])
+    policies = tuple(policies or [x for x in POLICIES if x not in TRUTH_POLICIES or truth_dir])
     unknown = set(policies) - set(POLICIES)
     if unknown:
         raise ValueError(f"unknown policies {sorted(unknown)}; known: {', '.join(POLICIES)}")
-    if "true_type" in policies and not truth_dir:
-        raise ValueError("policy true_type needs --truth (the simulator's output folder)")
+    needs = [x for x in policies if x in TRUTH_POLICIES]
+    if needs and not truth_dir:
+        raise ValueError(f"policies {', '.join(needs)} need --truth (the simulator's output folder)")
     truth = read_truth(spark, truth_dir) if truth_dir else None
     # the sessions feed five aggregations of the estimator and the baselines' training: read once
     s = sessions(extract(spark, cfg, lo, hi, p), p).persist()
@@ -640,6 +663,8 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
                 choices[name] = pytheas_policy(est_all, p)
             elif name == "true_type":
                 choices[name] = true_type_policy(est, truth)
+            elif name == "true_table":
+                choices[name] = true_table_policy(s, est, truth, p)
         scored = score(est, choices, p).persist()
         rng = f"{lo}..{hi}"
         n_w = write_window(spark, cfg, per_window(scored), "gold.emulation", rng)

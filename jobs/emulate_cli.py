@@ -42,8 +42,8 @@ def _table(res: dict) -> str:
 
 def emulate_cmd(
     hours: str = typer.Option(..., "--hours", help="hours to emulate, FROM..TO (inclusive); the learned baselines train on the hours before"),
-    policies: Optional[str] = typer.Option(None, "--policies", help="comma-separated (default: all; true_type only with --truth)"),
-    truth: Optional[str] = typer.Option(None, "--truth", help="the simulator's output folder: adds true_type and the truth check"),
+    policies: Optional[str] = typer.Option(None, "--policies", help="comma-separated (default: all; true_type and true_table only with --truth)"),
+    truth: Optional[str] = typer.Option(None, "--truth", help="the simulator's output folder: adds true_type, true_table and the truth check"),
     window_minutes: Optional[int] = typer.Option(None, "--window-minutes", help="estimation window (default: emulate.window_minutes)"),
     train_hours: Optional[int] = typer.Option(None, "--train-hours", help="hours before the range the baselines learn from"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),

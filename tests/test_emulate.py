@@ -151,6 +151,28 @@ def _cells(values: dict[str, list[list[float]]]) -> "pd.DataFrame":
                         columns=["policy", "node_id", "window_ms", "prefix", "net_type", "sessions", "rebuffer_rate"])
 
 
+def test_true_table_is_the_previous_hours_majority_true_type_per_prefix(spark):
+    """The bound of a prefix table one hour old: hour 01's sessions get the CC of their /24's
+    majority true type in hour 00 (A: 2 of 3 cellular → BBR, whatever A is in hour 01; B: Wi-Fi →
+    CUBIC; D: one each, no majority → CUBIC), and a /24 without hour-00 sessions keeps the default
+    (C, though cellular)."""
+    rows = [("a1", H0, "1.1.1.1", "1.1.1.0/24", None, "cubic", 0.1, 0.0), ("a2", H0, "1.1.1.2", "1.1.1.0/24", None, "cubic", 0.1, 0.0),
+            ("a3", H0, "1.1.1.3", "1.1.1.0/24", None, "bbr", 0.1, 0.0), ("a4", H1, "1.1.1.4", "1.1.1.0/24", None, "cubic", 0.1, 0.0),
+            ("b1", H0, "2.2.2.1", "2.2.2.0/24", None, "cubic", 0.1, 0.0), ("b2", H1, "2.2.2.2", "2.2.2.0/24", None, "bbr", 0.1, 0.0),
+            ("c1", H1, "3.3.3.1", "3.3.3.0/24", None, "cubic", 0.1, 0.0),
+            ("d1", H0, "4.4.4.1", "4.4.4.0/24", None, "cubic", 0.1, 0.0), ("d2", H0, "4.4.4.2", "4.4.4.0/24", None, "bbr", 0.1, 0.0),
+            ("d3", H1, "4.4.4.3", "4.4.4.0/24", None, "bbr", 0.1, 0.0)]
+    truth = spark.createDataFrame([("a1", "4g"), ("a2", "5g"), ("a3", "wifi"), ("a4", "wifi"), ("b1", "wifi"), ("b2", "4g"),
+                                   ("c1", "4g"), ("d1", "4g"), ("d2", "wifi"), ("d3", "4g")], "conn_id string, true_type string")
+    s = emulate.sessions(_trace(spark, rows), P)
+    est = s.where(F.col("hour") == H1)
+    got = {r["conn_id"]: r["choice"] for r in emulate.true_table_policy(s, est, truth, P).collect()}
+    assert got == {"a4": "bbr", "b2": "cubic", "c1": "cubic", "d3": "cubic"}, got
+    p0 = emulate.EmulateParams(window_minutes=60, train_hours=0, table_lag_hours=0)
+    got0 = {r["conn_id"]: r["choice"] for r in emulate.true_table_policy(s, est, truth, p0).collect()}
+    assert got0 == {"a4": "cubic", "b2": "bbr", "c1": "bbr", "d3": "bbr"}, "with lag 0, the hour's own majority"
+
+
 def test_tail_contrasts_bootstrap_over_nodes():
     """Known answers: a policy whose every cell is 0.01 above the reference's is 0.01 worse at every
     percentile in every resample; two policies equal cell for cell differ by nothing; a cell with
