@@ -60,9 +60,8 @@ _LARGE_CELL = ((1400, 0.50), (1380, 0.30), (1360, 0.20))
 # 3. the path through the BRAS or the mobile gateway (World._gateways): RTT, jitter and MSS clamp
 #    differ by pool, and which is nearer depends on where the node sits (`in_carrier_node_share`).
 # What keeps its meaning everywhere (X_y) is radio-side: the uplink scheduling delay inside the
-# handshake (traffic.py, connection time) and RTT variation of the radio link. The client's
-# initial window is a multiple of the device's own MSS (traffic.py), so it says no more of the
-# access type than the cellular core's MTU does. A plain model fitted on a few nodes leans on 1-3 and
+# handshake (traffic.py, connection time), RTT variation of the radio link, and client OSes
+# sizing TCP windows per network type. A plain model fitted on a few nodes leans on 1-3 and
 # misses on nodes whose branches differ; prefix-group invariance (§3.1) is meant to drop them.
 BROADBAND_PLANTS = (
     AccessPlant("pppoe", _LARGE_WIFI),

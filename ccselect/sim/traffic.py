@@ -19,22 +19,10 @@ from ccselect.sim.world import World, unit
 SERVICES = np.array(["video", "live", "image"])
 SERVICE_P = np.array([0.55, 0.15, 0.30])
 _MEAN_EXTRA_REQ = np.array([3.0, 5.0, 1.0])
-# The client's initial receive window as the edge sees it once the handshake is done (tp->snd_wnd
-# at PASSIVE_ESTABLISHED). A Linux-based client (Android) offers a multiple of its own MSS (the
-# device's interface MTU − 40; on Wi-Fi the LAN's 1500, whatever the broadband plant clamps the
-# option to on the way), set by its kernel, not by the network type:
-# - Linux before 4.19: tcp_default_init_rwnd() = 2 × TCP_INIT_CWND = 20 MSS (~29 KB), or Android's
-#   sysctl of that name, which the framework sets from net.tcp.default_init_rwnd (60 where a
-#   device's build sets it);
-# - Linux 4.19 and later (commit a337531b942b, "up initial rmem to 128KB and SYN rwin to around
-#   64KB"): 64 KB rounded down to a multiple of the MSS.
-# Android does size its buffers per network type (net.tcp.buffersize.<type>), but for LTE and
-# Wi-Fi their defaults are 512 KB or more, far above these windows: they bound only the later
-# growth (rmem_max below). So the window tells the access type only through the device's MSS
-# (a cellular core's MTU below 1500). Shares of the kernel generations: our pick. iOS and PCs
-# (Windows) offer fixed windows.
-_ANDROID_NEW_KERNEL = 0.7        # share of Android clients on Linux ≥ 4.19
-_ANDROID_SETS_INIT_RWND = 0.6    # share of older ones whose build sets net.tcp.default_init_rwnd=60
+# client OS initial receive windows (bytes) by access type — Android sizes its TCP buffers per
+# network type, iOS and PCs do not (our pick of common values; M-Lab rcv_space 14,600 at start).
+_WND_ANDROID_WIFI = (np.array([65160, 87380, 131072]), np.array([0.6, 0.2, 0.2]))
+_WND_ANDROID_CELL = (np.array([29200, 65160, 43690]), np.array([0.45, 0.35, 0.2]))
 _WND_IOS = (np.array([65535, 131072]), np.array([0.7, 0.3]))
 _WND_PC = (np.array([64240, 65535, 29200]), np.array([0.5, 0.3, 0.2]))
 
@@ -162,11 +150,8 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
                              ps.access_scale[pref], loss_mult, fair_share)
     isp = ps.isp[pref]
     plant_bb, plant_cell = ps.plant_bb[pref], ps.plant_cell[pref]
-    announced = _mss_profile(rng, isp, cell, plant_bb, plant_cell) - np.where(fam6, 20, 0)
-    # the device's own MSS (its receive window is a multiple of it): a Wi-Fi client's LAN has MTU
-    # 1500; a cellular client's interface takes the core's MTU
-    device_mss = np.where(cell, announced, np.where(fam6, 1440, 1460))
-    mss = np.minimum(np.minimum(announced, ps.mss_clamp[pref]), ps.gw_clamp[pref][rows, pool])
+    mss = _mss_profile(rng, isp, cell, plant_bb, plant_cell)
+    mss = np.minimum(np.minimum(mss - np.where(fam6, 20, 0), ps.mss_clamp[pref]), ps.gw_clamp[pref][rows, pool])
     # planted fault (ALICCS §3.2's /16 whose MSS misled the model): the /16's IPv4 connections
     # are logged with an anomalous MSS; the path, the transfer and every other feature keep the
     # real MSS, so MSS is the only feature that is off
@@ -242,9 +227,8 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     os_u = rng.random(n)
     android = os_u < ps.android_share[pref]
     pc = (~cell) & (os_u > 0.8 + 0.2 * ps.android_share[pref])
-    new_kernel, sets_rwnd = rng.random(n) < _ANDROID_NEW_KERNEL, rng.random(n) < _ANDROID_SETS_INIT_RWND
-    android_wnd = np.where(new_kernel, (65536 // device_mss) * device_mss, np.where(sets_rwnd, 60, 20) * device_mss)
-    init_wnd = np.where(android, android_wnd, np.where(pc, _choice(rng, _WND_PC, n), _choice(rng, _WND_IOS, n)))
+    init_wnd = np.where(android, np.where(cell, _choice(rng, _WND_ANDROID_CELL, n), _choice(rng, _WND_ANDROID_WIFI, n)),
+                        np.where(pc, _choice(rng, _WND_PC, n), _choice(rng, _WND_IOS, n)))
     rmem_max = np.where(android, np.where(cell, 4 << 20, 2 << 20), np.where(pc, 6 << 20, 4 << 20))
     growth = np.clip(np.log2(np.maximum(bytes_c, 1) / init_wnd), 0, 8) * rng.uniform(0.6, 1.0, n)
     max_wnd = np.minimum(rmem_max, init_wnd * 2.0 ** growth)
