@@ -114,6 +114,11 @@ def hour_shift(hour: str, hours: int) -> str:
     return t.strftime(HOUR_FMT)
 
 
+def hour_shift_col(hour: str, hours: int):
+    """`hour_shift` as a column expression over the string column `hour`."""
+    return F.date_format(F.to_timestamp(hour, "yyyy-MM-dd'T'HH") + F.expr(f"INTERVAL {hours} HOURS"), "yyyy-MM-dd'T'HH")
+
+
 # ---- extract ------------------------------------------------------------------------------------
 
 def extract(spark: SparkSession, cfg: Config, lo: str, hi: str, p: EmulateParams) -> DataFrame:
@@ -265,11 +270,9 @@ def true_table_policy(s: DataFrame, est: DataFrame, truth: DataFrame, p: Emulate
     """The prefix table of a perfect classifier, `table_lag_hours` old: per prefix group and hour
     the share of cellular sessions by the true type (all nodes), the table of hour h from hour
     h − lag; a cellular majority → BBR, else CUBIC; a group without sessions then → default."""
-    lag = p.table_lag_hours
-    shifted = F.date_format(F.to_timestamp("hour", "yyyy-MM-dd'T'HH") + F.expr(f"INTERVAL {lag} HOURS"), "yyyy-MM-dd'T'HH")
     share = (s.select("conn_id", "prefix", "hour").join(truth.select("conn_id", "true_type"), "conn_id")
              .groupBy("prefix", "hour").agg(F.avg((F.col("true_type") != "wifi").cast("double")).alias("_cell"))
-             .select("prefix", shifted.alias("hour"), "_cell"))
+             .select("prefix", hour_shift_col("hour", p.table_lag_hours).alias("hour"), "_cell"))
     return (est.select("conn_id", "prefix", "hour").join(share, ["prefix", "hour"], "left")
             .select("conn_id", F.when(F.col("_cell") > 0.5, "bbr").when(F.col("_cell").isNotNull(), "cubic")
                     .otherwise(p.default_cc).alias("choice")))
@@ -290,17 +293,13 @@ def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulatePa
     if not os.path.exists(pred_path):
         return est.select("conn_id", F.lit(p.default_cc).alias("choice"))
     # a prediction of hour t goes into the tables of hours t .. t + n − 1 (pipeline.export_window_hours)
-    hour_ts = F.to_timestamp("hour", "yyyy-MM-dd'T'HH")
     preds = (spark.read.format("delta").load(pred_path).where(F.col("hour").isin(src_hours) & (F.col("decision") == "model"))
-             .withColumn("table_hour", F.explode(F.array(*[F.date_format(hour_ts + F.expr(f"INTERVAL {k} HOURS"), "yyyy-MM-dd'T'HH")
-                                                           for k in range(n_hours)]))))
+             .withColumn("table_hour", F.explode(F.array(*[hour_shift_col("hour", k) for k in range(n_hours)]))))
     by = ("table_hour",)
     entries = ladder_entries(model_weights(address_decisions(preds, by), by), settings, by).select(
         "table_hour", "fam", "level", "key", F.col("cc").alias("_ecc"))
-    lag = p.table_lag_hours
     conns = with_ip(est.select("conn_id", "client_ip", "hour"), "client_ip").select(
-        "conn_id", F.date_format(F.to_timestamp("hour", "yyyy-MM-dd'T'HH") - F.expr(f"INTERVAL {lag} HOURS"),
-                                 "yyyy-MM-dd'T'HH").alias("table_hour"),
+        "conn_id", hour_shift_col("hour", -p.table_lag_hours).alias("table_hour"),
         F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"))
     levels = None
     for fam, lv in settings.ladder.items():
@@ -487,6 +486,18 @@ def per_cell(scored: DataFrame) -> DataFrame:
         F.avg("retrans").alias("retrans_rate"), F.avg("qoe").alias("qoe"))
 
 
+def _tail_rows(cells: DataFrame, *extra) -> list:
+    """Per policy (one collect): the cells' rebuffer (`reb`) and retransmission (`ret`)
+    percentiles at PERCENTILES, and any `extra` aggregations."""
+    qs = [x / 100 for x in PERCENTILES]
+    return cells.groupBy("policy").agg(F.percentile_approx("rebuffer_rate", qs, 10_000).alias("reb"),
+                                       F.percentile_approx("retrans_rate", qs, 10_000).alias("ret"), *extra).collect()
+
+
+def _by_percentile(values, percentiles=PERCENTILES) -> dict[str, float]:
+    return {f"p{x}": v for x, v in zip(percentiles, values)}
+
+
 def summarize(windows: DataFrame, cells: DataFrame, p: EmulateParams, truth: dict | None = None) -> dict[str, Any]:
     """Per policy: session-weighted means (all, Wi-Fi, cellular), the distribution tail of the
     cells' rebuffer and retransmission rates (cells with ≥ min_cell_sessions sessions), estimate
@@ -507,18 +518,13 @@ def summarize(windows: DataFrame, cells: DataFrame, p: EmulateParams, truth: dic
         for m, v in d.pop("_sums").items():
             d[m] = v / d["sessions"] if d["sessions"] else None
     big = cells.where(F.col("sessions") >= p.min_cell_sessions)
-    qs = [x / 100 for x in PERCENTILES]
-    tails = big.groupBy("policy").agg(
-        F.count(F.lit(1)).alias("cells"),
-        F.percentile_approx("rebuffer_rate", qs, 10_000).alias("reb"),
-        F.percentile_approx("retrans_rate", qs, 10_000).alias("ret"),
-        F.percentile_approx("qoe", [1 - x for x in qs], 10_000).alias("q")).collect()
-    for r in tails:
+    low = [1 - x / 100 for x in PERCENTILES]
+    for r in _tail_rows(big, F.count(F.lit(1)).alias("cells"), F.percentile_approx("qoe", low, 10_000).alias("q")):
         d = out.setdefault(r["policy"], {})
         d["cells"] = r["cells"]
-        d["rebuffer_pct"] = {f"p{x}": v for x, v in zip(PERCENTILES, r["reb"])}
-        d["retrans_pct"] = {f"p{x}": v for x, v in zip(PERCENTILES, r["ret"])}
-        d["qoe_low_pct"] = {f"p{100 - x}": v for x, v in zip(PERCENTILES, r["q"])}
+        d["rebuffer_pct"] = _by_percentile(r["reb"])
+        d["retrans_pct"] = _by_percentile(r["ret"])
+        d["qoe_low_pct"] = _by_percentile(r["q"], [100 - x for x in PERCENTILES])
     base = out.get("cubic", {}).get("qoe")
     for oracle in ("oracle", "oracle_insample"):
         top = out.get(oracle, {}).get("qoe")
@@ -602,12 +608,10 @@ def truth_check(truthful: DataFrame, cells: DataFrame, p: EmulateParams) -> dict
     base = out.get("cubic", {}).get("exp_qoe")
     for d in out.values():
         d["exp_qoe_gain_vs_cubic"] = d["exp_qoe"] - base if base is not None else None
-    qs = [x / 100 for x in PERCENTILES]
-    for r in cells.groupBy("policy").agg(F.percentile_approx("rebuffer_rate", qs, 10_000).alias("reb"),
-                                         F.percentile_approx("retrans_rate", qs, 10_000).alias("ret")).collect():
+    for r in _tail_rows(cells):
         d = out.setdefault(r["policy"], {})
-        d["exp_rebuffer_pct"] = {f"p{x}": v for x, v in zip(PERCENTILES, r["reb"])}
-        d["exp_retrans_pct"] = {f"p{x}": v for x, v in zip(PERCENTILES, r["ret"])}
+        d["exp_rebuffer_pct"] = _by_percentile(r["reb"])
+        d["exp_retrans_pct"] = _by_percentile(r["ret"])
     return out
 
 
@@ -634,7 +638,8 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
     needs = [x for x in policies if x in TRUTH_POLICIES]
     if needs and not truth_dir:
         raise ValueError(f"policies {', '.join(needs)} need --truth (the simulator's output folder)")
-    truth = read_truth(spark, truth_dir) if truth_dir else None
+    # two policies and the truth check join it: read the parquet once
+    truth = read_truth(spark, truth_dir).persist() if truth_dir else None
     # the sessions feed five aggregations of the estimator and the baselines' training: read once
     s = sessions(extract(spark, cfg, lo, hi, p), p).persist()
     est_all = estimates(s).persist()
@@ -692,3 +697,5 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
     finally:
         est_all.unpersist()
         s.unpersist()
+        if truth is not None:
+            truth.unpersist()
