@@ -8,18 +8,19 @@ STAMP   := $(VENV)/.installed
 SYSSTAMP := $(VENV)/.sysdeps
 export CCS_HOME := $(CURDIR)
 # Debian packages the kernel side, the headless-browser tests and the agent need.
-DEB_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libssl-dev pkg-config iproute2 chromium
+DEB_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libssl-dev libcjson-dev pkg-config iproute2 chromium
 
-.PHONY: help setup run test bench clean sysdeps python warm mlflow airflow notebooks
+.PHONY: help setup run test bench results clean sysdeps python warm mlflow airflow notebooks
 help:
 	@echo "make run    - set up, then run the main job on the embedded default (infra/conf/local.yaml)"
 	@echo "make test   - set up, then run the whole test suite"
-	@echo "make bench  - run the benchmarks in bench/ (JSON under bench/results/ and var/bench/)"
+	@echo "make bench  - run the benchmarks in bench/ (JSON under bench/results/ and var/bench/), then make results"
+	@echo "make results - render docs/results/ from the JSON the benches, make run and ccs evaluate/emulate wrote"
 	@echo "make setup  - install everything (.venv, Debian packages when root, Delta jars)"
 	@echo "make mlflow / make airflow / make notebooks - the MLflow UI (:5000), Airflow UI (:8080), JupyterLab (:8888)"
 
-# The eBPF enforcer and the ccs-edge agent (export/build.mk); built when root (needs clang/libbpf).
--include export/build.mk
+# The eBPF enforcer and the ccs-edge agent (export/edge/build.mk); built when root (needs clang/libbpf).
+-include export/edge/build.mk
 
 setup: python sysdeps warm
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory edge; else echo "not root: not building the eBPF enforcer"; fi
@@ -54,7 +55,7 @@ $(VENV)/.spark-warm: $(STAMP)
 	@touch $@
 
 run: setup
-	$(PY) -m ccselect.cli run
+	$(PY) -m app.cli run
 
 test: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15
@@ -74,15 +75,19 @@ bench: setup
 	$(PY) bench/infer.py
 	$(PY) bench/export.py --rows $(BENCH_EXPORT_ROWS)
 	$(PY) bench/autoplex.py
+	$(PY) bench/report.py
+
+results: python
+	$(PY) bench/report.py
 
 mlflow: python
-	$(PY) -m ccselect.ui mlflow
+	$(PY) -m app.ui mlflow
 
 airflow: python
-	$(PY) -m ccselect.ui airflow
+	$(PY) -m app.ui airflow
 
 notebooks: python
-	$(PY) -m ccselect.ui notebooks
+	$(PY) -m app.ui notebooks
 
 clean:
 	rm -rf var bench/results/*.json export/build

@@ -28,6 +28,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.ingest import PeakRss, bench_config  # noqa: E402
+from ccselect.spark import get_spark
+from sim.params import SimParams
+# Imported inside the functions that use them (heavy, not needed to import this module): duckdb, pyspark, and our modules that load them.
 
 # Algorithm 1's Extract + mean (lines 5-8) per policy, and §3.4's change rates, in DuckDB SQL:
 # positions k (0-based, ties broken by conn_id) with lo·n/100 <= k < hi·n/100 of each group-period.
@@ -85,8 +88,8 @@ def build_silver(spark, cfg, fleet: str) -> int:
     """silver.connections for the fleet's transport and access logs (see the module docstring)."""
     from pyspark.sql import functions as F
 
+    from ccselect import delta_io
     from ccselect.lake import table_path
-    from jobs import delta_io
     from jobs.parse import schema
     from jobs.silver import SILVER_CONSTRAINTS, build_connections, read_reference, reference_frame
     def read(stream):
@@ -111,10 +114,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args(argv)
 
-    from ccselect.sim.fleet import simulate
-    from ccselect.sim.params import SimParams
-    from ccselect.spark import get_spark
     from jobs import autoplex
+    from sim.fleet import simulate
 
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
@@ -127,7 +128,7 @@ def main(argv=None) -> int:
     sim_s = time.perf_counter() - t0
 
     cfg = bench_config(work, work / "root")
-    policies, _, period = autoplex.settings(cfg)
+    policies, period = autoplex.load_policies(cfg.settings.autoplex), cfg.settings.autoplex.period_minutes
     start_ms = int(datetime.fromisoformat(start).replace(tzinfo=timezone.utc).timestamp() * 1000)
     periods = args.hours * 60 // period
     end_ms = start_ms + periods * period * 60_000
@@ -147,7 +148,7 @@ def main(argv=None) -> int:
         spark.stop()
     print(f"Spark parameters {params_s:.0f} s, similarity {sim_sp_s:.0f} s; DuckDB ...", file=sys.stderr, flush=True)
     from ccselect.lake import table_path
-    better, worse = autoplex.similarity_bands(cfg)
+    better, worse = autoplex.similarity_bands(cfg.settings.autoplex)
     load_duck = os.getloadavg()[0]
     duck = duckdb_autoplex(f"{table_path(cfg, 'silver.connections')}/*/*/*.parquet", policies, period,
                            start_ms, end_ms, better, worse)

@@ -16,12 +16,24 @@ Writes bench/results/export.json (or --out) and prints it.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import shutil
+import statistics
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ccselect.spark import conf_set, get_spark
+from export.artifact import signing
+from sim.params import SimParams
+from sim.world import World
+# Imported inside the functions that use them (heavy, not needed to import this module): bench, duckdb, polars, and our modules that load them.
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -29,12 +41,9 @@ sys.path.insert(0, str(REPO))
 
 def fleet_decisions(hours: int, nodes: int | None = None):
     """One decision per simulated connection of the default fleet, as a pyarrow Table."""
-    import numpy as np
     import polars as pl
 
-    from ccselect.sim.params import SimParams
-    from ccselect.sim.traffic import generate_node_hour
-    from ccselect.sim.world import World
+    from sim.traffic import generate_node_hour
     p = SimParams() if nodes is None else SimParams(nodes=nodes)
     world = World(p)
     parts = []
@@ -69,12 +78,10 @@ def saving_by_window(fleet, settings) -> dict:
     reference) per node and hour, the paper's unit (ALICCS §3.3: entries against the addresses a
     node saw in the last hour), and how many /24s and /64s are mixed over the day against within
     one node-hour (request-weighted purity under the level's lowest threshold)."""
-    import ipaddress
-    import statistics
 
     import polars as pl
 
-    from export import aggregate as agg
+    from export.tables import aggregate as agg
     m = fleet.filter(pl.col("decision") == "model").with_columns(
         pl.max_horizontal(pl.col("requests").fill_null(0), pl.lit(1)).alias("w"))
     uniq = m["client_ip"].unique()
@@ -133,7 +140,7 @@ FROM g
 def run_duckdb(src: str, settings, threads: int = 2) -> tuple[list, dict, float]:
     import duckdb
 
-    from export import aggregate as agg
+    from export.tables import aggregate as agg
     t0 = time.perf_counter()
     con = duckdb.connect()
     con.execute(f"SET threads = {threads}")
@@ -162,7 +169,6 @@ def run_duckdb(src: str, settings, threads: int = 2) -> tuple[list, dict, float]
                 con.execute(f"CREATE OR REPLACE TABLE todo AS SELECT t.* FROM todo t SEMI JOIN "
                             f"(SELECT key FROM lv2 WHERE NOT passed) f ON substr(t.hex, 1, {n}) = f.key")
     # metrics: every entry sits at a ladder level, so its addresses are found by hex prefix
-    import pyarrow as pa
     ent = pa.table({"fam": [e[0] for e in entries], "plen": [e[1] for e in entries],  # noqa: F841 (read by DuckDB)
                     "key": [e[2] for e in entries], "cc": [e[3] for e in entries]})
     con.execute("CREATE TABLE ent AS SELECT fam::INT AS fam, plen::INT AS plen, key, cc FROM ent")
@@ -192,7 +198,6 @@ def run_duckdb(src: str, settings, threads: int = 2) -> tuple[list, dict, float]
 
 
 def _sign(aggs, metrics, out_dir, key, version):
-    from export import signing
     return signing.write_table([a.entry() for a in aggs], version, "bench", int(time.time()) + 3600, out_dir, key,
                                extra={"coverage": round(metrics["coverage"], 6),
                                       "agreement": round(metrics["agreement"], 6),
@@ -207,12 +212,9 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "export.json"))
     args = ap.parse_args(argv)
 
-    import pyarrow.parquet as pq
 
     from ccselect.lake import table_path
-    from ccselect.spark import conf_set, get_spark
-    from export import aggregate as agg
-    from export import signing
+    from export.tables import aggregate as agg
 
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
@@ -221,7 +223,7 @@ def main(argv=None) -> int:
     # 28.6 s of tiny tasks in one cold 5 M run here, 5.0 s at 2 — Spark's event log)
     from bench.ingest import bench_config
     cfg = bench_config(work)
-    settings = agg.Settings.from_config(cfg.section("export"))
+    settings = cfg.settings.export
     key = signing.generate_key()
 
     t0 = time.perf_counter()
@@ -285,8 +287,8 @@ def main(argv=None) -> int:
     out = {
         "bench": "export", "goal": "spark within 3x of duckdb; paper: 614x memory saving, no accuracy loss",
         "cores": 2, "spark_master": "local[2]", "duckdb_threads": 2,
-        "spark_conf": {k: cfg.section("spark")["conf"][k] for k in ("spark.sql.shuffle.partitions", "spark.default.parallelism",
-                                                          "spark.databricks.delta.snapshotPartitions")},
+        "spark_conf": {k: cfg.settings.spark.conf[k] for k in ("spark.sql.shuffle.partitions", "spark.default.parallelism",
+                                                               "spark.databricks.delta.snapshotPartitions")},
         "simulated_hours": args.hours, "simulation_seconds": round(sim_s, 1),
         "decisions": "simulator ground truth (wifi→cubic, 4g/5g→bbr), one per connection",
         "ladder": {"v4": list(settings.ladder[4]), "v6": list(settings.ladder[6])},

@@ -30,14 +30,21 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import numpy as np
+import pandas as pd
+
 from bench.ingest import PeakRss, bench_config  # noqa: E402
+from ccselect.contract import FEATURES
+from ccselect.settings import InferSettings
+from ccselect.spark import get_spark
+from sim.params import SimParams
+# Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
 
 def model_only(model, x_all, x_lab, y_lab, infer_params, rows: int, batches, threads: int = 2) -> dict:
-    import numpy as np
     import torch
 
-    from jobs.infer import predict_wifi
+    from models.infer import predict_wifi
     torch.set_num_threads(threads)
     reps = int(np.ceil(rows / len(x_all)))
     x = np.ascontiguousarray(np.tile(x_all, (reps, 1))[:rows])
@@ -82,11 +89,10 @@ def compiled_fp32(model, x, batches) -> dict:
     Python worker would compile for seconds); it shows how much of the model-only time is the
     eager operators' memory passes. Rows/s per batch, the compile time, and the largest
     difference from the eager fp32 model; or the error when the machine cannot compile."""
-    import numpy as np
     import torch
     import torch.nn.functional as F
 
-    from jobs.infer import predict_wifi
+    from models.infer import predict_wifi
     gen, w = model.generator.net, model.classifier.net
     lin = [m for m in gen if isinstance(m, torch.nn.Linear)]
     norms = [m for m in gen if isinstance(m, torch.nn.LayerNorm)]
@@ -135,8 +141,7 @@ def replicate_silver(spark, src_cfg, dst_cfg, lo, hi, rows: int) -> int:
     """dst's silver.connections = src's window replicated to ≥ `rows` rows (new conn_ids)."""
     from pyspark.sql import functions as F
 
-    from ccselect.lake import table_path
-    from jobs.window import connections_in
+    from ccselect.lake import connections_in, table_path
     src = connections_in(spark, src_cfg, lo, hi)
     n = src.count()
     k = max(1, -(-rows // n))
@@ -161,19 +166,14 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args(argv)
 
-    import numpy as np
-    import pandas as pd
-    from ccselect.contract import FEATURES
-    from ccselect.lake import table_path
-    from ccselect.sim.fleet import simulate
-    from ccselect.sim.params import SimParams
-    from ccselect.spark import get_spark
+    from ccselect.lake import connections_in, table_path, write_window
     from features import labels, scaling
-    from jobs import infer, ingest
-    from jobs.window import connections_in, write_window
+    from jobs import ingest
+    from models import infer
     from models.dataset import load_labelled, to_train_data
     from models.registry import Champion
     from models.train import TrainParams, fit
+    from sim.fleet import simulate
 
     def say(m):
         print(m, file=sys.stderr, flush=True)
@@ -201,7 +201,7 @@ def main(argv=None) -> int:
     model = trainer.model.cpu().eval()
     x_all = np.array(scaling.transform(conns, stats).select("features").toArrow().column(0).to_pylist(),
                      dtype=np.float32)
-    p = infer.InferParams()
+    p = InferSettings()
 
     say("model only ...")
     with PeakRss() as mem_model:

@@ -7,13 +7,24 @@ single-machine reference. Writes bench/results/ingest.json and prints it.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import shutil
 import sys
 import threading
 import time
+import zlib
 from pathlib import Path
+
+import psutil
+import yaml
+
+from ccselect.config import load_config
+from ccselect.contract import FIELDS
+from ccselect.spark import get_spark
+from sim.params import SimParams
+# Imported inside the functions that use them (heavy, not needed to import this module): duckdb, and our modules that load them.
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -27,7 +38,6 @@ class PeakRss:
     driver JVM), sampled every 0.2 s; `peak` is the largest sum seen."""
 
     def __init__(self):
-        import psutil
         self.proc, self._stop = psutil.Process(), threading.Event()
         self.peak = self.peak_python = self.peak_jvm = 0
 
@@ -108,9 +118,7 @@ def bench_config(root: Path, data_root: Path | None = None):
     """The embedded default configuration sized for the benches' 2 cores (local[2], 4 shuffle
     partitions, parallelism 2, a 4 GB driver), written to root/ccs.yaml with its
     data root at `data_root` (default: root), and loaded."""
-    import yaml
 
-    from ccselect.config import load_config
     raw = yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())
     raw["data_root"] = str(data_root or root)
     raw["spark"]["master"] = "local[2]"
@@ -122,13 +130,10 @@ def bench_config(root: Path, data_root: Path | None = None):
 
 
 def duckdb_columns(stream: str) -> str:
-    from ccselect.contract import FIELDS
     return "{" + ", ".join(f"'{k}': '{'BIGINT' if t is int else 'VARCHAR'}'" for k, t in FIELDS[stream].items()) + "}"
 
 
 def run_duckdb(data: str, out: str) -> dict:
-    import ipaddress
-    import zlib
 
     import duckdb
 
@@ -166,10 +171,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the simulated logs and the lake")
     args = ap.parse_args(argv)
 
-    from ccselect.sim.fleet import simulate
-    from ccselect.sim.params import SimParams
-    from ccselect.spark import get_spark
     from jobs import ingest
+    from sim.fleet import simulate
 
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
@@ -190,7 +193,7 @@ def main(argv=None) -> int:
         t0 = time.perf_counter()
         result = ingest.run(spark, cfg, data)
         spark_s = time.perf_counter() - t0
-        lake = Path(cfg.get("lake.root"))
+        lake = Path(cfg.settings.lake.root)
         files = {t: len(list((lake / t.replace(".", "/")).rglob("*.parquet")))
                  for t in ("bronze.transport", "bronze.access", "bronze.qoe", "silver.connections")}
         spark.stop()

@@ -28,9 +28,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from export import signing  # noqa: E402
-from export import table_format as tf  # noqa: E402
-from export.edge_agent import EdgeAgent, EdgeConfig, Service  # noqa: E402
+from export.artifact import signing, table_format as tf
+from export.edge.agent import EdgeAgent, EdgeConfig, Service
 
 CGROUP_ROOT = "/sys/fs/cgroup/unified"
 STATS = "/proc/sys/kernel/bpf_stats_enabled"
@@ -208,7 +207,7 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024) -> dict:
     if os.geteuid() != 0 or not os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.procs")):
         print("bench/kernel.py: skipped (needs root and cgroup v2 at /sys/fs/cgroup/unified)")
         return {}
-    subprocess.run(["make", "-C", REPO, "-f", "export/build.mk", "edge"], check=True,
+    subprocess.run(["make", "-C", REPO, "-f", "export/edge/build.mk", "edge"], check=True,
                    stdout=subprocess.DEVNULL)
     tmp = tempfile.mkdtemp(prefix="ccs-bench-")
     name = f"ccs-bench-{os.getpid()}"
@@ -272,14 +271,14 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024) -> dict:
         # like the plain side), to tell the CC switch's share of the ratio from the rest
         result["breakdown_lookup_no_setsockopt"]["accept_rate"] = accept_rate(
             agent, cgroup, ports, seconds, rounds // 2, batch)
-        agent.load(tables[0].manifest)
+        agent.load(tables[0].manifest, allow_downgrade=True)  # back to the 100k table: an explicit override
         result["breakdown_table_hit"] = program_time(agent, cgroup, ports, tmp)
         # -- breakdown 4: a table of the size ALICCS reports after purity aggregation (~10^3)
         small = signing.write_table(make_entries(1000), 5, "bench", int(time.time()) + 3600,
                                     tmp, key)
         agent.load(small.manifest)
         result["breakdown_table_hit_1k_entries"] = program_time(agent, cgroup, ports, tmp)
-        agent.load(tables[0].manifest)
+        agent.load(tables[0].manifest, allow_downgrade=True)  # back to the 100k table: an explicit override
         # -- full stats logging: every connection sampled, the agent draining the ring buffer
         agent.attach(cgroup, sample_rate=1.0)
         daemon = agent.run(f"{tmp}/logs")

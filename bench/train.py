@@ -34,13 +34,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from ccselect.contract import FEATURES  # noqa: E402
+from sim.params import SimParams
+# Imported inside the functions that use them (heavy, not needed to import this module): polars, sklearn, torch, and our modules that load them.
 
 SIM = {"nodes": 20, "hours": 25, "conns_per_node_hour": 5600, "seed": 1}
 
 
 def simulate(out: str) -> dict:
-    from ccselect.sim.fleet import simulate as sim
-    from ccselect.sim.params import SimParams
+    from sim.fleet import simulate as sim
     t = time.perf_counter()
     m = sim(SimParams(**SIM), out, workers=2, progress=False)
     return {"wall_s": round(time.perf_counter() - t, 1), "counts": m["counts"], **SIM}

@@ -10,10 +10,13 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from ccselect.settings import Settings, from_raw
 
 _VAR = re.compile(r"\$\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
 _PATH_KEYS = {"data_root", "root", "artifact_root", "home", "out", "raw_dir", "fleet"}
@@ -75,7 +78,8 @@ def _resolve_paths(node: Any, root: Path, key: str = "") -> Any:
 
 @dataclass(frozen=True)
 class Config:
-    """The parsed configuration; sections stay plain dicts (configuration is data)."""
+    """The parsed file (`raw`, interpolated and with paths resolved) and its typed settings:
+    code reads `cfg.settings.<section>` (ccselect/settings.py), never raw keys."""
 
     path: Path
     raw: dict[str, Any] = field(repr=False)
@@ -88,16 +92,9 @@ class Config:
     def data_root(self) -> str:
         return self.raw["data_root"]
 
-    def section(self, name: str) -> dict[str, Any]:
-        return dict(self.raw.get(name) or {})
-
-    def get(self, dotted: str, default: Any = None) -> Any:
-        node: Any = self.raw
-        for part in dotted.split("."):
-            if not isinstance(node, dict) or part not in node:
-                return default
-            node = node[part]
-        return node
+    @cached_property
+    def settings(self) -> Settings:
+        return from_raw(self.raw, self.path)
 
 
 def load_config(path: str | os.PathLike[str] | None = None) -> Config:
@@ -113,4 +110,6 @@ def load_config(path: str | os.PathLike[str] | None = None) -> Config:
     raw["data_root"] = _resolve_paths({"data_root": raw["data_root"]}, root)["data_root"]
     scalars = {k: v for k, v in raw.items() if isinstance(v, (str, int, float))}
     resolved = _resolve_paths(_interpolate(raw, scalars), root)
-    return Config(path=p.resolve(), raw=resolved)
+    cfg = Config(path=p.resolve(), raw=resolved)
+    cfg.settings  # noqa: B018 - an unknown key, a missing one or a wrong type fails here, at load
+    return cfg

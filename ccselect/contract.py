@@ -6,6 +6,9 @@ against them; this module is the single place the names, types and allowed value
 """
 from __future__ import annotations
 
+import os
+from datetime import datetime, timezone
+
 STREAMS = ("transport", "access", "qoe")
 
 #: The twelve model features of ALICCS Table 4 (Appendix B), in model order.
@@ -101,13 +104,11 @@ RANGES: dict[str, tuple[int, int]] = {
 
 def stream_dir(root: str, stream: str, node_id: str) -> str:
     """`<root>/<stream>/<node_id>/` holds that node's hourly files."""
-    import os
     return os.path.join(root, stream, node_id)
 
 
 def hour_file_name(hour_start_ms: int) -> str:
     """Hourly file name, e.g. `2026-11-01T05.jsonl` (UTC hour of the records inside)."""
-    from datetime import datetime, timezone
     return datetime.fromtimestamp(hour_start_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H") + ".jsonl"
 
 

@@ -12,6 +12,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ccselect.config import Config, load_config
+# Imported inside the functions that use them (heavy, not needed to import this module): delta, pyspark.
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -29,20 +30,18 @@ def get_spark(cfg: Config | None = None, app_name: str | None = None,
     from pyspark.sql import SparkSession
 
     cfg = cfg or load_config()
-    sc = cfg.section("spark")
+    sc = cfg.settings.spark
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(sc.get("master", "local[*]")).appName(
-        app_name or sc.get("app_name", "ccselect"))
-    conf = {**DELTA_EXTENSIONS, **{k: str(v) for k, v in (sc.get("conf") or {}).items()},
-            **(overrides or {})}
+    builder = SparkSession.builder.master(sc.master).appName(app_name or sc.app_name)
+    conf = {**DELTA_EXTENSIONS, **{k: str(v) for k, v in sc.conf.items()}, **(overrides or {})}
     conf.setdefault("spark.sql.warehouse.dir", os.path.join(cfg.data_root, "spark-warehouse"))
     derby = f"-Dderby.system.home={os.path.join(cfg.data_root, 'derby')}"
     conf["spark.driver.extraJavaOptions"] = " ".join(
         o for o in (derby, conf.get("spark.driver.extraJavaOptions", "")) if o)
     for key, value in conf.items():
         builder = builder.config(key, value)
-    builder = configure_spark_with_delta_pip(builder, extra_packages=list(sc.get("extra_packages") or []))
+    builder = configure_spark_with_delta_pip(builder, extra_packages=list(sc.extra_packages))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark

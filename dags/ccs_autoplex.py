@@ -1,12 +1,14 @@
 """ccs_autoplex: every 30 minutes, AutoPlex's better-session statistics per user group for the
 period that just ended at the run's logical date (AutoPlex Algorithm 1) → gold.autoplex_params.
-The work lives in ccselect.pipeline / jobs.autoplex; this file only wires it."""
+The work lives in app.pipeline / jobs.autoplex; this file only wires it."""
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pendulum
 from airflow.sdk import dag, task
+
+from app.pipeline import autoplex_period, previous_period, report
 
 DOC = """
 ### ccs_autoplex
@@ -30,7 +32,6 @@ period, so a re-run replaces its own rows. Export reads the caps of switched-on 
 def ccs_autoplex():
     @task
     def autoplex_parameters(logical_date=None) -> dict:
-        from ccselect.pipeline import autoplex_period, previous_period, report
         return report("autoplex", autoplex_period(previous_period(logical_date)))
 
     autoplex_parameters()

@@ -1,12 +1,16 @@
 """ccs_hourly: every hour, the edge logs of the hour that just ended → bronze/silver → inference
 with `models:/<name>@champion` → ALICCS Algorithm 1 table → guards → rollout (canaries first).
-The work lives in ccselect.pipeline and the packages under it; this file only wires it."""
+The work lives in app.pipeline and the packages under it; this file only wires it."""
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pendulum
 from airflow.sdk import dag, task
+
+from app.pipeline import TableRefused, export_hour, infer_hour, ingest_hour, report, rollout as do_rollout
+from ccselect.hours import previous_hour
+# Imported inside the functions that use them (heavy, not needed to import this module): airflow.
 
 DOC = """
 ### ccs_hourly
@@ -37,7 +41,6 @@ The run at HH:00 works on the hour (HH-1):00–HH:00 of every edge node.
 def ccs_hourly():
     @task
     def ingest(logical_date=None) -> str:
-        from ccselect.pipeline import ingest_hour, previous_hour, report
         hour = previous_hour(logical_date)
         report("ingest", ingest_hour(hour))
         return hour
@@ -46,7 +49,6 @@ def ccs_hourly():
     def infer(hour: str) -> str:
         from airflow.exceptions import AirflowSkipException
 
-        from ccselect.pipeline import infer_hour, report
         try:
             report("infer", infer_hour(hour))
         except LookupError as e:  # no @champion yet: nothing to enforce, not a failure
@@ -55,7 +57,6 @@ def ccs_hourly():
 
     @task(retries=1)
     def export(hour: str) -> int:
-        from ccselect.pipeline import export_hour, report
         man = export_hour(hour)
         report("export", man)
         return int(man["version"])
@@ -64,12 +65,10 @@ def ccs_hourly():
     def rollout(version: int, dag_run=None) -> dict:
         from airflow.exceptions import AirflowFailException
 
-        from ccselect.pipeline import report, rollout as do_rollout
-        from export.guards import GuardRefused
         deploy = (dag_run.conf or {}).get("deploy") if dag_run else None
         try:
             return report("rollout", do_rollout(version, deploy_fleet=deploy))
-        except GuardRefused as e:  # a refusal is a verdict on this table: retrying cannot change it
+        except TableRefused as e:  # a refusal is a verdict on this table: retrying cannot change it
             raise AirflowFailException(str(e)) from e
 
     rollout(export(infer(ingest())))

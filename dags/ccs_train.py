@@ -1,12 +1,24 @@
 """ccs_train: daily, the previous day's silver → training set → prefix groups → GAN/RSC training
 (MLflow run, registered version) → gate → (promotion only if configured) → distilled tree +
-SHAP diagnostics of the champion. The work lives in ccselect.pipeline; this file only wires it."""
+SHAP diagnostics of the champion. The work lives in app.pipeline; this file only wires it."""
 from __future__ import annotations
 
 from datetime import timedelta
 
 import pendulum
 from airflow.sdk import dag, task
+
+from app.pipeline import (
+    distill_and_diagnose,
+    prefix_groups as groups,
+    promote_if_configured,
+    report,
+    train as do_train,
+    training_set as build,
+)
+from ccselect.config import load_config
+from ccselect.hours import window_before
+# Imported inside the functions that use them (heavy, not needed to import this module): airflow.
 
 DOC = """
 ### ccs_train
@@ -39,22 +51,18 @@ human decision, as `make run` does).
 def ccs_train():
     @task
     def training_set(logical_date=None, dag_run=None) -> list[str]:
-        from ccselect.config import load_config
-        from ccselect.pipeline import report, training_set as build, window_before
         hours = (dag_run.conf or {}).get("window_hours") if dag_run else None
-        lo, hi = window_before(logical_date, int(hours or load_config().get("pipeline.train_window_hours", 24)))
+        lo, hi = window_before(logical_date, int(hours or load_config().settings.pipeline.train_window_hours))
         report("training_set", build(lo, hi))
         return [lo, hi]
 
     @task
     def prefix_groups(window: list[str]) -> list[str]:
-        from ccselect.pipeline import prefix_groups as groups, report
         report("prefix_groups", groups(*window))
         return window
 
     @task
     def train(window: list[str]) -> dict:
-        from ccselect.pipeline import report, train as do_train
         res = do_train(*window)
         report("train", res)
         return {"version": str(res["version"]), "passed": bool(res["gate"]["passed"]), "window": window}
@@ -66,7 +74,6 @@ def ccs_train():
 
     @task
     def promote(result: dict, dag_run=None) -> dict:
-        from ccselect.pipeline import promote_if_configured, report
         auto = (dag_run.conf or {}).get("auto_promote") if dag_run else None
         return report("promote", promote_if_configured(result["version"], auto=auto))
 
@@ -74,7 +81,6 @@ def ccs_train():
     def distill_diagnose(result: dict) -> dict:
         from airflow.exceptions import AirflowSkipException
 
-        from ccselect.pipeline import distill_and_diagnose, report
         try:
             return report("distill_diagnose", distill_and_diagnose(*result["window"]))
         except LookupError as e:  # no @champion yet

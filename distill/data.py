@@ -7,8 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from pyspark.sql import functions as F
 
+from ccselect import delta_io
 from ccselect.contract import FEATURES
+from ccselect.lake import connections_in, table_path
+from features import labels, scaling
 
 
 @dataclass
@@ -37,12 +41,7 @@ class WindowRows:
 def training_rows(spark, cfg, lo: str, hi: str):
     """gold.training_set for window lo..hi; when that window was never written, the same
     selection (labelled, balanced 50% 4G) over silver.connections."""
-    from pyspark.sql import functions as F
 
-    from ccselect.lake import table_path
-    from features import labels
-    from jobs import delta_io
-    from jobs.window import connections_in
 
     window = f"{lo}..{hi}"
     path = table_path(cfg, "gold.training_set")
@@ -55,7 +54,6 @@ def training_rows(spark, cfg, lo: str, hi: str):
 
 def load_window(spark, cfg, lo: str, hi: str, stats) -> WindowRows:
     """The window's labelled rows, standardized with `stats` (features/scaling.py, the champion's)."""
-    from features import scaling
 
     df = scaling.transform(training_rows(spark, cfg, lo, hi), stats)
     cols = ["conn_id", "node_id", "client_ip", "prefix16", "prefix24", "label",

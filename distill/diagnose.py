@@ -13,33 +13,16 @@ of (P(4G), P(Wi-Fi)), which sum to 1, so the 4G output's attributions are exactl
 from __future__ import annotations
 
 import ipaddress
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
 from ccselect.contract import FEATURES
+from ccselect.settings import DiagnoseSettings
+# Imported inside the functions that use them (heavy, not needed to import this module): shap.
 
 WIFI = 1
-
-
-@dataclass(frozen=True)
-class DiagnoseParams:
-    accuracy_threshold: float = 0.80  # a /16 with DNN accuracy below this is diagnosed by default
-    min_rows: int = 50                # rows a /16 needs to be ranked or diagnosed
-    over_reliance: float = 1.5        # share in the subset / share overall at or above this ...
-    min_excess: float = 0.05          # ... and at least this many share points above: over-relied
-    max_rows: int = 20000             # rows (seeded sample) behind the global attribution
-    top_features: int = 5
-    seed: int = 0
-
-    @classmethod
-    def from_config(cls, cfg) -> "DiagnoseParams":
-        sec = dict(cfg.section("diagnose") or {}) if hasattr(cfg, "section") else {}
-        return cls(**{k: v for k, v in sec.items() if k in cls.__dataclass_fields__})
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def shap_values(tree, raw: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -60,7 +43,7 @@ def shares(values_wifi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mean_abs, (mean_abs / total if total > 0 else np.zeros_like(mean_abs))
 
 
-def profile(values_wifi: np.ndarray, global_share: np.ndarray, params: DiagnoseParams) -> pd.DataFrame:
+def profile(values_wifi: np.ndarray, global_share: np.ndarray, params: DiagnoseSettings) -> pd.DataFrame:
     """One row per feature (model order) with mean_abs_shap, share, global_share, lift (share /
     global share), excess (share − global share), rank (by mean |SHAP|, 1 = first) and
     over_relied; over-relied features come first ordered by excess, then the rest by rank."""
@@ -104,7 +87,7 @@ class Subset:
 
 
 def select_subsets(prefix16: np.ndarray, client_ip: np.ndarray, node: np.ndarray, by16: pd.DataFrame,
-                   params: DiagnoseParams, prefix: str | None = None, node_id: str | None = None,
+                   params: DiagnoseSettings, prefix: str | None = None, node_id: str | None = None,
                    worst: int | None = None) -> list[Subset]:
     """--prefix CIDR, --node ID, --worst K (lowest-accuracy /16s with ≥ min_rows rows), or by
     default every /16 with ≥ min_rows rows whose accuracy is below the threshold."""

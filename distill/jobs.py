@@ -8,6 +8,12 @@ from datetime import datetime, timezone
 import numpy as np
 import pandas as pd
 
+from ccselect import delta_io
+from ccselect.lake import table_path
+from distill import diagnose as dg, registry, report
+from distill.data import load_window
+from distill.tree import distill, rules_text
+# Imported inside the functions that use them (heavy, not needed to import this module): mlflow, torch.
 
 
 def dnn_probabilities(model, z: np.ndarray, batch: int = 65536) -> np.ndarray:
@@ -24,11 +30,8 @@ def dnn_probabilities(model, z: np.ndarray, batch: int = 65536) -> np.ndarray:
 
 def run_distill(spark, cfg, lo: str, hi: str, params=None) -> dict:
     """Distill `models:/<name>@champion` over window lo..hi into a tree; log and register it."""
-    from distill import registry
-    from distill.data import load_window
-    from distill.tree import DistillParams, distill
 
-    params = params or DistillParams.from_config(cfg)
+    params = params or cfg.settings.distill
     champion = registry.load_champion(cfg)
     rows = load_window(spark, cfg, lo, hi, champion.stats)
     if len(rows) == 0:
@@ -53,12 +56,8 @@ def run_diagnose(spark, cfg, hours: tuple[str, str] | None = None, prefix: str |
                  node_id: str | None = None, worst: int | None = None, params=None, log_mlflow: bool = True) -> dict:
     """SHAP diagnostics of the champion's distilled tree over a window (default: the tree's):
     report under <data_root>/reports/diagnose/<run>/, rows in gold.diagnostics, MLflow artifacts."""
-    from distill import diagnose as dg
-    from distill import registry, report
-    from distill.data import load_window
-    from distill.tree import rules_text
 
-    params = params or dg.DiagnoseParams.from_config(cfg)
+    params = params or cfg.settings.diagnose
     champion = registry.load_champion(cfg)
     tv = registry.load_tree_for(cfg, champion.version)
     lo, hi = hours or tuple(tv.window.split(".."))
@@ -133,8 +132,6 @@ def _diagnostics_frame(run, now, window, champion, tv, meta, global_prof, found)
 
 def _write_diagnostics(spark, cfg, frame: pd.DataFrame, run: str) -> None:
     """gold.diagnostics, one row per run × subset × feature, keyed (replaced) by run."""
-    from ccselect.lake import table_path
-    from jobs import delta_io
     df = spark.createDataFrame(frame.replace({np.nan: None}), DIAGNOSTICS_SCHEMA)
     delta_io.replace_partitions(df, table_path(cfg, "gold.diagnostics"), {(run,)}, ("run",))
 
@@ -142,7 +139,6 @@ def _write_diagnostics(spark, cfg, frame: pd.DataFrame, run: str) -> None:
 def _log_mlflow(cfg, out_dir: str, meta: dict, params, found: list[dict]) -> str:
     import mlflow
 
-    from distill import registry
     registry.tracking(cfg)
     with mlflow.start_run(experiment_id=registry.experiment_id(cfg, "ccs-diagnose"),
                           run_name=f"diagnose {meta['window']}") as run:

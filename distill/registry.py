@@ -6,6 +6,13 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import pandas as pd
+
+from ccselect.contract import FEATURES
+from distill.tree import rules_text
+from models.registry import load_champion as _load
+# Imported inside the functions that use them (heavy, not needed to import this module): mlflow, skops.
+
 #: The only non-builtin type a DecisionTreeRegressor's skops file holds; skops refuses anything
 #: else on load, so a tampered artifact cannot smuggle code in.
 SKOPS_TRUSTED_TYPES = ["sklearn.tree._tree.Tree"]
@@ -17,7 +24,7 @@ def tracking(cfg):
     """Point MLflow at the configured store; returns a client."""
     import mlflow
     from mlflow.tracking import MlflowClient
-    uri = cfg.get("mlflow.tracking_uri")
+    uri = cfg.settings.mlflow.tracking_uri
     if uri.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(uri[len("sqlite:///"):]), exist_ok=True)
     mlflow.set_tracking_uri(uri)
@@ -32,19 +39,18 @@ def experiment_id(cfg, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
-    root = cfg.get("mlflow.artifact_root")
+    root = cfg.settings.mlflow.artifact_root
     location = root if "://" in root else os.path.join(root, name)
     return mlflow.create_experiment(name, artifact_location=location)
 
 
 def tree_model_name(cfg) -> str:
-    return f"{cfg.get('mlflow.model_name')}-tree"
+    return f"{cfg.settings.mlflow.model_name}-tree"
 
 
 def load_champion(cfg):
     """The champion classifier, its FeatureStats, name, version and run id, through
     `models:/<name>@champion` (models.registry.load_champion)."""
-    from models.registry import load_champion as _load
     tracking(cfg)
     return _load(cfg)
 
@@ -55,11 +61,8 @@ def log_tree(cfg, distilled, params, champion, window: str, sample_raw) -> dict:
     DNN it was distilled from. Returns {run_id, name, version}."""
     import mlflow
     import mlflow.sklearn
-    import pandas as pd
     from mlflow.models import infer_signature
 
-    from ccselect.contract import FEATURES
-    from distill.tree import rules_text
 
     client = tracking(cfg)
     name = tree_model_name(cfg)
@@ -110,7 +113,7 @@ def load_tree_for(cfg, dnn_version: str) -> TreeVersion:
     try:
         mv = client.get_model_version_by_alias(name, f"dnn-v{dnn_version}")
     except Exception as e:  # noqa: BLE001 - MLflow raises its own RestException subtypes
-        raise LookupError(f"no distilled tree for {cfg.get('mlflow.model_name')} version {dnn_version}: "
+        raise LookupError(f"no distilled tree for {cfg.settings.mlflow.model_name} version {dnn_version}: "
                           "run `ccs distill` first") from e
     local = mlflow.artifacts.download_artifacts(f"models:/{name}/{mv.version}")
     tree = skops.io.load(os.path.join(local, "model.skops"), trusted=SKOPS_TRUSTED_TYPES)

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from ccselect.contract import FEATURES
+# Imported inside the functions that use them (heavy, not needed to import this module): matplotlib, shap, sklearn.
 
 
 def _plt():

@@ -13,33 +13,13 @@ thresholds ("mss_bytes <= 1420.0") are what an operator can check against domain
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import numpy as np
 from sklearn.tree import DecisionTreeRegressor, export_text
 
 from ccselect.contract import FEATURES
-
-
-@dataclass(frozen=True)
-class DistillParams:
-    fidelity: float = 0.95          # held-out argmax agreement the tree must reach
-    max_depth: int = 20
-    min_depth: int = 1
-    holdout: float = 0.3            # share of rows held out for fidelity and accuracy
-    subset_fidelity: float = 0.90   # per-/16 agreement below this triggers deepening (§3.2)
-    subset_min_rows: int = 30       # held-out rows a /16 needs before its agreement counts
-    min_samples_leaf: int = 5
-    seed: int = 0
-
-    @classmethod
-    def from_config(cls, cfg) -> "DistillParams":
-        sec = dict(cfg.section("distill") or {}) if hasattr(cfg, "section") else {}
-        known = {k: v for k, v in sec.items() if k in cls.__dataclass_fields__}
-        return cls(**known)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+from ccselect.settings import DistillSettings
 
 
 def fidelity(tree_probs: np.ndarray, dnn_probs: np.ndarray) -> float:
@@ -68,7 +48,7 @@ def holdout_split(n: int, share: float, seed: int) -> tuple[np.ndarray, np.ndarr
     return np.sort(perm[k:]), np.sort(perm[:k])
 
 
-def fit_tree(x: np.ndarray, targets: np.ndarray, depth: int, params: DistillParams) -> DecisionTreeRegressor:
+def fit_tree(x: np.ndarray, targets: np.ndarray, depth: int, params: DistillSettings) -> DecisionTreeRegressor:
     """One multi-output tree on (X, [Y_0, Y_1]) — scikit-learn's native multi-output criterion."""
     tree = DecisionTreeRegressor(max_depth=depth, min_samples_leaf=params.min_samples_leaf,
                                  random_state=params.seed)
@@ -94,7 +74,7 @@ class SearchResult:
 
 
 def depth_search(x_train: np.ndarray, t_train: np.ndarray, x_test: np.ndarray, t_test: np.ndarray,
-                 params: DistillParams, subset_keys: np.ndarray | None = None) -> SearchResult:
+                 params: DistillSettings, subset_keys: np.ndarray | None = None) -> SearchResult:
     """Grow depth from `min_depth` until held-out fidelity ≥ `params.fidelity` (stop at the first
     depth that passes); then, with `subset_keys` (one per held-out row), keep deepening while a
     subset with ≥ `subset_min_rows` held-out rows agrees less than `subset_fidelity` (§3.2)."""
@@ -117,7 +97,7 @@ def depth_search(x_train: np.ndarray, t_train: np.ndarray, x_test: np.ndarray, t
     return SearchResult(tree, params.max_depth, passed, False, global_depth, steps)
 
 
-def _failing_subsets(keys: np.ndarray, pred: np.ndarray, target: np.ndarray, params: DistillParams) -> list[str]:
+def _failing_subsets(keys: np.ndarray, pred: np.ndarray, target: np.ndarray, params: DistillSettings) -> list[str]:
     per = agreement_by(keys, pred, target)
     return sorted(k for k, (n, f) in per.items() if k and n >= params.subset_min_rows and f < params.subset_fidelity)
 
@@ -142,7 +122,7 @@ class Distilled:
 
 
 def distill(raw: np.ndarray, dnn_probs: np.ndarray, label: np.ndarray, prefix16: np.ndarray,
-            params: DistillParams) -> Distilled:
+            params: DistillSettings) -> Distilled:
     """The whole §3.2 distillation on aligned arrays: split, depth search, metrics."""
     train, test = holdout_split(len(raw), params.holdout, params.seed)
     search = depth_search(raw[train], dnn_probs[train], raw[test], dnn_probs[test], params,

@@ -8,8 +8,7 @@
 """
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
-from pyspark.sql import functions as F
+from pyspark.sql import Column, DataFrame, Window, functions as F
 
 WIFI, CELLULAR = 1, 0
 

@@ -9,11 +9,13 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 
-from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, functions as F
 
+from ccselect import delta_io
 from ccselect.contract import FEATURES
+from ccselect.lake import connections_in, table_path
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,6 @@ def artifact_path(data_root: str, window: str) -> str:
 def save(spark, cfg, stats: FeatureStats, fitted_at: str) -> str:
     """Write gold.feature_stats (replacing this window's rows) and the JSON artifact (plus
     `latest.json`); returns the artifact path."""
-    from ccselect.lake import table_path
-    from jobs import delta_io
     delta_io.replace_partitions(stats_frame(spark, stats, fitted_at), table_path(cfg, "gold.feature_stats"),
                                 {(stats.window,)}, ("window",))
     path = artifact_path(cfg.data_root, stats.window)
@@ -90,3 +90,17 @@ def save(spark, cfg, stats: FeatureStats, fitted_at: str) -> str:
 def load(path: str) -> FeatureStats:
     with open(path) as fh:
         return FeatureStats.from_json(fh.read())
+
+
+def window_stats(spark, cfg, lo: str, hi: str, save_fitted: bool = False) -> tuple[FeatureStats, str | None, bool]:
+    """The feature statistics of the window lo..hi: its saved artifact (`ccs features`), else
+    fitted now on silver over the window (unlabelled rows too, §4.2 "Data cleaning") and, with
+    `save_fitted`, saved as `ccs features` would. Returns (stats, artifact path or None, fitted now)."""
+    window = f"{lo}..{hi}"
+    path = artifact_path(cfg.data_root, window)
+    if os.path.exists(path):
+        return load(path), path, False
+    stats = fit(connections_in(spark, cfg, lo, hi), window=window)
+    if not save_fitted:
+        return stats, None, True
+    return stats, save(spark, cfg, stats, datetime.now(timezone.utc).isoformat(timespec="seconds")), True

@@ -7,11 +7,17 @@ columns they name, so they are tested on tiny inline frames.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
-from pyspark.sql import DataFrame, SparkSession, Window
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession, Window, functions as F
+
+from ccselect import delta_io
+from ccselect.lake import connections_in, table_path, write_window
+from ccselect.settings import AutoplexSettings, PolicySettings
+# Imported inside the functions that use them (heavy, not needed to import this module): matplotlib.
 
 #: AutoPlex's goodput is the rate a session delivered at while sending: it becomes the next
 #: period's pacing rate (Algorithm 1 line 7), so it is silver's `delivery_rate_bps` (response bytes
@@ -45,18 +51,27 @@ class Policy:
     min_sessions: int
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Policy":
+    def from_settings(cls, s: PolicySettings) -> "Policy":
+        """A policy of `autoplex.policies`, validated."""
+        direction = str(s.direction).lower()
+        if direction not in ("asc", "ascending", "desc", "descending"):
+            raise PolicyError(f"policy {s.name}: direction must be asc or desc, got {s.direction!r}")
         try:
-            p = cls(name=str(d["name"]), metric=str(d["metric"]),
-                    ascending=str(d.get("direction", "asc")).lower() in ("asc", "ascending"),
-                    band_lo=float(d["band"][0]), band_hi=float(d["band"][1]),
-                    min_sessions=int(d.get("min_sessions", 20)))
-        except (KeyError, TypeError, IndexError, ValueError) as e:
-            raise PolicyError(f"policy {d!r}: {e}") from e
-        if str(d.get("direction", "asc")).lower() not in ("asc", "ascending", "desc", "descending"):
-            raise PolicyError(f"policy {p.name}: direction must be asc or desc, got {d.get('direction')!r}")
+            p = cls(name=str(s.name), metric=str(s.metric), ascending=direction in ("asc", "ascending"),
+                    band_lo=float(s.band[0]), band_hi=float(s.band[1]), min_sessions=int(s.min_sessions))
+        except (TypeError, IndexError, ValueError) as e:
+            raise PolicyError(f"policy {s!r}: {e}") from e
         p.validate()
         return p
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Policy":
+        """A policy written as in the YAML (the defaults of PolicySettings fill what it omits)."""
+        try:
+            s = PolicySettings(**d)
+        except TypeError as e:
+            raise PolicyError(f"policy {d!r}: {e}") from e
+        return cls.from_settings(s)
 
     def validate(self) -> None:
         if self.metric not in METRICS:
@@ -65,12 +80,6 @@ class Policy:
             raise PolicyError(f"policy {self.name}: band [{self.band_lo}, {self.band_hi}] must satisfy 0 <= lo < hi <= 100")
         if self.min_sessions < 1:
             raise PolicyError(f"policy {self.name}: min_sessions must be at least 1, got {self.min_sessions}")
-
-
-DEFAULT_POLICIES = (
-    Policy("low_retrans", "retrans_ratio", True, 5, 20, 20),
-    Policy("high_goodput_per_srtt", "goodput_per_srtt", False, 80, 95, 20),
-)
 
 
 def f_cap(a: float, b: float) -> float:
@@ -160,12 +169,9 @@ def prefix_caps(reference: DataFrame, params: DataFrame, headroom: float = 1.0) 
     return ref.join(latest, "ug_id")
 
 
-def load_policies(cfg_section: dict[str, Any]) -> list[Policy]:
-    """Policies from configuration (`autoplex.policies`), all validated before any work."""
-    raw = cfg_section.get("policies")
-    if not raw:
-        return list(DEFAULT_POLICIES)
-    return [Policy.from_dict(d) for d in raw]
+def load_policies(s: AutoplexSettings) -> list[Policy]:
+    """The policies of `autoplex.policies`, all validated (PolicyError) before any work."""
+    return [Policy.from_settings(p) for p in s.policies]
 
 
 def run(silver: DataFrame, policies: list[Policy], group_cols: list[str], period_minutes: int) -> DataFrame:
@@ -181,7 +187,6 @@ def run(silver: DataFrame, policies: list[Policy], group_cols: list[str], period
 # --- extract / load ----------------------------------------------------------------------------
 
 def _utc(ms: int, fmt: str) -> str:
-    from datetime import datetime, timezone
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime(fmt)
 
 
@@ -199,27 +204,14 @@ def _period_label(ms_col: str = "period_start_ms"):
 
 def extract(spark: SparkSession, cfg: Any, start_ms: int, end_ms: int) -> DataFrame:
     """silver.connections closed in [start_ms, end_ms)."""
-    from jobs.window import connections_in
     return (connections_in(spark, cfg, _hour(start_ms), _hour(end_ms - 1))
             .where((F.col("ts_end_ms") >= start_ms) & (F.col("ts_end_ms") < end_ms)))
 
 
-def settings(cfg: Any) -> tuple[list[Policy], list[str], int]:
-    """Policies, grouping columns and period length from `autoplex:` in the configuration —
-    all validated before any work."""
-    sec = cfg.section("autoplex")
-    period = int(sec.get("period_minutes", 30))
-    if period < 1 or (60 % period != 0 and period % 60 != 0):
-        raise PolicyError(f"period_minutes must divide an hour or be whole hours, got {period}")
-    group_cols = list(sec.get("group_by") or ["ug_id"])
-    return load_policies(sec), group_cols, period
-
-
 def run_parameters(spark: SparkSession, cfg: Any, start_ms: int, periods: int) -> dict[str, Any]:
     """Compute gold.autoplex_params for `periods` periods from `start_ms` (replacing them)."""
-    from ccselect.lake import table_path
-    from jobs import delta_io
-    policies, group_cols, period = settings(cfg)
+    s = cfg.settings.autoplex
+    policies, group_cols, period = load_policies(s), list(s.group_by), s.period_minutes
     t = period * 60_000
     start_ms -= start_ms % t
     end_ms = start_ms + periods * t
@@ -233,12 +225,11 @@ def run_parameters(spark: SparkSession, cfg: Any, start_ms: int, periods: int) -
     return {"periods": labels, "group_by": group_cols, "rows_per_policy": counts}
 
 
-def similarity_bands(cfg: Any) -> tuple[Policy, Policy]:
-    """AutoPlex §3.4's better- and worse-performed sessions: retransmission-ratio bands 5-20 and
-    75-90 (`autoplex.similarity_better_band` / `_worse_band`), validated."""
-    sec = cfg.section("autoplex")
-    better = Policy("better", "retrans_ratio", True, *sec.get("similarity_better_band", (5, 20)), 5)
-    worse = Policy("worse", "retrans_ratio", True, *sec.get("similarity_worse_band", (75, 90)), 5)
+def similarity_bands(s: AutoplexSettings) -> tuple[Policy, Policy]:
+    """AutoPlex §3.4's better- and worse-performed sessions: retransmission-ratio percentile bands
+    (`autoplex.similarity_better_band` / `_worse_band`), validated."""
+    better = Policy("better", "retrans_ratio", True, *s.similarity_better_band, 5)
+    worse = Policy("worse", "retrans_ratio", True, *s.similarity_worse_band, 5)
     better.validate(), worse.validate()
     return better, worse
 
@@ -247,11 +238,10 @@ def run_similarity(spark: SparkSession, cfg: Any, start_ms: int, periods: int,
                    plot_dir: str | None = None) -> dict[str, Any]:
     """AutoPlex §3.4 over `periods` periods: gold.autoplex_similarity (per group, period, band and
     value) and the summary better/worse ratios, with a bar plot."""
-    import os
 
-    from jobs.window import write_window
-    _, group_cols, period = settings(cfg)
-    better, worse = similarity_bands(cfg)
+    s = cfg.settings.autoplex
+    group_cols, period = list(s.group_by), s.period_minutes
+    better, worse = similarity_bands(s)
     t = period * 60_000
     start_ms -= start_ms % t
     df = with_period(extract(spark, cfg, start_ms, start_ms + periods * t), period)
@@ -267,7 +257,6 @@ def run_similarity(spark: SparkSession, cfg: Any, start_ms: int, periods: int,
 
 
 def plot_similarity(summary: list[dict[str, Any]], path: str) -> str:
-    import os
 
     import matplotlib
     matplotlib.use("Agg")

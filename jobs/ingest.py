@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession, functions as F
 
+from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import STREAMS
 from ccselect.lake import table_path
-from jobs import delta_io
+from jobs import silver as silver_job
 from jobs.parse import parse
 from jobs.sources import SourceFile, discover, read_lines
 
@@ -149,7 +149,6 @@ def run(spark: SparkSession, cfg: Config, input_dir: str, hours: tuple[str, str]
               "partitions": len({(f.node_id, f.hour) for f in files}),
               "streams": ingest_bronze(spark, cfg, files)}
     if silver:
-        from jobs import silver as silver_job
         keys = {(f.node_id, f.hour) for f in files if f.stream == "transport"}
         result["silver_rows"] = silver_job.run(spark, cfg, keys, input_dir)
     return result

@@ -25,12 +25,10 @@ and `schema_of_variant`.
 """
 from __future__ import annotations
 
-from pyspark.sql import Column, DataFrame, Window
-from pyspark.sql import functions as F
-from pyspark.sql import types as T
+from pyspark.sql import Column, DataFrame, Window, functions as F, types as T
 
 from ccselect.contract import CCS, DECISIONS, FIELDS, NET_TYPES, NULLABLE, RANGES
-from jobs.ipaddr import with_ip
+from ccselect.ipaddr import with_ip
 
 HOUR_MS = 3_600_000
 RTT_FIELDS = ("min_rtt_us", "min_rtt_var_us", "max_rtt_var_us", "min_rto_us", "min_srtt_us", "max_srtt_us")

@@ -12,16 +12,16 @@ import csv
 import ipaddress
 import os
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession, functions as F
 
+from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import NET_TYPES, TRANSPORT_FIELDS
+from ccselect.ipaddr import ab_bucket, with_ip
 from ccselect.lake import table_path
 from ccselect.spark import conf_set
 from features.labels import net_type_label
-from jobs import delta_io
-from jobs.ipaddr import ab_bucket, with_ip
+from jobs.parse import schema
 
 KEYS = ("node_id", "hour")
 #: Invariants of silver.connections, enforced by Delta on every write (few constraints: each
@@ -166,7 +166,6 @@ def extract(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]]) -> tup
     def accepted(stream: str) -> DataFrame:
         path = table_path(cfg, f"bronze.{stream}")
         if not delta_io.is_delta(spark, path):
-            from jobs.parse import schema
             return spark.createDataFrame([], schema(stream)).withColumn("hour", F.lit(None).cast("string"))
         # Every input keyed by (node, hour) alike: the aggregates and joins of build_connections
         # then need no further shuffle, and each silver partition is written as one file.

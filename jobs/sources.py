@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+
+from pyspark.sql import functions as F
 
 from ccselect.contract import STREAMS
+from ccselect.hours import hour_start_ms
 
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _HOUR = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})\.jsonl$")
-HOUR_FMT = "%Y-%m-%dT%H"
 
 
 @dataclass(frozen=True, order=True)
@@ -27,34 +28,6 @@ class SourceFile:
     @property
     def hour_start_ms(self) -> int:
         return hour_start_ms(self.hour)
-
-
-def hour_start_ms(hour: str) -> int:
-    t = datetime.strptime(hour, HOUR_FMT).replace(tzinfo=timezone.utc)
-    return int(t.timestamp() * 1000)
-
-
-def parse_hours(spec: str | None) -> tuple[str, str] | None:
-    """`2026-11-01T05` (one hour) or `2026-11-01T00..2026-11-01T05` (inclusive range)."""
-    if not spec:
-        return None
-    lo, _, hi = spec.partition("..")
-    hi = hi or lo
-    for h in (lo, hi):
-        datetime.strptime(h, HOUR_FMT)  # raises ValueError on a malformed hour
-    if hi < lo:
-        raise ValueError(f"empty hour range {spec!r}")
-    return lo, hi
-
-
-def hours_between(lo: str, hi: str) -> list[str]:
-    t = datetime.strptime(lo, HOUR_FMT)
-    end = datetime.strptime(hi, HOUR_FMT)
-    out = []
-    while t <= end:
-        out.append(t.strftime(HOUR_FMT))
-        t += timedelta(hours=1)
-    return out
 
 
 def discover(input_dir: str, hours: tuple[str, str] | None = None,
@@ -86,7 +59,6 @@ def read_lines(spark, files: list[SourceFile]):
     Files are read whole (`wholetext`) so that line numbers are exact; a final newline does not
     make an extra empty line, and an empty file has no lines.
     """
-    from pyspark.sql import functions as F
 
     if not files:
         raise ValueError("no files to read")

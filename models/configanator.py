@@ -20,24 +20,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from models.dataset import path_ids
-
-
-@dataclass(frozen=True)
-class ConfiganatorParams:
-    k: int | None = None
-    k_range: tuple[int, int] = (2, 16)
-    nc_spread: float = 1.0
-    min_samples_leaf: int = 20
-    seed: int = 7
-
-    @classmethod
-    def from_config(cls, cfg, **override) -> "ConfiganatorParams":
-        c = dict(cfg.get("model.configanator", {}) or {})
-        if "k_range" in c:
-            c["k_range"] = tuple(c["k_range"])
-        c.update({k: v for k, v in override.items() if v is not None})
-        return cls(**{k: v for k, v in c.items() if k in cls.__dataclass_fields__})
+from ccselect.settings import ConfiganatorSettings
+from features.prefixes import prefix_means
+# Imported inside the functions that use them (heavy, not needed to import this module): sklearn.
 
 
 @dataclass
@@ -50,15 +35,6 @@ class Configanator:
         return len(self.centroids)
 
 
-def path_means(x: np.ndarray, node: np.ndarray, prefix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(per-path mean features [P, F], path index per row)."""
-    ids = path_ids(node, prefix)
-    n = np.bincount(ids)
-    sums = np.zeros((len(n), x.shape[1]))
-    np.add.at(sums, ids, x)
-    return sums / n[:, None], ids
-
-
 def network_class(centroids: np.ndarray, means: np.ndarray) -> np.ndarray:
     return ((means[:, None, :] - centroids[None, :, :]) ** 2).sum(-1).argmin(1)
 
@@ -69,7 +45,7 @@ def _spread(km, means: np.ndarray) -> float:
     return float(max(np.sqrt(d2[km.labels_ == c].mean()) for c in np.unique(km.labels_)))
 
 
-def choose_classes(p: ConfiganatorParams, means: np.ndarray) -> tuple[object, dict]:
+def choose_classes(p: ConfiganatorSettings, means: np.ndarray) -> tuple[object, dict]:
     from sklearn.cluster import KMeans
     n = len(means)
     if p.k is not None:
@@ -89,11 +65,12 @@ def _design(x: np.ndarray, nc: np.ndarray, k: int) -> np.ndarray:
     return np.hstack([x, np.eye(k, dtype=np.float32)[nc]])
 
 
-def fit(p: ConfiganatorParams, x: np.ndarray, y: np.ndarray, node: np.ndarray, prefix: np.ndarray
+def fit(p: ConfiganatorSettings, x: np.ndarray, y: np.ndarray, node: np.ndarray, prefix: np.ndarray
         ) -> tuple[Configanator, dict]:
     """Network classes over the training paths' means, then the decision tree on training rows."""
     from sklearn.tree import DecisionTreeClassifier
-    means, ids = path_means(x, node, prefix)
+    pm = prefix_means(x, node, prefix)       # per (node, prefix) path
+    means, ids = pm.means, pm.inverse
     km, info = choose_classes(p, means)
     nc = km.labels_[ids]
     tree = DecisionTreeClassifier(min_samples_leaf=p.min_samples_leaf, random_state=p.seed)
@@ -106,7 +83,8 @@ def predict_proba(model: Configanator, x: np.ndarray, node: np.ndarray, prefix: 
     """P(Wi-Fi) per row."""
     if not len(x):
         return np.zeros(0)
-    means, ids = path_means(x, node, prefix)
+    pm = prefix_means(x, node, prefix)       # per (node, prefix) path
+    means, ids = pm.means, pm.inverse
     nc = network_class(model.centroids, means)[ids]
     proba = model.tree.predict_proba(_design(x, nc, model.k))
     classes = list(model.tree.classes_)

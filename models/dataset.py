@@ -24,13 +24,16 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import DataFrame, SparkSession, functions as F
 
+from ccselect import delta_io
 from ccselect.config import Config
-from ccselect.lake import table_path
+from ccselect.lake import connections_in, table_path
+from features.labels import training_set
+from features.prefixes import prefix_means
 from features.scaling import FeatureStats, transform
 from models.train import TrainData
+
 
 def path_prefix():
     """silver's path unit: the /24 of an IPv4 client, the /48 of an IPv6 one."""
@@ -68,10 +71,7 @@ def training_frame(spark: SparkSession, cfg: Config, lo: str, hi: str, balanced:
     """gold.training_set's rows of window lo..hi, or the same set built from silver when that
     window has never been written. With `balanced=False`: every labelled connection of the
     window (from silver, nothing downsampled)."""
-    from jobs import delta_io
     if not balanced:
-        from features.labels import training_set
-        from jobs.window import connections_in
         return training_set(connections_in(spark, cfg, lo, hi), None)
     window = window_name(lo, hi)
     path = table_path(cfg, "gold.training_set")
@@ -79,8 +79,6 @@ def training_frame(spark: SparkSession, cfg: Config, lo: str, hi: str, balanced:
         df = spark.read.format("delta").load(path).where(F.col("window") == window)
         if df.limit(1).count():
             return df
-    from features.labels import training_set
-    from jobs.window import connections_in
     return training_set(connections_in(spark, cfg, lo, hi), 0.5)
 
 
@@ -107,7 +105,6 @@ def from_arrow(table, features: tuple[str, ...]) -> Labelled:
 
 def window_nodes(spark: SparkSession, cfg: Config, lo: str, hi: str) -> list[str]:
     """Every node with connections in silver over lo..hi (labelled or not)."""
-    from jobs.window import connections_in
     return sorted(r["node_id"] for r in connections_in(spark, cfg, lo, hi).select("node_id").distinct().collect())
 
 
@@ -129,21 +126,14 @@ def path_ids(node: np.ndarray, prefix24: np.ndarray) -> np.ndarray:
     return codes.astype(np.int64)
 
 
-def _prefix_means(x: np.ndarray, prefix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(unique prefixes, per-prefix feature means [P, F]) of rows x."""
-    uniq, inv = np.unique(prefix.astype(str), return_inverse=True)
-    sums = np.zeros((len(uniq), x.shape[1]))
-    np.add.at(sums, inv, x)
-    return uniq, sums / np.bincount(inv, minlength=len(uniq))[:, None]
-
-
 def assign_groups(x: np.ndarray, prefix24: np.ndarray, known: dict[str, int]) -> np.ndarray:
     """Each row's group for rows of one network type: the stored group of its /24, else the
     nearest centroid's (centroids = mean of the member /24s' means among these rows)."""
     group = np.zeros(len(x), dtype=np.int64)
     if not len(x) or not known:
         return group
-    uniq, means = _prefix_means(x, prefix24)
+    pm = prefix_means(x, prefix24.astype(str))
+    uniq, means = pm.keys[0], pm.means
     g_of = np.array([known.get(p, -1) for p in uniq], dtype=np.int64)
     have = g_of >= 0
     if (~have).any() and have.any():
@@ -152,7 +142,7 @@ def assign_groups(x: np.ndarray, prefix24: np.ndarray, known: dict[str, int]) ->
         d = ((means[~have, None, :] - cents[None, :, :]) ** 2).sum(-1)
         g_of[~have] = gids[d.argmin(1)]
     g_of[g_of < 0] = 0
-    return g_of[np.searchsorted(uniq, prefix24.astype(str))]
+    return g_of[pm.inverse]
 
 
 def to_train_data(labelled: Labelled, groups_pd: pd.DataFrame) -> tuple[TrainData, np.ndarray]:

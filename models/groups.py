@@ -15,11 +15,14 @@ from __future__ import annotations
 import logging
 
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.ml.clustering import KMeans
+from pyspark.ml.evaluation import ClusteringEvaluator
+from pyspark.ml.functions import array_to_vector
+from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from ccselect.config import Config
-from ccselect.lake import table_path
+from ccselect.lake import table_path, write_window
+from features.prefixes import prefix_means_frame
 from features.scaling import FeatureStats
 from models.dataset import standardized, training_frame, window_name
 
@@ -29,30 +32,20 @@ TABLE = "gold.prefix_groups"
 TYPES = {0: "4g", 1: "wifi"}
 
 
-def settings(cfg: Config) -> dict:
-    g = {"k": None, "k_range": [2, 12], "seed": 7}
-    g.update(cfg.get("model.groups", {}) or {})
-    return g
-
-
-def prefix_means(df: DataFrame, features: tuple[str, ...]) -> DataFrame:
+def prefix_vectors(df: DataFrame, features: tuple[str, ...]) -> DataFrame:
     """Per (label, prefix24): row count and the mean standardized feature vector `vec`."""
-    from pyspark.ml.functions import array_to_vector
-    agg = df.groupBy("label", "prefix24").agg(F.count(F.lit(1)).alias("n_rows"),
-                                              *[F.avg("z_" + f).alias("m_" + f) for f in features])
+    agg = prefix_means_frame(df, ["label", "prefix24"], features, prefix="z_")
     return agg.select("label", "prefix24", "n_rows",
                       array_to_vector(F.array(*[F.col("m_" + f) for f in features])).alias("vec"))
 
 
 def _kmeans(means: DataFrame, k: int, seed: int):
-    from pyspark.ml.clustering import KMeans
     return KMeans(k=k, seed=seed, featuresCol="vec", predictionCol="group",
                   distanceMeasure="euclidean", maxIter=50).fit(means)
 
 
 def cluster_type(means: DataFrame, n_prefixes: int, k: int | None, k_range, seed: int) -> tuple[DataFrame, dict]:
     """K-means over one type's per-/24 means → (label, prefix24, group, n_rows) and how K came."""
-    from pyspark.ml.evaluation import ClusteringEvaluator
     info: dict = {"n_prefixes": n_prefixes}
     if n_prefixes < 2:          # nothing to split: one group
         info.update(k=1, chosen_by="single prefix" if n_prefixes else "no prefix")
@@ -85,17 +78,17 @@ def compute_groups(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: Fe
                    k: int | None = None, nodes=None) -> tuple[pd.DataFrame, dict]:
     """The groups of window lo..hi (rows of `nodes` only, when given) as pandas
     (label, prefix24, group, k, n_rows, chosen_by) and a summary per type; writes nothing."""
-    s = settings(cfg)
-    k = s["k"] if k is None else k
+    s = cfg.settings.model.groups
+    k = s.k if k is None else k
     df = training_frame(spark, cfg, lo, hi)
     if nodes is not None:
         df = df.where(F.col("node_id").isin(*sorted(nodes)))
-    means = prefix_means(standardized(df, stats), tuple(stats.features)).cache()
+    means = prefix_vectors(standardized(df, stats), tuple(stats.features)).cache()
     counts = {int(r["label"]): int(r["count"]) for r in means.groupBy("label").count().collect()}
-    parts, summary = [], {"window": window_name(lo, hi), "k_config": s["k"] if k is None else k,
-                          "k_range": list(s["k_range"]), "seed": s["seed"], "types": {}}
+    parts, summary = [], {"window": window_name(lo, hi), "k_config": s.k if k is None else k,
+                          "k_range": list(s.k_range), "seed": s.seed, "types": {}}
     for t, name in TYPES.items():
-        out, info = cluster_type(means.where(F.col("label") == t), counts.get(t, 0), k, s["k_range"], s["seed"])
+        out, info = cluster_type(means.where(F.col("label") == t), counts.get(t, 0), k, s.k_range, s.seed)
         pdf = out.toPandas()
         pdf["k"] = info["k"]
         pdf["chosen_by"] = info["chosen_by"]
@@ -118,7 +111,6 @@ def fit_groups(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: Featur
                k: int | None = None, nodes=None) -> dict:
     """Cluster window lo..hi's /24s per type and replace that window in gold.prefix_groups;
     returns the summary (per type: K, how it was chosen, silhouettes, sizes) plus `rows`."""
-    from jobs.window import write_window
     pdf, summary = compute_groups(spark, cfg, lo, hi, stats, k, nodes)
     df = spark.createDataFrame(pdf.astype({"label": "int32", "group": "int32", "k": "int32", "n_rows": "int64"}),
                                SCHEMA)

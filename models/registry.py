@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import logging
 import math
 import os
 import shutil
@@ -29,19 +30,20 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
+import pandas as pd
 
 from ccselect.config import Config
 from ccselect.contract import FEATURES
 from features.scaling import FeatureStats
+# Imported inside the functions that use them (heavy, not needed to import this module): mlflow, torch.
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
 STATS_ARTIFACT = "feature_stats/feature_stats.json"
 STATS_FILE = "feature_stats.json"
-#: summary keys of models.evaluate.summary → run metrics
+#: summary keys of evaluation.evaluate.summary → run metrics
 SUMMARY_METRICS = {"mean": "heldout_mean_accuracy", "worst": "heldout_worst_accuracy",
                    "std": "heldout_std_accuracy", "nodes": "heldout_nodes"}
-GATE_DEFAULTS = {"min_mean_accuracy": 0.9, "min_worst_accuracy": 0.8, "max_drop_vs_champion": 0.01}
 
 
 class GateError(RuntimeError):
@@ -61,7 +63,7 @@ class Champion:
 # ---- session ------------------------------------------------------------------------------------
 
 def model_name(cfg: Config) -> str:
-    return cfg.get("mlflow.model_name", "ccs-nettype")
+    return cfg.settings.mlflow.model_name
 
 
 def configure(cfg: Config):
@@ -69,7 +71,7 @@ def configure(cfg: Config):
     import mlflow
     from mlflow.tracking import MlflowClient
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    uri = cfg.get("mlflow.tracking_uri")
+    uri = cfg.settings.mlflow.tracking_uri
     if uri.startswith("sqlite:///"):
         os.makedirs(os.path.dirname(uri[len("sqlite:///"):]) or ".", exist_ok=True)
     mlflow.set_tracking_uri(uri)
@@ -84,7 +86,7 @@ def experiment_id(cfg: Config) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
-    root = cfg.get("mlflow.artifact_root")
+    root = cfg.settings.mlflow.artifact_root
     if "://" not in root:
         os.makedirs(root, exist_ok=True)
     return client.create_experiment(name, artifact_location=root)
@@ -115,7 +117,6 @@ def epoch_logger(extra: Callable[[int], dict[str, float]] | None = None) -> Call
 
 @contextlib.contextmanager
 def _quiet(logger: str):
-    import logging
     log = logging.getLogger(logger)
     level = log.level
     log.setLevel(logging.ERROR)
@@ -173,7 +174,6 @@ def log_training(cfg: Config, params, trainer_or_model, stats: FeatureStats, per
     The new version's tag `gate` is "pending" until `gate()`."""
     import mlflow
     import mlflow.pytorch
-    import pandas as pd
 
     window = window or stats.window
     p = _params_dict(params)
@@ -223,7 +223,7 @@ def log_training(cfg: Config, params, trainer_or_model, stats: FeatureStats, per
 # ---- gate and promotion -------------------------------------------------------------------------
 
 def gate_thresholds(cfg: Config) -> dict[str, float]:
-    return {k: float(v) for k, v in {**GATE_DEFAULTS, **(cfg.get("model.gate") or {})}.items()}
+    return cfg.settings.model.gate.to_dict()
 
 
 def _alias_version(client, name: str, alias: str) -> str | None:

@@ -1,7 +1,7 @@
 """`ccs train`: train one variant of the network-type classifier on a window, evaluate it per
 held-out node, log and register it in MLflow, and run the validation gate (issue 4 item 5).
 
-Same data and evaluation as `ccs evaluate` (models/evaluate.py, ALICCS §5.1): the window's
+Same data and evaluation as `ccs evaluate` (models/crossnode.py, ALICCS §5.1): the window's
 labelled rows standardized with the window's feature statistics, nodes split into training
 (`share`, 30% by default) and held-out, prefix groups (the discriminators' targets) clustered on
 the training nodes only, per-node accuracy on the held-out nodes with the §5.1 exclusion of
@@ -12,52 +12,40 @@ groups of a node subset under that key would pass for the whole window's.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
 from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
 from ccselect.config import Config
+from features.scaling import window_stats
+from models import registry
+from models.crossnode import cross_node_split, per_node, summary
+from models.dataset import window_name
+from models.train import VARIANTS, TrainParams, fit
+# Imported inside the functions that use them (heavy, not needed to import this module): mlflow.
 
 log = logging.getLogger(__name__)
 
-
-def window_stats(spark, cfg: Config, lo: str, hi: str):
-    """The window's saved FeatureStats (`ccs features`), else fitted on its silver and saved."""
-    from features import scaling
-    from jobs.window import connections_in
-    window = f"{lo}..{hi}"
-    path = scaling.artifact_path(cfg.data_root, window)
-    if os.path.exists(path):
-        return scaling.load(path), path, False
-    stats = scaling.fit(connections_in(spark, cfg, lo, hi), window=window)
-    path = scaling.save(spark, cfg, stats, datetime.now(timezone.utc).isoformat(timespec="seconds"))
-    return stats, path, True
 
 
 def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: float | None = None,
         seed: int | None = None, epochs: int | None = None, k: int | None = None, gate: bool = True,
         params=None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train, evaluate, log, register and gate; returns what happened (version, gate verdict)."""
-    from models import registry
-    from models.dataset import window_name
-    from models.evaluate import cross_node_split, evaluation_settings, per_node, summary
-    from models.train import VARIANTS, TrainParams, fit
 
     say = progress or log.info
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; one of {sorted(VARIANTS)}")
-    s = evaluation_settings(cfg)
-    share = float(s["share"] if share is None else share)
-    seed = int(s["seed"] if seed is None else seed)
+    s = cfg.settings.model.evaluate
+    share = float(s.share if share is None else share)
+    seed = int(s.seed if seed is None else seed)
     window = window_name(lo, hi)
     t0 = time.time()
 
-    stats, stats_path, fitted = window_stats(spark, cfg, lo, hi)
+    stats, stats_path, fitted = window_stats(spark, cfg, lo, hi, save_fitted=True)
     sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k)
     tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
     data, groups_pd, groups_info = sp.data, sp.groups, sp.groups_info
@@ -68,7 +56,7 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
         f"{params.epochs} epochs")
 
     # §5.1: nodes with too few rows of either type stay in the table but out of the summary
-    mcs = float(s["min_class_share"])
+    mcs = s.min_class_share
     cell_share = pd.Series(te.y == 0).groupby(te.node).mean()
     included = {str(n): bool(mcs <= c <= 1 - mcs) for n, c in cell_share.items()}
 

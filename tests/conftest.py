@@ -30,8 +30,8 @@ def spark(tmp_path_factory):
 @pytest.fixture(scope="session")
 def small_fleet(tmp_path_factory):
     """A small simulated fleet (8 nodes × 6 hours), shared read-only by the tests."""
-    from ccselect.sim.fleet import simulate
-    from ccselect.sim.params import SimParams
+    from sim.fleet import simulate
+    from sim.params import SimParams
     out = tmp_path_factory.mktemp("fleet")
     params = SimParams(nodes=8, hours=6, conns_per_node_hour=400, seed=11)
     manifest = simulate(params, str(out), workers=2, progress=False)
@@ -46,11 +46,11 @@ def small_lake(tmp_path_factory, spark, small_fleet):
     lake copies it first (`ccs_testing.copy_lake`). Returns a `SmallLake`."""
     from datetime import datetime, timezone
 
+    from ccs_testing import SmallLake
     from ccselect.config import load_config
+    from ccselect.lake import connections_in, write_window
     from features import labels, scaling
     from jobs import ingest
-    from jobs.window import connections_in, write_window
-    from ccs_testing import SmallLake
 
     fleet_dir, manifest = small_fleet
     root = tmp_path_factory.mktemp("small_lake")
@@ -84,15 +84,15 @@ def main_job(tmp_path_factory, small_lake):
     file of the window), ccs_train learns from hours 00..04 (auto-promoted by the run), ccs_hourly
     runs at 06:00 on hour 05, then ccs_autoplex for 03:00–03:30. As root the table goes into the
     kernel of a throwaway two-node fleet and the run probes it with real connections; otherwise the
-    run stops at the signed artifact. Returns (cfg, result of ccselect.run.main, autoplex run)."""
+    run stops at the signed artifact. Returns (cfg, result of app.run.main, autoplex run)."""
     import json
 
     import yaml
 
+    from app import run as main_run
+    from app.airflow_env import result_of, run_in_airflow
     from ccs_testing import copy_lake, raw_section
-    from ccselect.airflow_env import result_of, run_in_airflow
     from ccselect.config import load_config
-    from ccselect import run as main_run
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("main_job"))
     manifest = json.load(open(os.path.join(lake.fleet_dir, "manifest.json")))
     p = manifest["params"]
@@ -120,6 +120,6 @@ def main_job(tmp_path_factory, small_lake):
         yield cfg, res, autoplex
     finally:
         if deploy:
-            from ccselect.pipeline import _fleet_and_store_for
-            from export.localnet import teardown
+            from app.pipeline import _fleet_and_store_for
+            from export.edge.probe import teardown
             teardown(_fleet_and_store_for(cfg)[0])

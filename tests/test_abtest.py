@@ -1,4 +1,4 @@
-"""ALICCS §5.3's randomized control test (jobs/abtest.py): the rates, the per-address delta-method
+"""ALICCS §5.3's randomized control test (evaluation/abtest.py): the rates, the per-address delta-method
 interval, and gold.ab_test written per window."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from jobs import abtest
-from jobs.abtest import ArmMoments, compare
+from evaluation import abtest
+from evaluation.abtest import ArmMoments, compare
 
 SILVER = ("conn_id string, client_ip string, ab_treatment boolean, decision string, cc string, ug_id string, "
           "net_type string, play_ms long, rebuffer_ms long, total_retrans long, data_segs_out long, "

@@ -2,7 +2,7 @@
 over the shared small lake (8 nodes × 6 h, 12 periods of 30 minutes). Better-performed sessions
 (retransmission ratio 5-20th percentile of their user group) sit on good paths and change less
 between adjacent periods than worse-performed ones (75-90th), which sit on broadband aggregation
-whose congestion comes and goes (ccselect/sim/congestion.py)."""
+whose congestion comes and goes (sim/congestion.py)."""
 from __future__ import annotations
 
 from datetime import datetime, timezone

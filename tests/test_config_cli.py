@@ -8,10 +8,9 @@ import sys
 import pytest
 import yaml
 
+from ccs_testing import REPO, write_config
 from ccselect.config import load_config
 from ccselect.lake import table_path
-
-from ccs_testing import REPO, write_config
 
 
 def test_local_config_resolves_paths_under_the_project(monkeypatch):
@@ -20,9 +19,9 @@ def test_local_config_resolves_paths_under_the_project(monkeypatch):
     cfg = load_config()
     assert cfg.env == "local"
     assert cfg.data_root == str(REPO / "var")
-    assert cfg.get("lake.root") == str(REPO / "var" / "lake")
-    assert cfg.get("mlflow.tracking_uri") == f"sqlite:///{REPO / 'var' / 'mlflow' / 'mlflow.db'}"
-    assert cfg.get("spark.master") == "local[*]"
+    assert cfg.settings.lake.root == str(REPO / "var" / "lake")
+    assert cfg.settings.mlflow.tracking_uri == f"sqlite:///{REPO / 'var' / 'mlflow' / 'mlflow.db'}"
+    assert cfg.settings.spark.master == "local[*]"
 
 
 def test_cluster_config_has_the_same_keys():
@@ -34,7 +33,7 @@ def test_cluster_config_has_the_same_keys():
                                                   for x in keys(v, pre + k + ".")}
     assert keys(local) == keys(cluster)
     cfg = load_config(REPO / "infra/conf/cluster.yaml")
-    assert cfg.get("lake.root") == "s3a://ccselect-lake/lake", "remote paths stay untouched"
+    assert cfg.settings.lake.root == "s3a://ccselect-lake/lake", "remote paths stay untouched"
 
 
 def test_env_and_overrides(tmp_path, monkeypatch):
@@ -42,7 +41,7 @@ def test_env_and_overrides(tmp_path, monkeypatch):
     monkeypatch.setenv("CCS_CONFIG", str(path))
     assert load_config().data_root == str(tmp_path)
     monkeypatch.setenv("CCS_DATA_ROOT", str(tmp_path / "elsewhere"))
-    assert load_config().get("lake.root") == str(tmp_path / "elsewhere" / "lake")
+    assert load_config().settings.lake.root == str(tmp_path / "elsewhere" / "lake")
 
 
 def test_bad_config_is_refused(tmp_path):
@@ -78,16 +77,16 @@ def test_spark_session_has_delta(spark, tmp_path):
 def test_every_command_has_help():
     from typer.main import get_command
 
-    from ccselect.cli import app
+    from app.cli import app
     names = sorted(get_command(app).commands)
     assert "simulate" in names and "run" in names
     for name in names:
-        res = subprocess.run([sys.executable, "-m", "ccselect.cli", name, "--help"], capture_output=True, text=True)
+        res = subprocess.run([sys.executable, "-m", "app.cli", name, "--help"], capture_output=True, text=True)
         assert res.returncode == 0 and "Usage" in res.stdout, f"ccs {name} --help failed: {res.stderr[-400:]}"
 
 
 def test_simulate_command_end_to_end(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "ccselect.cli", "simulate", "--out", str(tmp_path / "o"),
+    res = subprocess.run([sys.executable, "-m", "app.cli", "simulate", "--out", str(tmp_path / "o"),
                           "--nodes", "2", "--hours", "1", "--conns-per-node-hour", "100", "--seed", "1",
                           "--workers", "1", "--json"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-800:]
@@ -99,7 +98,7 @@ def test_simulate_command_end_to_end(tmp_path):
 def test_run_reuses_an_unchanged_fleet(tmp_path, capsys):
     """`ccs run`'s first step: the simulated fleet is reused when its parameters and the simulator
     are unchanged, and simulated again when a parameter changes."""
-    from ccselect.run import fleet
+    from app.run import fleet
     sim = {"out": str(tmp_path / "raw"), "nodes": 2, "hours": 2, "start": "2026-11-01T00:00:00", "seed": 1,
            "conns_per_node_hour": 100}
     cfg = load_config(write_config(tmp_path, simulate=sim))

@@ -1,5 +1,5 @@
 """The Airflow DAGs through real Airflow (SQLite metadata DB, `dag.test()`), each run in a child
-process with the project's Airflow environment (ccselect.airflow_env): ccs_train and ccs_hourly as
+process with the project's Airflow environment (app.airflow_env): ccs_train and ccs_hourly as
 the main job (`ccs run`, the `main_job` fixture of conftest.py) runs them, ccs_autoplex on its own;
 the main job's summary; then the analysts' notebooks executed (nbclient) over the lake those runs
 wrote."""
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.timeout(2400)
 @pytest.fixture(scope="module")
 def airflow_home(tmp_path_factory):
     """One Airflow home (metadata DB migrated once) for the module's DAG runs."""
-    from ccselect.airflow_env import ensure_db
+    from app.airflow_env import ensure_db
     from ccselect.config import load_config
     root = tmp_path_factory.mktemp("airflow")
     home = root / "home"
@@ -32,7 +32,7 @@ def _delta(spark, cfg, name):
 
 
 def test_dagbag_imports_every_dag_with_tags_retries_and_docs(airflow_home, tmp_path):
-    from ccselect.airflow_env import DAG_IDS, result_of, run_in_airflow
+    from app.airflow_env import DAG_IDS, result_of, run_in_airflow
     from ccselect.config import load_config
     cfg = load_config(write_config(tmp_path, airflow={"home": airflow_home}))
     bag = result_of(run_in_airflow(cfg, ["dagbag"], timeout=600))
@@ -76,7 +76,7 @@ def test_hourly_dag_ingests_infers_exports_and_publishes(spark, main_job):
     assert n > 0 and _delta(spark, cfg, "gold.predictions").where(hour).count() == n
     tables = _delta(spark, cfg, "gold.cc_tables").collect()
     assert len(tables) == 1
-    store = cfg.get("export.rollout.store")
+    store = cfg.settings.export.rollout.store
     assert any(f.startswith("table-") for f in os.listdir(store) if os.path.isfile(os.path.join(store, f))) or \
         any("table-" in f for _, _, files in os.walk(store) for f in files)
 

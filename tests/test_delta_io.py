@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from jobs.delta_io import partition_predicate
+from ccselect.delta_io import partition_predicate
 
 NODES = ["n1", "n2", "edge-x", "o'brien"]
 HOURS = ["2026-11-01T00", "2026-11-01T01", "2026-11-01T02"]

@@ -20,7 +20,6 @@ import pytest
 
 from ccs_testing import copy_lake, write_config
 from ccselect.contract import FEATURES
-from distill.diagnose import DiagnoseParams
 
 # The gate's thresholds are for real windows; a 6-hour toy fleet's classifier is promoted anyway.
 _OPEN_GATE = {"gate": {"min_mean_accuracy": 0.0, "min_worst_accuracy": 0.0, "max_drop_vs_champion": 1.0}}
@@ -42,7 +41,7 @@ def _champion(spark, cfg, stats, lo, hi):
     log_training → gate → promote."""
     from distill.data import load_window
     from models import registry
-    from models.evaluate import per_node, summary
+    from models.crossnode import per_node, summary
     from models.train import TrainData, TrainParams, fit
     rows = load_window(spark, cfg, lo, hi, stats)
     _, pid = np.unique(rows.prefix24, return_inverse=True)
@@ -85,12 +84,12 @@ def deployment(tmp_path_factory, spark, small_lake):
     FAULT_START on (earlier hours identical), and distilled and diagnosed again ("fault")."""
     import json
 
-    from ccselect.sim.fleet import simulate
-    from ccselect.sim.params import SimParams
+    from ccselect.lake import connections_in
     from distill.jobs import run_diagnose, run_distill
     from features import scaling
     from jobs import ingest
-    from jobs.window import connections_in
+    from sim.fleet import simulate
+    from sim.params import SimParams
     dest = tmp_path_factory.mktemp("deploy_lake")
     lake = copy_lake(small_lake, dest)
     cfg = _config(lake.root)
@@ -120,7 +119,7 @@ def test_planted_mss_fault_is_named_with_mss_first(deployment):
     assert worst["top"][0] == "mss_bytes"
     # the champion fails there by the job's own measure (a /16 below the threshold is diagnosed by
     # default): the anomaly, not the clients, moved
-    assert worst["accuracy"] < DiagnoseParams.from_config(deployment["cfg"]).accuracy_threshold, worst
+    assert worst["accuracy"] < deployment["cfg"].settings.diagnose.accuracy_threshold, worst
 
 
 def test_without_the_fault_mss_is_not_blamed(deployment):

@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from ccselect.contract import FEATURES
+from ccselect.settings import DiagnoseSettings, DistillSettings
 from distill import diagnose as dg
-from distill.tree import (DistillParams, accuracy, agreement_by, depth_search, distill, fidelity,
-                          fit_tree, holdout_split, rules_text)
+from distill.tree import accuracy, agreement_by, depth_search, distill, fidelity, fit_tree, holdout_split, rules_text
 
 
 def _probs(p_wifi) -> np.ndarray:
@@ -41,7 +41,7 @@ def _and_data(n=4000, seed=1):
 def test_depth_search_stops_at_first_passing_depth():
     x, t = _and_data()
     tr, te = holdout_split(len(x), 0.3, 0)
-    params = DistillParams(fidelity=0.95, max_depth=10, min_samples_leaf=5)
+    params = DistillSettings(fidelity=0.95, max_depth=10, min_samples_leaf=5)
     res = depth_search(x[tr], t[tr], x[te], t[te], params)
     assert [s.depth for s in res.steps] == [1, 2]
     assert res.steps[0].fidelity < 0.95 <= res.steps[1].fidelity
@@ -55,7 +55,7 @@ def test_depth_search_unreachable_threshold_runs_to_max_depth():
     tr, te = holdout_split(len(x), 0.3, 0)
     x_noisy = x.copy()
     x_noisy[:, :2] = np.random.default_rng(5).random((len(x), 2))  # targets no longer follow x
-    res = depth_search(x_noisy[tr], t[tr], x_noisy[te], t[te], DistillParams(fidelity=0.99, max_depth=4))
+    res = depth_search(x_noisy[tr], t[tr], x_noisy[te], t[te], DistillSettings(fidelity=0.99, max_depth=4))
     assert [s.depth for s in res.steps] == [1, 2, 3, 4]
     assert not res.passed and res.depth == 4
 
@@ -70,7 +70,7 @@ def test_low_agreement_subset_deepens_the_tree():
     t = _probs(np.where(wifi ^ odd, 0.85, 0.15))
     keys = np.where(odd, "10.1.0.0/16", "10.2.0.0/16")
     tr, te = holdout_split(len(x), 0.3, 0)
-    params = DistillParams(fidelity=0.93, subset_fidelity=0.9, subset_min_rows=20, max_depth=8)
+    params = DistillSettings(fidelity=0.93, subset_fidelity=0.9, subset_min_rows=20, max_depth=8)
     res = depth_search(x[tr], t[tr], x[te], t[te], params, subset_keys=keys[te])
     assert res.global_depth == 1
     assert res.steps[0].failing_subsets == ["10.1.0.0/16"]
@@ -81,7 +81,7 @@ def test_distill_metrics_and_rules():
     x, t = _and_data(3000)
     label = (t[:, 1] > 0.5).astype(np.int8)
     label[:300] = 1 - label[:300]                 # 10% of labels disagree with the "DNN"
-    d = distill(x, t, label, np.array(["1.2.0.0/16"] * len(x), dtype=object), DistillParams())
+    d = distill(x, t, label, np.array(["1.2.0.0/16"] * len(x), dtype=object), DistillSettings())
     m = d.metrics
     assert m["depth"] == 2 and m["fidelity"] == 1.0
     assert m["dnn_accuracy"] == pytest.approx(m["tree_accuracy"]) and m["accuracy_drop"] == pytest.approx(0.0)
@@ -96,7 +96,7 @@ def test_shap_additivity_per_output():
     rng = np.random.default_rng(7)
     x = rng.lognormal(3, 1, (2000, 12))
     p = 1 / (1 + np.exp(-(np.log(x[:, 0]) - 3 + 0.5 * (np.log(x[:, 3]) - 3))))
-    tree = fit_tree(x, _probs(p), 8, DistillParams())
+    tree = fit_tree(x, _probs(p), 8, DistillSettings())
     values, expected = dg.shap_values(tree, x[:300])
     assert values.shape == (300, 12, 2) and expected.shape == (2,)
     pred = tree.predict(x[:300])
@@ -116,12 +116,12 @@ def test_profile_flags_over_relied_features():
     vals = np.zeros((4, 12))
     vals[:, 0] = [0.8, -0.8, 0.8, -0.8]
     vals[:, 3] = [0.2, 0.2, -0.2, 0.2]
-    prof = dg.profile(vals, glob, dg.DiagnoseParams(over_reliance=1.5, min_excess=0.05))
+    prof = dg.profile(vals, glob, DiagnoseSettings(over_reliance=1.5, min_excess=0.05))
     assert prof.loc[0, "share"] == pytest.approx(0.8) and prof.loc[3, "share"] == pytest.approx(0.2)
     assert prof.loc[0, "lift"] == pytest.approx(2.0) and prof.loc[0, "excess"] == pytest.approx(0.4)
     assert dg.over_relied(prof) == ["mss_bytes", FEATURES[3]]
     assert dg.top_features(prof, 2) == ["mss_bytes", FEATURES[3]]
-    strict = dg.profile(vals, glob, dg.DiagnoseParams(over_reliance=1.5, min_excess=0.2))
+    strict = dg.profile(vals, glob, DiagnoseSettings(over_reliance=1.5, min_excess=0.2))
     assert dg.over_relied(strict) == ["mss_bytes"]
 
 
@@ -134,7 +134,7 @@ def test_select_subsets_modes():
     by16 = dg.per_prefix16(p16, label, dnn, dnn)
     assert by16["prefix16"].tolist() == ["3.3.0.0/16", "2.2.0.0/16", "1.1.0.0/16"]
     assert by16["accuracy"].tolist() == [0.0, 0.5, 1.0]
-    params = dg.DiagnoseParams(min_rows=50, accuracy_threshold=0.8)
+    params = DiagnoseSettings(min_rows=50, accuracy_threshold=0.8)
     default = dg.select_subsets(p16, ip, node, by16, params)
     assert [s.key for s in default] == ["2.2.0.0/16"]            # 3.3/16 has too few rows
     worst = dg.select_subsets(p16, ip, node, by16, params, worst=2)

@@ -1,7 +1,9 @@
-"""Trace-driven emulation (jobs/emulate.py, ALICCS §5.4): the estimator on hand-made traces with
+"""Trace-driven emulation (evaluation/emulate.py, ALICCS §5.4): the estimator on hand-made traces with
 known answers, each policy's decision rule on hand-made inputs, and the job on the main job's lake
 (with the simulator's truth beside it)."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -9,11 +11,12 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from ccselect.contract import FEATURES
-from jobs import emulate
+from ccselect.settings import EmulateSettings
+from evaluation import emulate
 
 H0, H1 = "2026-11-01T00", "2026-11-01T01"
 T0, T1 = 1_761_955_200_000, 1_761_955_200_000 + 3_600_000   # the two hours' starts (UTC ms)
-P = emulate.EmulateParams(window_minutes=60, train_hours=0)
+P = EmulateSettings(window_minutes=60, train_hours=0)
 
 
 def _trace(spark, rows):
@@ -139,7 +142,7 @@ def test_aliccs_uses_the_previous_hours_table_and_keeps_the_default_on_a_miss(sp
              ("s2", H1, "8.8.8.8", "8.8.8.0/24", "wifi", "cubic", 0.1, 0.0),        # only a fallback
              ("s3", H1, "9.9.9.9", "9.9.9.0/24", "wifi", "cubic", 0.1, 0.0)]        # same-hour decision only
     est = emulate.sessions(_trace(spark, trace), P)
-    got = {r["conn_id"]: r["choice"] for r in emulate.aliccs_policy(spark, cfg, est, emulate.EmulateParams()).collect()}
+    got = {r["conn_id"]: r["choice"] for r in emulate.aliccs_policy(spark, cfg, est, EmulateSettings()).collect()}
     assert got == {"s1": "bbr", "s2": "cubic", "s3": "cubic"}
 
 
@@ -168,7 +171,7 @@ def test_true_table_is_the_previous_hours_majority_true_type_per_prefix(spark):
     est = s.where(F.col("hour") == H1)
     got = {r["conn_id"]: r["choice"] for r in emulate.true_table_policy(s, est, truth, P).collect()}
     assert got == {"a4": "bbr", "b2": "cubic", "c1": "cubic", "d3": "cubic"}, got
-    p0 = emulate.EmulateParams(window_minutes=60, train_hours=0, table_lag_hours=0)
+    p0 = EmulateSettings(window_minutes=60, train_hours=0, table_lag_hours=0)
     got0 = {r["conn_id"]: r["choice"] for r in emulate.true_table_policy(s, est, truth, p0).collect()}
     assert got0 == {"a4": "cubic", "b2": "bbr", "c1": "bbr", "d3": "bbr"}, "with lag 0, the hour's own majority"
 
@@ -181,7 +184,7 @@ def test_tail_contrasts_bootstrap_over_nodes():
     ref = [list(rng.uniform(0, 0.05, 40)) for _ in range(8)]
     cells = _cells({"aliccs": ref, "worse": [[v + 0.01 for v in n] for n in ref], "same": ref})
     cells.loc[len(cells)] = ("aliccs", "n0", 0, "10.9.9.0/24", "wifi", 2, 0.9)      # too few sessions: ignored
-    out = emulate.tail_contrasts(cells, emulate.EmulateParams(bootstrap_reps=50))
+    out = emulate.tail_contrasts(cells, EmulateSettings(bootstrap_reps=50))
     assert out["nodes"] == 8 and out["cells"] == 8 * 40 and out["reps"] == 50
     for q in ("p85", "p90", "p95", "p99"):
         w, s = out["vs"]["worse"][q], out["vs"]["same"][q]
@@ -196,14 +199,14 @@ def test_tail_contrasts_interval_covers_a_difference_carried_by_one_node():
     base = [[0.001 * (j % 10) for j in range(50)] for _ in range(8)]
     bad = [list(n) for n in base]
     bad[3] = [v + 0.5 for v in bad[3]]                       # one node's cells far worse under "other"
-    out = emulate.tail_contrasts(_cells({"aliccs": base, "other": bad}), emulate.EmulateParams(bootstrap_reps=200))
+    out = emulate.tail_contrasts(_cells({"aliccs": base, "other": bad}), EmulateSettings(bootstrap_reps=200))
     c = out["vs"]["other"]["p99"]
     assert c["diff"] < -0.1, c
     assert c["hi"] == pytest.approx(0.0) and 0.3 < c["p_lower"] < 0.9, c
 
 
 def test_the_main_job_emulates_its_hourly_hour_under_every_policy_and_a_rerun_changes_nothing(spark, main_job):
-    """The main job's step 6 (`ccselect.run._emulate`) on its lake: its champion scored hour 05
+    """The main job's step 6 (`app.run._emulate`) on its lake: its champion scored hour 05
     (the one hourly run), the baselines learn from the hours before; with a single hourly run the
     ALICCS table is hour 05's own (lag 0). The simulator's truth gives true_type and the truth
     check. Then the same emulation again: gold.emulation unchanged."""
@@ -241,8 +244,7 @@ def test_the_main_job_emulates_its_hourly_hour_under_every_policy_and_a_rerun_ch
     before = table().toPandas()
     assert set(before["policy"]) == set(emulate.POLICIES)
     assert (before.groupby("policy")["sessions"].sum() == n).all()
-    from ccselect.pipeline import raw_dir
-    emulate.run(spark, cfg, hour, hour, truth_dir=raw_dir(cfg),
-                params=emulate.EmulateParams.from_config(cfg, table_lag_hours=0))
+    emulate.run(spark, cfg, hour, hour, truth_dir=cfg.settings.pipeline.raw_dir,
+                params=replace(cfg.settings.emulate, table_lag_hours=0))
     after = table()
     assertDataFrameEqual(after, spark.createDataFrame(before, after.schema), rtol=1e-9)

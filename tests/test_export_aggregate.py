@@ -7,17 +7,17 @@ import ipaddress
 from collections import defaultdict
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from export import aggregate as agg
-from export import table_format as tf
+from ccselect.settings import PrefixLadder
+from export.artifact import table_format as tf
+from export.tables import aggregate as agg
 
-SETTINGS = agg.Settings.from_config({
-    "ladder": {"v4": [16, 24, 32], "v6": [32, 48, 64, 128]},
-    "purity": {"v4": {16: [[0, 0.9], [50, 0.97]], 24: [[0, 0.8], [50, 0.95]]},
-               "v6": {32: [[0, 0.9]], 48: [[0, 0.85], [40, 0.95]], 64: [[0, 0.8]]}},
-})
+SETTINGS = PrefixLadder(
+    ladder={"v4": [16, 24, 32], "v6": [32, 48, 64, 128]},
+    purity={"v4": {16: [[0, 0.9], [50, 0.97]], 24: [[0, 0.8], [50, 0.95]]},
+            "v6": {32: [[0, 0.9]], 48: [[0, 0.85], [40, 0.95]], 64: [[0, 0.8]]}},
+)
 
 
 def _rows(spec):
@@ -73,12 +73,11 @@ def test_purity_is_request_weighted():
 
 def test_settings_refuse_bad_ladders():
     with pytest.raises(ValueError, match="ending at /32"):
-        agg.Settings.from_config({"ladder": {"v4": [16, 24], "v6": [32, 128]}, "purity": {}})
+        PrefixLadder(ladder={"v4": [16, 24], "v6": [32, 128]}, purity={})
     with pytest.raises(ValueError, match="multiples of 4"):
-        agg.Settings.from_config({"ladder": {"v4": [17, 32], "v6": [32, 128]}, "purity": {}})
+        PrefixLadder(ladder={"v4": [17, 32], "v6": [32, 128]}, purity={})
     with pytest.raises(ValueError, match="not in the ladder"):
-        agg.Settings.from_config({"ladder": {"v4": [16, 32], "v6": [32, 128]},
-                                  "purity": {"v4": {24: [[0, 0.9]]}}})
+        PrefixLadder(ladder={"v4": [16, 32], "v6": [32, 128]}, purity={"v4": {24: [[0, 0.9]]}})
 
 
 # ---- properties ---------------------------------------------------------------------------
@@ -277,7 +276,8 @@ def test_with_caps_takes_each_entrys_main_user_group(spark, tmp_path):
     an impure /16, an IPv6 /32 — and an entry whose group has no parameters gets none."""
     import pandas as pd
 
-    from ccselect.config import Config
+    from ccs_testing import write_config
+    from ccselect.config import load_config
     spec = [  # (ip, cc, requests, user group)
         ("81.20.1.5", "bbr", 10, "g1"), ("81.20.7.9", "bbr", 3, "g2"),            # pure /16: g1
         ("81.21.1.5", "bbr", 4, "g2"), ("81.21.1.6", "bbr", 5, "g2"),              # impure /16 →
@@ -301,8 +301,8 @@ def test_with_caps_takes_each_entrys_main_user_group(spark, tmp_path):
     ])
     root = tmp_path / "lake"
     spark.createDataFrame(params).write.format("delta").save(str(root / "gold" / "autoplex_params"))
-    cfg = Config(tmp_path / "ccs.yaml", {"lake": {"root": str(root)}, "export": {"caps_policy": "low_retrans"},
-                                         "autoplex": {"caps_services": {"video": True}}})
+    cfg = load_config(write_config(tmp_path, autoplex={"caps_services": {"video": True}}))
+    assert (cfg.settings.lake.root, cfg.settings.export.caps_policy) == (str(root), "low_retrans")
     out, info = agg.with_caps(spark, cfg, preds, aggs)
     assert info["caps"] == "on" and info["entries_with_caps"] == 3, info
     got = {str(a.network): (a.pacing_rate_bps, a.cwnd_clamp_segs) for a in out}
@@ -311,5 +311,5 @@ def test_with_caps_takes_each_entrys_main_user_group(spark, tmp_path):
     assert got["81.21.2.0/24"] == (2_000_000, 21)        # g1 (the fallback's g2 does not count)
     assert got["2408:8300::/32"] == (0, 0)               # g3 has no low_retrans parameters
     assert [(str(a.network), a.cc, a.weight) for a in out] == [(str(a.network), a.cc, a.weight) for a in aggs]
-    off = Config(tmp_path / "ccs.yaml", {**cfg.raw, "autoplex": {"caps_services": {"video": False}}})
+    off = load_config(write_config(tmp_path, autoplex={"caps_services": {"video": False}}))
     assert agg.with_caps(spark, off, preds, aggs) == (aggs, {"caps": "off (no service in autoplex.caps_services)"})

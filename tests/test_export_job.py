@@ -8,9 +8,10 @@ import os
 import pytest
 
 from ccs_testing import copy_lake
-from export import aggregate as agg
-from export import guards, signing
-from export import table_format as tf
+from ccselect.settings import PrefixLadder
+from export.artifact import signing, table_format as tf
+from export.delivery import guards
+from export.tables import aggregate as agg
 
 
 def write_predictions(spark, cfg, model_name="ccs-nettype", model_version="1", flip=False):
@@ -18,9 +19,9 @@ def write_predictions(spark, cfg, model_name="ccs-nettype", model_version="1", f
     connections against their prefix's CC, 10% fallbacks — deterministic, so tests can recompute."""
     from pyspark.sql import functions as F
 
+    from ccselect import delta_io
     from ccselect.contract import PREDICTION_COLS
     from ccselect.lake import table_path
-    from jobs import delta_io
     s = spark.read.format("delta").load(table_path(cfg, "silver.connections"))
     pfx = F.abs(F.xxhash64(F.coalesce("prefix24", "prefix48"))) % 3
     noise = F.abs(F.xxhash64("conn_id")) % 100
@@ -72,7 +73,7 @@ def test_export_artifact_manifest_and_record(spark, exported):
     preds = agg.extract(spark, cfg, lake.lo, lake.hi).toPandas()
     model = preds[preds["decision"] == "model"]
     ref = agg.reference_aggregate(zip(model["client_ip"], model["cc"], model["requests"]),
-                                  agg.Settings.from_config(cfg.section("export")))
+                                  cfg.settings.export)
     assert tuple(sorted((a.entry() for a in ref), key=lambda e: (e.family, int(e.prefix.network_address)))) \
         == tuple(sorted(table.entries, key=lambda e: (e.family, int(e.prefix.network_address))))
     from ccselect.lake import table_path
@@ -84,7 +85,7 @@ def test_export_artifact_manifest_and_record(spark, exported):
 def test_manifest_extras_follow_agent_fields(exported):
     _, _, man, _ = exported
     raw = open(man["manifest_path"]).read()
-    # the agent takes the first match of each key: its fields come before every extra
+    # the agent's fields come first, and no extra may repeat one (a duplicate key is refused)
     for k in ("format", "version", "created", "expires", "v4", "v6", "table", "sha256"):
         assert raw.index(f'"{k}"') < raw.index('"model_name"'), k
     with pytest.raises(ValueError, match="shadow"):
@@ -96,7 +97,7 @@ def _cfg_with(cfg, **guards_kw):
     import copy
     import dataclasses
     raw = copy.deepcopy(cfg.raw)
-    raw["export"]["guards"].update(guards_kw)
+    raw["export"]["guards"] = {**raw["export"].get("guards", {}), **guards_kw}
     return dataclasses.replace(cfg, raw=raw)
 
 
@@ -177,8 +178,8 @@ def test_flip_share_brute_force(spark):
     from test_export_aggregate import _pred_frame, _random_rows
     rows, fb = _random_rows(5, 200), _random_rows(6, 30)
     preds = _pred_frame(spark, rows, fb)
-    new = [a.entry() for a in agg.reference_aggregate(rows, agg.Settings.from_config({
-        "ladder": {"v4": [16, 24, 32], "v6": [32, 48, 64, 128]}, "purity": {}}))]
+    new = [a.entry() for a in agg.reference_aggregate(rows, PrefixLadder(
+        ladder={"v4": [16, 24, 32], "v6": [32, 48, 64, 128]}, purity={}))]
     live = [tf.Entry("81.20.0.0/16", "bbr"), tf.Entry("81.21.1.0/24", "keep"),
             tf.Entry("81.22.0.0/15", "reno", low_confidence=True), tf.Entry("2408:8300::/31", "reno")]
     got = guards.flip_share(preds, new, live)
@@ -193,17 +194,16 @@ def test_flip_share_brute_force(spark):
     assert got == pytest.approx(want)
 
 
-def test_cli_keys_init_refuses_repo_path(tmp_path):
+def test_keys_init_refuses_an_existing_key_and_a_repo_path(tmp_path):
+    from ccs_testing import REPO, raw_section, write_config
     from ccselect.config import load_config
-    from ccs_testing import REPO, write_config
-    from export import cli
+    from export.delivery.publish import PublishError, init_keys
     cfg = load_config(write_config(tmp_path))
-    priv, pub = cli.init_keys(cfg)
+    priv, pub = init_keys(cfg)
     assert oct(os.stat(priv).st_mode & 0o777) == "0o600"
     signing.load_private_key(priv), signing.load_public_key(pub)
-    import typer
-    with pytest.raises(typer.BadParameter, match="exists"):
-        cli.init_keys(cfg)
-    cfg.raw["export"]["keys_dir"] = str(REPO / "export")
-    with pytest.raises(typer.BadParameter, match="never goes into the repo"):
-        cli.init_keys(cfg)
+    with pytest.raises(PublishError, match="exists"):
+        init_keys(cfg)
+    in_repo = load_config(write_config(tmp_path, export={**raw_section("export"), "keys_dir": str(REPO / "export")}))
+    with pytest.raises(PublishError, match="never goes into the repo"):
+        init_keys(in_repo)

@@ -6,10 +6,9 @@ import uuid
 
 import pytest
 
-from export import signing
-from export import table_format as tf
-from export.rollout import load_fleet
-from export.store import Store, StoreError
+from export.artifact import signing, table_format as tf
+from export.delivery.rollout import load_fleet
+from export.delivery.store import Store, StoreError
 
 
 def _signed(tmp_path, version, key):

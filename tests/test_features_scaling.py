@@ -21,7 +21,7 @@ def test_fit_transform_and_roundtrip(spark, cfg):
     assertDataFrameEqual(got, spark.createDataFrame([(-z, -z), (0.0, 0.0), (z, z)], got.schema), rtol=1e-9)
     path = scaling.save(spark, cfg, stats, "2026-11-01T00:00:00")
     assert scaling.load(path) == stats
-    table = spark.read.format("delta").load(f"{cfg.get('lake.root')}/gold/feature_stats")
+    table = spark.read.format("delta").load(f"{cfg.settings.lake.root}/gold/feature_stats")
     assert [r["feature"] for r in table.orderBy("idx").collect()] == list(FEATURES)
 
 

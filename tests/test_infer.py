@@ -18,8 +18,9 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 
 def test_decide_at_the_thresholds(spark):
-    from jobs.infer import InferParams, decide
-    p = InferParams(wifi_threshold=0.8, cell_threshold=0.6, default_cc="reno", wifi_cc="cubic", cell_cc="bbr")
+    from ccselect.settings import InferSettings
+    from models.infer import decide
+    p = InferSettings(wifi_threshold=0.8, cell_threshold=0.6, default_cc="reno", wifi_cc="cubic", cell_cc="bbr")
     probs = [None, 0.0, 0.39, 0.4, 0.41, 0.4999, 0.5, 0.79, 0.8, 0.81, 1.0]
     df = spark.createDataFrame([(i, v) for i, v in enumerate(probs)], "id int, p_wifi double")
     expected = spark.createDataFrame([
@@ -43,7 +44,7 @@ def test_standardize_matches_spark_scaling(spark):
     """The Arrow side's standardization equals features.scaling.transform (log1p, z-score,
     std 0 → 1, negatives clipped at 0)."""
     from features.scaling import FeatureStats, transform
-    from jobs.infer import standardize
+    from models.infer import standardize
     feats = ("a", "b", "c")
     stats = FeatureStats(feats, (1.0, 2.0, 0.5), (0.5, 0.0, 2.0), 3, "w")
     rows = [(0, 10, -3), (1460, 0, 7), (3, 2**40, 0)]
@@ -58,8 +59,8 @@ def lake_with_champion(tmp_path_factory, spark, small_lake):
     """A writable copy of the small lake with a champion trained on its labelled rows."""
     from features import scaling
     from models import registry
+    from models.crossnode import per_node, summary
     from models.dataset import load_labelled, to_train_data
-    from models.evaluate import per_node, summary
     from models.train import TrainParams, fit
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("infer_lake"))
     cfg = lake.cfg()
@@ -88,11 +89,10 @@ def test_ccs_infer_writes_predictions(spark, lake_with_champion):
     import torch
     from typer.testing import CliRunner
 
-    from ccselect.cli import app
+    from app.cli import app
     from ccselect.contract import PREDICTION_COLS
+    from ccselect.lake import connections_in
     from features.scaling import transform
-    from jobs.infer import InferParams
-    from jobs.window import connections_in
     from models import registry
     lake, cfg, version = lake_with_champion
     runner = CliRunner()
@@ -122,7 +122,7 @@ def test_ccs_infer_writes_predictions(spark, lake_with_champion):
     np.testing.assert_allclose(got, direct, rtol=1e-5, atol=1e-6)
 
     # the fallback rule over every row, and the constants
-    p = InferParams.from_config(cfg)
+    p = cfg.settings.infer
     pdf = pred.select("p_wifi", "p_cell", "pred_net_type", "decision", "cc", "default_cc", "model_name",
                       "model_version").toPandas()
     wifi = pdf["p_wifi"] >= 0.5
@@ -147,7 +147,7 @@ def test_ccs_infer_writes_predictions(spark, lake_with_champion):
 def test_ccs_infer_without_champion_fails(tmp_path, small_lake):
     from typer.testing import CliRunner
 
-    from ccselect.cli import app
+    from app.cli import app
     lake = copy_lake(small_lake, tmp_path / "lake")
     res = CliRunner().invoke(app, ["infer", "--hours", f"{lake.lo}..{lake.hi}", "--config", str(lake.cfg_path)])
     assert res.exit_code == 1 and "champion" in res.output

@@ -27,8 +27,8 @@ NGINX_LINE = "{ms}.250 {node} 10.9.8.7 41000 200 4096 0.020 video 4g 30000 2000 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    from ccselect.sim.fleet import simulate
-    from ccselect.sim.params import SimParams
+    from sim.fleet import simulate
+    from sim.params import SimParams
     out = str(tmp_path_factory.mktemp("tinyfleet"))
     simulate(SimParams(nodes=2, hours=2, conns_per_node_hour=40, seed=5), out, workers=1, progress=False)
     tfile = sorted(glob.glob(f"{out}/transport/*/*.jsonl"))[0]
@@ -37,7 +37,7 @@ def fleet(tmp_path_factory):
         fh.write("\n".join(BAD_TRANSPORT + [first.rstrip("\n")]) + "\n")  # the last one is a duplicate
     afile = sorted(glob.glob(f"{out}/access/*/*.jsonl"))[0]
     node, hour = afile.split("/")[-2], afile.split("/")[-1][:13]
-    from jobs.sources import hour_start_ms
+    from ccselect.hours import hour_start_ms
     with open(afile, "a") as fh:
         fh.write(NGINX_LINE.format(ms=hour_start_ms(hour) // 1000 + 7, node=node) + "\n")
     return out, tfile, afile
@@ -162,9 +162,9 @@ def test_kill_minus_9_mid_write_then_rerun_is_consistent(spark, fleet, ingested,
     out = fleet[0]
     cfg_path = write_config(tmp_path)
     cfg = load_config(cfg_path)
-    cmd = [sys.executable, "-m", "ccselect.cli", "ingest", "--input", out, "--config", str(cfg_path)]
+    cmd = [sys.executable, "-m", "app.cli", "ingest", "--input", out, "--config", str(cfg_path)]
     env = {**os.environ, "CCS_HOME": str(REPO)}
-    lake = cfg.get("lake.root")
+    lake = cfg.settings.lake.root
     silver_path = table_path(cfg, "silver.connections")
     assert _run_and_kill_when(cmd, env, f"{lake}/bronze/**/*.parquet",
                               lambda: _has_rows(spark, table_path(cfg, "bronze.transport"))), \

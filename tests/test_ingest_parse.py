@@ -10,7 +10,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from ccselect.contract import FEATURES, OUTCOMES
-from jobs.ipaddr import ab_bucket, with_ip
+from ccselect.ipaddr import ab_bucket, with_ip
 from jobs.parse import parse
 
 HOUR = "2026-11-01T00"
@@ -192,8 +192,7 @@ def _py_ip_or_none(text):
 def test_ip_parsing_matches_python_on_generated_texts(spark):
     """Property: for any text, with_ip accepts exactly what Python's ipaddress accepts and gives
     the same bytes, prefixes and CRC32 (50 texts per example, one Spark query each)."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st
+    from hypothesis import HealthCheck, given, settings, strategies as st
 
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(st.lists(_ip_texts(), min_size=50, max_size=50))

@@ -6,8 +6,7 @@ import json
 import re
 from datetime import datetime
 
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from pyspark.sql import functions as F
 
 from jobs.ingest import to_audit, to_bronze

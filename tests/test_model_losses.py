@@ -140,7 +140,7 @@ def test_grid_validates_on_training_nodes_only_each_once():
 
 
 def test_experiment_split_and_scaler_use_training_nodes_only():
-    from models.experiment import Scaler, prefix_groups, split_nodes
+    from evaluation.experiment import Scaler, prefix_groups, split_nodes
     nodes = [f"n{i}" for i in range(10)]
     train, test = split_nodes(nodes, labelled=nodes[:7], train_share=0.3, seed=0)
     assert len(train) == 3 and set(train) | set(test) == set(nodes[:7]) and not set(train) & set(test)

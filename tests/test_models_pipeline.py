@@ -98,12 +98,13 @@ def test_fit_groups_every_labelled_prefix_one_group_per_type(spark, lake, stats,
 
 def test_groups_are_kmeans_of_prefix_means(spark, lake, stats, labelled):
     """Each /24 sits with the group whose centroid (mean of member /24 means) is nearest."""
-    from models.dataset import _prefix_means
+    from features.prefixes import prefix_means
     from models.groups import compute_groups
     pdf, summary = compute_groups(spark, lake.cfg(), lake.lo, lake.hi, stats, k=2)
     for t in (0, 1):
         m = labelled.y == t
-        uniq, means = _prefix_means(labelled.x[m].astype(np.float64), labelled.prefix24[m])
+        pm = prefix_means(labelled.x[m].astype(np.float64), labelled.prefix24[m].astype(str))
+        uniq, means = pm.keys[0], pm.means
         gmap = dict(zip(pdf[pdf.label == t].prefix24, pdf[pdf.label == t].group))
         grp = np.array([gmap[p] for p in uniq])
         cents = np.stack([means[grp == c].mean(0) for c in range(2)])
@@ -128,7 +129,7 @@ def test_groups_k_by_silhouette_reported(spark, lake, stats):
 
 # -- evaluation helpers ----------------------------------------------------------------------------
 def test_split_nodes_seeded_disjoint_sorted():
-    from models.evaluate import split_nodes
+    from models.crossnode import split_nodes
     nodes = [f"n{i:02d}" for i in range(10)] + ["n03"]
     tr, te = split_nodes(nodes, share=0.3, seed=5)
     assert len(tr) == 3 and len(te) == 7
@@ -146,7 +147,7 @@ def test_split_nodes_seeded_disjoint_sorted():
 
 
 def test_per_node_and_summary_hand_made():
-    from models.evaluate import per_node, summary
+    from models.crossnode import per_node, summary
     y = np.array([1, 1, 0, 0, 1, 0, 0, 0, 1])
     p = np.array([.9, .4, .1, .6, .5, .2, .3, .49, .7])
     node = np.array(["b", "b", "b", "b", "a", "a", "a", "a", "c"])
@@ -163,7 +164,7 @@ def test_per_node_and_summary_hand_made():
 
 
 def test_seed_average_is_each_nodes_mean_over_seeds():
-    from models.evaluate import seed_average, summary
+    from models.crossnode import seed_average, summary
     a = pd.DataFrame({"node_id": ["n1", "n2"], "n": [10, 20], "accuracy": [0.9, 0.6], "wifi_recall": [1.0, 0.5],
                       "cell_recall": [0.8, np.nan], "share_cell": [0.5, 0.0]})
     b = a.assign(accuracy=[0.7, 0.8], wifi_recall=[0.6, 0.7], cell_recall=[0.6, np.nan])
@@ -178,7 +179,8 @@ def test_seed_average_is_each_nodes_mean_over_seeds():
 
 def test_configanator_nc_and_tree():
     """Two network classes split by a per-/24 feature mean that rows alone do not show."""
-    from models.configanator import ConfiganatorParams, fit, predict_proba
+    from ccselect.settings import ConfiganatorSettings
+    from models.configanator import fit, predict_proba
     rng = np.random.default_rng(0)
     rows = []
     for p in range(40):
@@ -189,7 +191,7 @@ def test_configanator_nc_and_tree():
             rows.append((f"n{p % 4}", f"p{p}", y, f0, (2 if cls else -2) + rng.normal(0, 3.0)))
     df = pd.DataFrame(rows, columns=["node", "pfx", "y", "f0", "f1"])
     x = df[["f0", "f1"]].to_numpy(np.float32)
-    model, info = fit(ConfiganatorParams(k=2, min_samples_leaf=5, seed=0), x, df.y.to_numpy(),
+    model, info = fit(ConfiganatorSettings(k=2, min_samples_leaf=5, seed=0), x, df.y.to_numpy(),
                       df.node.to_numpy(object), df.pfx.to_numpy(object))
     assert info["k"] == 2 and info["chosen_by"] == "config"
     acc = ((predict_proba(model, x, df.node.to_numpy(object), df.pfx.to_numpy(object)) >= 0.5) == df.y).mean()
@@ -203,14 +205,16 @@ def test_configanator_nc_and_tree():
 # -- ccs evaluate end to end -----------------------------------------------------------------------
 def _ccs(args: list[str]):
     from typer.testing import CliRunner
-    from ccselect.cli import app
+
+    from app.cli import app
     return CliRunner().invoke(app, args, catch_exceptions=False)
 
 
 def test_ccs_evaluate_json_all_variants_writes_model_eval(spark, lake, stats, labelled, monkeypatch):
     from ccselect.lake import table_path
+    from evaluation.evaluate import ALL_VARIANTS
+    from models.crossnode import split_nodes
     from models.dataset import load_labelled, window_nodes
-    from models.evaluate import ALL_VARIANTS, split_nodes
     monkeypatch.delenv("CCS_CONFIG", raising=False)
     res = _ccs(["evaluate", "--hours", f"{lake.lo}..{lake.hi}", "--epochs", "1", "--k", "2",
                 "--seed", "3", "--json", "--config", str(lake.cfg_path)])

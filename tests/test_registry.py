@@ -59,6 +59,7 @@ def _register(cfg, tiny, mean, worst, model=None):
 
 def test_log_and_register_sets_tags_steps_and_artifacts(tmp_path, tiny):
     import mlflow
+
     from ccselect.contract import FEATURES
     from models import registry
     from models.train import fit
@@ -98,6 +99,7 @@ def test_log_and_register_sets_tags_steps_and_artifacts(tmp_path, tiny):
 
 def test_gate_and_promotion(tmp_path, tiny):
     import torch
+
     from models import registry
     from models.nets import Classifier, Generator, NetTypeModel
     torch.manual_seed(0)
@@ -154,6 +156,7 @@ def test_gate_and_promotion(tmp_path, tiny):
 
 def test_load_champion_follows_the_alias(tmp_path, tiny):
     import torch
+
     from models import registry
     from models.nets import Classifier, Generator, NetTypeModel
     cfg = _cfg(tmp_path)
@@ -184,9 +187,9 @@ def test_ccs_train_and_promote_on_the_small_lake(tmp_path, spark, small_lake):
     fit, per-node evaluation, MLflow, gate) then `ccs promote` / `ccs models` via the CLI."""
     from typer.testing import CliRunner
 
-    from ccselect.cli import app
+    from app.cli import app
     from models import registry
-    from models.evaluate import per_node, summary
+    from models.crossnode import per_node, summary
     lake = copy_lake(small_lake, tmp_path / "lake")
     runner = CliRunner()
     res = runner.invoke(app, ["train", "--hours", f"{lake.lo}..{lake.hi}", "--variant", "mlp", "--epochs", "2",
@@ -207,6 +210,7 @@ def test_ccs_train_and_promote_on_the_small_lake(tmp_path, spark, small_lake):
     # the held-out per-node table is reproducible from the registered model and its logged scaler
     import mlflow
     import torch
+
     from features.scaling import FeatureStats
     from models.dataset import load_labelled
     uri = f"models:/{registry.model_name(cfg)}/{out['version']}"

@@ -1,8 +1,8 @@
 """silver.connections transforms on tiny inline frames, compared whole."""
 from __future__ import annotations
 
-import zlib
 import ipaddress
+import zlib
 
 from pyspark.testing import assertDataFrameEqual
 

@@ -1,4 +1,4 @@
-"""The Python side of the table format (export/table_format.py, export/signing.py), no root needed."""
+"""The Python side of the table format (export/artifact/table_format.py, export/artifact/signing.py), no root needed."""
 from __future__ import annotations
 
 import hashlib
@@ -11,11 +11,9 @@ import time
 import zlib
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from export import signing
-from export import table_format as tf
+from export.artifact import signing, table_format as tf
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -90,6 +88,29 @@ def test_lookup_longest_prefix_and_mapped():
     assert tf.lookup(t, "172.16.0.1") is None, "v4 miss (::/0 is v6 only)"
     assert tf.lookup(t, "2001:db8:1:2::5").cc == "cubic", "/64 beats /32"
     assert tf.lookup(t, "2a00::1").cc == "reno", "::/0 default route"
+
+
+def test_address_space_rule_v4_mapped():
+    """One rule for both families: an IPv6 entry inside ::ffff:0:0/96 is refused (by Entry, so by
+    encode/decode and write_table); one covering it applies to IPv6 clients only."""
+    for bad in ("::ffff:0:0/96", "::ffff:10.0.0.0/104", "::ffff:192.0.2.7/128"):
+        with pytest.raises(tf.TableFormatError, match="inside ::ffff:0:0/96"):
+            tf.Entry(bad, "bbr")
+    # a hand-made binary with such an entry: decode refuses it, naming the entry
+    blob = bytearray(tf.encode(tf.Table(1, 0, 10, (tf.Entry("2001:db8::/104", "bbr"),))))
+    blob[tf.HEADER_SIZE + 16:tf.HEADER_SIZE + 32] = ipaddress.IPv6Address("::ffff:10.0.0.0").packed
+    with pytest.raises(tf.TableFormatError, match="entry 0: .*inside ::ffff:0:0/96"):
+        tf.decode(bytes(blob))
+    with pytest.raises(tf.TableFormatError, match="inside"):  # prefixes given as text, as the export does
+        signing.write_table([tf.Entry("10.0.0.0/8", "bbr"), tf.Entry("::ffff:10.0.0.0/104", "bbr")],
+                            1, "m", 10, "/nonexistent", signing.generate_key(), created=1)
+    covering = tf.Table(1, 0, 1, (tf.Entry("::/0", "reno"), tf.Entry("::/8", "cubic"),
+                                  tf.Entry("10.0.0.0/8", "bbr")))
+    assert tf.lookup(covering, "10.1.2.3").cc == "bbr", "v4 client: its v4 entry"
+    assert tf.lookup(covering, "172.16.0.1") is None, "v4 client, no v4 entry: miss, not ::/0"
+    assert tf.lookup(covering, "::ffff:172.16.0.1") is None, "v4-mapped client: miss, not ::/8"
+    assert tf.lookup(covering, "::1").cc == "cubic", "v6 client: ::/8"
+    assert tf.lookup(covering, "2001:db8::1").cc == "reno", "v6 client: ::/0"
 
 
 def test_ab_bucket_is_zlib_crc32_parity():
@@ -168,7 +189,7 @@ def test_c_header_layout_matches_python(tmp_path):
     src += [f'printf("%zu\\n", offsetof(struct {s}, {f}));' for s, f, _ in fields]
     src += ["return 0;}"]
     (tmp_path / "t.c").write_text("\n".join(src))
-    r = subprocess.run(["cc", "-I", os.path.join(REPO, "export", "include"), "-o",
+    r = subprocess.run(["cc", "-I", os.path.join(REPO, "export", "edge"), "-o",
                         str(tmp_path / "t"), str(tmp_path / "t.c")], capture_output=True, text=True)
     assert r.returncode == 0, f"compile: {r.stderr}"
     out = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True).stdout.split("\n")

@@ -10,8 +10,7 @@ import subprocess
 from ccselect import contract
 
 # cgroups, namespaces and sockets: the same helpers `make run`'s kernel probe uses
-from export.localnet import (CGROUP_ROOT, CLONE_NEWNET, NetnsRunner, client, in_cgroup,  # noqa: E402,F401
-                             listener, own_cgroup, sock_cc)
+from export.edge.probe import CGROUP_ROOT, CLONE_NEWNET, NetnsRunner, client, in_cgroup, listener, own_cgroup, sock_cc
 
 SO_MAX_PACING_RATE = 47
 
@@ -43,7 +42,7 @@ def connect_accept(ls: socket.socket, src: str, make_client=None):
 
 def expected_cc(table_entries, ip: str, default: str) -> tuple[str, str]:
     """(cc, decision) the enforcer must give `ip` under a table (no A/B)."""
-    from export import table_format as tf
+    from export.artifact import table_format as tf
     e = tf.lookup(tf.Table(1, 0, 1, tuple(table_entries)), ip)
     if e is None:
         return default, "default"

@@ -19,8 +19,8 @@ if REPO not in sys.path:
 
 from _edge_helpers import CGROUP_ROOT  # noqa: E402
 
-from export import signing  # noqa: E402
-from export.edge_agent import EdgeAgent, EdgeConfig  # noqa: E402
+from export.artifact import signing
+from export.edge.agent import EdgeAgent, EdgeConfig
 
 BINARY = os.path.join(REPO, "export", "build", "ccs-edge")
 _seq = itertools.count()
@@ -51,7 +51,10 @@ def _check_environment():
 @pytest.fixture(scope="session")
 def edge_binary():
     _check_environment()
-    r = subprocess.run(["make", "-C", REPO, "-f", "export/build.mk", "edge"],
+    other = os.environ.get("CCS_EDGE_BINARY")
+    if other:  # another build of the agent (e.g. an older one, to show what a test catches)
+        return other
+    r = subprocess.run(["make", "-C", REPO, "-f", "export/edge/build.mk", "edge"],
                        capture_output=True, text=True)
     if r.returncode != 0:
         pytest.fail(f"make edge failed:\n{r.stdout}\n{r.stderr}", pytrace=False)
@@ -92,11 +95,20 @@ class Edge:
         if attach:
             self.agent.attach(self.cgroup)
 
-    def table(self, entries, version, expires_in=3600, created=None, key=None):
+    def table(self, entries, version, expires_in=3600, created=None, key=None, model_version=None):
         now = int(time.time())
-        return signing.write_table(entries, version, f"test-model-{version}",
+        return signing.write_table(entries, version, model_version or f"test-model-{version}",
                                    (created or now) + expires_in, self.tables,
                                    key or self.keys["private"], created=created or now)
+
+    def resign(self, manifest, text):
+        """Replace a manifest's bytes and sign them with the test key: the signature holds, so
+        what the agent refuses is the JSON itself."""
+        data = text.encode()
+        with open(manifest, "wb") as f:
+            f.write(data)
+        with open(manifest + signing.SIG_SUFFIX, "wb") as f:
+            f.write(signing.sign(data, self.keys["private"]))
 
     def track(self, *socks):
         self.sockets.extend(socks)
@@ -140,6 +152,6 @@ def edge(edge_binary, keys, tmp_path):
 @pytest.fixture
 def netns():
     """A network namespace with lo up; yields (name, runner-thread inside it)."""
-    from export.localnet import netns as make_netns
+    from export.edge.probe import netns as make_netns
     with make_netns("ccs-test") as ns:
         yield ns

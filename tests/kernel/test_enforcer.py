@@ -15,13 +15,22 @@ import threading
 import time
 
 import pytest
+from _edge_helpers import (
+    client,
+    connect_accept,
+    expected_cc,
+    in_cgroup,
+    listener,
+    other_ccs,
+    pacing_rate,
+    sock_cc,
+    sysctl_cc,
+    validate_transport_record,
+)
 
-from _edge_helpers import (client, connect_accept, expected_cc, in_cgroup, listener,
-                           other_ccs, pacing_rate, sock_cc, sysctl_cc,
-                           validate_transport_record)
 from ccselect import contract
-from export import table_format as tf
-from export.edge_agent import EdgeAgentError, Service
+from export.artifact import table_format as tf
+from export.edge.agent import EdgeAgentError, Service
 
 pytestmark = pytest.mark.kernel
 
@@ -186,8 +195,9 @@ def test_swap_under_load(edge):
     # every /24 of 127.50/16 is in both tables, with the CC flipped between them
     ea = [tf.Entry(f"127.50.{i}.0/24", (a, b)[i % 2]) for i in range(16)]
     eb = [tf.Entry(f"127.50.{i}.0/24", (b, a)[i % 2]) for i in range(16)]
-    ta, tb = edge.table(ea, 10), edge.table(eb, 11)
-    edge.agent.load(ta.manifest)
+    # versions only go forward: each swap loads the next version, the contents alternating
+    tables = [edge.table((ea, eb)[v % 2], 10 + v) for v in range(160)]
+    edge.agent.load(tables[0].manifest)
 
     stop = threading.Event()
     failures, seen = [], []
@@ -224,8 +234,8 @@ def test_swap_under_load(edge):
     swaps = 0
     t_end = time.monotonic() + 5
     try:
-        while time.monotonic() < t_end:
-            edge.agent.load((tb if swaps % 2 == 0 else ta).manifest)
+        while time.monotonic() < t_end and swaps + 1 < len(tables):
+            edge.agent.load(tables[swaps + 1].manifest)
             swaps += 1
             time.sleep(0.05)
     finally:
@@ -308,6 +318,78 @@ def test_refused_tables_ttl_and_rollback(edge, keys):
     edge.agent.rollback()
     assert edge.agent.status()["table"]["version"] == 20, "rollback made table 20 live"
     assert cc_of() == a, "rolled-back table enforced"
+
+
+@pytest.mark.parametrize("model_version", ["v4", "v6", "table", "sha256"])
+def test_manifest_model_version_named_like_a_key(edge, model_version):
+    """The agent reads the manifest with a JSON parser: a model_version that is the name of
+    another key (a text search for the key finds the value instead) loads, and status shows it."""
+    default = sysctl_cc()
+    a, b = other_ccs(default)
+    with in_cgroup(edge.cgroup):
+        ls = edge.track(listener())
+    edge.configure([Service(ls.getsockname()[1], "video")])
+    edge.agent.load(edge.table([tf.Entry("127.61.0.0/16", a)], 60, model_version="base").manifest)
+    entries = [tf.Entry("127.61.0.0/16", b), tf.Entry("2001:db8:61::/48", b)]
+    out = edge.agent.load(edge.table(entries, 61, model_version=model_version).manifest)
+    assert out["loaded"] and out["version"] == 61, f"load {out}"
+    st = edge.agent.status()
+    assert st["table"]["version"] == 61, f"live table {st['table']}"
+    assert st["table"]["model_version"] == model_version, f"status model_version {st['table']['model_version']!r}"
+    assert st["table"]["entries"] == {"v4": 1, "v6": 1}, f"entries {st['table']['entries']}"
+    assert st["previous"]["version"] == 60 and st["previous"]["model_version"] == "base", f"previous {st['previous']}"
+    c, acc, _ = connect_accept(ls, "127.61.0.7")
+    assert sock_cc(acc) == b, f"new table enforced: {sock_cc(acc)} != {b}"
+    c.close(), acc.close()
+
+
+def _dup_key(text):
+    return text.replace('"version": 71,', '"version": 71,\n  "version": 171,')
+
+
+def _nested_object(text):
+    return text.replace('"version": 71,', '"version": {"version": 71},')
+
+
+def _float_for_int(text):
+    exp = json.loads(text)["expires"]
+    return text.replace(f'"expires": {exp},', f'"expires": {exp}.0,')
+
+
+def _truncated(text):
+    return text[: len(text) // 2]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (_dup_key, 'duplicate key "version"'),
+    (_nested_object, 'field "version" must be an integer, not an object'),
+    (_float_for_int, 'field "expires" must be an integer, not a float'),
+    (_truncated, "not valid JSON"),
+], ids=["duplicate-key", "nested-object", "float-for-int", "truncated"])
+def test_malformed_manifest_refused(edge, mutate, message):
+    """A correctly signed manifest whose JSON is wrong: refused with a message naming the
+    problem, non-zero exit, and the previous table stays live."""
+    default = sysctl_cc()
+    a, b = other_ccs(default)
+    with in_cgroup(edge.cgroup):
+        ls = edge.track(listener())
+    edge.configure([Service(ls.getsockname()[1], "video")])
+    edge.agent.load(edge.table([tf.Entry("127.62.0.0/16", a)], 70, model_version="good").manifest)
+    t = edge.table([tf.Entry("127.62.0.0/16", b)], 71, model_version="bad")
+    text = open(t.manifest).read()
+    bad = mutate(text)
+    assert bad != text, "test setup: the manifest changed"
+    edge.resign(t.manifest, bad)
+    with pytest.raises(EdgeAgentError) as err:
+        edge.agent.load(t.manifest)
+    assert err.value.returncode != 0, f"exit status {err.value.returncode}"
+    assert message in err.value.stderr, f"message {err.value.stderr.strip()!r}, want {message!r}"
+    st = edge.agent.status()
+    assert st["table"]["version"] == 70 and st["table"]["model_version"] == "good", \
+        f"live table changed by a refused load: {st['table']}"
+    c, acc, _ = connect_accept(ls, "127.62.0.9")
+    assert sock_cc(acc) == a, "previous table still enforced"
+    c.close(), acc.close()
 
 
 def test_agent_restart_keeps_enforcement(edge):

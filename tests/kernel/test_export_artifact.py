@@ -7,11 +7,10 @@ import os
 import shutil
 
 import pytest
-
 from _edge_helpers import connect_accept, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
-from export import signing
-from export import table_format as tf
-from export.edge_agent import EdgeAgentError, Service
+
+from export.artifact import signing, table_format as tf
+from export.edge.agent import EdgeAgentError, Service
 
 pytestmark = pytest.mark.kernel
 

@@ -3,7 +3,7 @@
 own cgroup) → real connections from simulated client addresses of both families get the table's
 CC from the sock_ops program on both nodes, and the agents' counters say so.
 
-The run itself is the `main_job` fixture of tests/conftest.py (`ccselect.run.main`, as `make run`)."""
+The run itself is the `main_job` fixture of tests/conftest.py (`app.run.main`, as `make run`)."""
 from __future__ import annotations
 
 import pytest
@@ -12,8 +12,8 @@ pytestmark = pytest.mark.kernel
 
 
 def test_main_job_loads_the_table_into_the_kernel_and_connections_get_its_cc(edge_binary, main_job):
-    from ccselect.pipeline import _fleet_and_store_for
-    from export.edge_agent import DEFAULT_BINARY
+    from app.pipeline import _fleet_and_store_for
+    from export.edge.agent import DEFAULT_BINARY
     cfg, res, _ = main_job
     assert edge_binary == DEFAULT_BINARY
     assert res["ok"], res["summary"]
@@ -34,12 +34,11 @@ def test_main_job_loads_the_table_into_the_kernel_and_connections_get_its_cc(edg
 def test_probe_addresses_cover_both_families_and_follow_longest_prefix(main_job):
     import json
 
-    from export import signing
-    from export import table_format as tf
-    from export.cli import key_paths
-    from export.localnet import probe_addresses
+    from export.artifact import signing, table_format as tf
+    from export.delivery.publish import key_paths
+    from export.edge.probe import probe_addresses
     cfg, res, _ = main_job
-    from ccselect.pipeline import _fleet_and_store_for
+    from app.pipeline import _fleet_and_store_for
     _, store = _fleet_and_store_for(cfg)
     if store.current() is None:
         pytest.skip("no table was published")

@@ -10,12 +10,11 @@ import time
 
 import pytest
 import yaml
-
 from _edge_helpers import CGROUP_ROOT, connect_accept, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
-from export import signing
-from export import table_format as tf
-from export.rollout import Health, deploy, load_fleet
-from export.store import Store
+
+from export.artifact import signing, table_format as tf
+from export.delivery.rollout import Health, deploy, load_fleet
+from export.delivery.store import Store
 
 pytestmark = pytest.mark.kernel
 
@@ -85,8 +84,8 @@ class LocalFleet:
 
 @pytest.fixture
 def fleet_env(edge_binary, keys, tmp_path):
-    from ccselect.config import load_config
     from ccs_testing import write_config
+    from ccselect.config import load_config
     cfg = load_config(write_config(tmp_path))
     lf = LocalFleet(edge_binary, keys["public_path"], tmp_path)
     try:
@@ -114,7 +113,7 @@ def _cc_through(lf, i, src="127.70.1.2"):
 def test_rollout_canary_then_rest_then_rollback(fleet_env, keys, tmp_path):
     from typer.testing import CliRunner
 
-    from ccselect.cli import app
+    from app.cli import app
     cfg, lf = fleet_env
     default = sysctl_cc()
     a, b = other_ccs(default)
@@ -135,9 +134,10 @@ def test_rollout_canary_then_rest_then_rollback(fleet_env, keys, tmp_path):
             assert _cc_through(lf, i) == cc, f"node {i} enforces version {version}'s CC {cc}"
     assert res["nodes"][fleet.nodes[1].node_id]["previous_version"] == 1
     # `ccs rollback` republishes the previous version (1) on the whole fleet
-    os.makedirs(cfg.get("export.keys_dir"), exist_ok=True)
-    signing.save_keypair(keys["private"], os.path.join(cfg.get("export.keys_dir"), "table-signing.key.pem"),
-                         os.path.join(cfg.get("export.keys_dir"), "table-signing.pub.pem"))
+    keys_dir = cfg.settings.export.keys_dir
+    os.makedirs(keys_dir, exist_ok=True)
+    signing.save_keypair(keys["private"], os.path.join(keys_dir, "table-signing.key.pem"),
+                         os.path.join(keys_dir, "table-signing.pub.pem"))
     cfg.raw["export"]["rollout"]["health_wait_s"] = 0.3
     with open(cfg.path, "w") as f:
         yaml.safe_dump(cfg.raw, f)
@@ -161,7 +161,7 @@ def test_failed_canary_health_rolls_back_canary_only(fleet_env, keys, tmp_path):
     fleet = lf.fleet(cfg)
     for version, cc in ((1, a), (2, b)):
         store.publish(_table(keys, str(tmp_path / "export"), version, cc).manifest)
-    assert deploy(fleet, store, 1, Health(wait_s=0.2))["ok"]
+    assert deploy(fleet, store, 1, Health(wait_s=0.2, min_rate_ratio=0.5))["ok"]
 
     stop = threading.Event()
     made = []
@@ -203,7 +203,7 @@ def test_refused_load_on_canary_stops_rollout(fleet_env, keys, tmp_path):
     bad = signing.write_table([tf.Entry("127.0.0.0/8", a)], 7, "1", now + 3600, str(tmp_path / "x"),
                               keys["other"], created=now)
     store.publish(bad.manifest)
-    res = deploy(lf.fleet(cfg), store, 7, Health(wait_s=0.1))
+    res = deploy(lf.fleet(cfg), store, 7, Health(wait_s=0.1, min_rate_ratio=0.5))
     assert not res["ok"] and "load refused" in res["stopped"] and "bad signature" in res["stopped"], res
     assert store.current() is None
     assert lf.status(cfg, 0)["table"] is None and lf.status(cfg, 1)["table"] is None

@@ -1,0 +1,1 @@
+"""The `ccs` commands, one module per area; each defines `register(app)`."""

@@ -1,0 +1,103 @@
+"""`ccs keys init`, `ccs export`, `ccs rollout`, `ccs rollback`: signed prefix tables to the edge.
+
+The export and delivery modules pull in pyspark, so each command imports them when it runs (the
+CLI's start stays quick)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import typer
+
+from ccselect.config import load_config
+from ccselect.hours import parse_hours
+from ccselect.spark import get_spark
+from export.artifact import signing
+from export.delivery.rollout import deploy
+# Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
+
+keys_app = typer.Typer(help="Ed25519 keys that sign exported tables.", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(keys_app, name="keys")
+    app.command("export")(export_cmd)
+    app.command("rollout")(rollout_cmd)
+    app.command("rollback")(rollback_cmd)
+
+
+@keys_app.command("init")
+def keys_init_cmd(
+    force: bool = typer.Option(False, "--force", help="replace an existing key pair"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Generate the table-signing key pair under export.keys_dir (private key mode 0600)."""
+    from export.delivery.publish import PublishError, init_keys
+    try:
+        priv, pub = init_keys(load_config(config), force)
+    except PublishError as exc:
+        raise typer.BadParameter(str(exc))
+    typer.echo(json.dumps({"private_key": priv, "public_key": pub}, indent=1))
+
+
+def export_cmd(
+    hours: str = typer.Option(..., "--hours", help="HOUR or FROM..TO (inclusive) of gold.predictions"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Purity-aggregate the model's decisions (ALICCS Algorithm 1) into a signed prefix table,
+    recorded in gold.cc_tables."""
+    from export.delivery.publish import key_paths
+    from export.tables import aggregate
+    cfg = load_config(config)
+    priv, _ = key_paths(cfg)
+    if not os.path.exists(priv):
+        raise typer.BadParameter(f"no signing key at {priv}: run `ccs keys init` first")
+    lo, hi = parse_hours(hours)
+    spark = get_spark(cfg, "ccs-export")
+    man = aggregate.run_export(spark, cfg, lo, hi, signing.load_private_key(priv))
+    typer.echo(json.dumps(man, indent=1))
+
+
+def rollout_cmd(
+    fleet: str = typer.Option("infra/fleet.yaml", "--fleet", help="fleet file (nodes, canaries)"),
+    version: Optional[int] = typer.Option(None, "--version", help="exported version (default: latest)"),
+    store_url: Optional[str] = typer.Option(None, "--store", help="artifact store (default: export.rollout.store)"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Guards, publish to the artifact store, then canaries → health → the rest."""
+    from export.delivery.guards import GuardRefused
+    from export.delivery.publish import PublishError, fleet_and_store, publish
+    cfg = load_config(config)
+    fl, store = fleet_and_store(cfg, fleet, store_url)
+    spark = get_spark(cfg, "ccs-rollout")
+    try:
+        pub = publish(spark, cfg, store, version, log=typer.echo)
+    except PublishError as exc:
+        raise typer.BadParameter(str(exc))
+    except GuardRefused as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2)
+    res = deploy(fl, store, pub["version"], cfg.settings.export.rollout.health, log=typer.echo)
+    typer.echo(json.dumps(res, indent=1, default=str))
+    if not res["ok"]:
+        raise typer.Exit(1)
+
+
+def rollback_cmd(
+    fleet: str = typer.Option("infra/fleet.yaml", "--fleet", help="fleet file (nodes, canaries)"),
+    store_url: Optional[str] = typer.Option(None, "--store", help="artifact store (default: export.rollout.store)"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Republish the store's previous version to the fleet (canaries first, same health checks)."""
+    from export.delivery.publish import fleet_and_store
+    cfg = load_config(config)
+    fl, store = fleet_and_store(cfg, fleet, store_url)
+    prev = store.previous()
+    if prev is None:
+        typer.echo(f"no previous version in the store {store.url}", err=True)
+        raise typer.Exit(2)
+    res = deploy(fl, store, prev, cfg.settings.export.rollout.health, log=typer.echo)
+    typer.echo(json.dumps(res, indent=1, default=str))
+    if not res["ok"]:
+        raise typer.Exit(1)

@@ -1,0 +1,77 @@
+"""`ccs ingest`, `ccs features`, `ccs labels`: the lakehouse commands (heavy imports inside)."""
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Optional
+
+import typer
+
+from ccselect.hours import parse_hours
+from ccselect.spark import session_for
+# Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
+
+
+def register(app: typer.Typer) -> None:
+    app.command("ingest")(ingest_cmd)
+    app.command("features")(features_cmd)
+    app.command("labels")(labels_cmd)
+
+
+def _session(config: Optional[str], app_name: str):
+    return session_for(config, app_name)
+
+
+def _emit(result: dict, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+        return
+    for k, v in result.items():
+        typer.echo(f"{k}: {json.dumps(v, sort_keys=True, default=str)}")
+
+
+def ingest_cmd(
+    input: str = typer.Option(..., "--input", help="folder with <stream>/<node_id>/<YYYY-MM-DDTHH>.jsonl"),
+    hours: Optional[str] = typer.Option(None, "--hours", help="HOUR or FROM..TO (inclusive), e.g. 2026-11-01T00..2026-11-01T05"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    no_silver: bool = typer.Option(False, "--no-silver", help="stop after bronze, quarantine and the audit"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Ingest the edge logs: bronze.*, bronze.quarantine, gold.ingest_audit, silver.connections."""
+    from jobs import ingest
+    cfg, spark = _session(config, "ccs-ingest")
+    _emit(ingest.run(spark, cfg, input, parse_hours(hours), silver=not no_silver), as_json)
+
+
+def features_cmd(
+    hours: str = typer.Option(..., "--hours", help="training window FROM..TO (inclusive)"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Fit log1p+standardization statistics on silver.connections over a training window."""
+
+    from ccselect.lake import connections_in
+    from features import scaling
+    cfg, spark = _session(config, "ccs-features")
+    lo, hi = parse_hours(hours)
+    stats = scaling.fit(connections_in(spark, cfg, lo, hi), window=f"{lo}..{hi}")
+    path = scaling.save(spark, cfg, stats, datetime.now(timezone.utc).isoformat())
+    _emit({"window": stats.window, "n": stats.n, "artifact": path}, False)
+
+
+def labels_cmd(
+    hours: str = typer.Option(..., "--hours", help="window FROM..TO (inclusive)"),
+    cellular_share: float = typer.Option(0.5, "--cellular-share", help="share of 4G/5G rows after balancing; 0 = no balancing"),
+    min_sessions: int = typer.Option(20, "--min-sessions", help="QoE sessions per arm for a /24 best-CC label"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Build gold.training_set (net-type labels) and gold.best_cc_prefix24 (A/B labels)."""
+    from ccselect.lake import connections_in, write_window
+    from features import labels
+    cfg, spark = _session(config, "ccs-labels")
+    lo, hi = parse_hours(hours)
+    conns = connections_in(spark, cfg, lo, hi)
+    window = f"{lo}..{hi}"
+    ts = labels.training_set(conns, cellular_share or None)
+    n_train = write_window(spark, cfg, ts, "gold.training_set", window)
+    n_best = write_window(spark, cfg, labels.best_cc_per_prefix24(conns, min_sessions), "gold.best_cc_prefix24", window)
+    _emit({"window": window, "training_rows": n_train, "prefix24_rows": n_best}, False)

@@ -1,0 +1,104 @@
+"""`ccs train`, `ccs promote`, `ccs models` (the MLflow model registry) and `ccs infer` (batch
+inference with the champion into gold.predictions); heavy imports inside the commands."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+
+from ccselect.config import load_config
+from ccselect.hours import parse_hours
+from ccselect.spark import get_spark
+# Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
+
+
+def register(app: typer.Typer) -> None:
+    app.command("train")(train_cmd)
+    app.command("promote")(promote_cmd)
+    app.command("models")(models_cmd)
+    app.command("infer")(infer_cmd)
+
+
+def _emit(result, as_json: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+    elif isinstance(result, dict):
+        for k, v in result.items():
+            typer.echo(f"{k}: {json.dumps(v, sort_keys=True, default=str)}")
+    else:
+        typer.echo(str(result))
+
+
+def train_cmd(
+    hours: str = typer.Option(..., "--hours", help="training window FROM..TO (inclusive), e.g. 2026-11-01T00..2026-11-01T23"),
+    variant: str = typer.Option("aliccs", "--variant", help="aliccs, no_gan, no_rsc, no_variance or mlp"),
+    share: Optional[float] = typer.Option(None, "--share", help="share of nodes to train on (default model.evaluate.share)"),
+    seed: Optional[int] = typer.Option(None, "--seed", help="seed of the node split and the training"),
+    epochs: Optional[int] = typer.Option(None, "--epochs", help="training epochs (default: models.train.TrainParams)"),
+    k: Optional[int] = typer.Option(None, "--k", help="prefix groups per network type (default model.groups)"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Train on a window, evaluate per held-out node, log + register in MLflow, run the gate."""
+    from models import train_job
+    cfg = load_config(config)
+    spark = get_spark(cfg, "ccs-train")
+    lo, hi = parse_hours(hours)
+    result = train_job.run(spark, cfg, lo, hi, variant=variant, share=share, seed=seed, epochs=epochs, k=k,
+                           progress=lambda m: typer.echo(m, err=True))
+    if not as_json:
+        result = {k: v for k, v in result.items() if k not in ("per_node", "groups", "params")}
+    _emit(result, as_json)
+
+
+def promote_cmd(
+    version: Optional[str] = typer.Option(None, "--version", help="version to promote (default: @challenger)"),
+    as_json: bool = typer.Option(False, "--json"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Set the `champion` alias (only on a version that passed the gate)."""
+    from models import registry
+    try:
+        _emit(registry.promote(load_config(config), version), as_json)
+    except registry.GateError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+
+
+def models_cmd(
+    as_json: bool = typer.Option(False, "--json"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """List the registered versions with their aliases, gate and held-out accuracy."""
+    from models import registry
+    rows = registry.list_versions(load_config(config))
+    if as_json:
+        _emit(rows, True)
+        return
+    if not rows:
+        typer.echo("no registered versions")
+    for r in rows:
+        typer.echo(f"v{r['version']:>3} {','.join(r['aliases']) or '-':20s} gate={r['gate'] or '-':7s} "
+                   f"mean={r['mean']:.4f} worst={r['worst']:.4f} {r['variant']} {r['window']}"
+                   + (f"  ({r['gate_reasons']})" if r["gate_reasons"] else ""))
+
+
+def infer_cmd(
+    hours: str = typer.Option(..., "--hours", help="HOUR or FROM..TO (inclusive) of silver.connections to score"),
+    precision: Optional[str] = typer.Option(None, "--precision", help="fp32 or bf16 (default infer.precision)"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Score silver.connections with models:/<name>@champion into gold.predictions (per node-hour)."""
+    from models import infer
+    from models.registry import load_champion
+    cfg = load_config(config)
+    try:
+        champion = load_champion(cfg)
+    except LookupError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(1)
+    spark = get_spark(cfg, "ccs-infer")
+    lo, hi = parse_hours(hours)
+    _emit(infer.run(spark, cfg, lo, hi, champion=champion, precision=precision), as_json)

@@ -1,0 +1,189 @@
+"""The pipeline's steps as plain functions of (configuration, time), one per Airflow task: the DAGs
+in dags/ only wire these, and `make run` calls the DAGs. Every step is keyed by its hour, period
+or window and is safe to repeat (the jobs underneath replace their partitions)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import datetime, datetime as _dt, timedelta, timezone
+
+from ccselect.config import Config, load_config
+from ccselect.hours import HOUR_FMT, hour_of
+from ccselect.spark import get_spark
+from export.artifact import signing
+from export.delivery.rollout import deploy
+# Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
+
+
+def previous_period(ts: datetime, cfg: Config | None = None) -> datetime:
+    """The start of the AutoPlex period that ends at `ts` (periods of `autoplex.period_minutes`)."""
+    cfg = cfg or load_config()
+    minutes = cfg.settings.autoplex.period_minutes
+    ts = ts.astimezone(timezone.utc)
+    epoch_min = int(ts.timestamp() // 60)
+    end = epoch_min - epoch_min % minutes
+    return datetime.fromtimestamp((end - minutes) * 60, tz=timezone.utc)
+
+
+def report(task: str, result):
+    """Print a task's result as one `CCS_STEP <task> <json>` line (what `make run` shows while the
+    DAGs run; Airflow keeps it in the task log too) and return it."""
+    line = f"CCS_STEP {task} {json.dumps(result, default=str, sort_keys=True)}"
+    print(line, flush=True)
+    if sys.stdout is not sys.__stdout__:  # Airflow redirected the task's stdout into its log
+        os.write(1, (line + "\n").encode())
+    return result
+
+
+def _spark(cfg: Config, app: str):
+    return get_spark(cfg, app)
+
+
+# ---- hourly -------------------------------------------------------------------------------------
+
+def ingest_hour(hour: str, cfg: Config | None = None) -> dict:
+    """bronze, quarantine, audit and silver for one hour of every node; fails when the hour has no
+    files at all (the sensor of a real deployment), so the rest of the hourly run waits."""
+    from jobs import ingest
+    cfg = cfg or load_config()
+    res = ingest.run(_spark(cfg, "ccs-ingest"), cfg, cfg.settings.pipeline.raw_dir, (hour, hour))
+    return {"hour": hour, "files": res["files"], "silver_rows": res.get("silver_rows", 0),
+            "streams": res["streams"]}
+
+
+# ---- AutoPlex -----------------------------------------------------------------------------------
+
+def autoplex_period(start: datetime, cfg: Config | None = None) -> dict:
+    """AutoPlex Algorithm 1 for the period starting at `start` → gold.autoplex_params."""
+    from jobs import autoplex
+    cfg = cfg or load_config()
+    autoplex.load_policies(cfg.settings.autoplex)
+    ms = int(start.astimezone(timezone.utc).timestamp() * 1000)
+    return autoplex.run_parameters(_spark(cfg, "ccs-autoplex"), cfg, ms, 1)
+
+
+def infer_hour(hour: str, cfg: Config | None = None) -> dict:
+    """gold.predictions for the hour with `models:/<name>@champion` (LookupError when there is no
+    champion yet: nothing is exported until a human — or `pipeline.auto_promote` — promotes one)."""
+    from models import infer
+    cfg = cfg or load_config()
+    return infer.run(_spark(cfg, "ccs-infer"), cfg, hour, hour)
+
+
+def export_window(hour: str, cfg: Config | None = None) -> tuple[str, str]:
+    """The hours an hourly export aggregates: the last `pipeline.export_window_hours` up to `hour`."""
+    cfg = cfg or load_config()
+    n = cfg.settings.pipeline.export_window_hours
+    end = datetime.strptime(hour, HOUR_FMT).replace(tzinfo=timezone.utc)
+    return hour_of(end - timedelta(hours=n - 1)), hour
+
+
+def export_hour(hour: str, cfg: Config | None = None) -> dict:
+    """ALICCS Algorithm 1 over the window's decisions → a signed table, recorded in gold.cc_tables."""
+
+    from export.delivery.publish import key_paths
+    from export.tables import aggregate
+    cfg = cfg or load_config()
+    priv, _ = key_paths(cfg)
+    if not os.path.exists(priv):
+        raise FileNotFoundError(f"no signing key at {priv}: run `ccs keys init` once")
+    lo, hi = export_window(hour, cfg)
+    man = aggregate.run_export(_spark(cfg, "ccs-export"), cfg, lo, hi, signing.load_private_key(priv))
+    return {k: man[k] for k in ("version", "model_version", "entries", "coverage", "agreement",
+                                "memory_saving", "manifest_path") if k in man}
+
+
+class TableRefused(RuntimeError):
+    """A guard refused the table: a verdict on this table, which retrying cannot change."""
+
+
+def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None = None) -> dict:
+    """Guards, publish to the artifact store, then the fleet (canaries first). The fleet step needs
+    root (eBPF); without it — or with `pipeline.deploy: false` — the run stops at the published,
+    signed artifact and says so."""
+
+    from export.delivery.guards import GuardRefused
+    from export.delivery.publish import publish
+    cfg = cfg or load_config()
+    fleet, store = _fleet_and_store_for(cfg)
+    try:
+        pub = publish(_spark(cfg, "ccs-rollout"), cfg, store, version)
+    except GuardRefused as e:
+        raise TableRefused(str(e)) from e
+    if deploy_fleet is None:
+        deploy_fleet = cfg.settings.pipeline.deploy and os.geteuid() == 0
+    if not deploy_fleet:
+        store.set_current(pub["version"])
+        return {"version": pub["version"], "published": True, "deployed": False,
+                "why": "not root: stopped at the signed artifact in the store" if os.geteuid() != 0
+                else "pipeline.deploy is false"}
+    res = deploy(fleet, store, pub["version"], cfg.settings.export.rollout.health)
+    if not res["ok"]:
+        raise RuntimeError(f"rollout of v{version} stopped: {res.get('stopped')}; rolled back "
+                           f"{sorted(res.get('rolled_back', {}))}")
+    return {"version": pub["version"], "published": True, "deployed": True, "nodes": sorted(res["nodes"])}
+
+
+def _fleet_and_store_for(cfg: Config):
+    from export.delivery.publish import fleet_and_store
+    return fleet_and_store(cfg, cfg.settings.pipeline.fleet, None)
+
+
+# ---- daily training -----------------------------------------------------------------------------
+
+def training_set(lo: str, hi: str, cfg: Config | None = None) -> dict:
+    """gold.feature_stats (fitted on the window) and gold.training_set for the window."""
+
+    from ccselect.lake import connections_in, write_window
+    from features import labels, scaling
+    cfg = cfg or load_config()
+    spark = _spark(cfg, "ccs-train")
+    conns = connections_in(spark, cfg, lo, hi)
+    window = f"{lo}..{hi}"
+    stats = scaling.fit(conns, window=window)
+    scaling.save(spark, cfg, stats, _dt.now(timezone.utc).isoformat())
+    share = cfg.settings.pipeline.cellular_share
+    n = write_window(spark, cfg, labels.training_set(conns, share), "gold.training_set", window)
+    return {"window": window, "training_rows": n, "stats_rows": stats.n}
+
+
+def prefix_groups(lo: str, hi: str, cfg: Config | None = None) -> dict:
+    """Per-type K-means prefix groups of the window → gold.prefix_groups (ALICCS §3.1)."""
+    from features import scaling
+    from models.groups import fit_groups
+    cfg = cfg or load_config()
+    spark = _spark(cfg, "ccs-train")
+    stats = scaling.load(scaling.artifact_path(cfg.data_root, f"{lo}..{hi}"))
+    return fit_groups(spark, cfg, lo, hi, stats)
+
+
+def train(lo: str, hi: str, cfg: Config | None = None) -> dict:
+    """Train on the window's training nodes, evaluate per held-out node, log to MLflow, register a
+    version and run its gate (challenger only when it passes)."""
+    from models import train_job
+    cfg = cfg or load_config()
+    res = train_job.run(_spark(cfg, "ccs-train"), cfg, lo, hi, epochs=cfg.settings.pipeline.epochs)
+    return {k: res[k] for k in ("window", "variant", "model_name", "version", "summary", "gate", "run_id")
+            if k in res}
+
+
+def promote_if_configured(version: str, cfg: Config | None = None, auto: bool | None = None) -> dict:
+    """Promotion is a human decision (`ccs promote`) unless `pipeline.auto_promote` is true (or a
+    run's conf says `auto_promote`, as `make run`'s does)."""
+    from models import registry
+    cfg = cfg or load_config()
+    if not (cfg.settings.pipeline.auto_promote if auto is None else bool(auto)):
+        return {"promoted": False, "why": "pipeline.auto_promote is false: promote with `ccs promote`"}
+    return {"promoted": True, **registry.promote(cfg, version)}
+
+
+def distill_and_diagnose(lo: str, hi: str, cfg: Config | None = None) -> dict:
+    """The champion's distilled tree (ALICCS §3.2) and its SHAP diagnostics for the window."""
+    from distill.jobs import run_diagnose, run_distill
+    cfg = cfg or load_config()
+    spark = _spark(cfg, "ccs-distill")
+    d = run_distill(spark, cfg, lo, hi)
+    g = run_diagnose(spark, cfg, (lo, hi))
+    return {"distill": {k: d[k] for k in ("dnn", "tree", "search") if k in d},
+            "diagnose": {k: g[k] for k in ("report", "subsets") if k in g}}

@@ -1,0 +1,122 @@
+"""Delta writes keyed by partition, so that every load is safe to repeat (never a blind append).
+
+`replace_partitions` overwrites exactly the (node_id, hour) partitions named — also those that
+now have no rows — in one Delta commit: a writer killed before the commit leaves the table as it
+was (its half-written files are not referenced by the log), and a re-run replaces the same keys.
+A new table is first created empty with its CHECK constraints, so that adding them never scans
+data (Delta validates every later write against them as it is written).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+from pyspark.sql import DataFrame, SparkSession
+# Imported inside the functions that use them (heavy, not needed to import this module): delta.
+
+PARTITION_COLS = ("node_id", "hour")
+
+
+def _quote(v: str) -> str:
+    return "'" + str(v).replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def partition_predicate(keys: Iterable[tuple[str, ...]], cols: tuple[str, ...] = PARTITION_COLS) -> str:
+    """A SQL predicate true exactly on the partitions `keys` (tuples over `cols`), as a union of
+    rectangles: `(node_id IN (...) AND hour IN (...)) OR ...`. An ingest of 12 nodes x 24 hours is
+    one term, not 288 ORs: Delta checks a replaceWhere predicate on every row written and Spark
+    plans an OR chain term by term (measured on 738k lines: a write 22.6 s with the OR chain,
+    15.4 s with the rectangle; a read 2.4 s vs 1.0 s)."""
+    keys = set(keys)
+    if not keys:
+        raise ValueError("no partitions to replace")
+    return " OR ".join(f"({t})" for t in _rectangles(keys, tuple(cols)))
+
+
+def _rectangles(keys: set[tuple[str, ...]], cols: tuple[str, ...]) -> list[str]:
+    """Exact cover of `keys` by rectangles: the values of the last column are grouped by the set
+    of prefixes (the other columns) they occur with, and each group's prefixes are covered the
+    same way, recursively."""
+    def in_list(col: str, values) -> str:
+        values = sorted(values)
+        if len(values) == 1:
+            return f"{col} = {_quote(values[0])}"
+        return f"{col} IN (" + ", ".join(_quote(v) for v in values) + ")"
+
+    if len(cols) == 1:
+        return [in_list(cols[0], {k[0] for k in keys})]
+    prefixes: dict[str, set] = {}
+    for k in keys:
+        prefixes.setdefault(k[-1], set()).add(k[:-1])
+    groups: dict[frozenset, list[str]] = {}
+    for last, pre in prefixes.items():
+        groups.setdefault(frozenset(pre), []).append(last)
+    terms = []
+    for pre, lasts in sorted(groups.items(), key=lambda g: sorted(g[1])):
+        inner = _rectangles(set(pre), cols[:-1])
+        head = inner[0] if len(inner) == 1 else "(" + " OR ".join(f"({t})" for t in inner) + ")"
+        terms.append(f"{head} AND {in_list(cols[-1], lasts)}")
+    return terms
+
+
+def tune(spark: SparkSession) -> None:
+    """Delta rebuilds a table's state with 50 partitions by default: on a few local cores that
+    costs seconds per commit, so follow the session's shuffle partitions instead."""
+    if spark.conf.get("spark.databricks.delta.snapshotPartitions", None) is None:
+        spark.conf.set("spark.databricks.delta.snapshotPartitions", spark.conf.get("spark.sql.shuffle.partitions"))
+
+
+def is_delta(spark: SparkSession, path: str) -> bool:
+    from delta.tables import DeltaTable
+    tune(spark)
+    return DeltaTable.isDeltaTable(spark, path)
+
+
+def replace_partitions(df: DataFrame, path: str, keys: Iterable[tuple[str, ...]],
+                       cols: tuple[str, ...] = PARTITION_COLS, constraints: dict[str, str] | None = None,
+                       add_columns: bool = False, properties: dict[str, str] | None = None,
+                       partition_by: tuple[str, ...] | None = None) -> None:
+    """Overwrite the rows with keys `keys` (tuples over `cols`) of the Delta table at `path` with
+    `df`, in one commit; `constraints` (name → CHECK expression) are added first where missing.
+    With `add_columns`, columns `df` has and the table lacks are added (older rows read them as
+    null). `properties` (Delta table properties) are set when the table is created. The table is
+    partitioned by `partition_by` (default: `cols`, so that whole partitions are replaced); a
+    table written with another partitioning is rewritten once with this one."""
+    pred = partition_predicate(keys, cols)
+    spark = df.sparkSession
+    partition_by = tuple(cols if partition_by is None else partition_by)
+    if not is_delta(spark, path):
+        df.limit(0).write.format("delta").partitionBy(*partition_by).mode("overwrite").save(path)
+        if properties:
+            props = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({props})")
+    elif partition_by != tuple(cols):
+        _ensure_partitioning(spark, path, partition_by)
+    if constraints:
+        ensure_constraints(spark, path, constraints)
+    w = df.write.format("delta").partitionBy(*partition_by).mode("overwrite").option("replaceWhere", pred)
+    if add_columns:
+        w = w.option("mergeSchema", "true")
+    w.save(path)
+
+
+def _ensure_partitioning(spark: SparkSession, path: str, partition_by: tuple[str, ...]) -> None:
+    from delta.tables import DeltaTable
+    have = tuple(DeltaTable.forPath(spark, path).detail().select("partitionColumns").first()[0])
+    if have != partition_by:
+        (spark.read.format("delta").load(path).write.format("delta").mode("overwrite")
+         .option("overwriteSchema", "true").partitionBy(*partition_by).save(path))
+
+
+def overwrite(df: DataFrame, path: str, partition_cols: tuple[str, ...] = ()) -> None:
+    w = df.write.format("delta").mode("overwrite").option("overwriteSchema", "true")
+    if partition_cols:
+        w = w.partitionBy(*partition_cols)
+    w.save(path)
+
+
+def ensure_constraints(spark: SparkSession, path: str, constraints: dict[str, str]) -> None:
+    """Add the named Delta CHECK constraints the table does not have yet."""
+    props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
+    for name, expr in constraints.items():
+        if f"delta.constraints.{name.lower()}" not in props:
+            spark.sql(f"ALTER TABLE delta.`{path}` ADD CONSTRAINT {name} CHECK ({expr})")

@@ -1,0 +1,488 @@
+"""The configuration as typed settings: one frozen dataclass per section of `infra/conf/<env>.yaml`,
+read as `cfg.settings.<section>` (`Config.settings`, built and checked when the file is loaded).
+
+Where the defaults live: here, and only here. A field with a default holds the value every
+environment runs unless its file says otherwise; the shipped files do not repeat those values
+(tests/test_settings.py checks it), so a default is changed in one place. A field without a
+default is one that differs per environment or is an operator's decision (paths and URIs, the
+Spark master, the simulated fleet's size, the model gate, whether to deploy and auto-promote,
+which services get AutoPlex caps): every environment's file must give it, and a file that forgets
+one fails at load. Why the classes and not the YAML: the jobs, tests and benchmarks build these
+objects without a file (`InferSettings(precision="bf16")`, `DistillSettings(fidelity=0.99)`), so
+the classes need defaults anyway; keeping a second copy in the YAML is what let the two drift.
+
+Loading is strict: a key that no field reads (`expiry_hour:` for `expiry_hours:`) is an error
+naming the key and the file, and so is a value of the wrong kind (a string for a number, a number
+for a flag); each class checks its own ranges in `__post_init__`. `data_root` and `env` stay
+top-level scalars (`Config.data_root`, `Config.env`), as `${data_root}` interpolation needs them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration file that does not fit the settings (unknown key, wrong type, bad range)."""
+
+
+class _Section:
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# ---- platform -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SparkSettings(_Section):
+    """`spark:` the master, extra Maven packages and session conf (ccselect/spark.py)."""
+    master: str                                         # local[*], spark://..., yarn, k8s://...
+    extra_packages: tuple[str, ...]                     # besides Delta's jars
+    conf: dict[str, str | int | float | bool]           # spark.* keys, passed as strings
+    app_name: str = "ccselect"
+
+
+@dataclass(frozen=True)
+class LakeSettings(_Section):
+    """`lake:` Delta tables live at <root>/<layer>/<table>."""
+    root: str
+
+
+@dataclass(frozen=True)
+class MlflowSettings(_Section):
+    """`mlflow:` tracking and registry store, artifact root, and the registered model's name."""
+    tracking_uri: str
+    artifact_root: str
+    model_name: str = "ccs-nettype"
+
+
+@dataclass(frozen=True)
+class AirflowSettings(_Section):
+    """`airflow:` AIRFLOW_HOME of the project's Airflow (app/airflow_env.py)."""
+    home: str
+
+
+@dataclass(frozen=True)
+class SimulateSettings(_Section):
+    """`simulate:` the fleet `make run` simulates (sim/params.py SimParams holds every other
+    simulator knob)."""
+    out: str
+    nodes: int
+    hours: int
+    start: str                                          # ISO time of the first hour, UTC
+    seed: int
+    conns_per_node_hour: int
+
+    def __post_init__(self):
+        for name in ("nodes", "hours", "conns_per_node_hour"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"simulate.{name} must be at least 1, got {getattr(self, name)}")
+
+
+# ---- AutoPlex and the emulation ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PolicySettings(_Section):
+    """A user-defined policy P_usr of AutoPlex Algorithm 1 (jobs/autoplex.py Policy checks the
+    metric's name): sort by `metric` (`asc` or `desc`), keep the [lo, hi) percentile band."""
+    name: str
+    metric: str
+    band: tuple[float, float]
+    direction: str = "asc"
+    min_sessions: int = 20                              # groups with fewer sessions get no parameters
+
+
+@dataclass(frozen=True)
+class AutoplexSettings(_Section):
+    """`autoplex:` AutoPlex (autoplex-nai22.txt): period T, the user-group rule (ug_id = region +
+    ASN, §3.3), the policies, §3.4's similarity bands, and where caps go into exported entries."""
+    caps_services: dict[str, bool]                      # service -> caps switched on
+    period_minutes: int = 30
+    group_by: tuple[str, ...] = ("ug_id",)
+    policies: tuple[PolicySettings, ...] = (
+        PolicySettings("low_retrans", "retrans_ratio", (5.0, 20.0), "asc", 20),
+        PolicySettings("high_goodput_per_srtt", "goodput_per_srtt", (80.0, 95.0), "desc", 20),
+    )
+    similarity_better_band: tuple[float, float] = (5.0, 20.0)   # retransmission-ratio percentiles
+    similarity_worse_band: tuple[float, float] = (75.0, 90.0)
+
+    def __post_init__(self):
+        p = self.period_minutes
+        if p < 1 or (60 % p != 0 and p % 60 != 0):
+            raise ValueError(f"autoplex.period_minutes must divide an hour or be whole hours, got {p}")
+
+
+@dataclass(frozen=True)
+class EmulateSettings(_Section):
+    """`emulate:` trace-driven QoE emulation (`ccs emulate`, ALICCS §5.4) and its baselines."""
+    window_minutes: int = 60              # estimation windows
+    alpha: float = 0.8                    # §5.4: QoE = 1 − α·rebuffer − (1 − α)·retransmission
+    train_hours: int = 6                  # hours before the range the learned baselines train on
+    table_lag_hours: int = 1              # the aliccs table is built from this many hours before
+    default_cc: str = "cubic"             # what a policy without a decision keeps
+    min_cell_sessions: int = 5            # cells (node, window, /24, type) in the distributions
+    epsilon: float = 0.1                  # Configanator's ε-bandit
+    tree_depth: int = 8                   # Configanator's and Disco's decision trees
+    tree_min_leaf: int = 50
+    ucb_c: float = 1.0                    # Pytheas: exploration weight (× the reward's std)
+    ucb_discount: float = 0.995           # Pytheas: discounted UCB for non-stationary groups
+    bootstrap_reps: int = 400             # resamples of nodes for the tail contrasts
+    seed: int = 7
+
+
+# ---- the model ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GroupsSettings(_Section):
+    """`model.groups:` prefix groups, the discriminators' targets (ALICCS §3.1): K per network
+    type; None → the K in k_range with the best silhouette (models/groups.py)."""
+    k: int | None = None
+    k_range: tuple[int, int] = (2, 12)
+    seed: int = 7
+
+
+@dataclass(frozen=True)
+class ConfiganatorSettings(_Section):
+    """`model.configanator:` the Configanator-style baseline (Configanator §3.2): network classes by
+    K-means over per-/24 means; k None → the smallest K in k_range whose per-class spread (RMS
+    distance of member /24s to their centroid, standardized units) is at most nc_spread; then one
+    decision tree with leaves of min_samples_leaf."""
+    k: int | None = None
+    k_range: tuple[int, int] = (2, 16)
+    nc_spread: float = 1.0
+    min_samples_leaf: int = 20
+    seed: int = 7
+
+
+@dataclass(frozen=True)
+class EvaluateSettings(_Section):
+    """`model.evaluate:` cross-node evaluation (ALICCS §5.1): train on `share` of the window's
+    labelled nodes, test on the others; nodes with < min_class_share of either type stay out of
+    the summary; train_seeds > 1 averages each node's accuracy over that many trainings."""
+    share: float = 0.3
+    seed: int = 0
+    min_class_share: float = 0.05
+    train_seeds: int = 1
+
+
+@dataclass(frozen=True)
+class GateSettings(_Section):
+    """`model.gate:` validation gate of a newly registered version (models/registry.py): held-out
+    per-node accuracy, and at most max_drop_vs_champion below @champion's mean and worst node."""
+    min_mean_accuracy: float
+    min_worst_accuracy: float
+    max_drop_vs_champion: float
+
+
+@dataclass(frozen=True)
+class ModelSettings(_Section):
+    """`model:` prefix groups, the Configanator baseline, the cross-node evaluation and the gate."""
+    gate: GateSettings
+    groups: GroupsSettings = field(default_factory=GroupsSettings)
+    configanator: ConfiganatorSettings = field(default_factory=ConfiganatorSettings)
+    evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
+
+
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class InferSettings(_Section):
+    """`infer:` ALICCS §4.2's fallback: trust Wi-Fi when P(Wi-Fi) ≥ wifi_threshold and 4G/5G when
+    P(4G) ≥ cell_threshold, else keep default_cc; Wi-Fi → CUBIC, 4G/5G → BBR (§2, Table 1)."""
+    wifi_threshold: float = 0.8
+    cell_threshold: float = 0.6
+    default_cc: str = "cubic"
+    wifi_cc: str = "cubic"
+    cell_cc: str = "bbr"
+    precision: str = "fp32"      # fp32 | bf16 (bench/infer.py measures bf16's accuracy change)
+    batch_rows: int = 65536      # rows per Arrow batch handed to the model
+
+    def __post_init__(self):
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"infer.precision must be one of {PRECISIONS}, not {self.precision!r}")
+
+
+# ---- the distilled tree -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class DistillSettings(_Section):
+    """`distill:` ALICCS §3.2: the tree grows until its argmax agrees with the DNN's on `fidelity`
+    of held-out rows, then deepens while a /16 with enough held-out rows agrees less than
+    subset_fidelity."""
+    fidelity: float = 0.95          # held-out argmax agreement the tree must reach
+    max_depth: int = 20
+    min_depth: int = 1
+    holdout: float = 0.3            # share of rows held out for fidelity and accuracy
+    subset_fidelity: float = 0.90   # per-/16 agreement below this triggers deepening (§3.2)
+    subset_min_rows: int = 30       # held-out rows a /16 needs before its agreement counts
+    min_samples_leaf: int = 5
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class DiagnoseSettings(_Section):
+    """`diagnose:` SHAP on the distilled tree (distill/diagnose.py)."""
+    accuracy_threshold: float = 0.80  # a /16 with DNN accuracy below this is diagnosed by default
+    min_rows: int = 50                # rows a /16 needs to be ranked or diagnosed
+    over_reliance: float = 1.5        # share in the subset / share overall at or above this ...
+    min_excess: float = 0.05          # ... and at least this many share points above: over-relied
+    max_rows: int = 20000             # rows (seeded sample) behind the global attribution
+    top_features: int = 5
+    seed: int = 0
+
+
+# ---- the export -------------------------------------------------------------------------------
+
+FAMILIES = {"v4": 4, "v6": 6}
+BITS = {4: 32, 6: 128}
+
+
+def _by_family(d: dict, name: str, fam: int, what: str):
+    """A per-family mapping's entry, keyed by name ("v4", as in the YAML) or number (4)."""
+    unknown = set(d) - set(FAMILIES) - set(FAMILIES.values())
+    if unknown:
+        raise ValueError(f"export.{what}: unknown families {sorted(map(str, unknown))}; known: v4, v6")
+    return d.get(name, d.get(fam))
+
+
+@dataclass(frozen=True)
+class PrefixLadder(_Section):
+    """`export.ladder` and `export.purity`: ALICCS §3.3 / Algorithm 1, generalized. A prefix ladder
+    per family (multiples of 4 ending at the full length); a prefix becomes one table entry at the
+    first level whose request-weighted purity passes, else its addresses go a level down. Purity
+    thresholds per level are [min_requests, purity] tiers: busy prefixes need more purity
+    (Appendix D); the last level (/32, /128) always becomes an entry.
+
+    Given as in the YAML (families "v4"/"v6", levels as strings, tiers as lists), kept as
+    family → levels and family → level → ((min_requests, purity), ...)."""
+    ladder: dict[int, tuple[int, ...]] = field(default_factory=lambda: {
+        "v4": (16, 24, 32), "v6": (32, 48, 64, 128)})
+    purity: dict[int, dict[int, tuple[tuple[int, float], ...]]] = field(default_factory=lambda: {
+        "v4": {16: ((0, 0.95), (5000, 0.98)), 24: ((0, 0.90), (1000, 0.95))},
+        "v6": {32: ((0, 0.95), (5000, 0.98)), 48: ((0, 0.92), (2000, 0.96)), 64: ((0, 0.90), (1000, 0.95))}})
+
+    def __post_init__(self):
+        ladder, purity = {}, {}
+        for name, fam in FAMILIES.items():
+            levels = tuple(int(x) for x in (_by_family(self.ladder, name, fam, "ladder") or ()))
+            if not levels or list(levels) != sorted(set(levels)):
+                raise ValueError(f"export.ladder.{name} must be increasing: {levels}")
+            if any(x % 4 or not 0 < x <= BITS[fam] for x in levels) or levels[-1] != BITS[fam]:
+                raise ValueError(f"export.ladder.{name}: levels are multiples of 4 ending at "
+                                 f"/{BITS[fam]}: {levels}")
+            ladder[fam] = levels
+            tiers = {}
+            for lvl, ts in (_by_family(self.purity, name, fam, "purity") or {}).items():
+                t = tuple(sorted((int(lo), float(p)) for lo, p in ts))
+                if not t or any(not 0.0 <= p <= 1.0 for _, p in t):
+                    raise ValueError(f"export.purity.{name}.{lvl}: tiers of [min_requests, 0..1]")
+                tiers[int(lvl)] = t
+            unknown = set(tiers) - set(levels)
+            if unknown:
+                raise ValueError(f"export.purity.{name} has levels not in the ladder: {unknown}")
+            purity[fam] = tiers
+        object.__setattr__(self, "ladder", ladder)
+        object.__setattr__(self, "purity", purity)
+
+    def threshold(self, family: int, level: int, requests: int) -> float:
+        """Purity a prefix of `level` with `requests` requests needs (Appendix D: busier → higher)."""
+        tiers = self.purity[family].get(level, ((0, 0.0),))
+        need = tiers[0][1]
+        for lo, p in tiers:
+            if requests >= lo:
+                need = p
+        return need
+
+    def is_last(self, family: int, level: int) -> bool:
+        return level == self.ladder[family][-1]
+
+
+@dataclass(frozen=True)
+class GuardsSettings(_Section):
+    """`export.guards:` what stands between an exported table and the store (export/delivery/guards.py)."""
+    require_gate: bool = True         # every model version behind the decisions passed its gate
+    max_flip_share: float = 0.30      # of traffic whose CC changes against the live table
+    min_coverage: float = 0.50        # of model-decided addresses the table covers
+
+
+@dataclass(frozen=True)
+class Health:
+    """How a node is judged after a load (export/delivery/rollout.py): wait `wait_s`, then its
+    connection rate must stay above `min_rate_ratio` of the rate before."""
+    wait_s: float
+    min_rate_ratio: float
+
+
+@dataclass(frozen=True)
+class RolloutSettings(_Section):
+    """`export.rollout:` the artifact store (a directory, or an fsspec URL: s3://, gs://,
+    memory://) and the health check of each node after a load."""
+    store: str
+    health_wait_s: float = 2.0
+    min_rate_ratio: float = 0.5
+
+    @property
+    def health(self) -> Health:
+        return Health(self.health_wait_s, self.min_rate_ratio)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportSettings(PrefixLadder):
+    """`export:` the prefix ladder and purity (PrefixLadder), the tables' lifetime and folder, the
+    signing keys' folder (the private key never goes into the repository), the AutoPlex policy
+    whose caps go on entries, the guards and the rollout."""
+    out: str
+    keys_dir: str
+    caps_policy: str                  # the autoplex.policies entry whose latest parameters give caps
+    rollout: RolloutSettings
+    expiry_hours: float = 6.0
+    guards: GuardsSettings = field(default_factory=GuardsSettings)
+
+
+# ---- the pipeline ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PipelineSettings(_Section):
+    """`pipeline:` what the DAGs (app/pipeline.py) read."""
+    raw_dir: str                      # the edge logs: <stream>/<node>/<hour>.jsonl
+    fleet: str                        # the fleet file `ccs_hourly` rolls out to
+    deploy: bool                      # roll out to the fleet (needs root), else stop at the store
+    auto_promote: bool                # promote to @champion without a human (`ccs promote`)
+    train_window_hours: int = 24      # hours of silver the daily training learns from
+    export_window_hours: int = 1      # hours of decisions one hourly export aggregates
+    cellular_share: float = 0.5       # share of 4G/5G rows in the balanced training set (ALICCS: 50%)
+    epochs: int | None = None         # training epochs (None: models.train.TrainParams' default)
+
+    def __post_init__(self):
+        if self.epochs is not None and self.epochs < 1:
+            raise ValueError(f"pipeline.epochs must be at least 1 (or null), got {self.epochs}")
+
+
+@dataclass(frozen=True)
+class AbtestSettings(_Section):
+    """`abtest:` ALICCS §5.3's randomized control test: two-sided confidence of the intervals
+    (delta method over client-address clusters) and the fewest clusters per arm a segment needs
+    before it gets an interval and a p-value."""
+    confidence: float = 0.95
+    min_clusters: int = 30
+
+    def __post_init__(self):
+        if not 0 < self.confidence < 1:
+            raise ValueError(f"abtest.confidence must lie in (0, 1), got {self.confidence}")
+        if self.min_clusters < 2:
+            raise ValueError(f"abtest.min_clusters must be at least 2, got {self.min_clusters}")
+
+
+# ---- all of it ----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Settings:
+    """Every section; `cfg.settings`."""
+    spark: SparkSettings
+    lake: LakeSettings
+    mlflow: MlflowSettings
+    airflow: AirflowSettings
+    simulate: SimulateSettings
+    autoplex: AutoplexSettings
+    model: ModelSettings
+    export: ExportSettings
+    pipeline: PipelineSettings
+    emulate: EmulateSettings = field(default_factory=EmulateSettings)
+    infer: InferSettings = field(default_factory=InferSettings)
+    distill: DistillSettings = field(default_factory=DistillSettings)
+    diagnose: DiagnoseSettings = field(default_factory=DiagnoseSettings)
+    abtest: AbtestSettings = field(default_factory=AbtestSettings)
+
+
+#: top-level keys that are not sections (see ccselect/config.py)
+SCALARS = ("env", "data_root")
+
+
+def from_raw(raw: dict[str, Any], source: str | Path) -> Settings:
+    """The typed settings of a parsed, interpolated configuration; ConfigError naming the key and
+    `source` (the file) for an unknown key, a missing one, a value of the wrong type or range."""
+    sections = {k: v for k, v in raw.items() if k not in SCALARS}
+    return _build(Settings, sections, "", str(source))
+
+
+def _build(cls: type, data: Any, where: str, source: str) -> Any:
+    what = where or "the top level"
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: {what} must be a mapping, not {data!r}")
+    names = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    for key in data:
+        if key not in names:
+            known = ", ".join(sorted(names) + ([] if where else list(SCALARS)))
+            raise ConfigError(f"{source}: unknown key {_join(where, key)!r} (the keys of {what}: {known})")
+    hints = typing.get_type_hints(cls)
+    kwargs = {k: _convert(hints[k], v, _join(where, k), source) for k, v in data.items()}
+    for name, f in names.items():
+        if name in kwargs or f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
+            continue
+        if dataclasses.is_dataclass(hints[name]):       # a section or sub-section: its own keys say what is missing
+            kwargs[name] = _build(hints[name], {}, _join(where, name), source)
+        else:
+            raise ConfigError(f"{source}: {_join(where, name)!r} is required (it has no default)")
+    try:
+        return cls(**kwargs)
+    except (ValueError, TypeError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"{source}: {e}") from e
+
+
+def _join(where: str, key: Any) -> str:
+    return f"{where}.{key}" if where else str(key)
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(tp: Any, value: Any, where: str, source: str) -> Any:
+    """`value` as type `tp`: numbers stay numbers (an int is a float, a bool is neither), lists
+    become tuples, mappings are checked value by value, dataclasses recursively."""
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where, source)
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _convert(a, value, where, source)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{source}: {where} must be {_type_name(tp)}, not {value!r}")
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{source}: {where} must be a list, not {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v, f"{where}[{i}]", source) for i, v in enumerate(value))
+        if len(value) != len(args):
+            raise ConfigError(f"{source}: {where} must be a list of {len(args)}, not {value!r}")
+        return tuple(_convert(a, v, f"{where}[{i}]", source) for i, (a, v) in enumerate(zip(args, value)))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{source}: {where} must be a mapping, not {value!r}")
+        return {k: _convert(args[1], v, _join(where, k), source) for k, v in value.items()}
+    ok = {bool: isinstance(value, bool),
+          int: isinstance(value, int) and not isinstance(value, bool),
+          float: isinstance(value, (int, float)) and not isinstance(value, bool),
+          str: isinstance(value, str)}
+    if tp not in ok:
+        raise TypeError(f"settings field {where}: unsupported type {tp!r}")
+    if not ok[tp]:
+        raise ConfigError(f"{source}: {where} must be {_type_name(tp)}, not {value!r}")
+    return float(value) if tp is float else value

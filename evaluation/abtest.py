@@ -1,0 +1,226 @@
+"""The randomized control test of ALICCS §5.3: treatment (odd CRC32 of the client address, the
+CCS strategy) against control (even, the default CUBIC), as Figs. 12 and 14 plot it — rebuffer
+rate and retransmission rate, overall, per region (Fig. 14 right: per province) and per
+client-reported network type (Fig. 12: Wi-Fi vs 4G).
+
+Assignment is by `ab_treatment` (intent to treat: a treatment connection whose prefix missed the
+table still counts as treatment). Both metrics are ratios of sums over connections, and the unit
+of randomization is the client address, not the connection: the connections of one address share
+its path, so they are correlated. The confidence interval therefore comes from the delta method
+on per-address cluster sums (the ratio-metric variance of Deng et al., "Applying the Delta Method
+in Metric Analytics", KDD'18): per arm, R = ΣY/ΣX over clusters i with
+
+    Var(R) ≈ Σ_i (Y_i − R·X_i)² / (n (n − 1) X̄²),
+
+and the relative change t/c − 1 gets its interval on the log scale,
+log(R_t/R_c) ± z·sqrt(Var(R_t)/R_t² + Var(R_c)/R_c²) (the arms are independent).
+
+extract (silver.connections over the hours) → pure transforms (`metric_rows`, `arm_moments` in
+Spark; `compare` on the few moment rows, pure Python so numpy can run the same estimator) → load
+(gold.ab_test, replaced per window).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+from pyspark.sql import DataFrame, SparkSession, functions as F
+
+from ccselect.lake import connections_in, write_window
+
+#: metric → (numerator, denominator) silver columns: ALICCS §5.3's rebuffer rate (stall time over
+#: play time, connections with a playback session) and retransmission rate (retransmitted over sent
+#: segments)
+METRICS = {"rebuffer_rate": ("rebuffer_ms", "play_ms"), "retrans_rate": ("total_retrans", "data_segs_out")}
+#: client-reported network types → the two groups Fig. 12 compares (4G and 5G are both cellular)
+NET_GROUPS = {"wifi": "wifi", "4g": "cell", "5g": "cell"}
+MOMENT_KEYS = ("segment_kind", "segment", "metric", "arm")
+#: exact integer moments: squared cluster sums can pass 2^63 on a big window, decimal(38,0) cannot
+_EXACT = "decimal(38,0)"
+
+
+# ---- Spark transforms ---------------------------------------------------------------------------
+
+def segments(df: DataFrame) -> DataFrame:
+    """One row per connection and segment it belongs to: (`all`, `all`), (`region`, the region of
+    its user group `<region>-AS<asn>`; none when unmatched) and (`net_type`, `wifi`/`cell`; only
+    for the 5-10% of connections whose client reported a network type)."""
+    region = F.regexp_extract(F.col("ug_id"), r"^(.*)-AS[0-9]+$", 1)
+    net = F.create_map(*[F.lit(x) for kv in NET_GROUPS.items() for x in kv])[F.lower(F.col("net_type"))]
+    seg = F.array(
+        F.struct(F.lit("all").alias("segment_kind"), F.lit("all").alias("segment")),
+        F.struct(F.lit("region").alias("segment_kind"), F.when(region != "", region).alias("segment")),
+        F.struct(F.lit("net_type").alias("segment_kind"), net.alias("segment")))
+    return (df.select("*", F.explode(seg).alias("_seg")).select("*", "_seg.*").drop("_seg")
+            .where(F.col("segment").isNotNull()))
+
+
+def metric_rows(df: DataFrame) -> DataFrame:
+    """One row per (segment, metric, connection) that counts for the metric: `arm`, the cluster
+    `client_ip`, numerator `y` and denominator `x` (connections with x = 0 — no playback session,
+    nothing sent — have no rate and are left out, as the paper's rates over sessions)."""
+    arm = F.when(F.col("ab_treatment"), F.lit("treatment")).otherwise(F.lit("control"))
+    ms = F.array(*[F.struct(F.lit(m).alias("metric"), F.col(y).cast("long").alias("y"), F.col(x).cast("long").alias("x"))
+                   for m, (y, x) in METRICS.items()])
+    return (segments(df.where(F.col("ab_treatment").isNotNull()))
+            .select("segment_kind", "segment", arm.alias("arm"), "client_ip", F.explode(ms).alias("_m"))
+            .select("segment_kind", "segment", "_m.metric", "arm", "client_ip", "_m.y", "_m.x")
+            .where((F.col("x") > 0) & F.col("y").isNotNull()))
+
+
+def arm_moments(rows: DataFrame) -> DataFrame:
+    """Per (segment, metric, arm): connections, clusters (client addresses) and the cluster-sum
+    moments the delta method needs — Σy, Σx, Σy², Σx², Σxy over per-address sums, exact."""
+    per_ip = rows.groupBy(*MOMENT_KEYS, "client_ip").agg(
+        F.count(F.lit(1)).alias("conns"), F.sum("y").cast(_EXACT).alias("y"), F.sum("x").cast(_EXACT).alias("x"))
+    return per_ip.groupBy(*MOMENT_KEYS).agg(
+        F.sum("conns").alias("conns"), F.count(F.lit(1)).alias("clusters"),
+        F.sum("y").alias("sy"), F.sum("x").alias("sx"),
+        F.sum(F.col("y") * F.col("y")).cast(_EXACT).alias("syy"),
+        F.sum(F.col("x") * F.col("x")).cast(_EXACT).alias("sxx"),
+        F.sum(F.col("x") * F.col("y")).cast(_EXACT).alias("sxy"))
+
+
+# ---- the estimator (pure Python: the same function runs on numpy sums in the tests) ---------------
+
+@dataclass(frozen=True)
+class ArmMoments:
+    """Cluster-sum moments of one arm: `conns` connections in `clusters` clusters, and
+    Σ_i Y_i, Σ_i X_i, Σ_i Y_i², Σ_i X_i², Σ_i X_i·Y_i over the clusters' sums."""
+    conns: int
+    clusters: int
+    sy: float
+    sx: float
+    syy: float
+    sxx: float
+    sxy: float
+
+    @classmethod
+    def of_clusters(cls, y: Any, x: Any, conns: int | None = None) -> "ArmMoments":
+        """From per-cluster sums Y_i, X_i (array-likes of equal length)."""
+        ys, xs = np.asarray(y, dtype=float), np.asarray(x, dtype=float)
+        return cls(len(ys) if conns is None else conns, len(ys), float(ys.sum()), float(xs.sum()),
+                   float(ys @ ys), float(xs @ xs), float(xs @ ys))
+
+    @property
+    def ratio(self) -> float | None:
+        return self.sy / self.sx if self.sx > 0 else None
+
+    def ratio_var(self) -> float | None:
+        """Delta-method variance of ΣY/ΣX with the cluster as unit: Σ(Y_i − R X_i)² / (n(n−1) X̄²)
+        (Σ(Y_i − R X_i) is 0 at R = ΣY/ΣX, so this is the residuals' sample variance over n)."""
+        n, r = self.clusters, self.ratio
+        if r is None or n < 2:
+            return None
+        resid = max(self.syy - 2 * r * self.sxy + r * r * self.sxx, 0.0)
+        xbar = self.sx / n
+        return resid / (n * (n - 1) * xbar * xbar)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    control: float | None
+    treatment: float | None
+    rel_change: float | None
+    ci_lo: float | None
+    ci_hi: float | None
+    p_value: float | None
+    significant: bool | None
+
+
+def compare(control: ArmMoments, treatment: ArmMoments, confidence: float = 0.95,
+            min_clusters: int = 30) -> Comparison:
+    """Treatment vs control of one ratio metric: both rates, the relative change t/c − 1, its
+    two-sided `confidence` interval (delta method on the log ratio, so the interval stays above
+    −100%) and the p-value of "no change". The interval and p-value need `min_clusters` clusters
+    in each arm (the delta method is a large-sample approximation) and non-zero rates."""
+    c, t = control.ratio, treatment.ratio
+    rel = t / c - 1 if c and t is not None else None
+    none = Comparison(c, t, rel, None, None, None, None)
+    if rel is None or not t or min(control.clusters, treatment.clusters) < max(min_clusters, 2):
+        return none
+    vc, vt = control.ratio_var(), treatment.ratio_var()
+    if vc is None or vt is None:
+        return none
+    se = math.sqrt(vc / (c * c) + vt / (t * t))
+    log_ratio = math.log(t / c)
+    if se == 0:
+        return Comparison(c, t, rel, rel, rel, 0.0 if log_ratio else 1.0, log_ratio != 0)
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    p = math.erfc(abs(log_ratio) / se / math.sqrt(2))
+    return Comparison(c, t, rel, math.exp(log_ratio - z * se) - 1, math.exp(log_ratio + z * se) - 1, p,
+                      p < 1 - confidence)
+
+
+RESULT_SCHEMA = ("segment_kind string, segment string, metric string, n_control long, n_treatment long, "
+                 "clusters_control long, clusters_treatment long, control double, treatment double, "
+                 "rel_change double, ci_lo double, ci_hi double, p_value double, significant boolean")
+
+
+def results(moments: list[dict[str, Any]], confidence: float, min_clusters: int) -> list[tuple]:
+    """gold.ab_test rows (RESULT_SCHEMA order) from collected `arm_moments` rows; a segment with
+    one arm only gets its rate and counts, no comparison."""
+    by: dict[tuple[str, str, str], dict[str, ArmMoments]] = {}
+    for m in moments:
+        am = ArmMoments(int(m["conns"]), int(m["clusters"]),
+                        *[float(m[k]) for k in ("sy", "sx", "syy", "sxx", "sxy")])
+        by.setdefault((m["segment_kind"], m["segment"], m["metric"]), {})[m["arm"]] = am
+    empty = ArmMoments(0, 0, 0.0, 0.0, 0.0, 0.0, 0.0)
+    out = []
+    for key in sorted(by):
+        c, t = by[key].get("control", empty), by[key].get("treatment", empty)
+        r = compare(c, t, confidence, min_clusters)
+        out.append((*key, c.conns, t.conns, c.clusters, t.clusters, r.control, r.treatment, r.rel_change,
+                    r.ci_lo, r.ci_hi, r.p_value, r.significant))
+    return out
+
+
+def analyse(conns: DataFrame, confidence: float = 0.95, min_clusters: int = 30) -> DataFrame:
+    """silver.connections rows → the gold.ab_test rows of one window (without `window`)."""
+    rows = [r.asDict() for r in arm_moments(metric_rows(conns)).collect()]
+    return conns.sparkSession.createDataFrame(results(rows, confidence, min_clusters), RESULT_SCHEMA)
+
+
+def assignment(conns: DataFrame) -> dict[str, Any]:
+    """How the logged decisions agree with the arms: control connections should all be
+    `ab_control` and no treatment connection should be; otherwise no A/B ran in (part of) the
+    window and the comparison is not a randomized one."""
+    r = conns.agg(
+        F.count(F.when(~F.col("ab_treatment"), 1)).alias("control"),
+        F.count(F.when(F.col("ab_treatment"), 1)).alias("treatment"),
+        F.count(F.when(~F.col("ab_treatment") & (F.col("decision") == "ab_control"), 1)).alias("control_ab_control"),
+        F.count(F.when(F.col("ab_treatment") & (F.col("decision") == "ab_control"), 1)).alias("treatment_ab_control"),
+        F.count(F.when(F.col("ab_treatment") & (F.col("cc") == "bbr"), 1)).alias("treatment_bbr"),
+        F.count(F.when(~F.col("ab_treatment") & (F.col("cc") == "bbr"), 1)).alias("control_bbr"),
+    ).first().asDict()
+    share = lambda a, b: round(r[a] / r[b], 4) if r[b] else None  # noqa: E731
+    return {"connections": {"control": r["control"], "treatment": r["treatment"]},
+            "control_logged_ab_control": share("control_ab_control", "control"),
+            "treatment_logged_ab_control": share("treatment_ab_control", "treatment"),
+            "bbr_share": {"control": share("control_bbr", "control"), "treatment": share("treatment_bbr", "treatment")}}
+
+
+# ---- extract / load -----------------------------------------------------------------------------
+
+def extract(spark: SparkSession, cfg: Any, lo: str, hi: str) -> DataFrame:
+    cols = ("ab_treatment", "decision", "cc", "client_ip", "ug_id", "net_type", *{c for yx in METRICS.values() for c in yx})
+    return connections_in(spark, cfg, lo, hi).select(*cols)
+
+
+def run(spark: SparkSession, cfg: Any, lo: str, hi: str) -> dict[str, Any]:
+    """gold.ab_test for the hours lo..hi (inclusive), replacing that window's rows; returns the
+    window, its rows (as dicts) and the assignment check."""
+    confidence, min_clusters = cfg.settings.abtest.confidence, cfg.settings.abtest.min_clusters
+    window = f"{lo}..{hi}"
+    conns = extract(spark, cfg, lo, hi).cache()
+    try:
+        table = analyse(conns, confidence, min_clusters)
+        n = write_window(spark, cfg, table, "gold.ab_test", window)
+        check = assignment(conns)
+    finally:
+        conns.unpersist()
+    return {"window": window, "confidence": confidence, "rows": n, "assignment": check,
+            "results": [r.asDict() for r in table.collect()]}

@@ -1,0 +1,668 @@
+"""`ccs emulate`: trace-driven QoE emulation of CC-selection policies (ALICCS §5.4, Appendix E, G).
+
+The trace is silver.connections with QoE joined: every playback session (a connection with a QoE
+beacon) with the CC it was served with. The fleet runs an A/B split by CRC32 of the client IP
+(ALICCS Appendix A), so inside every /24 and time window both CUBIC and BBR serve a random share of
+the clients: the time-window mechanism of §5.4 ([25, 27]) gets unbiased outcome estimates per CC.
+
+The estimator (§5.4 "To simulate any algorithm's outcomes for CCs ... not actually adopted"): a
+policy picks a CC for each session. If the trace served the session with that CC, its outcome is
+the observed one; otherwise it is the average outcome of the sessions the CC served in the same
+prefix group (/24, IPv6 /48), network type and window; if the CC served none there, the average
+over earlier windows of that prefix group and type ("historical times"); failing that, the CC's
+average over the node's sessions of that type in the window; failing everything, the observed
+outcome is kept and the session is counted as unestimated. Every session's estimate level is
+counted per policy (`n_observed`, `n_window`, `n_history`, `n_node`, `n_unestimated`).
+
+The network type of a session is its client-reported label where there is one, else the
+champion's predicted type (gold.predictions), else "unknown".
+
+Outcomes: rebuffer rate (rebuffer_ms / play_ms), retransmission rate (total_retrans /
+data_segs_out), and §5.4's aggregate QoE = 1 − α·rebuffer − (1 − α)·retransmission (α = 0.8).
+
+Policies (all decide before seeing the session's outcome; the learned ones learn only from hours
+before the emulated range, or, for Pytheas, online from its own choices):
+- `cubic` (the production default), `bbr`: everyone on one CC.
+- `oracle`: per window and /24, the CC with the best average QoE (§5.4). In-sample, that choice
+  also picks the noise of the averages it is scored with (a winner's curse: on the default fleet
+  its estimated gain over CUBIC was 2.4× its true gain, measured against the simulator's truth), so
+  it is cross-fitted: sessions are split in two folds by a hash of the connection id; a fold's CC is
+  the one that did best on the other fold, and the fold is scored with its own data only.
+  `oracle_insample` is the paper's literal version, reported beside it.
+- `aliccs`: the purity-aggregated table (export.tables.aggregate, Algorithm 1) built from the previous
+  hour's gold.predictions (the last `pipeline.export_window_hours` of them, as the hourly export
+  does), looked up by longest-prefix match; a miss keeps the default CC — what the edge enforces
+  in the hour after the hourly export.
+- `configanator`: network classes (K-means over per-/24 mean features, Configanator §3.2), each
+  class's best CC over the training hours, a decision tree from {the /24's features, its class}
+  to that CC (the exploitation arm, §3.1), and an ε-bandit exploring a random CC (§3.1 arm 2).
+- `disco`: a decision tree from what a flow shows when it is accepted (its MSS, the client's
+  initial window, the handshake's RTT — `HANDSHAKE_FEATURES`) to the CC that did better in its /24
+  and window over the training hours (Disco [47]; Antelope is the same per flow, Appendix E). Only
+  the handshake: the rest of a session's TCP statistics exist once it has run under some CC.
+- `pytheas`: group-based exploration–exploitation (Pytheas [26]): per user group (region + ASN)
+  and node, a discounted UCB bandit over the two CCs, updated with each session's outcome.
+- `true_type` (only with the simulator's truth): Wi-Fi → CUBIC, 4G/5G → BBR by the true network
+  type — the classifier's upper bound, per session.
+- `true_table` (only with the truth): the table ALICCS's design would serve with a perfect
+  classifier — per prefix group, the majority true type of its sessions in the hour the table is
+  built from (`table_lag_hours` before, all nodes, as the hourly export), Wi-Fi → CUBIC, 4G/5G →
+  BBR, a group without sessions then → the default. The bound of a prefix table with that lag:
+  what the hour of lag costs even without a single misclassification.
+The truth is read for these two policies and for the `truth` check of the summary, never for
+anything a policy learns from.
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from pyspark.sql import DataFrame, SparkSession, Window, functions as F
+
+from ccselect.config import Config
+from ccselect.contract import FEATURES
+from ccselect.hours import SPARK_HOUR_FMT, hour_shift
+from ccselect.ipaddr import with_ip
+from ccselect.lake import table_path, write_window
+from ccselect.settings import ConfiganatorSettings, EmulateSettings
+from export.tables.aggregate import address_decisions, ladder_entries, model_weights
+from features.prefixes import prefix_means_frame
+from models.configanator import choose_classes, network_class
+# Imported inside the functions that use them (heavy, not needed to import this module): sklearn.
+
+CCS = ("cubic", "bbr")
+POLICIES = ("cubic", "bbr", "oracle", "oracle_insample", "aliccs", "configanator", "disco", "pytheas",
+            "true_type", "true_table")
+#: the policies that read the simulator's truth (only with --truth)
+TRUTH_POLICIES = ("true_type", "true_table")
+LEVELS = ("observed", "window", "history", "node", "unestimated")
+PERCENTILES = (50, 85, 90, 95, 99)
+#: what the edge knows of a flow when it picks its CC (sock_ops PASSIVE_ESTABLISHED): the MSS, the
+#: receive window of the client's SYN, and the SYN-ACK → ACK time
+HANDSHAKE_FEATURES = ("mss_bytes", "init_snd_wnd_bytes", "connection_time_us")
+
+
+def hour_shift_col(hour: str, hours: int):
+    """`hour_shift` as a column expression over the string column `hour`."""
+    return F.date_format(F.to_timestamp(hour, SPARK_HOUR_FMT) + F.expr(f"INTERVAL {hours} HOURS"), SPARK_HOUR_FMT)
+
+
+# ---- extract ------------------------------------------------------------------------------------
+
+def extract(spark: SparkSession, cfg: Config, lo: str, hi: str, p: EmulateSettings) -> DataFrame:
+    """The playback sessions of silver over [lo − train_hours, hi], with the champion's predicted
+    type (gold.predictions, where scored) and `in_range` marking the emulated hours."""
+    first = hour_shift(lo, -p.train_hours)
+    conns = (spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+             .where(F.col("hour").between(first, hi) & (F.col("play_ms") > 0)))
+    pred_path = table_path(cfg, "gold.predictions")
+    if os.path.exists(pred_path):
+        preds = (spark.read.format("delta").load(pred_path).where(F.col("hour").between(first, hi))
+                 .select("conn_id", "node_id", "hour", "pred_net_type"))
+        conns = conns.join(preds, ["conn_id", "node_id", "hour"], "left")
+    else:
+        conns = conns.withColumn("pred_net_type", F.lit(None).cast("string"))
+    return conns.withColumn("in_range", F.col("hour").between(lo, hi))
+
+
+# ---- transforms: outcomes and the estimator -----------------------------------------------------
+
+def sessions(conns: DataFrame, p: EmulateSettings) -> DataFrame:
+    """One row per playback session: keys, the observed outcome, network type, window and fold."""
+    label = F.lower(F.col("label"))
+    typ = (F.when(label == "wifi", "wifi").when(label.isin("4g", "5g", "cell"), "cell")
+           .when(F.col("pred_net_type").isNotNull(), F.col("pred_net_type")).otherwise("unknown"))
+    wms = p.window_minutes * 60_000
+    return conns.select(
+        "conn_id", "node_id", "hour", "in_range", "client_ip", "ug_id", "cc", *FEATURES,
+        F.coalesce(F.col("prefix24"), F.col("prefix48"), F.col("client_ip")).alias("prefix"),
+        typ.alias("net_type"),
+        (F.floor(F.col("ts_start_ms") / wms) * wms).cast("long").alias("window_ms"),
+        F.least(F.col("rebuffer_ms") / F.col("play_ms"), F.lit(1.0)).alias("reb"),
+        F.when(F.col("data_segs_out") > 0, F.col("total_retrans") / F.col("data_segs_out"))
+        .otherwise(0.0).alias("ret"),
+        (F.crc32(F.col("conn_id")) % 2).cast("int").alias("fold"),
+        F.col("ts_start_ms"))
+
+
+def _cell_stats(s: DataFrame, keys: list[str], suffix: str) -> DataFrame:
+    """Per `keys`: sessions and summed outcomes per CC, pivoted to `<n|reb|ret>_<cc><suffix>`."""
+    aggs = []
+    for c in CCS:
+        mine = F.col("cc") == c
+        aggs += [F.sum(F.when(mine, 1).otherwise(0)).alias(f"n_{c}{suffix}"),
+                 F.sum(F.when(mine, F.col("reb")).otherwise(0.0)).alias(f"reb_{c}{suffix}"),
+                 F.sum(F.when(mine, F.col("ret")).otherwise(0.0)).alias(f"ret_{c}{suffix}")]
+    return s.groupBy(*keys).agg(*aggs)
+
+
+def _history(s: DataFrame) -> DataFrame:
+    """Per (node, prefix, type, window): sums over the strictly earlier windows of that prefix
+    group and type, as `<n|reb|ret>_<cc>_h`."""
+    keys = ["node_id", "prefix", "net_type"]
+    per_window = _cell_stats(s, keys + ["window_ms"], "_h")
+    w = Window.partitionBy(*keys).orderBy("window_ms").rowsBetween(Window.unboundedPreceding, -1)
+    cols = [c for c in per_window.columns if c.endswith("_h")]
+    return per_window.select(*keys, "window_ms", *[F.coalesce(F.sum(c).over(w), F.lit(0)).alias(c) for c in cols])
+
+
+def estimates(s: DataFrame) -> DataFrame:
+    """Add, for each CC, the session's outcome under it (`reb_<cc>`, `ret_<cc>`) and the level it
+    came from (`lvl_<cc>`), with the chain of the module docstring; and the same from the
+    session's own fold only (`freb_<cc>`, `fret_<cc>`, `flvl_<cc>`: observed, the fold's window,
+    history, node), which the cross-fitted oracle scores with; and the estimate without the
+    current window (`preb_<cc>`, `pret_<cc>`: history, node), which it decides with where the other
+    fold is empty."""
+    cell = ["node_id", "prefix", "net_type", "window_ms"]
+    out = (s.join(_cell_stats(s, cell, "_w"), cell, "left")
+           .join(_cell_stats(s, cell + ["fold"], "_f"), cell + ["fold"], "left")
+           .join(_history(s), cell, "left")
+           .join(_cell_stats(s, ["node_id", "net_type", "window_ms"], "_n"), ["node_id", "net_type", "window_ms"], "left"))
+    cols = []
+    for c in CCS:
+        obs = F.col("cc") == c
+
+        def mean(metric: str, suffix: str):
+            return F.col(f"{metric}_{c}{suffix}") / F.col(f"n_{c}{suffix}")
+
+        def has(suffix: str):
+            return F.coalesce(F.col(f"n_{c}{suffix}"), F.lit(0)) > 0
+
+        def chain(levels: list[tuple[str, str]], observed: bool):
+            """(when-expression per metric, level) over (suffix, level name) in order."""
+            out_cols = {}
+            for metric in ("reb", "ret"):
+                e = F.when(obs, F.col(metric)) if observed else None
+                for suffix, _ in levels:
+                    e = F.when(has(suffix), mean(metric, suffix)) if e is None else e.when(has(suffix), mean(metric, suffix))
+                out_cols[metric] = e.otherwise(F.col(metric))     # unestimated: the observed outcome
+            lvl = F.when(obs, "observed") if observed else None
+            for suffix, name in levels:
+                lvl = F.when(has(suffix), name) if lvl is None else lvl.when(has(suffix), name)
+            return out_cols, lvl.otherwise("unestimated")
+
+        std, lvl = chain([("_w", "window"), ("_h", "history"), ("_n", "node")], True)
+        fold, flvl = chain([("_f", "window"), ("_h", "history"), ("_n", "node")], True)
+        prior, _ = chain([("_h", "history"), ("_n", "node")], False)
+        cols += [std["reb"].alias(f"reb_{c}"), std["ret"].alias(f"ret_{c}"), lvl.alias(f"lvl_{c}"),
+                 fold["reb"].alias(f"freb_{c}"), fold["ret"].alias(f"fret_{c}"), flvl.alias(f"flvl_{c}"),
+                 prior["reb"].alias(f"preb_{c}"), prior["ret"].alias(f"pret_{c}")]
+    return out.select(*s.columns, *cols)
+
+
+def qoe(reb, ret, alpha: float):
+    """ALICCS §5.4: QoE = 1 − α·rebuffer − (1 − α)·retransmission."""
+    return F.lit(1.0) - F.lit(alpha) * reb - F.lit(1.0 - alpha) * ret
+
+
+# ---- policies: each returns (conn_id, choice) for the sessions it decides -----------------------
+
+def fixed_policy(est: DataFrame, cc: str) -> DataFrame:
+    return est.select("conn_id", F.lit(cc).alias("choice"))
+
+
+def oracle_insample(est: DataFrame, p: EmulateSettings) -> DataFrame:
+    """§5.4's Oracle as written: per node, window and /24, the CC with the best average QoE over
+    the cell's sessions (observed or estimated)."""
+    cell = ["node_id", "window_ms", "prefix"]
+    q = {c: F.avg(qoe(F.col(f"reb_{c}"), F.col(f"ret_{c}"), p.alpha)).alias(f"q_{c}") for c in CCS}
+    best = est.groupBy(*cell).agg(*q.values()).select(
+        *cell, F.when(F.col("q_bbr") > F.col("q_cubic"), "bbr").otherwise("cubic").alias("choice"))
+    return est.select("conn_id", *cell).join(best, cell).select("conn_id", "choice")
+
+
+def oracle_crossfit(est: DataFrame, p: EmulateSettings) -> DataFrame:
+    """The Oracle cross-fitted over two folds: fold f of a (node, window, /24) takes the CC whose
+    average QoE over the other fold's sessions (fold-own estimates) is best; where the other fold
+    has no session, the CC whose earlier-window estimate is best for the cell."""
+    cell = ["node_id", "window_ms", "prefix"]
+    per_fold = est.groupBy(*cell, "fold").agg(
+        *[F.avg(qoe(F.col(f"freb_{c}"), F.col(f"fret_{c}"), p.alpha)).alias(f"q_{c}") for c in CCS])
+    other = per_fold.select(*cell, (F.lit(1) - F.col("fold")).alias("fold"),
+                            F.when(F.col("q_bbr") > F.col("q_cubic"), "bbr").otherwise("cubic").alias("_other"))
+    prior = est.groupBy(*cell).agg(*[F.avg(qoe(F.col(f"preb_{c}"), F.col(f"pret_{c}"), p.alpha)).alias(f"p_{c}")
+                                     for c in CCS]).select(
+        *cell, F.when(F.col("p_bbr") > F.col("p_cubic"), "bbr").otherwise("cubic").alias("_prior"))
+    return (est.select("conn_id", *cell, "fold").join(other, cell + ["fold"], "left").join(prior, cell, "left")
+            .select("conn_id", F.coalesce("_other", "_prior").alias("choice")))
+
+
+def true_type_policy(est: DataFrame, truth: DataFrame) -> DataFrame:
+    """Wi-Fi → CUBIC, 4G/5G → BBR by the simulator's true network type (an upper bound)."""
+    return (est.select("conn_id").join(truth.select("conn_id", "true_type"), "conn_id", "left")
+            .select("conn_id", F.when(F.col("true_type") == "wifi", "cubic")
+                    .when(F.col("true_type").isNotNull(), "bbr").otherwise("cubic").alias("choice")))
+
+
+def true_table_policy(s: DataFrame, est: DataFrame, truth: DataFrame, p: EmulateSettings) -> DataFrame:
+    """The prefix table of a perfect classifier, `table_lag_hours` old: per prefix group and hour
+    the share of cellular sessions by the true type (all nodes), the table of hour h from hour
+    h − lag; a cellular majority → BBR, else CUBIC; a group without sessions then → default."""
+    share = (s.select("conn_id", "prefix", "hour").join(truth.select("conn_id", "true_type"), "conn_id")
+             .groupBy("prefix", "hour").agg(F.avg((F.col("true_type") != "wifi").cast("double")).alias("_cell"))
+             .select("prefix", hour_shift_col("hour", p.table_lag_hours).alias("hour"), "_cell"))
+    return (est.select("conn_id", "prefix", "hour").join(share, ["prefix", "hour"], "left")
+            .select("conn_id", F.when(F.col("_cell") > 0.5, "bbr").when(F.col("_cell").isNotNull(), "cubic")
+                    .otherwise(p.default_cc).alias("choice")))
+
+
+def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSettings) -> DataFrame:
+    """The exported table of the previous hour (ALICCS Algorithm 1 over gold.predictions, the
+    export's ladder and purity thresholds), longest-prefix matched; a miss keeps the default CC."""
+    settings = cfg.settings.export
+    hours = [r["hour"] for r in est.select("hour").distinct().collect()]
+    if not hours:
+        return est.select("conn_id", F.lit(p.default_cc).alias("choice"))
+    n_hours = max(1, cfg.settings.pipeline.export_window_hours)
+    src_hours = sorted({hour_shift(h, -p.table_lag_hours - k) for h in hours for k in range(n_hours)})
+    pred_path = table_path(cfg, "gold.predictions")
+    if not os.path.exists(pred_path):
+        return est.select("conn_id", F.lit(p.default_cc).alias("choice"))
+    # a prediction of hour t goes into the tables of hours t .. t + n − 1 (pipeline.export_window_hours)
+    preds = (spark.read.format("delta").load(pred_path).where(F.col("hour").isin(src_hours) & (F.col("decision") == "model"))
+             .withColumn("table_hour", F.explode(F.array(*[hour_shift_col("hour", k) for k in range(n_hours)]))))
+    by = ("table_hour",)
+    entries = ladder_entries(model_weights(address_decisions(preds, by), by), settings, by).select(
+        "table_hour", "fam", "level", "key", F.col("cc").alias("_ecc"))
+    conns = with_ip(est.select("conn_id", "client_ip", "hour"), "client_ip").select(
+        "conn_id", hour_shift_col("hour", -p.table_lag_hours).alias("table_hour"),
+        F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"))
+    levels = None
+    for fam, lv in settings.ladder.items():
+        arr = F.array(*[F.lit(x) for x in lv])
+        levels = F.when(F.col("fam") == fam, arr) if levels is None else levels.when(F.col("fam") == fam, arr)
+    looked = (conns.withColumn("level", F.explode(levels)).withColumn("key", F.expr("substring(hex, 1, level div 4)"))
+              .join(entries, ["table_hour", "fam", "level", "key"], "left")
+              .groupBy("conn_id").agg(F.max(F.when(F.col("_ecc").isNotNull(), F.struct("level", "_ecc"))).alias("_m")))
+    return (est.select("conn_id").join(looked, "conn_id", "left")
+            .select("conn_id", F.coalesce(F.col("_m._ecc"), F.lit(p.default_cc)).alias("choice")))
+
+
+def _log_features(features: tuple[str, ...]) -> list:
+    return [F.log1p(F.greatest(F.col(f).cast("double"), F.lit(0.0))).alias(f) for f in features]
+
+
+def _best_cc_labels(train: DataFrame, keys: list[str], p: EmulateSettings) -> DataFrame:
+    """Per `keys` over the training sessions: the CC whose observed average QoE is better (both
+    CCs must have served the group; ties → the default)."""
+    q = qoe(F.col("reb"), F.col("ret"), p.alpha)
+    g = train.groupBy(*keys).agg(*[F.avg(F.when(F.col("cc") == c, q)).alias(f"q_{c}") for c in CCS])
+    return (g.where(F.col("q_cubic").isNotNull() & F.col("q_bbr").isNotNull())
+            .select(*keys, F.when(F.col("q_bbr") > F.col("q_cubic"), "bbr")
+                    .when(F.col("q_cubic") > F.col("q_bbr"), "cubic").otherwise(p.default_cc).alias("best")))
+
+
+def _prefix_means(df: DataFrame) -> DataFrame:
+    """Per (node, /24): the mean log features of its sessions (Configanator's per-path archive)."""
+    means = prefix_means_frame(df.select("node_id", "prefix", *_log_features(FEATURES)),
+                               ["node_id", "prefix"], FEATURES, prefix="")
+    return means.select("node_id", "prefix", *[F.col("m_" + f).alias(f) for f in FEATURES])
+
+
+def _explore(p: EmulateSettings, tag: str):
+    """Deterministic per-session coin of the ε-bandit: (explores?, the random CC)."""
+    u = (F.crc32(F.concat(F.col("conn_id"), F.lit(f"/{tag}/{p.seed}"))) % 10_000) / 10_000.0
+    return u < F.lit(p.epsilon), F.when((F.crc32(F.concat(F.lit(f"{tag}/"), F.col("conn_id"))) % 2) == 1, "bbr").otherwise("cubic")
+
+
+def configanator_policy(train: DataFrame, est: DataFrame, p: EmulateSettings) -> tuple[DataFrame, dict]:
+    """Configanator §3.1-3.2 as a CC selector: network classes (K-means over the training /24s'
+    mean log features, K by the NC-spread rule of models/configanator.py), each class's best CC
+    over the training sessions, a decision tree {the /24's mean features, its class} → that CC,
+    and an ε-bandit exploring a random CC on ε of the sessions."""
+    from sklearn.tree import DecisionTreeClassifier
+
+    spark = est.sparkSession
+    # sorted: K-means and the tree then see the same rows in the same order on every run
+    means = _prefix_means(train).toPandas().sort_values(["node_id", "prefix"], ignore_index=True)
+    if means.empty:
+        return est.select("conn_id", F.lit(p.default_cc).alias("choice")), {"classes": 0}
+    mu, sd = means[list(FEATURES)].mean(), means[list(FEATURES)].std(ddof=0).replace(0, 1.0)
+    z = ((means[list(FEATURES)] - mu) / sd).to_numpy()
+    km, info = choose_classes(ConfiganatorSettings(seed=p.seed), z)
+    centroids = np.asarray(km.cluster_centers_)
+    means["nc"] = network_class(centroids, z)
+    # each class's best CC over its /24s' training sessions
+    nc_of = spark.createDataFrame(means[["node_id", "prefix", "nc"]].astype({"nc": "int64"}))
+    best = _best_cc_labels(train.join(nc_of, ["node_id", "prefix"]), ["nc"], p).toPandas()
+    best_of = dict(zip(best["nc"], best["best"]))
+    y = means["nc"].map(lambda c: best_of.get(c, p.default_cc)).to_numpy()
+    k = len(centroids)
+
+    def design(zz: np.ndarray, nc: np.ndarray) -> np.ndarray:
+        return np.hstack([zz, np.eye(k)[nc]])
+    tree = DecisionTreeClassifier(max_depth=p.tree_depth, min_samples_leaf=1, random_state=p.seed)
+    tree.fit(design(z, means["nc"].to_numpy()), y)
+    # the emulated /24s: their class from the training archive where known, else the nearest
+    # centroid of their own means over the emulated sessions (Configanator's background clusters)
+    cur = _prefix_means(est).toPandas().sort_values(["node_id", "prefix"], ignore_index=True)
+    known = means.set_index(["node_id", "prefix"])
+    zc = ((cur[list(FEATURES)] - mu) / sd).to_numpy()
+    nc = network_class(centroids, zc)
+    idx = pd.MultiIndex.from_frame(cur[["node_id", "prefix"]])
+    arch = known["nc"].reindex(idx).to_numpy()
+    nc = np.where(pd.isna(arch), nc, arch).astype(int)
+    za = np.where(pd.isna(arch)[:, None], zc, ((known[list(FEATURES)].reindex(idx) - mu) / sd).to_numpy())
+    cur["choice"] = tree.predict(design(za, nc)) if len(cur) else []
+    choice = spark.createDataFrame(cur[["node_id", "prefix", "choice"]]) if len(cur) else None
+    explores, arm = _explore(p, "configanator")
+    if choice is None:
+        return est.select("conn_id", F.lit(p.default_cc).alias("choice")), {"classes": k}
+    out = (est.select("conn_id", "node_id", "prefix").join(F.broadcast(choice), ["node_id", "prefix"], "left")
+           .select("conn_id", F.when(explores, arm).otherwise(F.coalesce("choice", F.lit(p.default_cc))).alias("choice")))
+    return out, {"classes": k, "k_chosen_by": info.get("chosen_by"), "class_best_cc": {int(a): b for a, b in best_of.items()}}
+
+
+def disco_policy(train: DataFrame, est: DataFrame, p: EmulateSettings) -> tuple[DataFrame, dict]:
+    """Disco [47] per flow: a decision tree from the flow's handshake (log) features to the CC that
+    did better in its /24 and window over the training hours."""
+    from sklearn.tree import DecisionTreeClassifier
+
+    labels = _best_cc_labels(train, ["node_id", "prefix", "window_ms"], p)
+    feats = HANDSHAKE_FEATURES
+    data = (train.join(labels, ["node_id", "prefix", "window_ms"]).select("conn_id", *_log_features(feats), "best")
+            .toPandas().sort_values("conn_id", ignore_index=True))
+    if data.empty or data["best"].nunique() < 2:
+        only = data["best"].iloc[0] if len(data) else p.default_cc
+        return est.select("conn_id", F.lit(only).alias("choice")), {"train_rows": len(data)}
+    tree = DecisionTreeClassifier(max_depth=p.tree_depth, min_samples_leaf=p.tree_min_leaf, random_state=p.seed)
+    tree.fit(data[list(feats)].to_numpy(), data["best"].to_numpy())
+    bc = est.sparkSession.sparkContext.broadcast(tree)
+
+    @F.pandas_udf("string")              # Arrow batches, never a row at a time (STYLE)
+    def predict(x: pd.DataFrame) -> pd.Series:
+        return pd.Series(bc.value.predict(x[list(feats)].to_numpy(dtype=np.float64)))
+    out = est.select("conn_id", predict(F.struct(*_log_features(feats))).alias("choice"))
+    return out, {"train_rows": len(data), "share_bbr_labels": float((data["best"] == "bbr").mean())}
+
+
+def pytheas_policy(hist: DataFrame, p: EmulateSettings) -> DataFrame:
+    """Pytheas [26]: per (node, user group), a discounted-UCB bandit over the CCs run through the
+    sessions in time order — the training hours too, so it starts warm — and updated with each
+    session's outcome under the CC it chose (observed or estimated). The exploration bonus is
+    scaled by the std of the rewards seen (QoE varies in the third decimal, so a [0, 1] UCB1 bonus
+    would explore forever)."""
+
+    alpha, c_ucb, gamma = p.alpha, p.ucb_c, p.ucb_discount
+
+    def run(df: pd.DataFrame) -> pd.DataFrame:
+        df = df.sort_values(["ts_start_ms", "conn_id"])
+        q = np.stack([1 - alpha * df[f"reb_{c}"].to_numpy() - (1 - alpha) * df[f"ret_{c}"].to_numpy() for c in CCS], 1)
+        n = np.zeros(2)
+        s = np.zeros(2)
+        s2 = np.zeros(2)
+        choice = np.empty(len(df), dtype=object)
+        for i in range(len(df)):
+            if (n < 1e-9).any():
+                a = int(np.argmax(n < 1e-9))
+            else:
+                mean = s / n
+                var = max(float((s2.sum() / n.sum()) - (s.sum() / n.sum()) ** 2), 1e-12)
+                bonus = c_ucb * math.sqrt(var) * np.sqrt(2 * math.log(n.sum()) / n)
+                a = int(np.argmax(mean + bonus))
+            choice[i] = CCS[a]
+            n *= gamma
+            s *= gamma
+            s2 *= gamma
+            r = q[i, a]
+            n[a] += 1
+            s[a] += r
+            s2[a] += r * r
+        return pd.DataFrame({"conn_id": df["conn_id"].to_numpy(), "choice": choice, "in_range": df["in_range"].to_numpy()})
+
+    cols = ["node_id", "ug_id", "conn_id", "ts_start_ms", "in_range"] + [f"{m}_{c}" for c in CCS for m in ("reb", "ret")]
+    out = (hist.select(*cols).fillna({"ug_id": "unknown"}).groupBy("node_id", "ug_id")
+           .applyInPandas(run, "conn_id string, choice string, in_range boolean"))
+    return out.where("in_range").select("conn_id", "choice")
+
+
+# ---- scoring ------------------------------------------------------------------------------------
+
+def score(est: DataFrame, choices: dict[str, DataFrame], p: EmulateSettings) -> DataFrame:
+    """Per policy and session: the choice and its outcome (the cross-fitted oracle scores with the
+    fold-own estimates), its level, and QoE."""
+    parts = []
+    for name, ch in choices.items():
+        pre = "f" if name == "oracle" else ""
+        e = est.join(ch, "conn_id", "left").withColumn("choice", F.coalesce("choice", F.lit(p.default_cc)))
+        pick = lambda m: F.when(F.col("choice") == "bbr", F.col(f"{pre}{m}_bbr")).otherwise(F.col(f"{pre}{m}_cubic"))  # noqa: E731
+        parts.append(e.select(F.lit(name).alias("policy"), "conn_id", "node_id", "window_ms", "prefix", "net_type", "choice",
+                              pick("reb").alias("rebuffer"), pick("ret").alias("retrans"), pick("lvl").alias("level")))
+    out = parts[0]
+    for x in parts[1:]:
+        out = out.unionByName(x)
+    return out.withColumn("qoe", qoe(F.col("rebuffer"), F.col("retrans"), p.alpha))
+
+
+def per_window(scored: DataFrame) -> DataFrame:
+    """gold.emulation: per policy, node, window and network type."""
+    return scored.groupBy("policy", "node_id", "window_ms", "net_type").agg(
+        F.count(F.lit(1)).alias("sessions"), F.avg("rebuffer").alias("rebuffer_rate"), F.avg("retrans").alias("retrans_rate"),
+        F.avg("qoe").alias("qoe"), F.avg((F.col("choice") == "bbr").cast("double")).alias("share_bbr"),
+        *[F.sum((F.col("level") == lv).cast("long")).alias(f"n_{lv}") for lv in LEVELS]
+    ).withColumn("window_start", (F.col("window_ms") / 1000).cast("timestamp"))
+
+
+def per_cell(scored: DataFrame) -> DataFrame:
+    """gold.emulation_cells: per policy, node, window, prefix group and network type — the
+    samples of the distributions (ALICCS Figs. 15, 17)."""
+    return scored.groupBy("policy", "node_id", "window_ms", "prefix", "net_type").agg(
+        F.count(F.lit(1)).alias("sessions"), F.avg("rebuffer").alias("rebuffer_rate"),
+        F.avg("retrans").alias("retrans_rate"), F.avg("qoe").alias("qoe"))
+
+
+def _tail_rows(cells: DataFrame, *extra) -> list:
+    """Per policy (one collect): the cells' rebuffer (`reb`) and retransmission (`ret`)
+    percentiles at PERCENTILES, and any `extra` aggregations."""
+    qs = [x / 100 for x in PERCENTILES]
+    return cells.groupBy("policy").agg(F.percentile_approx("rebuffer_rate", qs, 10_000).alias("reb"),
+                                       F.percentile_approx("retrans_rate", qs, 10_000).alias("ret"), *extra).collect()
+
+
+def _by_percentile(values, percentiles=PERCENTILES) -> dict[str, float]:
+    return {f"p{x}": v for x, v in zip(percentiles, values)}
+
+
+def summarize(windows: DataFrame, cells: DataFrame, p: EmulateSettings, truth: dict | None = None) -> dict[str, Any]:
+    """Per policy: session-weighted means (all, Wi-Fi, cellular), the distribution tail of the
+    cells' rebuffer and retransmission rates (cells with ≥ min_cell_sessions sessions), estimate
+    levels; and the share of the all-CUBIC → Oracle QoE gap each policy closes."""
+    w = windows.groupBy("policy", "net_type").agg(
+        F.sum("sessions").alias("n"), *[F.sum(F.col(m) * F.col("sessions")).alias(m) for m in ("rebuffer_rate", "retrans_rate", "qoe", "share_bbr")],
+        *[F.sum(f"n_{lv}").alias(f"n_{lv}") for lv in LEVELS]).collect()
+    out: dict[str, Any] = {}
+    for r in w:
+        d = out.setdefault(r["policy"], {"sessions": 0, "levels": {lv: 0 for lv in LEVELS}, "_sums": {}, "by_type": {}})
+        d["sessions"] += r["n"]
+        for lv in LEVELS:
+            d["levels"][lv] += r[f"n_{lv}"]
+        for m in ("rebuffer_rate", "retrans_rate", "qoe", "share_bbr"):
+            d["_sums"][m] = d["_sums"].get(m, 0.0) + r[m]
+        d["by_type"][r["net_type"]] = {"sessions": r["n"], **{m: r[m] / r["n"] for m in ("rebuffer_rate", "retrans_rate", "qoe")}}
+    for d in out.values():
+        for m, v in d.pop("_sums").items():
+            d[m] = v / d["sessions"] if d["sessions"] else None
+    big = cells.where(F.col("sessions") >= p.min_cell_sessions)
+    low = [1 - x / 100 for x in PERCENTILES]
+    for r in _tail_rows(big, F.count(F.lit(1)).alias("cells"), F.percentile_approx("qoe", low, 10_000).alias("q")):
+        d = out.setdefault(r["policy"], {})
+        d["cells"] = r["cells"]
+        d["rebuffer_pct"] = _by_percentile(r["reb"])
+        d["retrans_pct"] = _by_percentile(r["ret"])
+        d["qoe_low_pct"] = _by_percentile(r["q"], [100 - x for x in PERCENTILES])
+    base = out.get("cubic", {}).get("qoe")
+    for oracle in ("oracle", "oracle_insample"):
+        top = out.get(oracle, {}).get("qoe")
+        if base is None or top is None or top <= base:
+            continue
+        for name, d in out.items():
+            d.setdefault("gap_closed", {})[oracle] = (d["qoe"] - base) / (top - base)
+    if truth:
+        for name, t in truth.items():
+            out.setdefault(name, {})["truth"] = t
+    return out
+
+
+def tail_contrasts(cells: pd.DataFrame, p: EmulateSettings, reference: str = "aliccs", metric: str = "rebuffer_rate",
+                   percentiles: tuple[int, ...] = (85, 90, 95, 99)) -> dict[str, Any]:
+    """How sure is "the reference beats policy X at the q-th percentile"? The cells' percentiles of
+    `metric` (cells with ≥ min_cell_sessions sessions), reference − X, with a 95% interval from a
+    bootstrap over nodes (the cells of one node share its paths and hours, so the node is the unit
+    that is resampled) and the share of resamples in which the reference is lower. `cells` holds
+    gold.emulation_cells rows (policy, node_id, window_ms, prefix, net_type, sessions, metric)."""
+    big = cells[cells["sessions"] >= p.min_cell_sessions]
+    if reference not in set(big["policy"]):
+        return {}
+    wide = big.pivot_table(index=["node_id", "window_ms", "prefix", "net_type"], columns="policy", values=metric)
+    wide = wide.dropna()
+    nodes = sorted(wide.index.get_level_values("node_id").unique())
+    by_node = [wide.xs(n, level="node_id").to_numpy() for n in nodes]
+    cols = list(wide.columns)
+    ref = cols.index(reference)
+    q = np.asarray(percentiles, dtype=float)
+
+    def diffs(arr: np.ndarray) -> np.ndarray:          # (policies, percentiles): reference − policy
+        pct = np.percentile(arr, q, axis=0).T
+        return pct[ref][None, :] - pct
+
+    point = diffs(wide.to_numpy())
+    rng = np.random.default_rng(p.seed)
+    boot = np.stack([diffs(np.concatenate([by_node[i] for i in rng.integers(0, len(nodes), len(nodes))]))
+                     for _ in range(p.bootstrap_reps)])
+    lo, hi = np.percentile(boot, [2.5, 97.5], axis=0)
+    out: dict[str, Any] = {"reference": reference, "metric": metric, "unit": "node", "nodes": len(nodes),
+                           "cells": len(wide), "reps": p.bootstrap_reps, "vs": {}}
+    for i, name in enumerate(cols):
+        if i == ref:
+            continue
+        out["vs"][name] = {f"p{int(x)}": {"diff": float(point[i, k]), "lo": float(lo[i, k]), "hi": float(hi[i, k]),
+                                          "p_lower": float((boot[:, i, k] < 0).mean())}
+                           for k, x in enumerate(q)}
+    return out
+
+
+def with_truth(scored: DataFrame, truth: DataFrame) -> DataFrame:
+    """Each scored session with the simulator's expected outcomes under the CC its policy chose
+    (`exp_rebuffer`, `exp_retrans`). Evaluation only: no policy reads it."""
+    bbr = F.col("choice") == "bbr"
+    t = truth.select("conn_id", "exp_rebuffer_cubic", "exp_rebuffer_bbr", "retrans_cubic", "retrans_bbr")
+    return (scored.join(t, "conn_id").select(
+        "policy", "node_id", "window_ms", "prefix", "net_type",
+        F.when(bbr, F.col("exp_rebuffer_bbr")).otherwise(F.col("exp_rebuffer_cubic")).alias("exp_rebuffer"),
+        F.when(bbr, F.col("retrans_bbr")).otherwise(F.col("retrans_cubic")).alias("exp_retrans")))
+
+
+def truth_cells(truthful: DataFrame, p: EmulateSettings) -> DataFrame:
+    """The cells of the estimated tails (≥ min_cell_sessions sessions) of `with_truth`'s sessions,
+    each at the mean of its sessions' expected outcomes: the tail without the estimator's noise,
+    which in a cell of a few sessions is the noise of one or two stalls."""
+    return (truthful.groupBy("policy", "node_id", "window_ms", "prefix", "net_type")
+            .agg(F.count(F.lit(1)).alias("sessions"), F.avg("exp_rebuffer").alias("rebuffer_rate"),
+                 F.avg("exp_retrans").alias("retrans_rate"))
+            .where(F.col("sessions") >= p.min_cell_sessions))
+
+
+def truth_check(truthful: DataFrame, cells: DataFrame, p: EmulateSettings) -> dict:
+    """What each policy's choices would truly have delivered (`with_truth`'s sessions: the
+    simulator's per-connection expectations under the chosen CC), against the estimate: how far
+    the emulator is off; and the tail percentiles of `cells` (truth_cells). Evaluation only."""
+    rows = truthful.groupBy("policy").agg(F.count(F.lit(1)).alias("n"), F.avg("exp_rebuffer").alias("reb"),
+                                          F.avg("exp_retrans").alias("ret")).collect()
+    out = {r["policy"]: {"sessions": r["n"], "exp_rebuffer_rate": r["reb"], "exp_retrans_rate": r["ret"],
+                         "exp_qoe": 1 - p.alpha * r["reb"] - (1 - p.alpha) * r["ret"]} for r in rows}
+    base = out.get("cubic", {}).get("exp_qoe")
+    for d in out.values():
+        d["exp_qoe_gain_vs_cubic"] = d["exp_qoe"] - base if base is not None else None
+    for r in _tail_rows(cells):
+        d = out.setdefault(r["policy"], {})
+        d["exp_rebuffer_pct"] = _by_percentile(r["reb"])
+        d["exp_retrans_pct"] = _by_percentile(r["ret"])
+    return out
+
+
+def read_truth(spark: SparkSession, truth_dir: str) -> DataFrame:
+    """The simulator's per-connection truth (DIR/_truth/connections/<node>/<hour>.parquet)."""
+    path = os.path.join(truth_dir, "_truth", "connections") if os.path.isdir(os.path.join(truth_dir, "_truth")) else truth_dir
+    return (spark.read.option("recursiveFileLookup", "true").parquet(path)
+            .select("conn_id", F.col("net_type").alias("true_type"), "exp_rebuffer_cubic", "exp_rebuffer_bbr",
+                    "retrans_cubic", "retrans_bbr"))
+
+
+# ---- load and the job ---------------------------------------------------------------------------
+
+def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str, ...] | None = None,
+        truth_dir: str | None = None, params: EmulateSettings | None = None) -> dict[str, Any]:
+    """Emulate hours lo..hi: gold.emulation and gold.emulation_cells for the range (replaced on a
+    re-run), and the summary."""
+    p = params or cfg.settings.emulate
+    policies = tuple(policies or [x for x in POLICIES if x not in TRUTH_POLICIES or truth_dir])
+    unknown = set(policies) - set(POLICIES)
+    if unknown:
+        raise ValueError(f"unknown policies {sorted(unknown)}; known: {', '.join(POLICIES)}")
+    needs = [x for x in policies if x in TRUTH_POLICIES]
+    if needs and not truth_dir:
+        raise ValueError(f"policies {', '.join(needs)} need --truth (the simulator's output folder)")
+    # two policies and the truth check join it: read the parquet once
+    truth = read_truth(spark, truth_dir).persist() if truth_dir else None
+    # the sessions feed five aggregations of the estimator and the baselines' training: read once
+    s = sessions(extract(spark, cfg, lo, hi, p), p).persist()
+    est_all = estimates(s).persist()
+    try:
+        est = est_all.where("in_range").persist()
+        n = est.count()
+        if n == 0:
+            return {"range": f"{lo}..{hi}", "sessions": 0, "policies": {}}
+        train = s.where(~F.col("in_range"))
+        choices: dict[str, DataFrame] = {}
+        info: dict[str, Any] = {}
+        for name in policies:
+            if name in CCS:
+                choices[name] = fixed_policy(est, name)
+            elif name == "oracle":
+                choices[name] = oracle_crossfit(est, p)
+            elif name == "oracle_insample":
+                choices[name] = oracle_insample(est, p)
+            elif name == "aliccs":
+                choices[name] = aliccs_policy(spark, cfg, est, p)
+            elif name == "configanator":
+                choices[name], info[name] = configanator_policy(train, est, p)
+            elif name == "disco":
+                choices[name], info[name] = disco_policy(train, est, p)
+            elif name == "pytheas":
+                choices[name] = pytheas_policy(est_all, p)
+            elif name == "true_type":
+                choices[name] = true_type_policy(est, truth)
+            elif name == "true_table":
+                choices[name] = true_table_policy(s, est, truth, p)
+        scored = score(est, choices, p).persist()
+        rng = f"{lo}..{hi}"
+        n_w = write_window(spark, cfg, per_window(scored), "gold.emulation", rng)
+        n_c = write_window(spark, cfg, per_cell(scored), "gold.emulation_cells", rng)
+        path_w, path_c = table_path(cfg, "gold.emulation"), table_path(cfg, "gold.emulation_cells")
+        windows = spark.read.format("delta").load(path_w).where(F.col("window") == rng)
+        cells = spark.read.format("delta").load(path_c).where(F.col("window") == rng)
+        cols = ["policy", "node_id", "window_ms", "prefix", "net_type", "sessions", "rebuffer_rate"]
+        contrasts = {"estimated": tail_contrasts(cells.where(F.col("sessions") >= p.min_cell_sessions).select(*cols).toPandas(), p)}
+        checked = None
+        if truth is not None:
+            # one join with the truth, one aggregation into cells: the check and the contrasts read both
+            truthful = with_truth(scored, truth).persist()
+            t_cells = truth_cells(truthful, p).persist()
+            checked = truth_check(truthful, t_cells, p)
+            contrasts["truth"] = tail_contrasts(t_cells.select(*cols).toPandas(), p)
+            t_cells.unpersist()
+            truthful.unpersist()
+        summary = summarize(windows, cells, p, checked)
+        scored.unpersist()
+        est.unpersist()
+        return {"range": rng, "sessions": n, "train_hours": f"{hour_shift(lo, -p.train_hours)}..{hour_shift(lo, -1)}",
+                "window_minutes": p.window_minutes, "alpha": p.alpha, "rows": {"gold.emulation": n_w, "gold.emulation_cells": n_c},
+                "policies": summary, "tail_contrasts": contrasts, "baselines": info}
+    finally:
+        est_all.unpersist()
+        s.unpersist()
+        if truth is not None:
+            truth.unpersist()

@@ -1,0 +1,189 @@
+"""Evaluation across nodes (ALICCS §5.1, Fig. 9 right, Fig. 10): train on a share of the nodes
+(30% of the window's nodes by default, drawn from those with labels), score every held-out node
+apart.
+
+Per held-out node and variant: n, accuracy, Wi-Fi recall, 4G recall and the node's 4G share
+(Fig. 9 right plots accuracy against it); per variant: mean, worst and standard deviation
+(population) of the node accuracies. As §5.1, nodes where either type makes up less than
+`model.evaluate.min_class_share` (5%) of the labelled rows stay in the per-node table with
+`included = false` but out of the summary.
+
+Tables (both replaced per (window, variant), so re-running a variant is idempotent and other
+variants' rows stay):
+- gold.model_eval: window, variant, node_id, n, accuracy, wifi_recall, cell_recall, share_cell,
+  included, seed, share, evaluated_at — one row per held-out node (accuracy and recalls averaged
+  over the training seeds when `train_seeds` > 1);
+- gold.model_eval_summary: window, variant, mean, worst, std, nodes, acc_share_cell_corr,
+  n_train, n_test, train_nodes, test_nodes, seed, share, params (JSON), seconds, evaluated_at,
+  train_seeds, mean_sd, worst_sd, std_sd (the spread of those over training seeds; null with one).
+
+The training nodes are `share` (30%) of the window's nodes — the whole fleet's, as the paper's
+labels come "from about 30% of the CDN nodes" — drawn from the nodes that carry labels; every
+other labelled node is held out. Every variant trains on the same rows: the window's
+gold.training_set (balanced, ALICCS trains on 50% 4G) restricted to the training nodes,
+standardized with the window's feature statistics (fitted on silver, unlabelled); the prefix
+groups are fitted on the training nodes only. A held-out node is scored on all of its labelled
+connections, in its own Wi-Fi/4G mix.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import replace
+from datetime import datetime, timezone
+from typing import Callable, Iterable
+
+import numpy as np
+import pandas as pd
+
+from ccselect import delta_io
+from ccselect.lake import table_path
+from features.scaling import window_stats
+from models import configanator
+from models.crossnode import cross_node_split, per_node, seed_average, summary
+from models.dataset import window_name
+from models.grid import grid_search
+from models.train import VARIANTS, TrainParams, fit
+
+log = logging.getLogger(__name__)
+
+CONFIGANATOR = "configanator"
+ALL_VARIANTS = (*VARIANTS, CONFIGANATOR)
+
+def _corr(a: pd.Series, b: pd.Series) -> float:
+    if len(a) < 3 or a.std() == 0 or b.std() == 0:
+        return math.nan
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None = None,
+                   share: float | None = None, seed: int | None = None, epochs: int | None = None,
+                   k: int | None = None, grid: bool = False, params: TrainParams | None = None,
+                   write: bool = True, progress: Callable[[str], None] | None = None,
+                   train_seeds: int | None = None) -> dict:
+    """Train every variant (and the Configanator baseline) on the training nodes of window
+    lo..hi, score each held-out node, write gold.model_eval(+_summary); returns
+    {window, train_nodes, test_nodes, groups, variants: {v: {summary..., per_node: [...]}}}.
+
+    With `train_seeds` N > 1 (model.evaluate.train_seeds) every network variant trains N times on
+    the same split, with training seeds seed … seed + N − 1: the per-node table holds each node's
+    accuracy averaged over them, the summary (mean, worst, std) is taken over those averages, and
+    `seeds` lists each seed's own mean, worst and std (their spread: `mean_sd`, `worst_sd`,
+    `std_sd`). One seed's worst node moves by a point or more with the last epoch's noise, as much
+    as the variants differ. Configanator (a seeded K-means and tree, no stochastic training) runs
+    once."""
+
+    say = progress or log.info
+    s = cfg.settings.model.evaluate
+    share = s.share if share is None else share
+    seed = s.seed if seed is None else seed
+    train_seeds = max(1, int(s.train_seeds if train_seeds is None else train_seeds))
+    variants = tuple(variants or ALL_VARIANTS)
+    unknown = set(variants) - set(ALL_VARIANTS)
+    if unknown:
+        raise ValueError(f"unknown variants {sorted(unknown)}; choose from {ALL_VARIANTS}")
+    window = window_name(lo, hi)
+    t0 = time.time()
+    stats, stats_path, _ = window_stats(spark, cfg, lo, hi)
+    sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k)
+    tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
+    data, groups_info = sp.data, sp.groups_info
+    say(f"{window}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
+        f"{len(test_nodes)} nodes; prefix groups K(4G, Wi-Fi) = {data.n_groups}")
+
+    params = params or TrainParams(seed=seed)
+    if epochs is not None:
+        params = replace(params, epochs=epochs)
+    out: dict = {"window": window, "seed": seed, "share": share, "train_nodes": train_nodes,
+                 "test_nodes": test_nodes, "n_train": int(len(tr)), "n_test": int(len(te)),
+                 "stats": stats_path, "groups": groups_info, "train_seeds": train_seeds, "variants": {}}
+    if grid and any(v in VARIANTS for v in variants):
+        g = grid_search(params, data, tr.node, seed=seed, log=say)
+        params = replace(params, lambda1=g.lambda1, lambda2=g.lambda2)
+        out["grid"] = {"lambda1": g.lambda1, "lambda2": g.lambda2}
+    out["params"] = params.to_dict()
+
+    # §5.1: nodes with < min_class_share of 4G or Wi-Fi rows are not scored in the summary
+    cell_share = pd.Series(te.y == 0).groupby(te.node).mean()
+    mcs = s.min_class_share
+    included = {str(n): bool(mcs <= c <= 1 - mcs) for n, c in cell_share.items()}
+    out["excluded_nodes"] = sorted(n for n, ok in included.items() if not ok)
+
+    now = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    node_frames, summary_rows = [], []
+    for v in variants:
+        t1 = time.time()
+        if v == CONFIGANATOR:
+            cp = cfg.settings.model.configanator
+            model, info = configanator.fit(cp, tr.x, tr.y, tr.node, tr.prefix24)
+            frames = [per_node(te.y, configanator.predict_proba(model, te.x, te.node, te.prefix24), te.node)]
+            vparams = {**cp.__dict__, **info}
+        else:
+            frames = [per_node(te.y, fit(replace(params, variant=v, seed=params.seed + i), data).predict_proba(te.x), te.node)
+                      for i in range(train_seeds)]
+            vparams = {**replace(params, variant=v).to_dict(), "train_seeds": train_seeds}
+        per_seed = [summary(f[f["node_id"].map(included).astype(bool)]) for f in frames]
+        pn = seed_average(frames)
+        pn["included"] = pn["node_id"].map(included).astype(bool)
+        summ = summary(pn[pn["included"]])
+        summ["train_seeds"] = len(frames)
+        for m in ("mean", "worst", "std"):
+            summ[f"{m}_sd"] = float(np.std([x[m] for x in per_seed])) if len(frames) > 1 else math.nan
+        if len(frames) > 1:
+            summ["seeds"] = [{"seed": params.seed + i, **{m: x[m] for m in ("mean", "worst", "std")}}
+                             for i, x in enumerate(per_seed)]
+        inc = pn[pn["included"]]
+        summ["acc_share_cell_corr"] = _corr(inc["accuracy"], inc["share_cell"])
+        summ["seconds"] = round(time.time() - t1, 1)
+        out["variants"][v] = {**summ, "params": vparams, "per_node": pn.to_dict(orient="records")}
+        sd = (f" (seed sd {summ['mean_sd']:.4f} / {summ['worst_sd']:.4f} / {summ['std_sd']:.4f} over "
+              f"{summ['train_seeds']} seeds)" if summ["train_seeds"] > 1 else "")
+        say(f"{v:13s} mean {summ['mean']:.4f} worst {summ['worst']:.4f} std {summ['std']:.4f}{sd} "
+            f"over {summ['nodes']} nodes ({summ['seconds']:.0f}s)")
+        node_frames.append(pn.assign(window=window, variant=v, seed=seed, share=float(share), evaluated_at=now))
+        summary_rows.append({"window": window, "variant": v, "mean": summ["mean"], "worst": summ["worst"],
+                             "std": summ["std"], "nodes": summ["nodes"],
+                             "acc_share_cell_corr": summ["acc_share_cell_corr"],
+                             "n_train": int(len(tr)), "n_test": int(len(te)),
+                             "train_nodes": ",".join(train_nodes), "test_nodes": ",".join(test_nodes),
+                             "seed": seed, "share": float(share), "params": json.dumps(vparams, default=str),
+                             "seconds": summ["seconds"], "evaluated_at": now, "train_seeds": summ["train_seeds"],
+                             "mean_sd": summ["mean_sd"], "worst_sd": summ["worst_sd"], "std_sd": summ["std_sd"]})
+    if write:
+        out["tables"] = write_tables(spark, cfg, window, variants, pd.concat(node_frames, ignore_index=True),
+                                     pd.DataFrame(summary_rows))
+    out["seconds"] = round(time.time() - t0, 1)
+    return out
+
+
+EVAL_SCHEMA = ("window string, variant string, node_id string, n long, accuracy double, wifi_recall double, "
+               "cell_recall double, share_cell double, included boolean, seed long, share double, "
+               "evaluated_at string")
+SUMMARY_SCHEMA = ("window string, variant string, mean double, worst double, std double, nodes long, "
+                  "acc_share_cell_corr double, n_train long, n_test long, train_nodes string, "
+                  "test_nodes string, seed long, share double, params string, seconds double, "
+                  "evaluated_at string, train_seeds long, mean_sd double, worst_sd double, std_sd double")
+
+
+def _frame(spark, pdf: pd.DataFrame, schema: str):
+    cols = [c.strip().split(" ")[0] for c in schema.split(",")]
+    def plain(v):
+        v = v.item() if isinstance(v, np.generic) else v
+        return None if isinstance(v, float) and math.isnan(v) else v
+    rows = [tuple(plain(v) for v in r) for r in pdf[cols].itertuples(index=False, name=None)]
+    return spark.createDataFrame(rows, schema)
+
+
+def write_tables(spark, cfg, window: str, variants, per_node_pd: pd.DataFrame, summary_pd: pd.DataFrame) -> dict:
+    """Replace the (window, variant) partitions of gold.model_eval and gold.model_eval_summary."""
+    keys = {(window, v) for v in variants}
+    out = {}
+    for table, pdf, schema in (("gold.model_eval", per_node_pd, EVAL_SCHEMA),
+                               ("gold.model_eval_summary", summary_pd, SUMMARY_SCHEMA)):
+        path = table_path(cfg, table)
+        # add_columns: summary tables written before train_seeds existed gain its columns (null there)
+        delta_io.replace_partitions(_frame(spark, pdf, schema), path, keys, ("window", "variant"), add_columns=True)
+        out[table] = path
+    return out

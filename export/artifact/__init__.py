@@ -1,0 +1,1 @@
+"""The signed table artifact: binary format and Ed25519 signing."""

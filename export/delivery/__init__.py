@@ -1,0 +1,1 @@
+"""Delivering tables: the artifact store, guards, publish and the canary-first rollout."""

@@ -1,0 +1,136 @@
+"""Guard rails before a table is published (issue 7): each refusal says why, in plain words.
+
+- the model behind the decisions passed its validation gate (models.registry.gate_passed);
+- the table would not flip more than `export.guards.max_flip_share` of the traffic against the
+  live table (request-weighted over the client addresses of the predictions it was built from;
+  an address gets the entry's CC where the edge enforces it, else its default CC);
+- coverage (manifest) at least `export.guards.min_coverage`;
+- no entry overlaps reserved or bogon address space (RFC 6890 special-purpose registries, plus
+  IPv6 outside 2000::/3).
+"""
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+
+from pyspark.sql import functions as F
+
+from export.artifact import table_format as tf
+from export.tables import aggregate as agg
+from models import registry
+
+#: IPv4 special-purpose and bogon ranges (RFC 6890, RFC 5737, RFC 6598, multicast, class E).
+BOGONS_V4 = tuple(ipaddress.ip_network(n) for n in (
+    "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+    "192.0.0.0/24", "192.0.2.0/24", "192.88.99.0/24", "192.168.0.0/16", "198.18.0.0/15",
+    "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4", "240.0.0.0/4"))
+#: IPv6: everything outside global unicast 2000::/3, and the special ranges inside it.
+BOGONS_V6 = tuple(ipaddress.ip_network(n) for n in (
+    "::/3", "4000::/2", "8000::/1",  # = not 2000::/3 (covers ::, ::1, v4-mapped, fc00::/7, fe80::/10, ff00::/8)
+    "2001::/23", "2001:db8::/32", "2002::/16", "3fff::/20"))
+
+
+class GuardRefused(RuntimeError):
+    """Publishing refused; `reasons` lists every failed guard."""
+
+    def __init__(self, reasons: list[str]):
+        super().__init__("refused to publish: " + "; ".join(reasons))
+        self.reasons = reasons
+
+
+@dataclass
+class GuardReport:
+    checks: dict = field(default_factory=dict)
+    refusals: list[str] = field(default_factory=list)
+
+    def add(self, name: str, ok: bool, detail: str, value=None) -> None:
+        self.checks[name] = {"ok": bool(ok), "detail": detail, "value": value}
+        if not ok:
+            self.refusals.append(f"{name}: {detail}")
+
+    @property
+    def ok(self) -> bool:
+        return not self.refusals
+
+    def raise_if_refused(self) -> None:
+        if self.refusals:
+            raise GuardRefused(self.refusals)
+
+
+def bogon_overlaps(entries) -> list[tuple[str, str]]:
+    """(entry prefix, bogon range) for every entry overlapping reserved/bogon space."""
+    out = []
+    for e in entries:
+        for b in (BOGONS_V4 if e.family == 4 else BOGONS_V6):
+            if e.prefix.overlaps(b):
+                out.append((str(e.prefix), str(b)))
+                break
+    return out
+
+
+def check_gate(report: GuardReport, cfg, model_versions: list[str]) -> None:
+    """Every registered model version the decisions came from passed its gate."""
+    if not cfg.settings.export.guards.require_gate:
+        report.add("gate", True, "gate check switched off (export.guards.require_gate)")
+        return
+    if not model_versions:
+        report.add("gate", False, "the table's decisions name no model version")
+        return
+    failed = [v for v in model_versions if not registry.gate_passed(cfg, str(v))]
+    report.add("gate", not failed,
+               f"model version(s) {failed} did not pass the validation gate" if failed
+               else f"model version(s) {model_versions} passed the gate", model_versions)
+
+
+def check_coverage(report: GuardReport, cfg, coverage: float) -> None:
+    floor = cfg.settings.export.guards.min_coverage
+    report.add("coverage", coverage >= floor,
+               f"coverage {coverage:.1%} is below the floor {floor:.1%} (export.guards.min_coverage)"
+               if coverage < floor else f"coverage {coverage:.1%} ≥ {floor:.1%}", coverage)
+
+
+def check_bogons(report: GuardReport, entries) -> None:
+    bad = bogon_overlaps(entries)
+    report.add("bogons", not bad,
+               f"{len(bad)} entries overlap reserved/bogon ranges, e.g. "
+               + ", ".join(f"{p} ∩ {b}" for p, b in bad[:5]) if bad else "no reserved/bogon prefixes",
+               len(bad))
+
+
+def flip_share(preds, new_entries, live_entries) -> float:
+    """Request-weighted share of the predictions' client addresses whose effective CC differs
+    between the live table and the new one (Spark; longest-prefix match as the kernel does)."""
+
+    aw = agg.address_weights(agg.address_decisions(preds))
+    aw = agg.lpm(agg.lpm(aw, list(new_entries), "new"), list(live_entries), "live")
+    eff = lambda p: F.when(F.col(f"{p}_effective"), F.col(f"{p}_cc")).otherwise(F.col("default_cc"))  # noqa: E731
+    s = aw.agg(F.sum("w_all").alias("w"),
+               F.sum(F.when(~eff("new").eqNullSafe(eff("live")), F.col("w_all")).otherwise(0)).alias("flip")).first()
+    return (int(s["flip"] or 0) / int(s["w"])) if s["w"] else 0.0
+
+
+def check_flips(report: GuardReport, cfg, preds, new_entries, live: tf.Table | None) -> None:
+    cap = cfg.settings.export.guards.max_flip_share
+    if live is None:
+        report.add("flips", True, "no live table: nothing to flip against", None)
+        return
+    share = flip_share(preds, new_entries, live.entries)
+    report.add("flips", share <= cap,
+               f"the table would flip {share:.1%} of traffic against live version {live.version}, more "
+               f"than {cap:.1%} (export.guards.max_flip_share)" if share > cap
+               else f"flips {share:.1%} of traffic against live version {live.version} (≤ {cap:.1%})", share)
+
+
+def run_all(cfg, manifest: dict, entries, preds=None, live: tf.Table | None = None) -> GuardReport:
+    """All guards on an exported table (its manifest and entries); `preds` are the predictions it
+    was built from (needed for the flip check when there is a live table)."""
+    report = GuardReport()
+    check_gate(report, cfg, list(manifest.get("model_versions") or
+                                 ([manifest["model_version"]] if manifest.get("model_version") else [])))
+    check_coverage(report, cfg, float(manifest.get("coverage", 0.0)))
+    check_bogons(report, entries)
+    if live is not None and preds is None:
+        report.add("flips", False, "a live table exists but no predictions were given to compare")
+    else:
+        check_flips(report, cfg, preds, entries, live)
+    return report

@@ -1,0 +1,212 @@
+"""`ccs rollout` / `ccs rollback`: publish a signed table to the artifact store, then load it on
+the fleet — canaries first, health checked through `ccs-edge status` — then on the rest.
+
+Health of a node after a load (issue 7): the table is active (the live version is the new one and
+enforced), no setsockopt error appeared since the load, and the connection rate (the program's
+`established` counter over `health_wait_s`) stays above `min_rate_ratio` of the rate measured over
+the same window just before the load (not checked when the node had no traffic before).
+A failed canary stops the rollout: every canary already loaded goes back to the table it had
+(the agent's own previous slot, `ccs-edge rollback`), the rest never see the new version and the
+store's current version does not move. A failure among the rest rolls back every node loaded.
+
+A fleet file (infra/fleet.yaml) lists nodes; on one machine each node is its own agent with its
+own cgroup and pin dir (the way tests/kernel runs agents).
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import yaml
+
+from ccselect.settings import Health  # cfg.settings.export.rollout.health
+from export.artifact import signing
+from export.delivery.store import Store
+from export.edge.agent import EdgeAgent, EdgeAgentError, EdgeConfig, Service
+
+
+@dataclass
+class Node:
+    node_id: str
+    canary: bool
+    config: EdgeConfig
+    table_dir: str
+    binary: str | None = None
+
+    def agent(self) -> EdgeAgent:
+        kw = {"binary": self.binary} if self.binary else {}
+        return EdgeAgent(config=self.config, **kw)
+
+
+@dataclass
+class Fleet:
+    nodes: list[Node] = field(default_factory=list)
+
+    @property
+    def canaries(self) -> list[Node]:
+        return [n for n in self.nodes if n.canary]
+
+    @property
+    def rest(self) -> list[Node]:
+        return [n for n in self.nodes if not n.canary]
+
+
+def _expand(value: str, cfg) -> str:
+    return str(value).replace("${data_root}", cfg.data_root)
+
+
+def load_fleet(path: str, cfg, public_key: str | None = None) -> Fleet:
+    """Nodes from a fleet file: each with `node_id`, `canary`, optional `table_dir`, and its agent
+    config either inline (`agent:` mapping, EdgeConfig fields) or as a file (`edge_config:`)."""
+    with open(path) as f:
+        raw = yaml.safe_load(f) or {}
+    base = os.path.dirname(os.path.abspath(path))
+    nodes = []
+    for d in raw.get("nodes") or []:
+        nid = str(d["node_id"])
+        if d.get("edge_config"):
+            p = d["edge_config"]
+            conf = EdgeConfig.from_yaml(p if os.path.isabs(p) else os.path.join(os.path.dirname(base), p))
+        else:
+            a = dict(d.get("agent") or {})
+            svcs = [Service(int(s["port"]), str(s.get("name", "")), bool(s.get("ab", False)),
+                            bool(s.get("caps", False))) for s in a.pop("services", []) or []]
+            a = {k: _expand(v, cfg) if isinstance(v, str) else v for k, v in a.items()}
+            conf = EdgeConfig(services=svcs, **a)
+        conf.node_id = conf.node_id if conf.node_id != "edge" else nid
+        if public_key and not conf.public_key:
+            conf.public_key = public_key
+        table_dir = _expand(d.get("table_dir") or os.path.join(cfg.data_root, "fleet", nid, "tables"), cfg)
+        nodes.append(Node(nid, bool(d.get("canary", False)), conf, table_dir, d.get("binary")))
+    if not nodes:
+        raise ValueError(f"{path}: no nodes")
+    if not any(n.canary for n in nodes):
+        raise ValueError(f"{path}: no canary node (set canary: true on at least one)")
+    return Fleet(nodes)
+
+
+def _counters(st: dict) -> dict:
+    return st.get("counters") or {}
+
+
+def _live_version(st: dict):
+    t = st.get("table")
+    return t["version"] if t else None
+
+
+def deploy_node(node: Node, store: Store, version: int, health: Health,
+                log: Callable[[str], None] = print, allow_older: bool = False) -> dict:
+    """Load `version` on one node and judge its health; → report dict (`healthy`, `reasons`...).
+
+    The agent's versions only go forward: a version older than one the node loaded before
+    (status `version_floor`) is refused as a replay unless `allow_older`, which loads it with
+    the agent's explicit, logged override (`--allow-downgrade <version>`; a fleet rollback)."""
+    agent = node.agent()
+    rep = {"node_id": node.node_id, "canary": node.canary, "version": version, "healthy": False,
+           "reasons": []}
+    try:
+        s0 = agent.status()
+        if not s0.get("attached"):
+            rep["reasons"].append("agent not attached (no pinned program)")
+            return rep
+        rep["previous_version"] = _live_version(s0)
+        t0 = time.monotonic()
+        time.sleep(health.wait_s)
+        s1 = agent.status()
+        rate_before = (_counters(s1).get("established", 0) - _counters(s0).get("established", 0)) / (time.monotonic() - t0)
+        manifest = store.fetch(version, node.table_dir)
+        older = version < int(s0.get("version_floor") or 0)
+        if older and allow_older:
+            log(f"{node.node_id}: version {version} is older than version {s0['version_floor']} "
+                "loaded there before: loading it with the agent's version-rule override")
+        try:
+            rep["load"] = agent.load(manifest, allow_downgrade=version if older and allow_older else False)
+        except EdgeAgentError as exc:
+            rep["reasons"].append(f"load refused: {(exc.stderr or str(exc)).strip()}")
+            return rep
+        # a no-op load (the node already had this table live) changed nothing to roll back
+        rep["loaded"] = not rep["load"].get("unchanged", False)
+        t2 = time.monotonic()
+        s2 = agent.status()
+        time.sleep(health.wait_s)
+        s3 = agent.status()
+        rate_after = (_counters(s3).get("established", 0) - _counters(s2).get("established", 0)) / (time.monotonic() - t2)
+        rep.update(rate_before=round(rate_before, 3), rate_after=round(rate_after, 3))
+        t = s3.get("table") or {}
+        if t.get("version") != version or not t.get("enforced"):
+            rep["reasons"].append(f"table not active: live {t.get('version')} enforced={t.get('enforced')}")
+        errs = _counters(s3).get("setsockopt_err", 0) - _counters(s1).get("setsockopt_err", 0)
+        if errs:
+            rep["reasons"].append(f"{errs} setsockopt errors since the load")
+        if rate_before > 0 and rate_after < health.min_rate_ratio * rate_before:
+            rep["reasons"].append(f"connection rate fell from {rate_before:.1f}/s to {rate_after:.1f}/s "
+                                  f"(below {health.min_rate_ratio:.0%})")
+        rep["healthy"] = not rep["reasons"]
+        log(f"{node.node_id}: version {version} {'healthy' if rep['healthy'] else 'UNHEALTHY'} "
+            f"{'; '.join(rep['reasons'])}")
+        return rep
+    finally:
+        agent.close()
+
+
+def rollback_node(node: Node, rep: dict, log: Callable[[str], None] = print) -> dict:
+    """Put back the table the node had before `deploy_node` (the agent's previous slot)."""
+    agent = node.agent()
+    try:
+        prev = rep.get("previous_version")
+        if not rep.get("loaded"):
+            return {"node_id": node.node_id, "rolled_back": False, "detail": "nothing was loaded"}
+        if prev is None:
+            return {"node_id": node.node_id, "rolled_back": False,
+                    "detail": "the node had no table before: nothing to go back to"}
+        agent.rollback()
+        live = _live_version(agent.status())
+        ok = live == prev
+        log(f"{node.node_id}: rolled back to version {live}")
+        return {"node_id": node.node_id, "rolled_back": ok, "live_version": live}
+    except EdgeAgentError as exc:
+        return {"node_id": node.node_id, "rolled_back": False, "detail": str(exc)}
+    finally:
+        agent.close()
+
+
+def deploy(fleet: Fleet, store: Store, version: int, health: Health,
+           log: Callable[[str], None] = print, allow_older: bool | None = None) -> dict:
+    """Canaries, then the rest; stop and roll back on failed health. The store's current version
+    becomes `version` only when every node is healthy.
+
+    `allow_older`: may a node go back to a version older than one it loaded (the agent's
+    override of its version rule)? None (default): only when the store itself goes back, i.e.
+    `version` is older than the store's current version -- `ccs rollback` republishing the
+    previous version; a table the store never made current cannot be replayed this way."""
+    if allow_older is None:
+        cur = store.current()
+        allow_older = cur is not None and version < cur
+    result = {"version": version, "nodes": {}, "ok": False, "rolled_back": {}}
+    loaded: list[tuple[Node, dict]] = []
+    for phase, nodes in (("canary", fleet.canaries), ("rest", fleet.rest)):
+        for node in nodes:
+            rep = deploy_node(node, store, version, health, log, allow_older=allow_older)
+            result["nodes"][node.node_id] = rep
+            loaded.append((node, rep))
+            if not rep["healthy"]:
+                result["stopped"] = (f"{phase} node {node.node_id} failed health: "
+                                     + "; ".join(rep["reasons"]))
+                back = [(n, r) for n, r in loaded if phase == "rest" or n.canary]
+                for n, r in back:
+                    result["rolled_back"][n.node_id] = rollback_node(n, r, log)
+                return result
+    store.set_current(version)
+    result["ok"] = True
+    return result
+
+
+def live_table(store: Store, public_key_path: str, scratch: str):
+    """The store's current table, verified (None when nothing is current)."""
+    v = store.current()
+    if v is None:
+        return None
+    man, table = signing.read_manifest(store.fetch(v, scratch), signing.load_public_key(public_key_path))
+    return table

@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/*
+ * agent.h - what the ccs-edge agent's files share (not the kernel: that is ccs.h).
+ *
+ *   ccs.c       main: options, config precedence, command dispatch
+ *   config.c    the edge YAML subset (infra/edge/edge.yaml) -> cfg, strictly
+ *   util.c      messages, clocks, files, JSON strings, pinned objects, link state, pin-dir lock
+ *   attach.c    attach / detach / policy (the only user of the skeleton)
+ *   manifest.c  signature over the manifest bytes, then the manifest's fields (cJSON)
+ *   table.c     load (verify the .bin, build a trie, swap) and rollback
+ *   status.c    status [--json]
+ *   translog.c  ring buffer -> hourly JSONL transport log, TTL watchdog (log, run)
+ */
+#ifndef CCS_AGENT_H
+#define CCS_AGENT_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "ccs.h"
+
+#define MAX_SERVICES 256
+
+struct service {
+	unsigned port;
+	char name[64];
+	bool ab;
+	bool caps;
+};
+
+struct config {
+	char node_id[128];
+	char cgroup[PATH_MAX];
+	char pin_dir[PATH_MAX];
+	char public_key[PATH_MAX];
+	char default_cc[16];
+	char log_dir[PATH_MAX];
+	double sample_rate;
+	int n_services;
+	struct service services[MAX_SERVICES];
+};
+
+/* config file, then command-line options (ccs.c) */
+extern struct config cfg;
+
+/* the fields of a verified manifest (ccs_table.h documents the format) */
+struct manifest {
+	__u64 format;
+	__u64 version;
+	__u64 created;
+	__u64 expires;
+	__u64 n_v4;
+	__u64 n_v6;
+	char model_version[CCS_MODEL_VERSION_MAX];
+	char table[256];     /* file name, relative to the manifest */
+	char sha256[65];     /* 64 lowercase hex */
+};
+
+/* the pinned link against the configured cgroup (util.c link_state) */
+struct link_state {
+	int fd;             /* the pinned link, -1 if none (the caller closes it) */
+	__u32 link_id;
+	__u32 prog_id;
+	__u64 cgroup_id;    /* the link's cgroup; 0 once that cgroup was removed (severed) */
+	__u64 path_id;      /* the id of cfg.cgroup as it is now; 0 if unset or missing */
+	const char *state;  /* "ok", "none", "severed", "elsewhere", "unreadable" */
+	bool attached;      /* state "ok": the program runs for the configured cgroup */
+};
+
+/* config.c */
+int load_config(const char *path);
+int parse_fraction_option(const char *what, const char *v, double *out);
+int check_node_id(const char *v);
+
+/* util.c */
+void die_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+uint64_t clock_ns(clockid_t id);
+void hex(const unsigned char *b, size_t n, char *out);
+void json_str(FILE *o, const char *s);
+int json_escape(char *out, size_t n, const char *s);
+__u64 cgroup_id_of(const char *path);
+void link_state(struct link_state *ls);
+int read_file(const char *path, unsigned char **buf, size_t *len);
+int pin_path(char *buf, size_t n, const char *name);
+int open_pinned(const char *name);
+int lock_pin_dir(void);
+
+/* manifest.c: 0 with *m filled, or -1 after printing why the manifest is refused */
+int manifest_read(const char *path, struct manifest *m);
+
+/* table.c: the map id of the trie in ccs_tables[slot]; whether a slot's meta describes it */
+int slot_trie_id(int tables_fd, __u32 slot, __u32 *id);
+bool slot_consistent(const struct ccs_meta *m, __u32 trie_id);
+
+/* the commands; each returns the process exit status */
+int cmd_attach(void);
+int cmd_detach(bool purge);
+int cmd_policy(void);
+/* allow_downgrade: 0, or the manifest's version, named by the operator (load --allow-downgrade V) */
+int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade);
+int cmd_rollback(void);
+int cmd_status(bool json);
+int cmd_log(const char *out, bool drain, bool watch);
+
+#endif /* CCS_AGENT_H */

@@ -1,0 +1,209 @@
+"""Python wrapper around the `ccs-edge` agent binary (export/edge/ccs.c and the files beside it).
+
+Used by the rollout code and by tests/kernel. Every method runs one agent command; failures raise
+`EdgeAgentError` carrying the agent's stderr (for a refused table, the reason it was refused).
+
+    agent = EdgeAgent(config=EdgeConfig(pin_dir="/sys/fs/bpf/ccs", public_key="pub.pem",
+                                        services=[Service(443, "video", caps=True)]))
+    agent.attach("/sys/fs/cgroup/unified/edge")
+    agent.load("tables/table-42.manifest.json")
+    agent.status()["counters"]["hit_bbr"]
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+
+import yaml
+
+from ccselect.config import project_root
+
+DEFAULT_BINARY = str(project_root() / "export" / "build" / "ccs-edge")
+
+
+class EdgeAgentError(RuntimeError):
+    def __init__(self, cmd, returncode, stdout, stderr):
+        super().__init__(f"{' '.join(cmd)} -> {returncode}: {stderr.strip() or stdout.strip()}")
+        self.returncode = returncode
+        self.stdout = stdout
+        self.stderr = stderr
+
+
+@dataclass
+class Service:
+    port: int
+    name: str = ""
+    ab: bool = False
+    caps: bool = False
+
+
+_STR_KEYS = ("node_id", "cgroup", "pin_dir", "public_key", "default_cc", "log_dir")
+_SERVICE_KEYS = {"port", "name", "ab", "caps"}
+
+
+def _yaml_str(v: str) -> str:
+    """A string as a YAML double-quoted scalar both readers take the same way (the agent's
+    config.c handles the \\" and \\\\ escapes; a control character is refused by both)."""
+    return json.dumps(str(v), ensure_ascii=False)
+
+
+@dataclass
+class EdgeConfig:
+    """The agent config (infra/edge/edge.yaml). Written in the YAML subset the agent reads
+    (export/edge/config.c: strict, unknown keys and malformed values are errors)."""
+
+    node_id: str = "edge"
+    cgroup: str = ""
+    pin_dir: str = "/sys/fs/bpf/ccs"
+    public_key: str = ""
+    default_cc: str = ""
+    sample_rate: float = 0.01
+    log_dir: str = ""
+    services: list[Service] = field(default_factory=list)
+
+    def to_yaml(self) -> str:
+        lines = [f"{k}: {_yaml_str(getattr(self, k))}" for k in _STR_KEYS
+                 if getattr(self, k) != ""]
+        lines.append(f"sample_rate: {float(self.sample_rate)!r}")
+        lines.append("services:")
+        for s in self.services:
+            lines.append(f"  - {{port: {int(s.port)}, name: {_yaml_str(s.name or 'svc' + str(s.port))}, "
+                         f"ab: {str(bool(s.ab)).lower()}, caps: {str(bool(s.caps)).lower()}}}")
+        return "\n".join(lines) + "\n"
+
+    @classmethod
+    def from_yaml(cls, path: str) -> "EdgeConfig":
+        """Read a config the way the agent does: unknown keys, non-boolean booleans, ports and
+        rates that are not numbers in range are errors (ValueError naming the key)."""
+        with open(path) as f:
+            d = yaml.safe_load(f) or {}
+        if not isinstance(d, dict):
+            raise ValueError(f"{path}: not a mapping")
+        unknown = set(d) - set(_STR_KEYS) - {"sample_rate", "services"}
+        if unknown:
+            raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
+        svcs = []
+        for s in d.pop("services", None) or []:
+            if not isinstance(s, dict) or set(s) - _SERVICE_KEYS or "port" not in s:
+                raise ValueError(f"{path}: service {s!r}: keys are port (required), name, ab, caps")
+            port = s["port"]
+            if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+                raise ValueError(f"{path}: service port {port!r} is not an integer in 1..65535")
+            for k in ("ab", "caps"):
+                if not isinstance(s.get(k, False), bool):
+                    raise ValueError(f"{path}: service {port}: {k}: {s[k]!r} is not a boolean")
+            svcs.append(Service(port, str(s.get("name", "")), s.get("ab", False), s.get("caps", False)))
+        if len({s.port for s in svcs}) != len(svcs):
+            raise ValueError(f"{path}: two services on one port")
+        if len(svcs) > 256:
+            raise ValueError(f"{path}: more than 256 services")
+        rate = d.get("sample_rate", 0.01)
+        if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
+            raise ValueError(f"{path}: sample_rate {rate!r} is not a number in 0..1")
+        known = {k: ("" if d[k] is None else str(d[k])) for k in _STR_KEYS if k in d}
+        return cls(services=svcs, sample_rate=float(rate), **known)
+
+
+class EdgeAgent:
+    def __init__(self, config: EdgeConfig | None = None, config_path: str | None = None,
+                 binary: str = DEFAULT_BINARY, timeout: float = 60.0):
+        if config is None and config_path is None:
+            raise ValueError("EdgeAgent needs a config or a config_path")
+        self.binary = binary
+        self.timeout = timeout
+        self._tmp = None
+        if config is not None:
+            self._tmp = tempfile.NamedTemporaryFile("w", prefix="ccs-edge-", suffix=".yaml",
+                                                    delete=False)
+            self._tmp.write(config.to_yaml())
+            self._tmp.close()
+            config_path = self._tmp.name
+            self.config = config
+        else:
+            self.config = EdgeConfig.from_yaml(config_path)
+        self.config_path = config_path
+
+    def write_config(self, config: EdgeConfig) -> None:
+        """Replace the config (e.g. new services), then call policy() or attach() to apply it."""
+        self.config = config
+        with open(self.config_path, "w") as f:
+            f.write(config.to_yaml())
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            try:
+                os.unlink(self._tmp.name)
+            except FileNotFoundError:
+                pass
+
+    # -- commands -----------------------------------------------------------------------------
+    def _argv(self, *args: str) -> list[str]:
+        return [self.binary, "--config", self.config_path, *args]
+
+    def _run(self, *args: str) -> str:
+        cmd = self._argv(*args)
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=self.timeout)
+        if r.returncode != 0:
+            raise EdgeAgentError(cmd, r.returncode, r.stdout, r.stderr)
+        return r.stdout
+
+    def attach(self, cgroup: str | None = None, sample_rate: float | None = None) -> str:
+        args = ["attach"]
+        if cgroup:
+            args += ["--cgroup", cgroup]
+        if sample_rate is not None:
+            args += ["--sample-rate", repr(float(sample_rate))]
+        return self._run(*args)
+
+    def detach(self, purge: bool = False) -> str:
+        return self._run("detach", *(["--purge"] if purge else []))
+
+    def policy(self) -> str:
+        return self._run("policy")
+
+    def load(self, manifest: str, allow_downgrade: bool | int = False) -> dict:
+        """Verify and swap in a table; returns the agent's timings. Raises on refusal.
+
+        Versions only go forward: a table older than one loaded before is refused (replay)
+        unless `allow_downgrade` -- True (the manifest's own version) or that version -- makes
+        it the explicit override the agent logs and counts (status()["overrides"])."""
+        args = ["load", manifest, "--json"]
+        if allow_downgrade is not False and allow_downgrade is not None:
+            if allow_downgrade is True:
+                with open(manifest, "rb") as f:
+                    allow_downgrade = int(json.loads(f.read())["version"])
+            args += ["--allow-downgrade", str(int(allow_downgrade))]
+        return json.loads(self._run(*args))
+
+    def rollback(self) -> str:
+        """The previous slot's table made live again (to an older version: the agent's own
+        logged override of the version rule)."""
+        return self._run("rollback")
+
+    def status(self) -> dict:
+        return json.loads(self._run("status", "--json"))
+
+    def log(self, out_dir: str) -> int:
+        """Drain the ring buffer once into <out_dir>/transport/<node>/<hour>.jsonl; -> records."""
+        out = self._run("log", "--out", out_dir, "--drain")
+        return int(out.split()[0])
+
+    def run(self, out_dir: str | None = None) -> subprocess.Popen:
+        """Start the long-running agent (transport log + TTL watchdog); stop() it when done."""
+        args = ["run"] + (["--out", out_dir] if out_dir else [])
+        return subprocess.Popen(self._argv(*args), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    @staticmethod
+    def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 10.0):
+        if proc.poll() is None:
+            proc.send_signal(sig)
+        try:
+            return proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.communicate()

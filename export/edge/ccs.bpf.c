@@ -1,0 +1,525 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * ccs.bpf.c - ccselect edge enforcer (ALICCS section 3.3 / 4.1, Appendix F, as eBPF sock_ops).
+ *
+ * PASSIVE_ESTABLISHED on a served port (ccs_policy[local port]):
+ *   live table?  -> no: decision default
+ *   expired?     -> decision stale (default CC kept)
+ *   A/B service and CRC32(client address) even -> decision ab_control
+ *   LPM lookup in the live trie (ccs_tables[slot]) -> miss (or, for an IPv4 client, an IPv6
+ *   entry covering ::ffff:0:0/96): default; keep/low-confidence: fallback;
+ *   else bpf_setsockopt(TCP_CONGESTION) (+ caps when the service allows them): table.
+ * Sampled connections (sample_thresh) get socket storage, RTT and state callbacks; on
+ * TCP_CLOSE one struct ccs_conn goes to the ring buffer (the transport log).
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_core_read.h>
+#include <bpf/bpf_endian.h>
+#include "ccs.h"
+
+#define AF_INET 2
+#define AF_INET6 10
+#define SOL_SOCKET 1
+#define SOL_TCP 6
+#define TCP_CONGESTION 13
+#define SO_MAX_PACING_RATE 47
+#define TCP_BPF_SNDCWND_CLAMP 1002
+
+/*
+ * Read a u32 field of the context with a constant offset. clang may otherwise keep an offset in
+ * a register and add it to the ctx pointer, which the verifier refuses ("modified ctx ptr").
+ */
+#define CTX_U32(ctx, field) ({							\
+	__u32 __v;								\
+	asm volatile("%0 = *(u32 *)(%1 + %2)"					\
+		     : "=r"(__v)						\
+		     : "r"(ctx), "i"(__builtin_offsetof(struct bpf_sock_ops, field)));	\
+	__v; })
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+/* a connection is logged when bpf_get_prandom_u32() < sample_thresh (1 << 32: all, 0: none) */
+const volatile __u64 sample_thresh = 0;
+/*
+ * The CC id (enum ccs_cc_id) of net.ipv4.tcp_congestion_control when the agent attached: 0
+ * unknown, 0xff none of ours. Only a table CC equal to it is checked against the socket's own
+ * CC (to skip a no-op bpf_setsockopt); any other goes straight to bpf_setsockopt, which is right
+ * whatever the socket runs. A stale value (sysctl changed since) costs a check, never a wrong CC.
+ */
+const volatile __u8 default_cc_id = 0;
+extern unsigned int CONFIG_HZ __kconfig __weak;
+
+struct inner_trie {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(key_size, sizeof(struct ccs_lpm_key));
+	__uint(value_size, sizeof(struct ccs_lpm_val));
+	__uint(max_entries, 1);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, CCS_SLOTS);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct inner_trie);
+} ccs_tables SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ccs_ctl);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ccs_ctl SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CCS_SLOTS);
+	__type(key, __u32);
+	__type(value, struct ccs_meta);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ccs_meta SEC(".maps");
+
+/* ccs_version[0]: the version rule's state, for the agent only (ccs.h) */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ccs_version);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ccs_version SEC(".maps");
+
+/* ccs_model[slot]: for the agent's status only (ccs.h) */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CCS_SLOTS);
+	__type(key, __u32);
+	__type(value, struct ccs_model);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ccs_model SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct ccs_policy);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ccs_policy SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CCS_CNT__MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ccs_counters SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct ccs_conn);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ccs_conns SEC(".maps");
+
+#define RB_BYTES (1 << 22)
+#define RB_WAKE_BYTES (RB_BYTES / 4)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, RB_BYTES);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ccs_events SEC(".maps");
+
+/* CRC-32/IEEE (reflected, poly 0xEDB88320), as zlib.crc32 */
+static const __u32 crc_tab[256] = {
+	0x00000000, 0x77073096, 0xee0e612c, 0x990951ba, 0x076dc419, 0x706af48f,
+	0xe963a535, 0x9e6495a3, 0x0edb8832, 0x79dcb8a4, 0xe0d5e91e, 0x97d2d988,
+	0x09b64c2b, 0x7eb17cbd, 0xe7b82d07, 0x90bf1d91, 0x1db71064, 0x6ab020f2,
+	0xf3b97148, 0x84be41de, 0x1adad47d, 0x6ddde4eb, 0xf4d4b551, 0x83d385c7,
+	0x136c9856, 0x646ba8c0, 0xfd62f97a, 0x8a65c9ec, 0x14015c4f, 0x63066cd9,
+	0xfa0f3d63, 0x8d080df5, 0x3b6e20c8, 0x4c69105e, 0xd56041e4, 0xa2677172,
+	0x3c03e4d1, 0x4b04d447, 0xd20d85fd, 0xa50ab56b, 0x35b5a8fa, 0x42b2986c,
+	0xdbbbc9d6, 0xacbcf940, 0x32d86ce3, 0x45df5c75, 0xdcd60dcf, 0xabd13d59,
+	0x26d930ac, 0x51de003a, 0xc8d75180, 0xbfd06116, 0x21b4f4b5, 0x56b3c423,
+	0xcfba9599, 0xb8bda50f, 0x2802b89e, 0x5f058808, 0xc60cd9b2, 0xb10be924,
+	0x2f6f7c87, 0x58684c11, 0xc1611dab, 0xb6662d3d, 0x76dc4190, 0x01db7106,
+	0x98d220bc, 0xefd5102a, 0x71b18589, 0x06b6b51f, 0x9fbfe4a5, 0xe8b8d433,
+	0x7807c9a2, 0x0f00f934, 0x9609a88e, 0xe10e9818, 0x7f6a0dbb, 0x086d3d2d,
+	0x91646c97, 0xe6635c01, 0x6b6b51f4, 0x1c6c6162, 0x856530d8, 0xf262004e,
+	0x6c0695ed, 0x1b01a57b, 0x8208f4c1, 0xf50fc457, 0x65b0d9c6, 0x12b7e950,
+	0x8bbeb8ea, 0xfcb9887c, 0x62dd1ddf, 0x15da2d49, 0x8cd37cf3, 0xfbd44c65,
+	0x4db26158, 0x3ab551ce, 0xa3bc0074, 0xd4bb30e2, 0x4adfa541, 0x3dd895d7,
+	0xa4d1c46d, 0xd3d6f4fb, 0x4369e96a, 0x346ed9fc, 0xad678846, 0xda60b8d0,
+	0x44042d73, 0x33031de5, 0xaa0a4c5f, 0xdd0d7cc9, 0x5005713c, 0x270241aa,
+	0xbe0b1010, 0xc90c2086, 0x5768b525, 0x206f85b3, 0xb966d409, 0xce61e49f,
+	0x5edef90e, 0x29d9c998, 0xb0d09822, 0xc7d7a8b4, 0x59b33d17, 0x2eb40d81,
+	0xb7bd5c3b, 0xc0ba6cad, 0xedb88320, 0x9abfb3b6, 0x03b6e20c, 0x74b1d29a,
+	0xead54739, 0x9dd277af, 0x04db2615, 0x73dc1683, 0xe3630b12, 0x94643b84,
+	0x0d6d6a3e, 0x7a6a5aa8, 0xe40ecf0b, 0x9309ff9d, 0x0a00ae27, 0x7d079eb1,
+	0xf00f9344, 0x8708a3d2, 0x1e01f268, 0x6906c2fe, 0xf762575d, 0x806567cb,
+	0x196c3671, 0x6e6b06e7, 0xfed41b76, 0x89d32be0, 0x10da7a5a, 0x67dd4acc,
+	0xf9b9df6f, 0x8ebeeff9, 0x17b7be43, 0x60b08ed5, 0xd6d6a3e8, 0xa1d1937e,
+	0x38d8c2c4, 0x4fdff252, 0xd1bb67f1, 0xa6bc5767, 0x3fb506dd, 0x48b2364b,
+	0xd80d2bda, 0xaf0a1b4c, 0x36034af6, 0x41047a60, 0xdf60efc3, 0xa867df55,
+	0x316e8eef, 0x4669be79, 0xcb61b38c, 0xbc66831a, 0x256fd2a0, 0x5268e236,
+	0xcc0c7795, 0xbb0b4703, 0x220216b9, 0x5505262f, 0xc5ba3bbe, 0xb2bd0b28,
+	0x2bb45a92, 0x5cb36a04, 0xc2d7ffa7, 0xb5d0cf31, 0x2cd99e8b, 0x5bdeae1d,
+	0x9b64c2b0, 0xec63f226, 0x756aa39c, 0x026d930a, 0x9c0906a9, 0xeb0e363f,
+	0x72076785, 0x05005713, 0x95bf4a82, 0xe2b87a14, 0x7bb12bae, 0x0cb61b38,
+	0x92d28e9b, 0xe5d5be0d, 0x7cdcefb7, 0x0bdbdf21, 0x86d3d2d4, 0xf1d4e242,
+	0x68ddb3f8, 0x1fda836e, 0x81be16cd, 0xf6b9265b, 0x6fb077e1, 0x18b74777,
+	0x88085ae6, 0xff0f6a70, 0x66063bca, 0x11010b5c, 0x8f659eff, 0xf862ae69,
+	0x616bffd3, 0x166ccf45, 0xa00ae278, 0xd70dd2ee, 0x4e048354, 0x3903b3c2,
+	0xa7672661, 0xd06016f7, 0x4969474d, 0x3e6e77db, 0xaed16a4a, 0xd9d65adc,
+	0x40df0b66, 0x37d83bf0, 0xa9bcae53, 0xdebb9ec5, 0x47b2cf7f, 0x30b5ffe9,
+	0xbdbdf21c, 0xcabac28a, 0x53b39330, 0x24b4a3a6, 0xbad03605, 0xcdd70693,
+	0x54de5729, 0x23d967bf, 0xb3667a2e, 0xc4614ab8, 0x5d681b02, 0x2a6f2b94,
+	0xb40bbe37, 0xc30c8ea1, 0x5a05df1b, 0x2d02ef8d,
+};
+
+static __always_inline void cnt(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&ccs_counters, &idx);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline __u32 crc32_addr(const __u8 *p, int n)
+{
+	__u32 c = 0xffffffff;
+	int i;
+
+	for (i = 0; i < 16; i++) {
+		if (i >= n)
+			break;
+		c = crc_tab[(c ^ p[i]) & 0xff] ^ (c >> 8);
+	}
+	return c ^ 0xffffffff;
+}
+
+/*
+ * bpf_setsockopt(TCP_CONGESTION), unless the socket already runs that CC (the first 8 bytes of
+ * icsk_ca_ops->name, compared as one word in memory order, equal the NUL-padded name): then the
+ * call would change nothing (tcp_set_congestion_control returns early on the same ops) and is
+ * skipped. The socket's own CC counts, not the sysctl default (a listener may have set another).
+ * Checked only when tp is given (the caller passes it when cc is the default: default_cc_id).
+ * 1: set, 0: already that CC, <0: error.
+ */
+static __always_inline int set_cc(struct bpf_sock_ops *skops, struct tcp_sock *tp, __u8 cc)
+{
+	union {
+		__u64 w;
+		char c[8];
+	} name = { .w = 0 };	/* all three names are shorter than 8 bytes */
+
+	if (cc == CCS_CC_CUBIC) {
+		name.c[0] = 'c'; name.c[1] = 'u'; name.c[2] = 'b'; name.c[3] = 'i'; name.c[4] = 'c';
+	} else if (cc == CCS_CC_BBR) {
+		name.c[0] = 'b'; name.c[1] = 'b'; name.c[2] = 'r';
+	} else if (cc == CCS_CC_RENO) {
+		name.c[0] = 'r'; name.c[1] = 'e'; name.c[2] = 'n'; name.c[3] = 'o';
+	} else {
+		return -1;
+	}
+	if (tp) {
+		const struct tcp_congestion_ops *ops = tp->inet_conn.icsk_ca_ops;
+
+		if (ops && *(__u64 *)ops->name == name.w)
+			return 0;
+	}
+	return bpf_setsockopt(skops, SOL_TCP, TCP_CONGESTION, name.c, sizeof(name.c)) ?: 1;
+}
+
+static __always_inline void update_stats(struct ccs_conn *c, struct bpf_sock_ops *skops,
+					 struct tcp_sock *tp)
+{
+	__u32 srtt = CTX_U32(skops, srtt_us) >> 3;
+	__u32 cwnd = CTX_U32(skops, snd_cwnd);
+	__u32 inflight = CTX_U32(skops, packets_out) - (CTX_U32(skops, sacked_out) + CTX_U32(skops, lost_out)) +
+			 CTX_U32(skops, retrans_out);
+
+	if (srtt) {
+		if (!c->min_srtt_us || srtt < c->min_srtt_us)
+			c->min_srtt_us = srtt;
+		if (srtt > c->max_srtt_us)
+			c->max_srtt_us = srtt;
+	}
+	if (cwnd > c->max_cwnd_segs)
+		c->max_cwnd_segs = cwnd;
+	if ((int)inflight > 0 && inflight > c->max_inflight_segs)
+		c->max_inflight_segs = inflight;
+	if (tp) {
+		/* direct loads through the BTF pointer (no bpf_probe_read_kernel call per field) */
+		__u32 wnd = tp->snd_wnd;
+		__u32 var = tp->mdev_us >> 2;
+		__u32 rto = tp->inet_conn.icsk_rto;
+		__u32 hz = CONFIG_HZ;
+
+		if (wnd < c->min_snd_wnd_bytes)
+			c->min_snd_wnd_bytes = wnd;
+		if (wnd > c->max_snd_wnd_bytes)
+			c->max_snd_wnd_bytes = wnd;
+		if (var < c->min_rtt_var_us)
+			c->min_rtt_var_us = var;
+		if (var > c->max_rtt_var_us)
+			c->max_rtt_var_us = var;
+		if (hz) {
+			__u32 rto_us = (__u32)((__u64)rto * 1000000 / hz);
+
+			if (rto_us && (!c->min_rto_us || rto_us < c->min_rto_us))
+				c->min_rto_us = rto_us;
+		}
+	}
+}
+
+static __always_inline void start_log(struct bpf_sock_ops *skops, struct bpf_sock *sk,
+				      struct tcp_sock *tp, struct ccs_lpm_key *key,
+				      __u8 family, __u8 decision, __u64 version, __u8 has_table)
+{
+	struct ccs_conn *c;
+
+	if (!sk)
+		return;
+	cnt(CCS_CNT_LOG_SAMPLED);
+	c = bpf_sk_storage_get(&ccs_conns, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!c) {
+		cnt(CCS_CNT_STORAGE_ERR);
+		return;
+	}
+	if (!tp)
+		tp = bpf_skc_to_tcp_sock(sk);
+	c->cookie = bpf_get_socket_cookie(skops);
+	c->start_boot_ns = bpf_ktime_get_boot_ns();
+	c->table_version = version;
+	c->has_table = has_table;
+	c->family = family;
+	c->decision = decision;
+	if (family == 4) {
+		__builtin_memset(c->addr, 0, sizeof(c->addr));
+		__builtin_memcpy(c->addr, &key->addr[12], 4);
+	} else {
+		__builtin_memcpy(c->addr, key->addr, 16);
+	}
+	c->client_port = bpf_ntohs(CTX_U32(skops, remote_port) >> 16);
+	c->server_port = (__u16)CTX_U32(skops, local_port);
+	c->mss_bytes = CTX_U32(skops, mss_cache);
+	c->connection_time_us = CTX_U32(skops, srtt_us) >> 3;
+	c->min_snd_wnd_bytes = 0xffffffff;
+	c->min_rtt_var_us = 0xffffffff;
+	c->max_snd_wnd_bytes = 0;
+	c->max_rtt_var_us = 0;
+	c->min_srtt_us = 0;
+	c->max_srtt_us = 0;
+	c->min_rto_us = 0;
+	c->max_cwnd_segs = 0;
+	c->max_inflight_segs = 0;
+	c->init_snd_wnd_bytes = tp ? tp->snd_wnd : 0;
+	update_stats(c, skops, tp);
+	bpf_sock_ops_cb_flags_set(skops, CTX_U32(skops, bpf_sock_ops_cb_flags) |
+				  BPF_SOCK_OPS_RTT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG);
+}
+
+static __always_inline int on_established(struct bpf_sock_ops *skops)
+{
+	struct ccs_lpm_key key = {};
+	struct ccs_policy *pol;
+	struct ccs_ctl *ctl;
+	struct ccs_meta *meta;
+	struct ccs_lpm_val *val;
+	struct tcp_sock *tp = NULL;
+	struct bpf_sock *sk;
+	void *trie;
+	__u32 port = skops->local_port, zero = 0, slot;
+	__u64 version = 0;
+	__u8 family, decision = CCS_DEC_DEFAULT, has_table = 0, cc;
+	__u32 a0, a1, a2;
+	int err;
+
+	pol = bpf_map_lookup_elem(&ccs_policy, &port);
+	if (!pol || !pol->served) {
+		cnt(CCS_CNT_NOT_SERVED);
+		return 1;
+	}
+	cnt(CCS_CNT_ESTABLISHED);
+
+	if (skops->family == AF_INET) {
+		key.addr[10] = 0xff;
+		key.addr[11] = 0xff;
+		*(__u32 *)&key.addr[12] = skops->remote_ip4;
+		family = 4;
+	} else if (skops->family == AF_INET6) {
+		a0 = skops->remote_ip6[0];
+		a1 = skops->remote_ip6[1];
+		a2 = skops->remote_ip6[2];
+		*(__u32 *)&key.addr[0] = a0;
+		*(__u32 *)&key.addr[4] = a1;
+		*(__u32 *)&key.addr[8] = a2;
+		*(__u32 *)&key.addr[12] = skops->remote_ip6[3];
+		family = (a0 == 0 && a1 == 0 && a2 == bpf_htonl(0x0000ffff)) ? 4 : 6;
+	} else {
+		return 1;
+	}
+	key.prefixlen = 128;
+
+	ctl = bpf_map_lookup_elem(&ccs_ctl, &zero);
+	if (!ctl || ctl->live == 0 || ctl->live > CCS_SLOTS) {
+		cnt(CCS_CNT_NO_TABLE);
+		goto out;
+	}
+	slot = ctl->live - 1;
+	meta = bpf_map_lookup_elem(&ccs_meta, &slot);
+	trie = bpf_map_lookup_elem(&ccs_tables, &slot);
+	if (!meta || !meta->valid || !trie) {
+		cnt(CCS_CNT_NO_TABLE);
+		goto out;
+	}
+	version = meta->version;
+	has_table = 1;
+	if (bpf_ktime_get_coarse_ns() >= meta->expires_mono_ns) {
+		cnt(CCS_CNT_EXPIRED);
+		decision = CCS_DEC_STALE;
+		goto out;
+	}
+	if (pol->ab) {
+		__u32 crc = family == 4 ? crc32_addr(&key.addr[12], 4) : crc32_addr(key.addr, 16);
+
+		if (!(crc & 1)) {
+			cnt(CCS_CNT_AB_CONTROL);
+			decision = CCS_DEC_AB_CONTROL;
+			goto out;
+		}
+	}
+	cnt(CCS_CNT_LOOKUPS);
+	val = bpf_map_lookup_elem(trie, &key);
+	/* an IPv6 entry covering ::ffff:0:0/96 (e.g. ::/0) never decides for an IPv4 client */
+	if (!val || (family == 4 && (val->flags & CCS_VAL_FAMILY6))) {
+		cnt(CCS_CNT_MISS);
+		goto out;
+	}
+	cc = val->cc;
+	if (cc == CCS_CC_KEEP || cc > CCS_CC_MAX) {
+		cnt(CCS_CNT_HIT_KEEP);
+		decision = CCS_DEC_FALLBACK;
+		goto out;
+	}
+	if (val->flags & CCS_ENTRY_LOW_CONF) {
+		cnt(CCS_CNT_HIT_LOWCONF);
+		decision = CCS_DEC_FALLBACK;
+		goto out;
+	}
+	cnt(CCS_CNT_HIT_CUBIC + cc - 1);
+	sk = skops->sk;
+	if (sk && (!default_cc_id || cc == default_cc_id))
+		tp = bpf_skc_to_tcp_sock(sk);
+	err = set_cc(skops, tp, cc);
+	if (err < 0) {
+		cnt(CCS_CNT_SETSOCKOPT_ERR);
+		decision = CCS_DEC_FALLBACK;
+		goto out;
+	}
+	decision = CCS_DEC_TABLE;
+	if (pol->caps) {
+		if (val->pacing_rate_bps) {
+			__u64 bytes = val->pacing_rate_bps / 8;
+			int rate = bytes >= 0xfffffffeULL ? (int)0xfffffffe : (int)bytes;
+
+			if (!rate)
+				rate = 1;
+			if (bpf_setsockopt(skops, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate)))
+				cnt(CCS_CNT_CAPS_ERR);
+			else
+				cnt(CCS_CNT_PACING_SET);
+		}
+		if (val->cwnd_clamp_segs) {
+			int clamp = (int)val->cwnd_clamp_segs;
+
+			if (bpf_setsockopt(skops, SOL_TCP, TCP_BPF_SNDCWND_CLAMP, &clamp, sizeof(clamp)))
+				cnt(CCS_CNT_CAPS_ERR);
+			else
+				cnt(CCS_CNT_CLAMP_SET);
+		}
+	}
+out:
+	if (sample_thresh && (__u64)bpf_get_prandom_u32() < sample_thresh)
+		start_log(skops, skops->sk, tp, &key, family, decision, version, has_table);
+	return 1;
+}
+
+static __always_inline void on_rtt(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	struct ccs_conn *c;
+
+	if (!sk)
+		return;
+	c = bpf_sk_storage_get(&ccs_conns, sk, 0, 0);
+	if (!c)
+		return;
+	update_stats(c, skops, bpf_skc_to_tcp_sock(sk));
+}
+
+static __always_inline void on_close(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	struct tcp_sock *tp;
+	struct ccs_conn *c;
+
+	if (!sk)
+		return;
+	c = bpf_sk_storage_get(&ccs_conns, sk, 0, 0);
+	if (!c)
+		return;
+	tp = bpf_skc_to_tcp_sock(sk);
+	update_stats(c, skops, tp);
+	c->end_boot_ns = bpf_ktime_get_boot_ns();
+	c->bytes_acked = skops->bytes_acked;
+	c->data_segs_out = CTX_U32(skops, data_segs_out);
+	c->total_retrans = CTX_U32(skops, total_retrans);
+	c->min_rtt_us = CTX_U32(skops, rtt_min);
+	if (c->min_rtt_us == 0xffffffff) /* no RTT sample ever: minmax still at its initial ~0 */
+		c->min_rtt_us = c->min_srtt_us;
+	*(__u64 *)&c->cc[0] = 0;
+	*(__u64 *)&c->cc[8] = 0;
+	if (tp) {
+		const struct tcp_congestion_ops *ops = tp->inet_conn.icsk_ca_ops;
+
+		if (ops) { /* TCP_CA_NAME_MAX is 16 and names are NUL-terminated: direct loads */
+			*(__u64 *)&c->cc[0] = *(__u64 *)&ops->name[0];
+			*(__u64 *)&c->cc[8] = *(__u64 *)&ops->name[8];
+		}
+	}
+	if (c->min_snd_wnd_bytes == 0xffffffff)
+		c->min_snd_wnd_bytes = 0;
+	if (c->min_rtt_var_us == 0xffffffff)
+		c->min_rtt_var_us = 0;
+	/* no wake-up per record: the agent drains in batches; wake it when the ring fills up */
+	if (bpf_ringbuf_output(&ccs_events, c, sizeof(*c),
+			       bpf_ringbuf_query(&ccs_events, BPF_RB_AVAIL_DATA) > RB_WAKE_BYTES ?
+			       BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP))
+		cnt(CCS_CNT_LOG_DROPPED);
+	else
+		cnt(CCS_CNT_LOG_EMITTED);
+	/* the storage goes with the socket */
+	bpf_sock_ops_cb_flags_set(skops, 0);
+}
+
+SEC("sockops")
+int ccs_sockops(struct bpf_sock_ops *skops)
+{
+	switch (skops->op) {
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		return on_established(skops);
+	case BPF_SOCK_OPS_RTT_CB:
+		on_rtt(skops);
+		break;
+	case BPF_SOCK_OPS_STATE_CB:
+		if (skops->args[1] == BPF_TCP_CLOSE)
+			on_close(skops);
+		break;
+	}
+	return 1;
+}

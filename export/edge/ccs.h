@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause) */
+/* ccs.h - structs shared by ccs.bpf.c (kernel) and the ccs-edge agent (ccs.c and agent.h). */
+#ifndef CCS_H
+#define CCS_H
+
+#include "ccs_table.h"
+
+#define CCS_SLOTS 2            /* double buffer: live table + previous one (rollback) */
+#define CCS_MAX_ENTRIES 4000000 /* hard cap on one table */
+#define CCS_MODEL_VERSION_MAX 64 /* manifest model_version: at most 63 bytes + NUL */
+
+/*
+ * LPM trie key: both families in one trie, IPv4 as ::ffff:a.b.c.d/(96+n). The address space rule
+ * (ccs_table.h): an IPv6 entry may not lie inside ::ffff:0:0/96 (the agent refuses the table), and
+ * an IPv6 entry that covers it (::/0, ::/8, ...) never decides for an IPv4 client: its trie value
+ * carries CCS_VAL_FAMILY6 and the program treats such a hit for an IPv4 client as a miss. Every
+ * IPv4 entry is longer (>= /96) than any IPv6 entry covering the mapped space (< /96), so the
+ * longest match of an IPv4 client is an IPv4 entry whenever one matches.
+ */
+struct ccs_lpm_key {
+	__u32 prefixlen;
+	__u8 addr[16];
+};
+
+/* trie value */
+#define CCS_VAL_FAMILY6 0x80 /* ccs_lpm_val.flags: the entry is an IPv6 prefix (agent-set, not a table flag) */
+struct ccs_lpm_val {
+	__u8 cc;          /* enum ccs_cc_id */
+	__u8 flags;       /* CCS_ENTRY_LOW_CONF | CCS_VAL_FAMILY6 */
+	__u16 purity_permille;
+	__u32 cwnd_clamp_segs;   /* 0 = none */
+	__u64 pacing_rate_bps;   /* 0 = none */
+};
+
+/* ccs_ctl[0]: which slot is live. Writing `live` (one 4-byte word) is the swap. */
+struct ccs_ctl {
+	__u32 live;          /* 0: no table; 1 + slot (slot 0 or 1) otherwise */
+	__u32 generation;    /* bumped by every load/rollback (informational) */
+};
+
+/*
+ * ccs_meta[slot]: what the slot holds. A load first writes valid = 0 to the idle slot, then
+ * installs the trie, then writes the meta with valid = 1 and trie_id = the installed trie's map
+ * id, then flips ccs_ctl.live: a load interrupted at any point leaves the slot marked invalid
+ * (never a trie under another table's metadata). The agent also checks trie_id against the map
+ * id in ccs_tables[slot] before it trusts a slot (rollback, status).
+ */
+struct ccs_meta {
+	__u64 version;
+	__u64 created_unix;
+	__u64 expires_unix;
+	__u64 expires_mono_ns;  /* expiry on CLOCK_MONOTONIC, what the kernel checks (coarse clock) */
+	__u64 loaded_unix;
+	__u32 n_v4;
+	__u32 n_v6;
+	__u32 valid;
+	__u32 trie_id;          /* map id of the trie in ccs_tables[slot] (0: written by an older agent) */
+	__u8 sha256[32];
+};
+
+/*
+ * ccs_version[0]: the version rule. Tables only go forward: a load needs a version above
+ * `highest` (the newest ever made live here), or equal to it with the same sha256 (the same
+ * signed table again). Making an older table live takes an explicit override -- `rollback`, or
+ * `load --allow-downgrade V` naming the manifest's version -- and each one is logged (stderr)
+ * and recorded here. The program never reads it (agent-only, like ccs_model).
+ */
+struct ccs_version {
+	__u64 highest;
+	__u8 highest_sha256[32];
+	__u64 overrides;          /* older tables made live by an override */
+	__u64 override_unix;      /* the last override: when, from which live version, to which */
+	__u64 override_from;
+	__u64 override_to;
+};
+
+/*
+ * ccs_model[slot]: the manifest's model_version of the table in the slot, for status. The
+ * program never reads it; it has a map of its own (not a ccs_meta field) so that a pin dir made
+ * before it still takes an in-place attach (libbpf reuses a pinned map only of the same size).
+ * It belongs to the slot's table when version and loaded_unix equal the slot's ccs_meta ones.
+ */
+struct ccs_model {
+	__u64 version;
+	__u64 loaded_unix;
+	char model_version[CCS_MODEL_VERSION_MAX]; /* NUL-terminated */
+};
+
+/* ccs_policy[local port] */
+struct ccs_policy {
+	__u8 served;     /* 1: enforce on this port */
+	__u8 ab;         /* 1: A/B mode (even CRC32 -> control) */
+	__u8 caps;       /* 1: apply pacing / cwnd caps from the table */
+	__u8 pad;
+	__u32 service_id;
+};
+
+enum ccs_decision {
+	CCS_DEC_TABLE = 0,
+	CCS_DEC_FALLBACK = 1,   /* hit, but low confidence or "keep" entry, or setsockopt failed */
+	CCS_DEC_DEFAULT = 2,    /* miss, or no table loaded */
+	CCS_DEC_AB_CONTROL = 3,
+	CCS_DEC_STALE = 4,      /* table expired */
+};
+
+enum ccs_counter {
+	CCS_CNT_ESTABLISHED = 0, /* passive connections on served ports */
+	CCS_CNT_NO_TABLE,
+	CCS_CNT_EXPIRED,
+	CCS_CNT_AB_CONTROL,
+	CCS_CNT_LOOKUPS,
+	CCS_CNT_MISS,
+	CCS_CNT_HIT_KEEP,        /* hit on a cc=0 ("keep default") entry */
+	CCS_CNT_HIT_LOWCONF,
+	CCS_CNT_HIT_CUBIC,
+	CCS_CNT_HIT_BBR,
+	CCS_CNT_HIT_RENO,
+	CCS_CNT_SETSOCKOPT_ERR,  /* TCP_CONGESTION failed */
+	CCS_CNT_PACING_SET,
+	CCS_CNT_CLAMP_SET,
+	CCS_CNT_CAPS_ERR,
+	CCS_CNT_LOG_SAMPLED,
+	CCS_CNT_LOG_EMITTED,
+	CCS_CNT_LOG_DROPPED,     /* ring buffer full */
+	CCS_CNT_STORAGE_ERR,
+	CCS_CNT_NOT_SERVED,      /* passive connections on ports outside the policy */
+	CCS_CNT__MAX,
+};
+
+#ifndef __BPF__
+static const char *const ccs_counter_names[CCS_CNT__MAX] = {
+	"established", "no_table", "expired", "ab_control", "lookups", "miss", "hit_keep",
+	"hit_lowconf", "hit_cubic", "hit_bbr", "hit_reno", "setsockopt_err", "pacing_set",
+	"clamp_set", "caps_err", "log_sampled", "log_emitted", "log_dropped", "storage_err",
+	"not_served",
+};
+static const char *const ccs_decision_names[] = {
+	"table", "fallback", "default", "ab_control", "stale",
+};
+#endif
+
+/* per-connection state (socket storage) and the ring-buffer record emitted on close */
+struct ccs_conn {
+	__u64 cookie;            /* socket cookie: the 64-bit connection id */
+	__u64 start_boot_ns;     /* PASSIVE_ESTABLISHED, CLOCK_BOOTTIME */
+	__u64 end_boot_ns;
+	__u64 table_version;
+	__u64 bytes_acked;
+	__u8 addr[16];           /* peer address, network order (v4 in addr[0..3]) */
+	__u8 family;             /* 4 or 6 */
+	__u8 decision;           /* enum ccs_decision */
+	__u8 has_table;          /* table_version valid */
+	__u8 pad;
+	__u16 client_port;       /* host order */
+	__u16 server_port;
+	char cc[16];             /* CC name of the socket at close */
+	__u32 mss_bytes;
+	__u32 connection_time_us;
+	__u32 init_snd_wnd_bytes;
+	__u32 min_rtt_us;
+	__u32 max_snd_wnd_bytes;
+	__u32 min_snd_wnd_bytes;
+	__u32 min_rtt_var_us;
+	__u32 max_rtt_var_us;
+	__u32 min_rto_us;
+	__u32 min_srtt_us;
+	__u32 max_srtt_us;
+	__u32 max_cwnd_segs;
+	__u32 data_segs_out;
+	__u32 total_retrans;
+	__u32 max_inflight_segs;
+	__u32 pad2;
+};
+
+#endif /* CCS_H */

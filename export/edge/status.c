@@ -1,0 +1,207 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * status.c - status [--json]: attached? (the pinned link checked against the configured cgroup
+ * as it is now), the program's id and run stats, the version rule's floor and overrides, the live
+ * and the previous table (version, model version, age, expiry, expired, enforced, entries,
+ * sha256), each slot's state and every counter summed over the CPUs. Without --json a line, then
+ * the same JSON object. Every string is JSON-escaped.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+
+#include "agent.h"
+
+/*
+ * model: the slot's ccs_model entry, NULL if none (model_version null unless it is this table's).
+ * enforcing: the slot is live and the program is attached to the configured cgroup.
+ */
+static void print_meta(FILE *o, const struct ccs_meta *m, const struct ccs_model *model,
+		       __u32 slot, bool enforcing)
+{
+	__u64 now_mono = clock_ns(CLOCK_MONOTONIC);
+	time_t now = time(NULL);
+	char sha[65], mv[CCS_MODEL_VERSION_MAX];
+	bool expired = now_mono >= m->expires_mono_ns;
+	/* seconds left, without wrapping: a saturated expiry (U64_MAX) is far ahead, not behind */
+	double left = m->expires_mono_ns >= now_mono ? (double)(m->expires_mono_ns - now_mono) / 1e9
+						     : -((double)(now_mono - m->expires_mono_ns) / 1e9);
+
+	hex(m->sha256, 32, sha);
+	fprintf(o, "{\"version\": %llu, \"model_version\": ", (unsigned long long)m->version);
+	if (model && model->version == m->version && model->loaded_unix == m->loaded_unix) {
+		snprintf(mv, sizeof(mv), "%.*s", (int)sizeof(mv) - 1, model->model_version);
+		json_str(o, mv);
+	} else {
+		fprintf(o, "null");
+	}
+	fprintf(o, ", \"slot\": %u, \"created\": %llu, \"expires\": %llu, "
+		"\"loaded\": %llu, \"age_s\": %lld, \"expires_in_s\": %.3f, \"expired\": %s, "
+		"\"enforced\": %s, \"entries\": {\"v4\": %u, \"v6\": %u}, \"sha256\": \"%s\"}",
+		slot, (unsigned long long)m->created_unix,
+		(unsigned long long)m->expires_unix, (unsigned long long)m->loaded_unix,
+		(long long)now - (long long)m->created_unix,
+		left, expired ? "true" : "false", enforcing && !expired ? "true" : "false", m->n_v4,
+		m->n_v6, sha);
+}
+
+/* the program's run stats (bpf_stats) */
+static void prog_info(__u32 prog_id, struct bpf_prog_info *pinfo)
+{
+	__u32 ilen = sizeof(*pinfo);
+	int prog_fd;
+
+	if (!prog_id)
+		return;
+	prog_fd = bpf_prog_get_fd_by_id(prog_id);
+	if (prog_fd < 0)
+		return;
+	bpf_obj_get_info_by_fd(prog_fd, pinfo, &ilen);
+	close(prog_fd);
+}
+
+/* "slot_state" of a slot: empty, ok, incomplete (marked invalid: a load did not finish), inconsistent */
+static const char *slot_state(const struct ccs_meta *m, __u32 trie_id)
+{
+	if (!m->valid)
+		return m->version || trie_id ? "incomplete" : "empty";
+	return slot_consistent(m, trie_id) ? "ok" : "inconsistent";
+}
+
+/* "counters": {name: sum over the CPUs, ...}; vals has room for ncpu values */
+static void print_counters(FILE *o, int cnt_fd, __u64 *vals, int ncpu)
+{
+	__u64 total;
+	__u32 k;
+	int c;
+
+	fprintf(o, "\"counters\": {");
+	for (k = 0; k < CCS_CNT__MAX; k++) {
+		total = 0;
+		if (!bpf_map_lookup_elem(cnt_fd, &k, vals))
+			for (c = 0; c < ncpu; c++)
+				total += vals[c];
+		fprintf(o, "%s\"%s\": %llu", k ? ", " : "", ccs_counter_names[k],
+			(unsigned long long)total);
+	}
+	fprintf(o, "}");
+}
+
+int cmd_status(bool json)
+{
+	int ctl_fd = open_pinned("ccs_ctl"), meta_fd = open_pinned("ccs_meta");
+	int cnt_fd = open_pinned("ccs_counters"), tables_fd = open_pinned("ccs_tables");
+	int model_fd = open_pinned("ccs_model"), version_fd = open_pinned("ccs_version");
+	int ncpu = libbpf_num_possible_cpus(), err = 1, live = -1;
+	struct link_state ls = { .fd = -1 };
+	struct bpf_prog_info pinfo = {};
+	__u32 zero = 0, slot, trie_id[CCS_SLOTS] = {};
+	struct ccs_ctl ctl = {};
+	struct ccs_meta meta[CCS_SLOTS] = {};
+	struct ccs_model model[CCS_SLOTS] = {};
+	struct ccs_version ver = {};
+	bool has_model[CCS_SLOTS] = {}, ok[CCS_SLOTS] = {};
+	__u64 *vals = NULL, floor;
+	FILE *o = stdout;
+
+	if (ctl_fd < 0 || meta_fd < 0 || cnt_fd < 0) {
+		if (json) {
+			printf("{\"attached\": false, \"link\": \"none\", \"pin_dir\": ");
+			json_str(o, cfg.pin_dir);
+			printf(", \"table\": null}\n");
+		} else {
+			printf("not attached (no maps under %s)\n", cfg.pin_dir);
+		}
+		err = json ? 0 : 1;
+		goto cleanup;
+	}
+	bpf_map_lookup_elem(ctl_fd, &zero, &ctl);
+	if (ctl.live >= 1 && ctl.live <= CCS_SLOTS)
+		live = ctl.live - 1;
+	for (slot = 0; slot < CCS_SLOTS; slot++) {
+		bpf_map_lookup_elem(meta_fd, &slot, &meta[slot]);
+		if (tables_fd >= 0)
+			slot_trie_id(tables_fd, slot, &trie_id[slot]);
+		ok[slot] = slot_consistent(&meta[slot], trie_id[slot]);
+		has_model[slot] = model_fd >= 0 &&
+				  !bpf_map_lookup_elem(model_fd, &slot, &model[slot]);
+	}
+	if (version_fd >= 0)
+		bpf_map_lookup_elem(version_fd, &zero, &ver);
+	floor = ver.highest;
+	for (slot = 0; slot < CCS_SLOTS; slot++)
+		if (ok[slot] && meta[slot].version > floor)
+			floor = meta[slot].version;
+	link_state(&ls);
+	prog_info(ls.prog_id, &pinfo);
+	vals = calloc(ncpu, sizeof(__u64));
+	if (!vals)
+		goto cleanup;
+	if (!json)
+		printf("attached: %s (link %s)  pin dir %s  generation %u\n",
+		       ls.attached ? "yes" : "no", ls.state, cfg.pin_dir, ctl.generation);
+	/*
+	 * attached: the pinned link runs the program for the configured cgroup as it is now (its id
+	 * is the link's). link: ok, none, severed (the link's cgroup was removed: recreating the
+	 * directory does not bring it back; `attach` makes a new link), elsewhere (another cgroup).
+	 */
+	fprintf(o, "{\"attached\": %s, \"link\": \"%s\", \"pin_dir\": ", ls.attached ? "true" : "false",
+		ls.state);
+	json_str(o, cfg.pin_dir);
+	fprintf(o, ", \"cgroup\": ");
+	if (cfg.cgroup[0])
+		json_str(o, cfg.cgroup);
+	else
+		fprintf(o, "null");
+	fprintf(o, ", \"cgroup_path_id\": %llu, \"node_id\": ", (unsigned long long)ls.path_id);
+	json_str(o, cfg.node_id);
+	fprintf(o, ", \"default_cc\": ");
+	json_str(o, cfg.default_cc);
+	fprintf(o, ", \"generation\": %u, \"link_id\": %u, \"prog_id\": %u, \"cgroup_id\": %llu, "
+		"\"run_cnt\": %llu, \"run_time_ns\": %llu, ", ctl.generation, ls.link_id, ls.prog_id,
+		(unsigned long long)ls.cgroup_id, (unsigned long long)pinfo.run_cnt,
+		(unsigned long long)pinfo.run_time_ns);
+	fprintf(o, "\"version_floor\": %llu, \"overrides\": {\"count\": %llu, \"last\": ",
+		(unsigned long long)floor, (unsigned long long)ver.overrides);
+	if (ver.overrides)
+		fprintf(o, "{\"at\": %llu, \"from\": %llu, \"to\": %llu}",
+			(unsigned long long)ver.override_unix, (unsigned long long)ver.override_from,
+			(unsigned long long)ver.override_to);
+	else
+		fprintf(o, "null");
+	fprintf(o, "}, \"table\": ");
+	if (live >= 0 && ok[live])
+		print_meta(o, &meta[live], has_model[live] ? &model[live] : NULL, live, ls.attached);
+	else
+		fprintf(o, "null");
+	fprintf(o, ", \"previous\": ");
+	slot = live >= 0 ? (__u32)(live + 1) % CCS_SLOTS : 0;
+	if (live >= 0 && ok[slot])
+		print_meta(o, &meta[slot], has_model[slot] ? &model[slot] : NULL, slot, false);
+	else
+		fprintf(o, "null");
+	fprintf(o, ", \"slot_state\": [\"%s\", \"%s\"], ", slot_state(&meta[0], trie_id[0]),
+		slot_state(&meta[1], trie_id[1]));
+	print_counters(o, cnt_fd, vals, ncpu);
+	fprintf(o, "}\n");
+	err = 0;
+cleanup:
+	free(vals);
+	if (ls.fd >= 0)
+		close(ls.fd);
+	if (ctl_fd >= 0)
+		close(ctl_fd);
+	if (meta_fd >= 0)
+		close(meta_fd);
+	if (cnt_fd >= 0)
+		close(cnt_fd);
+	if (tables_fd >= 0)
+		close(tables_fd);
+	if (model_fd >= 0)
+		close(model_fd);
+	if (version_fd >= 0)
+		close(version_fd);
+	return err;
+}

@@ -1,0 +1,594 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * table.c - load and rollback. load: the manifest (manifest.c), then the sha256 of the .bin,
+ * its header against the manifest, the expiry and every entry (address space rule included);
+ * then the version rule (ccs_version); only then a new LPM trie is built, and the idle slot is
+ * changed in an order a crash cannot make inconsistent: its meta marked invalid, the trie
+ * installed, the meta written (valid, with the trie's map id), then ccs_ctl.live flipped (one
+ * word). The previous table stays in the other slot: rollback flips back to it, if that slot is
+ * valid and its trie is the one its meta describes.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <openssl/evp.h>
+
+#include "agent.h"
+
+/* a verified table: the manifest's fields and the .bin they describe */
+struct table {
+	struct manifest man;
+	unsigned char *bin;
+	size_t len;
+	unsigned char sha256[32];
+	const struct ccs_table_header *h;
+	const struct ccs_table_entry *ents;
+	size_t n;
+};
+
+/* an IPv6 prefix inside ::ffff:0:0/96 (IPv4-mapped space): an IPv4 prefix in disguise */
+static bool in_v4_mapped_space(const struct ccs_table_entry *e)
+{
+	static const __u8 mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+
+	return e->family == 6 && e->prefix_len >= 96 && !memcmp(e->addr, mapped, sizeof(mapped));
+}
+
+static int validate_entry(const struct ccs_table_entry *e, __u8 want_family, size_t i)
+{
+	int bytes = want_family == 4 ? 4 : 16, b;
+
+	if (e->family != want_family) {
+		die_msg("refused: entry %zu: family %u where %u expected", i, e->family, want_family);
+		return -1;
+	}
+	if (e->prefix_len > bytes * 8) {
+		die_msg("refused: entry %zu: prefix length %u too long", i, e->prefix_len);
+		return -1;
+	}
+	if (e->cc > CCS_CC_MAX) {
+		die_msg("refused: entry %zu: unknown cc id %u", i, e->cc);
+		return -1;
+	}
+	for (b = 0; b < 16; b++) {
+		int bit0 = b * 8;
+		__u8 mask;
+
+		if (b >= bytes) {
+			mask = 0xff;
+		} else if (bit0 >= e->prefix_len) {
+			mask = 0xff;
+		} else if (bit0 + 8 <= e->prefix_len) {
+			mask = 0;
+		} else {
+			mask = 0xff >> (e->prefix_len - bit0);
+		}
+		if (e->addr[b] & mask) {
+			die_msg("refused: entry %zu: address bits set beyond the prefix", i);
+			return -1;
+		}
+	}
+	if (in_v4_mapped_space(e)) {
+		die_msg("refused: entry %zu: IPv6 prefix ::ffff:%u.%u.%u.%u/%u lies inside "
+			"::ffff:0:0/96 (IPv4-mapped addresses are IPv4 clients: write an IPv4 entry)",
+			i, e->addr[12], e->addr[13], e->addr[14], e->addr[15], e->prefix_len);
+		return -1;
+	}
+	return 0;
+}
+
+/* the .bin named by the manifest (beside it) and its sha256 against the manifest's */
+static int read_table_bin(const char *manifest_path, struct table *t)
+{
+	char tab_path[PATH_MAX], sha_hex[65];
+	const char *slash = strrchr(manifest_path, '/');
+	int dir_len = slash ? (int)(slash - manifest_path + 1) : 0;
+	unsigned int dlen = 0;
+
+	snprintf(tab_path, sizeof(tab_path), "%.*s%s", dir_len, manifest_path, t->man.table);
+	if (read_file(tab_path, &t->bin, &t->len)) {
+		die_msg("refused: read %s: %s", tab_path, strerror(errno));
+		return -1;
+	}
+	if (EVP_Digest(t->bin, t->len, t->sha256, &dlen, EVP_sha256(), NULL) != 1 || dlen != 32)
+		return -1;
+	hex(t->sha256, 32, sha_hex);
+	if (strcmp(sha_hex, t->man.sha256)) {
+		die_msg("refused: sha256 of %s is %s, manifest says %s", tab_path, sha_hex,
+			t->man.sha256);
+		return -1;
+	}
+	return 0;
+}
+
+/* the header against the manifest, the expiry, every entry */
+static int check_table(struct table *t, time_t now)
+{
+	const struct ccs_table_header *h = (const struct ccs_table_header *)t->bin;
+	const struct manifest *m = &t->man;
+	size_t i;
+
+	if (t->len < sizeof(*h)) {
+		die_msg("refused: short table");
+		return -1;
+	}
+	t->h = h;
+	t->ents = (const struct ccs_table_entry *)(t->bin + sizeof(*h));
+	t->n = (size_t)h->n_v4 + h->n_v6;
+	if (h->magic != CCS_TABLE_MAGIC || h->format != CCS_TABLE_FORMAT ||
+	    h->header_size != sizeof(*h) || h->entry_size != sizeof(*t->ents) ||
+	    t->len != sizeof(*h) + t->n * sizeof(*t->ents) || t->n > CCS_MAX_ENTRIES) {
+		die_msg("refused: bad table header or size");
+		return -1;
+	}
+	if (h->version != m->version || h->expires_unix != m->expires ||
+	    h->created_unix != m->created || h->n_v4 != m->n_v4 || h->n_v6 != m->n_v6) {
+		die_msg("refused: table header disagrees with the manifest");
+		return -1;
+	}
+	if (m->expires <= (__u64)now) {
+		die_msg("refused: table %llu expired at %llu (now %lld)",
+			(unsigned long long)m->version, (unsigned long long)m->expires, (long long)now);
+		return -1;
+	}
+	for (i = 0; i < t->n; i++)
+		if (validate_entry(&t->ents[i], i < h->n_v4 ? 4 : 6, i))
+			return -1;
+	return 0;
+}
+
+/* a new LPM trie holding the table (nothing is live yet): its fd, or -1 */
+static int build_trie(const struct table *t)
+{
+	LIBBPF_OPTS(bpf_map_create_opts, mopts, .map_flags = BPF_F_NO_PREALLOC);
+	int fd;
+	size_t i;
+
+	fd = bpf_map_create(BPF_MAP_TYPE_LPM_TRIE, "ccs_trie", sizeof(struct ccs_lpm_key),
+			    sizeof(struct ccs_lpm_val), t->n ? t->n : 1, &mopts);
+	if (fd < 0) {
+		die_msg("create trie: %s", strerror(errno));
+		return -1;
+	}
+	for (i = 0; i < t->n; i++) {
+		const struct ccs_table_entry *e = &t->ents[i];
+		struct ccs_lpm_key k = {};
+		struct ccs_lpm_val v = { .cc = e->cc,
+					 .flags = (e->flags & CCS_ENTRY_LOW_CONF) |
+						  (e->family == 6 ? CCS_VAL_FAMILY6 : 0),
+					 .purity_permille = e->purity_permille,
+					 .cwnd_clamp_segs = e->cwnd_clamp_segs,
+					 .pacing_rate_bps = e->pacing_rate_bps };
+
+		if (e->family == 4) {
+			k.prefixlen = 96 + e->prefix_len;
+			k.addr[10] = 0xff;
+			k.addr[11] = 0xff;
+			memcpy(&k.addr[12], e->addr, 4);
+		} else {
+			k.prefixlen = e->prefix_len;
+			memcpy(k.addr, e->addr, 16);
+		}
+		if (bpf_map_update_elem(fd, &k, &v, BPF_NOEXIST)) {
+			die_msg("refused: entry %zu: %s", i, errno == EEXIST ? "duplicate prefix" :
+				strerror(errno));
+			close(fd);
+			return -1;
+		}
+	}
+	return fd;
+}
+
+/* the pinned maps a load or rollback reads and writes */
+struct slots {
+	int ctl_fd;
+	int meta_fd;
+	int tables_fd;
+	int model_fd;    /* -1 while the program attached predates ccs_model: then not recorded */
+	int version_fd;  /* -1 while it predates ccs_version: the rule then stands on the slots */
+};
+
+/* what the slots hold now */
+struct state {
+	struct ccs_ctl ctl;
+	struct ccs_meta meta[CCS_SLOTS];
+	__u32 trie_id[CCS_SLOTS];   /* map id of the trie in ccs_tables[slot], 0 if none */
+	bool ok[CCS_SLOTS];         /* slot_consistent() */
+	struct ccs_version ver;
+	__u64 floor;                /* the newest version made live here (the version rule) */
+};
+
+static void close_slots(struct slots *s)
+{
+	int *fds[] = { &s->ctl_fd, &s->meta_fd, &s->tables_fd, &s->model_fd, &s->version_fd };
+	size_t i;
+
+	for (i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
+		if (*fds[i] >= 0)
+			close(*fds[i]);
+		*fds[i] = -1;
+	}
+}
+
+static int open_slots(struct slots *s)
+{
+	s->ctl_fd = open_pinned("ccs_ctl");
+	s->meta_fd = open_pinned("ccs_meta");
+	s->tables_fd = open_pinned("ccs_tables");
+	s->model_fd = open_pinned("ccs_model");
+	s->version_fd = open_pinned("ccs_version");
+	if (s->ctl_fd < 0 || s->meta_fd < 0 || s->tables_fd < 0) {
+		die_msg("not attached: no pinned maps under %s", cfg.pin_dir);
+		close_slots(s);
+		return -1;
+	}
+	return 0;
+}
+
+/* the map id of the trie in ccs_tables[slot] (0: none) */
+int slot_trie_id(int tables_fd, __u32 slot, __u32 *id)
+{
+	*id = 0;
+	if (bpf_map_lookup_elem(tables_fd, &slot, id)) {
+		if (errno == ENOENT)
+			return 0;
+		return -errno;
+	}
+	return 0;
+}
+
+/*
+ * A slot is used (rollback, status, the version rule) only when its meta is valid and describes
+ * the trie that is in it (trie_id 0: meta written by an agent before trie_id; not checkable).
+ */
+bool slot_consistent(const struct ccs_meta *m, __u32 trie_id)
+{
+	return m->valid && trie_id && (!m->trie_id || m->trie_id == trie_id);
+}
+
+static int read_state(const struct slots *s, struct state *st)
+{
+	__u32 zero = 0, slot;
+
+	memset(st, 0, sizeof(*st));
+	if (bpf_map_lookup_elem(s->ctl_fd, &zero, &st->ctl)) {
+		die_msg("read %s/ccs_ctl: %s", cfg.pin_dir, strerror(errno));
+		return -1;
+	}
+	for (slot = 0; slot < CCS_SLOTS; slot++) {
+		if (bpf_map_lookup_elem(s->meta_fd, &slot, &st->meta[slot])) {
+			die_msg("read %s/ccs_meta[%u]: %s", cfg.pin_dir, slot, strerror(errno));
+			return -1;
+		}
+		if (slot_trie_id(s->tables_fd, slot, &st->trie_id[slot])) {
+			die_msg("read %s/ccs_tables[%u]: %s", cfg.pin_dir, slot, strerror(errno));
+			return -1;
+		}
+		st->ok[slot] = slot_consistent(&st->meta[slot], st->trie_id[slot]);
+	}
+	if (s->version_fd >= 0 && bpf_map_lookup_elem(s->version_fd, &zero, &st->ver)) {
+		die_msg("read %s/ccs_version: %s", cfg.pin_dir, strerror(errno));
+		return -1;
+	}
+	st->floor = st->ver.highest;
+	for (slot = 0; slot < CCS_SLOTS; slot++)
+		if (st->ok[slot] && st->meta[slot].version > st->floor)
+			st->floor = st->meta[slot].version;
+	return 0;
+}
+
+static int live_slot(const struct state *st)
+{
+	return st->ctl.live >= 1 && st->ctl.live <= CCS_SLOTS ? (int)st->ctl.live - 1 : -1;
+}
+
+/*
+ * Record a table made live in ccs_version: the newest version (and its sha256) moves up, never
+ * down; an override (an older table made live) is counted with when/from/to, and logged.
+ */
+static int record_version(const struct slots *s, const struct state *st, __u64 version,
+			  const __u8 *sha256, __u64 live_before, bool override, const char *how)
+{
+	struct ccs_version v = st->ver;
+	__u32 zero = 0;
+
+	if (override)
+		fprintf(stderr, "ccs-edge: version rule overridden (%s): table %llu made live, older "
+			"than table %llu loaded before (live was %llu)\n", how,
+			(unsigned long long)version, (unsigned long long)st->floor,
+			(unsigned long long)live_before);
+	if (s->version_fd < 0)
+		return 0;
+	if (version > v.highest || (version == v.highest && !override)) {
+		v.highest = version;
+		memcpy(v.highest_sha256, sha256, sizeof(v.highest_sha256));
+	}
+	if (st->floor > v.highest) {  /* a pin dir from before ccs_version: take the slots' */
+		int i;
+
+		for (i = 0; i < CCS_SLOTS; i++)
+			if (st->ok[i] && st->meta[i].version == st->floor) {
+				v.highest = st->floor;
+				memcpy(v.highest_sha256, st->meta[i].sha256, sizeof(v.highest_sha256));
+			}
+	}
+	if (override) {
+		v.overrides++;
+		v.override_unix = time(NULL);
+		v.override_from = live_before;
+		v.override_to = version;
+	}
+	if (bpf_map_update_elem(s->version_fd, &zero, &v, BPF_ANY)) {
+		die_msg("write %s/ccs_version: %s", cfg.pin_dir, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+enum rule { RULE_NEWER, RULE_SAME_TABLE, RULE_ALREADY_LIVE, RULE_OVERRIDE, RULE_REFUSED };
+
+/*
+ * The version rule: a table newer than every table made live here loads; the newest one again
+ * (same version, same sha256) loads too, and is a no-op if it is the live one; anything else
+ * only with --allow-downgrade naming its version (an explicit override, logged).
+ */
+static enum rule version_rule(const struct state *st, const struct table *t, __u64 allow)
+{
+	__u64 v = t->man.version;
+	int live = live_slot(st), i;
+	bool same = false;
+
+	if (v > st->floor)
+		return RULE_NEWER;
+	if (v == st->floor) {
+		if (st->ver.highest == v && !memcmp(st->ver.highest_sha256, t->sha256, 32))
+			same = true;
+		for (i = 0; i < CCS_SLOTS; i++)
+			if (st->ok[i] && st->meta[i].version == v && !memcmp(st->meta[i].sha256, t->sha256, 32))
+				same = true;
+		if (same && live >= 0 && st->ok[live] && st->meta[live].version == v &&
+		    !memcmp(st->meta[live].sha256, t->sha256, 32))
+			return RULE_ALREADY_LIVE;
+		if (same)
+			return RULE_SAME_TABLE;
+	}
+	if (allow && allow == v)
+		return RULE_OVERRIDE;
+	if (allow)
+		die_msg("refused: --allow-downgrade %llu does not name this manifest's version %llu",
+			(unsigned long long)allow, (unsigned long long)v);
+	else if (v == st->floor)
+		die_msg("refused: table %llu was loaded here before with another sha256: a version "
+			"names one table (load --allow-downgrade %llu to override)",
+			(unsigned long long)v, (unsigned long long)v);
+	else
+		die_msg("refused: table %llu is older than table %llu, loaded here before: versions only "
+			"go forward (replay). To go back: `ccs-edge rollback` (the previous slot) or "
+			"`ccs-edge load MANIFEST --allow-downgrade %llu`", (unsigned long long)v,
+			(unsigned long long)st->floor, (unsigned long long)v);
+	return RULE_REFUSED;
+}
+
+/* CLOCK_MONOTONIC ns of the expiry, saturating at U64_MAX (never wrapping into the past) */
+static __u64 expiry_mono_ns(__u64 expires_unix, time_t now)
+{
+	__u64 mono = clock_ns(CLOCK_MONOTONIC), left_s, room_s;
+
+	if (expires_unix <= (__u64)now)
+		return mono;
+	left_s = expires_unix - (__u64)now;
+	room_s = (UINT64_MAX - mono) / 1000000000ull;
+	if (left_s >= room_s)
+		return UINT64_MAX;
+	return mono + left_s * 1000000000ull;
+}
+
+/*
+ * Fill the idle slot, then flip ctl.live (one word); the old table stays in the other slot.
+ * The slot is marked invalid before anything in it changes and valid (with the installed trie's
+ * map id) only after: a crash anywhere in between leaves an invalid slot, which rollback and
+ * status refuse to trust, and the next load overwrites.
+ */
+static int swap_in(const struct slots *s, const struct state *st, const struct table *t,
+		   int trie_fd, time_t now, bool override, __u32 *slotp)
+{
+	struct ccs_ctl ctl = st->ctl;
+	struct ccs_meta meta = {};
+	struct ccs_model model = {};
+	struct bpf_map_info info = {};
+	__u32 zero = 0, slot, len = sizeof(info);
+	int live = live_slot(st);
+	__u64 live_before = live >= 0 && st->ok[live] ? st->meta[live].version : 0;
+
+	slot = live >= 0 ? (__u32)(live + 1) % CCS_SLOTS : 0;
+	/* 1. the slot is about to change: invalid from here until step 4 */
+	meta = st->meta[slot];
+	meta.valid = 0;
+	meta.trie_id = 0;
+	if (bpf_map_update_elem(s->meta_fd, &slot, &meta, BPF_ANY)) {
+		die_msg("mark slot %u invalid (ccs_meta): %s", slot, strerror(errno));
+		return -1;
+	}
+	/* 2. the trie */
+	if (bpf_map_update_elem(s->tables_fd, &slot, &trie_fd, BPF_ANY)) {
+		die_msg("install trie in slot %u (ccs_tables): %s", slot, strerror(errno));
+		return -1;
+	}
+	if (bpf_obj_get_info_by_fd(trie_fd, &info, &len)) {
+		die_msg("trie map id: %s", strerror(errno));
+		return -1;
+	}
+	/* 3. the model version, for status */
+	memset(&meta, 0, sizeof(meta));
+	meta.version = t->man.version;
+	meta.created_unix = t->man.created;
+	meta.expires_unix = t->man.expires;
+	meta.expires_mono_ns = expiry_mono_ns(t->man.expires, now);
+	meta.loaded_unix = now;
+	meta.n_v4 = t->h->n_v4;
+	meta.n_v6 = t->h->n_v6;
+	meta.valid = 1;
+	meta.trie_id = info.id;
+	memcpy(meta.sha256, t->sha256, 32);
+	model.version = meta.version;
+	model.loaded_unix = meta.loaded_unix;
+	memcpy(model.model_version, t->man.model_version, sizeof(model.model_version));
+	if (s->model_fd >= 0 && bpf_map_update_elem(s->model_fd, &slot, &model, BPF_ANY)) {
+		die_msg("write slot %u model version (ccs_model): %s", slot, strerror(errno));
+		return -1;
+	}
+	/* 4. the meta: the slot is valid again, describing the trie now in it */
+	if (bpf_map_update_elem(s->meta_fd, &slot, &meta, BPF_ANY)) {
+		die_msg("write slot %u metadata (ccs_meta): %s", slot, strerror(errno));
+		return -1;
+	}
+	/* 5. the swap */
+	ctl.live = slot + 1;
+	ctl.generation++;
+	if (bpf_map_update_elem(s->ctl_fd, &zero, &ctl, BPF_ANY)) {
+		die_msg("swap (ccs_ctl): %s", strerror(errno));
+		return -1;
+	}
+	*slotp = slot;
+	return record_version(s, st, meta.version, meta.sha256, live_before, override,
+			      "load --allow-downgrade");
+}
+
+int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
+{
+	struct slots s = { -1, -1, -1, -1, -1 };
+	struct state st;
+	struct table t = {};
+	__u64 t0, t1, t2, t3;
+	int trie_fd = -1, lock_fd = -1, err = -1;
+	enum rule rule;
+	__u32 slot = 0;
+	time_t now = time(NULL);
+
+	t0 = clock_ns(CLOCK_MONOTONIC);
+	/* 1. signature over the exact manifest bytes, then its fields; 2. the .bin's sha256;
+	 * 3. header against the manifest, expiry, every entry */
+	if (manifest_read(manifest_path, &t.man) || read_table_bin(manifest_path, &t) ||
+	    check_table(&t, now))
+		goto cleanup;
+	t1 = clock_ns(CLOCK_MONOTONIC);
+	if (open_slots(&s))
+		goto cleanup;
+	lock_fd = lock_pin_dir();
+	if (lock_fd < 0) {
+		die_msg("lock %s: %s", cfg.pin_dir, strerror(-lock_fd));
+		goto cleanup;
+	}
+	/* 4. the version rule, against what the slots hold now */
+	if (read_state(&s, &st))
+		goto cleanup;
+	rule = version_rule(&st, &t, allow_downgrade);
+	if (rule == RULE_REFUSED)
+		goto cleanup;
+	if (rule == RULE_ALREADY_LIVE) {
+		slot = (__u32)live_slot(&st);
+		err = 0;
+		if (json)
+			printf("{\"loaded\": true, \"unchanged\": true, \"version\": %llu, \"slot\": %u, "
+			       "\"entries\": {\"v4\": %u, \"v6\": %u}}\n", (unsigned long long)t.man.version,
+			       slot, t.h->n_v4, t.h->n_v6);
+		else
+			printf("table %llu is already live (slot %u): nothing to do\n",
+			       (unsigned long long)t.man.version, slot);
+		goto cleanup;
+	}
+	/* 5. build the new trie (nothing is live yet); 6. swap it in */
+	trie_fd = build_trie(&t);
+	if (trie_fd < 0)
+		goto cleanup;
+	t2 = clock_ns(CLOCK_MONOTONIC);
+	if (swap_in(&s, &st, &t, trie_fd, now, rule == RULE_OVERRIDE, &slot))
+		goto cleanup;
+	t3 = clock_ns(CLOCK_MONOTONIC);
+	err = 0;
+	if (json)
+		printf("{\"loaded\": true, \"version\": %llu, \"slot\": %u, \"override\": %s, "
+		       "\"entries\": {\"v4\": %u, \"v6\": %u}, \"verify_ms\": %.3f, \"build_ms\": %.3f, "
+		       "\"swap_us\": %.3f, \"total_ms\": %.3f}\n", (unsigned long long)t.man.version, slot,
+		       rule == RULE_OVERRIDE ? "true" : "false", t.h->n_v4, t.h->n_v6, (t1 - t0) / 1e6,
+		       (t2 - t1) / 1e6, (t3 - t2) / 1e3, (t3 - t0) / 1e6);
+	else
+		printf("loaded table %llu (%u v4 + %u v6 entries) into slot %u\n",
+		       (unsigned long long)t.man.version, t.h->n_v4, t.h->n_v6, slot);
+cleanup:
+	if (trie_fd >= 0)
+		close(trie_fd);
+	close_slots(&s);
+	if (lock_fd >= 0)
+		close(lock_fd);
+	free(t.bin);
+	return err ? 1 : 0;
+}
+
+/*
+ * Make the previous table live again: only a slot that is valid and holds the trie its meta
+ * describes (a load that died half-way left it invalid), and not expired. Going back to an older
+ * version is the rollback's own override of the version rule: logged and recorded.
+ */
+int cmd_rollback(void)
+{
+	struct slots s = { -1, -1, -1, -1, -1 };
+	struct state st;
+	struct ccs_ctl ctl;
+	const struct ccs_meta *m;
+	int lock_fd = -1, err = 1, live;
+	__u32 zero = 0, prev;
+	__u64 live_before;
+
+	if (open_slots(&s))
+		goto cleanup;
+	lock_fd = lock_pin_dir();
+	if (lock_fd < 0) {
+		die_msg("lock %s: %s", cfg.pin_dir, strerror(-lock_fd));
+		goto cleanup;
+	}
+	if (read_state(&s, &st))
+		goto cleanup;
+	live = live_slot(&st);
+	if (live < 0) {
+		die_msg("rollback: no live table");
+		goto cleanup;
+	}
+	prev = (__u32)(live + 1) % CCS_SLOTS;
+	m = &st.meta[prev];
+	if (!m->valid) {
+		die_msg("rollback: no previous table (slot %u is empty, or a load changing it did not "
+			"finish: its metadata is marked invalid)", prev);
+		goto cleanup;
+	}
+	if (!st.ok[prev]) {
+		die_msg("rollback: slot %u is inconsistent: its trie (map id %u) is not the one its "
+			"metadata describes (table %llu, map id %u); refusing", prev, st.trie_id[prev],
+			(unsigned long long)m->version, m->trie_id);
+		goto cleanup;
+	}
+	if (m->expires_mono_ns <= clock_ns(CLOCK_MONOTONIC)) {
+		die_msg("rollback: previous table %llu has expired", (unsigned long long)m->version);
+		goto cleanup;
+	}
+	live_before = st.ok[live] ? st.meta[live].version : 0;
+	ctl = st.ctl;
+	ctl.live = prev + 1;
+	ctl.generation++;
+	if (bpf_map_update_elem(s.ctl_fd, &zero, &ctl, BPF_ANY)) {
+		die_msg("rollback: swap (ccs_ctl): %s", strerror(errno));
+		goto cleanup;
+	}
+	printf("rolled back to table %llu (slot %u)\n", (unsigned long long)m->version, prev);
+	err = record_version(&s, &st, m->version, m->sha256, live_before, m->version < st.floor,
+			     "rollback") ? 1 : 0;
+cleanup:
+	close_slots(&s);
+	if (lock_fd >= 0)
+		close(lock_fd);
+	return err;
+}

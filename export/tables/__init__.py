@@ -1,0 +1,1 @@
+"""Building prefix tables: Algorithm 1 aggregation and its metrics."""

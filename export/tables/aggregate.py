@@ -1,0 +1,534 @@
+"""`ccs export`: per-connection CC decisions (gold.predictions) → a purity-aggregated prefix table.
+
+ALICCS §3.3 and Algorithm 1 (Appendix F), generalized to a ladder of prefix lengths per family
+(`export.ladder`, IPv4 /16 → /24 → /32, IPv6 /32 → /48 → /64 → /128): the decisions are grouped
+at the ladder's first level; a prefix whose purity passes its threshold becomes one entry; the
+addresses of every other prefix go down to the next level (Algorithm 1 steps 2-3, "D_expand"),
+and at the last level every prefix becomes an entry. Thresholds are per level and per request
+volume: busy prefixes need more purity (Appendix D), `export.purity` as [min_requests, purity]
+tiers.
+
+Purity is request-weighted here (the paper counts addresses): purity = weight of the majority CC /
+weight of the prefix, where a connection weighs its request count (a connection with none weighs
+1, so that every decision counts). Ties go to the CC whose name sorts last, in both versions below.
+Only decisions with `decision == "model"` become entries; fallbacks do not (the edge's default
+applies to them anyway), but they count in the coverage.
+
+Two implementations of the same aggregation:
+- `reference_aggregate(rows, settings)`: plain Python over (ip, cc, requests) rows; the property
+  tests and hand-made Algorithm 1 examples run against it, and it is checked against the Spark job.
+- `spark_aggregate(address_decisions(preds), settings)`: the Spark job (DataFrame ops only; the
+  per-address work is grouped in Spark and only the entries reach the driver).
+Entries of one table never overlap: an entry's descendants are only considered when it failed,
+so every address resolves by longest-prefix match to exactly the entry at its first passing level.
+"""
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import json
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Iterable
+
+import pyarrow as pa
+from pyspark.sql import Window, functions as F
+
+from ccselect import delta_io
+from ccselect.ipaddr import with_ip
+from ccselect.lake import table_path
+from ccselect.settings import BITS, FAMILIES, PrefixLadder
+from ccselect.spark import conf_set
+from export.artifact import signing, table_format as tf
+
+# Algorithm 1's ladder and purity tiers (`export.ladder`, `export.purity`): ccselect.settings.PrefixLadder,
+# of which `cfg.settings.export` is one.
+
+
+# ---- the entries ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Aggregated:
+    """One table entry as the aggregation found it."""
+
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network
+    cc: str
+    weight: int          # request weight under the prefix (purity denominator)
+    top_weight: int      # weight of `cc`
+    requests: int        # requests under the prefix
+    passed: bool         # purity passed its threshold (False only at the ladder's last level)
+    pacing_rate_bps: int = 0
+    cwnd_clamp_segs: int = 0
+
+    @property
+    def family(self) -> int:
+        return self.network.version
+
+    @property
+    def purity(self) -> float:
+        return self.top_weight / self.weight
+
+    def entry(self) -> tf.Entry:
+        return tf.Entry(self.network, self.cc,
+                        purity_permille=(self.top_weight * 1000) // self.weight,
+                        requests=min(self.requests, tf.U32_MAX),
+                        pacing_rate_bps=self.pacing_rate_bps, cwnd_clamp_segs=self.cwnd_clamp_segs)
+
+
+def key_network(family: int, level: int, key_hex: str) -> ipaddress.IPv4Network | ipaddress.IPv6Network:
+    """A prefix from the first level/4 hex digits of its address."""
+    bits = BITS[family]
+    addr = int(key_hex, 16) << (bits - level) if level else 0
+    cls = ipaddress.IPv4Network if family == 4 else ipaddress.IPv6Network
+    return cls((addr, level))
+
+
+def _hex(ip: str) -> tuple[int, str]:
+    a = ipaddress.ip_address(ip)
+    return a.version, a.packed.hex()
+
+
+def weight(requests) -> int:
+    return max(int(requests or 0), 1)
+
+
+def reference_aggregate(rows: Iterable[tuple[str, str, int]], settings: PrefixLadder) -> list[Aggregated]:
+    """Algorithm 1 over (client_ip, cc, requests) rows of model decisions, in plain Python."""
+    per_ip: dict[tuple[int, str], dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for ip, cc, req in rows:
+        acc = per_ip[_hex(ip)][cc]
+        acc[0] += weight(req)
+        acc[1] += max(int(req or 0), 0)
+    out: list[Aggregated] = []
+    for fam, levels in settings.ladder.items():
+        todo = {h: ccs for (f, h), ccs in per_ip.items() if f == fam}   # D, then D_expand
+        for level in levels:
+            groups: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+            for h, ccs in todo.items():
+                g = groups[h[:level // 4]]
+                for cc, (w, r) in ccs.items():
+                    g[cc][0] += w
+                    g[cc][1] += r
+            failed = set()
+            for key, ccs in groups.items():                  # AGGREGATE_AT_PREFIX_LEN
+                total = sum(w for w, _ in ccs.values())
+                reqs = sum(r for _, r in ccs.values())
+                top_w, cc = max((w, c) for c, (w, _) in ccs.items())
+                passed = top_w / total >= settings.threshold(fam, level, reqs)
+                if passed or settings.is_last(fam, level):
+                    out.append(Aggregated(key_network(fam, level, key), cc, total, top_w, reqs, passed))
+                else:
+                    failed.add(key)
+            todo = {h: ccs for h, ccs in todo.items() if h[:level // 4] in failed}
+    return sorted(out, key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))
+
+
+# ---- Spark ---------------------------------------------------------------------------------
+def _threshold_col(settings: PrefixLadder, family: int, level: int, requests):
+    tiers = settings.purity[family].get(level, ((0, 0.0),))
+    expr = F.lit(tiers[0][1])
+    for lo, p in tiers[1:]:
+        expr = F.when(requests >= F.lit(lo), F.lit(p)).otherwise(expr)
+    return expr
+
+
+def _weight_cols():
+    """(w, r) of a decision: its request weight (at least 1) and its requests (at least 0)."""
+    req = F.coalesce(F.col("requests").cast("long"), F.lit(0))
+    return F.greatest(req, F.lit(1)).alias("w"), F.greatest(req, F.lit(0)).alias("r")
+
+
+#: Spark settings for the export job (`with ccselect.spark.conf_set(spark, TREE_PARTITIONED)`), so
+#: that the partitioning by ladder tree (`_by_root`) carries through: with adaptive execution the
+#: persisted decisions report an unknown partitioning (Spark may re-plan a cached plan's shuffles)
+#: and every aggregation and join after them shuffled again; and a join keyed by more columns than
+#: its inputs are partitioned by shuffles them unless co-partitioning on a subset of the keys is
+#: allowed. bench/export, 5 M predictions after the default fleet's run, four runs each: 17.9 s
+#: mean against 20.9 s without (the metrics 3.2-4.8 s against 4.2-5.7 s).
+TREE_PARTITIONED = {"spark.sql.adaptive.enabled": "false",
+                    "spark.sql.requireAllClusterKeysForCoPartition": "false"}
+
+
+def _by_family(values: dict[int, object], default):
+    """A column that is `values[f]` on rows of family `f` (column `fam`), else `default`."""
+    e = None
+    for f, v in values.items():
+        e = F.when(F.col("fam") == f, v) if e is None else e.when(F.col("fam") == f, v)
+    return e.otherwise(default)
+
+
+def _root_col(settings: PrefixLadder):
+    """The address's prefix at its family's first ladder level (hex digits): the root of the
+    ladder tree it belongs to. Every prefix Algorithm 1 looks at for the address, and every
+    shorter ladder prefix of those, lies under it."""
+    return _by_family({f: F.substring("hex", 1, lv[0] // 4) for f, lv in settings.ladder.items()}, F.lit(""))
+
+
+def _by_root(df, settings: PrefixLadder, by: tuple[str, ...]):
+    """`df` (fam, hex, ...) with its `root` column, shuffled once so that each (by, family, root)
+    — one ladder tree — is in one partition. Every later grouping and join of the aggregation and
+    its metrics is keyed by (by, fam, root, ...), which that partitioning satisfies (a hash
+    partitioning on a subset of the keys is clustered enough): one shuffle of the addresses
+    instead of one per aggregation and join (bench/export's event log: the ladder took eight
+    stages after the address parsing, one now)."""
+    return df.withColumn("root", _root_col(settings)).repartition(*by, "fam", "root")
+
+
+def address_decisions(preds, by: tuple[str, ...] = (), settings: PrefixLadder | None = None):
+    """gold.predictions summed per (family, address hex, cc, decision, default CC) — and per the
+    `by` columns, one table's decisions per value of them (see `ladder_entries`): weight `w` and
+    requests `r`. The one pass over the predictions that the aggregation (`model_weights`) and its
+    metrics (`address_weights`) share: persist it when both run on it. With `settings`, the rows
+    also carry `root` and are partitioned by ladder tree (`_by_root`), so that neither the
+    aggregation nor the metrics shuffle them again (under `TREE_PARTITIONED`).
+
+    Summed per address text before the text is parsed: an address repeats over connections and
+    hours (5 M decisions, 164 k addresses in bench/export), and parsing it (ccselect.ipaddr's regexes
+    and IPv6 expansion) once per decision was most of the job's time. Only sums here: a max over
+    a string column (the default CC) made Spark sort the predictions (SortAggregate, about 3× the
+    CPU of the hash aggregation in bench/export's event log), so the default CC is a key instead."""
+    w, r = _weight_cols()
+    keys = (*by, "cc", "decision", "default_cc")
+    sums = (F.sum("w").alias("w"), F.sum("r").alias("r"))
+    per_text = preds.select("client_ip", *keys, w, r).groupBy("client_ip", *keys).agg(*sums)
+    d = with_ip(per_text, "client_ip")
+    d = (d.select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), *keys, "w", "r")
+         .where(F.col("fam").isNotNull()))
+    if settings is None:
+        return d.groupBy("fam", "hex", *keys).agg(*sums)
+    return _by_root(d, settings, tuple(by)).groupBy("fam", "root", "hex", *keys).agg(*sums)
+
+
+def model_weights(decisions, by: tuple[str, ...] = ()):
+    """Model decisions (*by, fam, hex, cc, w, r — and `root` when `decisions` has it) from
+    `address_decisions`; an (address, cc) may repeat (one row per default CC): the aggregation
+    sums them per prefix anyway, so no shuffle here."""
+    root = ("root",) if "root" in decisions.columns else ()
+    return decisions.where(F.col("decision") == "model").select(*by, "fam", *root, "hex", "cc", "w", "r")
+
+
+def spark_aggregate(decisions, settings: PrefixLadder) -> list[Aggregated]:
+    """Algorithm 1 as a Spark job over gold.predictions (as `address_decisions(preds)`); returns
+    the entries."""
+    # through Arrow, not Row objects: the driver's share of the job (bench/export, 98 k entries:
+    # collect() and Row access 2.5 s of 20 s; columns from Arrow ~0.3 s)
+    t = ladder_entries(model_weights(decisions), settings).toArrow()
+    cols = {c: t.column(c).to_pylist() for c in ("fam", "level", "key", "cc", "weight", "top_weight",
+                                                   "requests", "passed")}
+    out = [Aggregated(key_network(f, lv, k), cc, int(w), int(tw), int(rq), bool(ps))
+           for f, lv, k, cc, w, tw, rq, ps in zip(*cols.values())]
+    return sorted(out, key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))
+
+
+def ladder_entries(weights, settings: PrefixLadder, by: tuple[str, ...] = ()):
+    """The table entries of Algorithm 1 (Appendix F) from `model_weights`' rows (weights summed
+    per prefix and CC), as a DataFrame (fam, level, key, weight, requests, top_weight, cc,
+    passed); `key` is the prefix's first level/4 hex digits.
+
+    One pass instead of one round per level: every prefix of every ladder level gets its purity
+    (AGGREGATE_AT_PREFIX_LEN over all addresses under it). A prefix of level L is an entry when it
+    passes (or L is the last level) and none of its shorter ladder prefixes passed. That is
+    Algorithm 1's D_expand recursion (steps 2-3): the addresses under a prefix reach level L
+    exactly when all its shorter prefixes failed, and then all of them reach it, so the prefix's
+    purity is the same either way. Deciding on the prefixes alone (an anti-join with the passed
+    ones) keeps the job to one pass over the addresses.
+
+    `by`: extra key columns of `weights` (say, the hour of the decisions): one independent table
+    per value of them, all in the same pass (evaluation/emulate.py builds every hour's table at once).
+
+    Every grouping and join below is keyed by the ladder tree (`root`, the prefix at the family's
+    first level) as well: `weights` from `address_decisions(..., settings=)` are already
+    partitioned by it, other inputs are shuffled by it here (`_by_root`)."""
+    by = tuple(by)
+    fam, level = F.col("fam"), F.col("level")
+    if "root" not in weights.columns:
+        weights = _by_root(weights, settings, by)
+    tree = (*by, "fam", "root")
+    ladder = _by_family({f: F.array(*[F.lit(x) for x in lv]) for f, lv in settings.ladder.items()},
+                       F.array().cast("array<int>"))
+    lad = (weights.withColumn("level", F.explode(ladder))
+           .withColumn("key", F.expr("substring(hex, 1, level div 4)")))
+    thr = None
+    for f, levels in settings.ladder.items():
+        for lv in levels:
+            cond = (fam == f) & (level == lv)
+            t = _threshold_col(settings, f, lv, F.col("requests"))
+            thr = F.when(cond, t) if thr is None else thr.when(cond, t)
+    last = _by_family({f: F.lit(lv[-1]) for f, lv in settings.ladder.items()}, F.lit(-1))
+    stats = (lad.groupBy(*tree, "level", "key", "cc").agg(F.sum("w").alias("w"), F.sum("r").alias("r"))
+             .groupBy(*tree, "level", "key").agg(F.sum("w").alias("weight"), F.sum("r").alias("requests"),
+                                                F.max(F.struct("w", "cc")).alias("top"))
+             .select(*tree, "level", "key", "weight", "requests", F.col("top.w").alias("top_weight"),
+                     F.col("top.cc").alias("cc"))
+             .withColumn("passed", (F.col("top_weight") / F.col("weight")) >= thr)
+             .withColumn("_last", level == last))
+    # the shorter ladder prefixes of each prefix (none at a family's first level)
+    shorter = None
+    for f, levels in settings.ladder.items():
+        for i, lv in enumerate(levels[1:], start=1):
+            arr = F.array(*[F.struct(F.lit(a).alias("_alevel"), F.substring("key", 1, a // 4).alias("_akey"))
+                            for a in levels[:i]])
+            cond = (fam == f) & (level == lv)
+            shorter = F.when(cond, arr) if shorter is None else shorter.when(cond, arr)
+    candidates = stats.where(F.col("passed") | F.col("_last"))
+    if shorter is None:                       # every ladder has a single level
+        return candidates.drop("_last", "root")
+    passed_above = stats.where(F.col("passed") & ~F.col("_last")).select(
+        *tree, F.col("level").alias("_alevel"), F.col("key").alias("_akey"))
+    covered = (candidates.select(*tree, "level", "key", F.explode(shorter).alias("_a"))
+               .select(*tree, "level", "key", "_a._alevel", "_a._akey")
+               .join(passed_above, [*tree, "_alevel", "_akey"], "left_semi")
+               .select(*tree, "level", "key"))
+    return candidates.join(covered, [*tree, "level", "key"], "left_anti").drop("_last", "root")
+
+
+# ---- longest-prefix match of addresses against a table, in Spark -------------------------
+def _bits(hex_col):
+    return F.concat_ws("", F.transform(F.split(hex_col, ""), lambda c: F.lpad(F.conv(c, 16, 2), 4, "0")))
+
+
+def entries_frame(spark, entries: Iterable[tf.Entry], hex_keys: bool = False):
+    """(fam, plen, key, cc, effective) of table entries: `key` is the prefix's first plen bits
+    (with `hex_keys`, its first plen/4 hex digits: every plen a multiple of 4); `effective` is
+    False for entries the edge does not enforce (cc "keep" or low confidence → the default CC);
+    `idx`: the entry's position in `entries`."""
+    entries = list(entries)
+    plen = [e.prefix.prefixlen for e in entries]
+    # an Arrow table, not Python rows: createDataFrame checks every row against the schema
+    # (bench/export, 98 k entries: 2.3 s of the driver's time; 0.2 s from Arrow)
+    table = pa.table({
+        "fam": pa.array([e.family for e in entries], pa.int32()),
+        "plen": pa.array(plen, pa.int32()),
+        "key": pa.array([format(int(e.prefix.network_address), f"0{BITS[e.family] // 4}x")[:n // 4] if hex_keys
+                         else format(int(e.prefix.network_address), f"0{BITS[e.family]}b")[:n]
+                         for e, n in zip(entries, plen)], pa.string()),
+        "cc": pa.array([e.cc for e in entries], pa.string()),
+        "effective": pa.array([e.cc != "keep" and not e.low_confidence for e in entries], pa.bool_()),
+        "idx": pa.array(range(len(entries)), pa.int32()),
+    })
+    return spark.createDataFrame(table)
+
+
+def lpm(ips, entries: list[tf.Entry], prefix: str, entry_index: bool = False):
+    """Add `<prefix>_cc` (the matched entry's CC or null) and `<prefix>_effective` to `ips`
+    (columns fam, hex; one row per address): longest-prefix match, as the kernel's trie does.
+    With `entry_index`, also `<prefix>_entry`: the matched entry's position in `entries`.
+
+    One pass over the addresses: each address is paired with its own prefix at every entry length
+    of its family and left-joined to the (broadcast) entries. A union of one join per length (seven
+    on the default ladder) took 4× the time of computing `ips` once in bench/export at 5 M rows:
+    Spark recomputed `ips` from the predictions in the branches. When every entry's length is a
+    multiple of 4 (the ladder's are), the prefixes are compared as hex digits of `hex`, without
+    spelling the address out in bits (bench/export: 0.7 s of the metrics' 4 s)."""
+    spark = ips.sparkSession
+    lengths: dict[int, list[int]] = defaultdict(list)
+    for fam, plen in sorted({(e.family, e.prefix.prefixlen) for e in entries}):
+        lengths[fam].append(plen)
+    extra = [f"{prefix}_entry"] if entry_index else []
+    if not lengths:
+        out = (ips.withColumn(f"{prefix}_cc", F.lit(None).cast("string"))
+               .withColumn(f"{prefix}_effective", F.lit(False)))
+        return out.withColumn(extra[0], F.lit(None).cast("int")) if extra else out
+    hex_keys = all(n % 4 == 0 for plens in lengths.values() for n in plens)
+    digits = F.col("hex") if hex_keys else F.col("_bits")
+    own = None                      # null for a family without entries: explode_outer keeps it
+    for fam, plens in lengths.items():
+        arr = F.array(*[F.struct(F.lit(n).alias("_plen"), F.substring(digits, 1, n // 4 if hex_keys else n).alias("_key"))
+                        for n in plens])
+        own = F.when(F.col("fam") == fam, arr) if own is None else own.when(F.col("fam") == fam, arr)
+    ef = F.broadcast(entries_frame(spark, entries, hex_keys).select(
+        "fam", F.col("plen").alias("_plen"), F.col("key").alias("_key"), F.col("cc").alias("_ecc"),
+        F.col("effective").alias("_eeff"), F.col("idx").alias("_eidx")))
+    cols = ips.columns
+    m = (ips if hex_keys else ips.withColumn("_bits", _bits(F.col("hex"))))
+    m = (m.withColumn("_own", F.explode_outer(own))
+         .select(*cols, "_own._plen", "_own._key")
+         .join(ef, ["fam", "_plen", "_key"], "left")
+         .groupBy(*cols).agg(F.max(F.when(F.col("_ecc").isNotNull(), F.struct("_plen", "_ecc", "_eeff", "_eidx")))
+                             .alias("_m")))
+    return m.select(*cols, F.col("_m._ecc").alias(f"{prefix}_cc"),
+                    F.coalesce(F.col("_m._eeff"), F.lit(False)).alias(f"{prefix}_effective"),
+                    *([F.col("_m._eidx").alias(extra[0])] if extra else []))
+
+
+def address_weights(decisions):
+    """All decisions per (family, address hex) from `address_decisions`: total weight, model
+    weight, the majority model CC (ties: the CC name sorting last, as in the aggregation), and
+    the default CC."""
+    is_model = F.col("decision") == "model"
+    root = ("root",) if "root" in decisions.columns else ()   # keeps address_decisions' partitioning
+    per_cc = decisions.groupBy("fam", *root, "hex", "cc", "decision").agg(
+        F.sum("w").alias("w"), F.max("default_cc").alias("default_cc"))
+    return per_cc.groupBy("fam", *root, "hex").agg(
+        F.sum("w").alias("w_all"),
+        F.sum(F.when(is_model, F.col("w")).otherwise(0)).alias("w_model"),
+        F.max(F.when(is_model, F.struct("w", "cc"))).alias("_top"),
+        F.max("default_cc").alias("default_cc"),
+    ).select("fam", *root, "hex", "w_all", "w_model", F.col("_top.cc").alias("major_cc"),
+             F.col("_top.w").alias("major_w"), "default_cc")
+
+
+def table_metrics(decisions, entries: list[tf.Entry], n_aggregated: list[Aggregated]) -> dict:
+    """Coverage, agreement and memory saving of a table over the predictions it was built from
+    (as `address_decisions(preds)`).
+
+    coverage: request-weighted share of all decisions (model and fallback) whose address has an
+      entry. agreement: request-weighted share of model decisions whose CC equals the table's
+      (per connection). agreement_ip_majority: request-weighted share of model-decided addresses
+      whose majority CC equals the table's. memory_saving: model-decided client addresses per entry.
+    """
+    aw = lpm(address_weights(decisions), entries, "t")
+    s = aw.agg(F.sum("w_all").alias("w_all"), F.sum("w_model").alias("w_model"),
+               F.sum(F.when(F.col("t_cc").isNotNull(), F.col("w_all")).otherwise(0)).alias("covered"),
+               F.sum(F.when(F.col("t_cc") == F.col("major_cc"), F.col("w_model")).otherwise(0)).alias("agree_ip"),
+               F.sum(F.when(F.col("w_model") > 0, 1).otherwise(0)).alias("n_ips_model"),
+               F.count(F.lit(1)).alias("n_ips")).first()
+    w_all, w_model = int(s["w_all"] or 0), int(s["w_model"] or 0)
+    top = sum(a.top_weight for a in n_aggregated)
+    n = max(len(entries), 1)
+    return {
+        "coverage": (int(s["covered"] or 0) / w_all) if w_all else 0.0,
+        "agreement": (top / w_model) if w_model else 0.0,
+        "agreement_ip_majority": (int(s["agree_ip"] or 0) / w_model) if w_model else 0.0,
+        "client_ips": int(s["n_ips"] or 0),
+        "client_ips_model": int(s["n_ips_model"] or 0),
+        "memory_saving": int(s["n_ips_model"] or 0) / n,
+        "weight_model": w_model,
+        "weight_all": w_all,
+    }
+
+
+def per_level_counts(aggs: list[Aggregated], settings: PrefixLadder) -> dict:
+    out = {}
+    for name, fam in FAMILIES.items():
+        out[name] = {f"/{lvl}": sum(1 for a in aggs if a.family == fam and a.network.prefixlen == lvl)
+                     for lvl in settings.ladder[fam]}
+    return out
+
+
+# ---- AutoPlex caps -------------------------------------------------------------------------
+def with_caps(spark, cfg, preds, aggs: list[Aggregated]) -> tuple[list[Aggregated], dict]:
+    """Attach AutoPlex caps (jobs.autoplex.prefix_caps' rule: pacing = pacing_rate_last, cwnd clamp
+    = max_cwnd_last of the latest period) of each entry's main user group (by weight), when a
+    service has caps switched on in `autoplex.caps_services` and gold.autoplex_params exists."""
+
+
+    services = [k for k, v in cfg.settings.autoplex.caps_services.items() if v]
+    path = table_path(cfg, "gold.autoplex_params")
+    if not services:
+        return aggs, {"caps": "off (no service in autoplex.caps_services)"}
+    if not delta_io.is_delta(spark, path):
+        return aggs, {"caps": "off (no gold.autoplex_params)"}
+    policy = cfg.settings.export.caps_policy
+    params = spark.read.format("delta").load(path).where(F.col("policy") == policy)
+    newest = Window.partitionBy("ug_id").orderBy(F.col("period_start_ms").desc())
+    latest = (params.withColumn("_r", F.row_number().over(newest)).where("_r = 1")
+              .select("ug_id", F.col("pacing_rate_last_bps").cast("long").alias("pacing"),
+                      F.ceil("max_cwnd_last_segs").cast("long").alias("clamp")))
+    # each model-decided address's weight per user group, matched to its entry by lpm: one pass,
+    # not one join per prefix length
+    by = ("ug_id",)
+    d = model_weights(address_decisions(preds, by), by).where(F.col("ug_id").isNotNull())
+    matched = lpm(d, [a.entry() for a in aggs], "t", entry_index=True).where(F.col("t_entry").isNotNull())
+    main = (matched.groupBy("t_entry", "ug_id").agg(F.sum("w").alias("w"))
+            .groupBy("t_entry").agg(F.max(F.struct("w", "ug_id")).alias("_m"))
+            .select("t_entry", F.col("_m.ug_id").alias("ug_id"))
+            .join(latest, "ug_id"))
+    caps = {int(r["t_entry"]): (max(int(r["pacing"] or 0), 0), max(int(r["clamp"] or 0), 0))
+            for r in main.collect()}
+    out = [dataclasses.replace(a, pacing_rate_bps=min(caps[i][0], tf.U64_MAX),
+                               cwnd_clamp_segs=min(caps[i][1], tf.U32_MAX)) if i in caps else a
+           for i, a in enumerate(aggs)]
+    return out, {"caps": "on", "policy": policy, "services": services, "entries_with_caps": len(caps)}
+
+
+# ---- the job: extract → aggregate → sign → record -----------------------------------------
+CC_TABLES_COLS = ("version", "created", "expires", "hours", "model_name", "model_version",
+                  "entries_v4", "entries_v6", "coverage", "agreement", "memory_saving", "sha256",
+                  "manifest_path")
+
+
+def extract(spark, cfg, lo: str, hi: str):
+    """gold.predictions of the hours lo..hi (inclusive)."""
+
+    return (spark.read.format("delta").load(table_path(cfg, "gold.predictions"))
+            .where(F.col("hour").between(lo, hi)))
+
+
+def model_versions(preds) -> tuple[str, str, list[str]]:
+    """(model name, main model version by weight, all versions) of the model decisions."""
+    rows = (preds.where(F.col("decision") == "model").groupBy("model_name", "model_version")
+            .agg(F.sum(F.greatest(F.coalesce(F.col("requests").cast("long"), F.lit(0)), F.lit(1))).alias("w"))
+            .orderBy(F.col("w").desc()).collect())
+    if not rows:
+        return "", "", []
+    return str(rows[0]["model_name"]), str(rows[0]["model_version"]), sorted({str(r["model_version"]) for r in rows})
+
+
+def next_version(spark, cfg) -> int:
+    path = table_path(cfg, "gold.cc_tables")
+    if not delta_io.is_delta(spark, path):
+        return 1
+    v = spark.read.format("delta").load(path).agg({"version": "max"}).first()[0]
+    return int(v or 0) + 1
+
+
+def record(spark, cfg, manifest: dict, manifest_path: str) -> None:
+    """One row per exported version in gold.cc_tables (keyed by version: a re-run replaces it)."""
+
+    row = {"version": int(manifest["version"]), "created": int(manifest["created"]),
+           "expires": int(manifest["expires"]), "hours": json.dumps(manifest["source_hours"]),
+           "model_name": manifest.get("model_name", ""), "model_version": manifest["model_version"],
+           "entries_v4": int(manifest["entries"]["v4"]), "entries_v6": int(manifest["entries"]["v6"]),
+           "coverage": float(manifest["coverage"]), "agreement": float(manifest["agreement"]),
+           "memory_saving": float(manifest["memory_saving"]), "sha256": manifest["sha256"],
+           "manifest_path": manifest_path}
+    schema = ("version long, created long, expires long, hours string, model_name string, "
+              "model_version string, entries_v4 long, entries_v6 long, coverage double, agreement double, "
+              "memory_saving double, sha256 string, manifest_path string")
+    df = spark.createDataFrame([tuple(row[c] for c in CC_TABLES_COLS)], schema)
+    delta_io.replace_partitions(df, table_path(cfg, "gold.cc_tables"), {(str(row["version"]),)}, ("version",))
+
+
+def history(spark, cfg) -> list[dict]:
+    path = table_path(cfg, "gold.cc_tables")
+    if not delta_io.is_delta(spark, path):
+        return []
+    return [r.asDict() for r in spark.read.format("delta").load(path).orderBy("version").collect()]
+
+
+def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None,
+               out_dir: str | None = None) -> dict:
+    """Aggregate the decisions of hours lo..hi into a signed table; record it in gold.cc_tables.
+    Returns the manifest (as written) plus `manifest_path`."""
+
+    settings = cfg.settings.export
+    preds = extract(spark, cfg, lo, hi)
+    with conf_set(spark, TREE_PARTITIONED):
+        decisions = address_decisions(preds, settings=settings).persist()   # read by the aggregation and the metrics
+        aggs = spark_aggregate(decisions, settings)
+        aggs, caps = with_caps(spark, cfg, preds, aggs)
+        entries = [a.entry() for a in aggs]
+        metrics = table_metrics(decisions, entries, aggs)
+        decisions.unpersist()
+    name, version_main, versions = model_versions(preds)
+    now = int(time.time()) if now is None else int(now)
+    expires = now + int(settings.expiry_hours * 3600)
+    version = next_version(spark, cfg)
+    extra = {
+        "model_name": name, "model_versions": versions, "source_hours": {"from": lo, "to": hi},
+        "entries_per_level": per_level_counts(aggs, settings),
+        "coverage": round(metrics["coverage"], 6), "agreement": round(metrics["agreement"], 6),
+        "agreement_ip_majority": round(metrics["agreement_ip_majority"], 6),
+        "memory_saving": round(metrics["memory_saving"], 3),
+        "client_ips": metrics["client_ips_model"], "entries_total": len(entries),
+        "low_purity_last_level": sum(1 for a in aggs if not a.passed), "autoplex": caps,
+    }
+    out_dir = out_dir or settings.out
+    paths = signing.write_table(entries, version, version_main, expires, out_dir, private_key,
+                                created=now, extra=extra)
+    with open(paths.manifest) as f:
+        manifest = json.load(f)
+    record(spark, cfg, manifest, os.path.abspath(paths.manifest))
+    return {**manifest, "manifest_path": os.path.abspath(paths.manifest)}

@@ -1,0 +1,191 @@
+"""`ccs infer`: batch inference of the champion network-type model over silver.connections →
+gold.predictions, one row per connection, partitioned and replaced by (node_id, hour).
+
+- The model is `models:/<name>@champion` (models.registry.load_champion), its weights broadcast
+  once to the executors; the twelve Table 4 features go to Python as one Arrow struct column
+  through a scalar Arrow UDF (Spark ≥ 4.1 `arrow_udf`: Arrow in, Arrow out, no pandas and never
+  row at a time), where they are standardized with the champion's own statistics (log1p, then
+  z-score as features/scaling.py) and scored by torch in large batches without gradients.
+- The decision is built-in Spark: ALICCS §4.2's fallback strategy — trust a Wi-Fi prediction
+  when P(Wi-Fi) ≥ `infer.wifi_threshold` (0.8) and a 4G/5G one when P(4G) ≥
+  `infer.cell_threshold` (0.6); a trusted Wi-Fi gets CUBIC and a trusted 4G/5G gets BBR (§2,
+  Table 1), anything else keeps the default CC.
+- Column meanings: ccselect/contract.py PREDICTION_COLS.
+"""
+from __future__ import annotations
+
+import io
+import math
+import time
+import uuid
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pyarrow as pa  # module level: the Arrow UDF's type hints (strings here) resolve against it
+from pyspark.sql import DataFrame, SparkSession, functions as F
+from pyspark.sql.functions import arrow_udf
+
+from ccselect import delta_io
+from ccselect.config import Config
+from ccselect.contract import FEATURES, PREDICTION_COLS
+from ccselect.lake import connections_in, table_path
+from ccselect.settings import InferSettings
+from ccselect.spark import conf_set
+from models.registry import load_champion
+# Imported inside the functions that use them (heavy, not needed to import this module): delta, torch.
+
+PASS_THROUGH = ("conn_id", "client_ip", "family", "prefix16", "prefix24", "prefix48", "prefix64", "ug_id",
+                "requests", "node_id", "hour")
+
+
+# ---- extract ------------------------------------------------------------------------------------
+
+def extract(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
+    return connections_in(spark, cfg, lo, hi).select(*PASS_THROUGH, *FEATURES)
+
+
+# ---- the model on Arrow batches -----------------------------------------------------------------
+
+def standardize(cols: list[np.ndarray], mean, std) -> np.ndarray:
+    """[N, F] float32 = (log1p(max(x, 0)) − mean) / std per feature (std 0 → 1), as
+    features.scaling.transform computes it in Spark."""
+    n = len(cols[0]) if cols else 0
+    out = np.empty((n, len(cols)), dtype=np.float32)
+    for j, (c, m, s) in enumerate(zip(cols, mean, std)):
+        s = s if s > 0 and math.isfinite(s) else 1.0
+        out[:, j] = (np.log1p(np.maximum(c.astype(np.float64, copy=False), 0.0)) - m) / s
+    return out
+
+
+def model_bytes(model) -> bytes:
+    import torch
+    buf = io.BytesIO()
+    torch.save(model, buf)
+    return buf.getvalue()
+
+
+_MODELS: dict[Any, Any] = {}  # per Python worker: (broadcast token, precision) → ready model
+
+
+def _worker_model(bc, precision: str, threads: int):
+    """The broadcast model, unpickled once per (reused) Python worker, not once per batch."""
+    import torch
+    token, blob = bc.value
+    key = (token, precision)
+    if key not in _MODELS:
+        torch.set_num_threads(max(1, threads))
+        model = torch.load(io.BytesIO(blob), weights_only=False).eval()
+        _MODELS.clear()
+        _MODELS[key] = model.to(torch.bfloat16) if precision == "bf16" else model
+    return _MODELS[key]
+
+
+def predict_wifi(model, x: np.ndarray, precision: str = "fp32", chunk: int = 65536) -> np.ndarray:
+    """P(Wi-Fi) (the model's second output) for standardized rows x [N, F], float64."""
+    import torch
+    out = np.empty(len(x), dtype=np.float64)
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    with torch.inference_mode():
+        for i in range(0, len(x), chunk):
+            xb = torch.from_numpy(x[i:i + chunk]).to(dtype)
+            out[i:i + chunk] = model(xb)[:, 1].float().numpy()
+    return out
+
+
+def score(df: DataFrame, model, stats, precision: str = "fp32") -> DataFrame:
+    """Add `p_wifi` (double; null where a feature is null) with the model broadcast once."""
+
+    spark = df.sparkSession
+    bc = spark.sparkContext.broadcast((uuid.uuid4().hex, model_bytes(model)))
+    mean, std = tuple(stats.mean), tuple(stats.std)
+    if tuple(stats.features) != tuple(FEATURES):
+        raise ValueError("the champion's feature statistics are not in contract.FEATURES order")
+    threads = int(spark.conf.get("spark.task.cpus", "1") or 1)
+
+    @arrow_udf("double")
+    def p_wifi(x: pa.Array) -> pa.Array:
+        cols = x.flatten()
+        null = np.zeros(len(x), dtype=bool)
+        for c in cols:
+            if c.null_count:
+                null |= c.is_null().to_numpy(zero_copy_only=False)
+        arrays = [c.to_numpy(zero_copy_only=False) for c in cols]
+        if null.any():  # nulls came out as NaN (float) or need filling before the log
+            arrays = [np.nan_to_num(a.astype(np.float64), nan=0.0) for a in arrays]
+        p = predict_wifi(_worker_model(bc, precision, threads), standardize(arrays, mean, std), precision)
+        return pa.array(p, type=pa.float64(), mask=null if null.any() else None)
+
+    return df.withColumn("p_wifi", p_wifi(F.struct(*[F.col(f) for f in FEATURES])))
+
+
+# ---- the decision (ALICCS §4.2) -----------------------------------------------------------------
+
+def decide(df: DataFrame, p: InferSettings) -> DataFrame:
+    """From `p_wifi`: p_cell = 1 − p_wifi, pred_net_type (argmax; "wifi" at 0.5, null without a
+    probability), decision "model" when the predicted type's probability reaches its threshold
+    (≥), else "fallback", and the CC: Wi-Fi → wifi_cc, 4G/5G → cell_cc, fallback → default_cc."""
+    pw = F.col("p_wifi")
+    pc = F.lit(1.0) - pw
+    pred = F.when(pw.isNull(), F.lit(None).cast("string")).when(pw >= 0.5, "wifi").otherwise("cell")
+    trusted = (((pred == "wifi") & (pw >= F.lit(float(p.wifi_threshold))))
+               | ((pred == "cell") & (pc >= F.lit(float(p.cell_threshold)))))
+    trusted = F.coalesce(trusted, F.lit(False))
+    return (df.withColumn("p_cell", pc)
+            .withColumn("pred_net_type", pred)
+            .withColumn("decision", F.when(trusted, "model").otherwise("fallback"))
+            .withColumn("cc", F.when(~trusted, p.default_cc).when(F.col("pred_net_type") == "wifi", p.wifi_cc)
+                        .otherwise(p.cell_cc))
+            .withColumn("default_cc", F.lit(p.default_cc)))
+
+
+def transform(df: DataFrame, champion, p: InferSettings) -> DataFrame:
+    scored = score(df, champion.model, champion.stats, p.precision)
+    out = (decide(scored, p)
+           .withColumn("model_name", F.lit(champion.name))
+           .withColumn("model_version", F.lit(str(champion.version))))
+    return out.select(*PREDICTION_COLS)
+
+
+# ---- load ---------------------------------------------------------------------------------------
+
+def load(df: DataFrame, cfg: Config, keys: set[tuple[str, str]]) -> None:
+    delta_io.replace_partitions(df, table_path(cfg, "gold.predictions"), keys)
+
+
+def partitions(df: DataFrame) -> set[tuple[str, str]]:
+    return {(r["node_id"], r["hour"]) for r in df.select("node_id", "hour").distinct().collect()}
+
+
+def run(spark: SparkSession, cfg: Config, lo: str, hi: str, champion=None,
+        precision: str | None = None, decisions: bool = True) -> dict[str, Any]:
+    """Score silver.connections over hours lo..hi with the champion into gold.predictions."""
+    p = replace(cfg.settings.infer, **({"precision": precision} if precision else {}))
+    champion = champion or load_champion(cfg)
+    src = extract(spark, cfg, lo, hi)
+    keys = partitions(src)
+    if not keys:
+        return {"window": f"{lo}..{hi}", "rows": 0, "partitions": 0, "model_version": champion.version}
+    t0 = time.perf_counter()
+    with conf_set(spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": str(int(p.batch_rows))}):
+        load(transform(src, champion, p), cfg, keys)
+    seconds = time.perf_counter() - t0
+    path = table_path(cfg, "gold.predictions")
+    rows = _written_rows(spark, path)
+    result = {"window": f"{lo}..{hi}", "rows": rows, "partitions": len(keys), "seconds": round(seconds, 3),
+              "rows_per_s": round(rows / seconds) if rows and seconds > 0 else None,
+              "model_name": champion.name, "model_version": champion.version, "precision": p.precision,
+              "thresholds": {"wifi": p.wifi_threshold, "cell": p.cell_threshold}, "table": path}
+    if decisions:
+        out = (spark.read.format("delta").load(path).where(F.col("hour").between(lo, hi))
+               .groupBy("decision", "cc").count().collect())
+        result["decisions"] = {f"{r['decision']}/{r['cc']}": r["count"] for r in sorted(out, key=lambda r: (r[0], r[1]))}
+    return result
+
+
+def _written_rows(spark: SparkSession, path: str) -> int | None:
+    """Rows of the last commit, from Delta's operation metrics (no second scan)."""
+    from delta.tables import DeltaTable
+    last = DeltaTable.forPath(spark, path).history(1).select("operationMetrics").collect()
+    metrics = (last[0]["operationMetrics"] or {}) if last else {}
+    return int(metrics["numOutputRows"]) if "numOutputRows" in metrics else None

@@ -1,0 +1,342 @@
+"""One node-hour of traffic: connections, their HTTP requests and playback sessions, as the
+three streams of the data contract plus the ground truth kept apart. Fully vectorized; each
+node-hour has its own random stream, so output is identical for a seed whatever the order.
+"""
+from __future__ import annotations
+
+import ipaddress
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from sim import congestion, physics
+from sim.params import BROADBAND_PLANTS, CELLULAR_PLANTS, ISPS, REGIONS
+from sim.tables import CcTable
+from sim.world import World, unit
+
+SERVICES = np.array(["video", "live", "image"])
+SERVICE_P = np.array([0.55, 0.15, 0.30])
+_MEAN_EXTRA_REQ = np.array([3.0, 5.0, 1.0])
+# client OS initial receive windows (bytes) by access type — Android sizes its TCP buffers per
+# network type, iOS and PCs do not (our pick of common values; M-Lab rcv_space 14,600 at start).
+_WND_ANDROID_WIFI = (np.array([65160, 87380, 131072]), np.array([0.6, 0.2, 0.2]))
+_WND_ANDROID_CELL = (np.array([29200, 65160, 43690]), np.array([0.45, 0.35, 0.2]))
+_WND_IOS = (np.array([65535, 131072]), np.array([0.7, 0.3]))
+_WND_PC = (np.array([64240, 65535, 29200]), np.array([0.5, 0.3, 0.2]))
+
+
+@dataclass
+class NodeHour:
+    transport: pl.DataFrame
+    access: pl.DataFrame
+    qoe: pl.DataFrame
+    truth: pl.DataFrame
+
+
+def _choice(rng: np.random.Generator, values_probs: tuple[np.ndarray, np.ndarray], n: int) -> np.ndarray:
+    values, probs = values_probs
+    return values[rng.choice(len(values), size=n, p=probs)]
+
+
+def _mss_profile(rng: np.random.Generator, isp: np.ndarray, cell: np.ndarray, plant_bb: np.ndarray,
+                 plant_cell: np.ndarray) -> np.ndarray:
+    """The MSS each client announces: its provincial access plant's (large ISPs, see
+    params.BROADBAND_PLANTS) or its small ISP's own profile, for the connection's access type."""
+    small = plant_bb < 0
+    profile = np.where(small, 100 + 2 * isp + cell, np.where(cell, 10 + plant_cell, plant_bb))
+    out = np.empty(len(isp), dtype=np.int64)
+    for pid in np.unique(profile):
+        if pid >= 100:
+            spec = ISPS[(pid - 100) // 2]
+            prof = spec.mss_cell if (pid - 100) % 2 else spec.mss_wifi
+        else:
+            prof = CELLULAR_PLANTS[pid - 10].mss if pid >= 10 else BROADBAND_PLANTS[pid].mss
+        m = profile == pid
+        vals = np.array([v for v, _ in prof])
+        probs = np.array([q for _, q in prof])
+        out[m] = vals[rng.choice(len(vals), size=int(m.sum()), p=probs / probs.sum())]
+    return out
+
+
+def _ip_text(family: np.ndarray, addr_hi: np.ndarray, addr_lo: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """Client IP text and the CRC32 of its network-order bytes (ALICCS Appendix A bucketing)."""
+    texts: list[str] = []
+    crc = np.empty(len(family), dtype=np.int64)
+    for i in range(len(family)):
+        if family[i] == 4:
+            b = int(addr_lo[i]).to_bytes(4, "big")
+            texts.append(f"{b[0]}.{b[1]}.{b[2]}.{b[3]}")
+        else:
+            b = int(addr_hi[i]).to_bytes(8, "big") + int(addr_lo[i]).to_bytes(8, "big")
+            texts.append(ipaddress.IPv6Address(b).compressed)
+        crc[i] = zlib.crc32(b)
+    return texts, crc
+
+
+def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTable | None = None) -> NodeHour:
+    p = world.p
+    node = world.nodes[node_idx]
+    ps = world.prefixes(node_idx)
+    rng = np.random.default_rng([p.seed, 10, node_idx, hour_idx])
+    hour_ms = world.hour_start_ms(hour_idx)
+    lh = world.local_hour(hour_idx)
+    diurnal = 0.45 + 0.55 * (0.5 + 0.5 * np.cos((lh - 21) / 24 * 2 * np.pi))
+    n = int(rng.poisson(p.conns_per_node_hour * diurnal / 0.725))  # mean over a day ≈ knob
+
+    # --- who connects -------------------------------------------------------------------------
+    pref = rng.choice(len(ps.weight), size=n, p=ps.weight)
+    fam6 = ps.family[pref] == 6
+    host = np.minimum((ps.n_hosts[pref] * rng.random(n) ** 1.5).astype(np.int64), ps.n_hosts[pref] - 1)
+    seg = ps.segment[pref, hour_idx]
+    month = world.month_fraction(hour_idx)
+    q_cell = np.clip(ps.share_cell[pref, hour_idx] * (1 + p.month_cell_amplitude * (1 - 2 * month)), 0, 1)
+    nat = unit(p.seed, 20, node_idx, pref, host) < p.nat_host_share
+    u_type = np.where(nat, rng.random(n), unit(p.seed, 21, node_idx, pref, host, seg))
+    cell = u_type < q_cell
+    is5g = cell & (unit(p.seed, 22, node_idx, pref, host) < p.share_5g_of_cell)
+    net_type = np.where(cell, np.where(is5g, "5g", "4g"), "wifi")
+
+    # addresses: v4 host inside the /24; v6 /64 subscriber inside the /48 + a temporary IID
+    net = ps.net[pref]
+    v4_lo = (net << 8) | ((host * 37 + 1) % 254 + 1)
+    iid = (rng.integers(1, 1 << 62, n) | 0x0200000000000000)
+    v6_hi = (net << 16) | (host * 101 % 65536)
+    addr_hi = np.where(fam6, v6_hi, 0)
+    addr_lo = np.where(fam6, iid, v4_lo)
+    ip_text, crc = _ip_text(np.where(fam6, 6, 4), addr_hi, addr_lo)
+
+    # --- which CC (ALICCS Appendix A A/B by CRC32 parity, or an exported table) ---------------
+    odd = (crc & 1) == 1
+    cc = np.zeros(n, dtype=np.int64)
+    decision = np.full(n, "default", dtype=object)
+    version = np.full(n, None, dtype=object)
+    if p.cc_mode == "ab":
+        cc = np.where(odd, physics.BBR, physics.CUBIC)
+        decision = np.where(odd, "table", "ab_control").astype(object)
+        version = np.where(odd, "ab-bbr", "ab-cubic").astype(object)
+    elif p.cc_mode == "table":
+        if table is None:
+            raise ValueError("cc_mode='table' needs a table")
+        looked = table.lookup(np.where(fam6, 6, 4), addr_hi, addr_lo)
+        hit = looked >= 0
+        treat = odd if p.table_ab else np.ones(n, dtype=bool)
+        cc = np.where(hit & treat, looked, physics.CUBIC)
+        decision = np.where(~treat, "ab_control", np.where(hit, "table", "default")).astype(object)
+        version = np.full(n, table.version, dtype=object)
+    elif p.cc_mode != "default":
+        raise ValueError(f"unknown cc_mode {p.cc_mode!r}")
+
+    # --- the path and its TCP statistics ------------------------------------------------------
+    police_p = p.police_p_start + (p.police_p_end - p.police_p_start) * month
+    day = world.day_index(hour_idx)
+    day_eff = np.exp(0.07 * (unit(p.seed, 30, ps.region[pref], day) * 2 - 1) * 1.7)
+    # the /24's pool at this hour (mobile if cellular-dominated) picks its gateway path
+    pool = (ps.share_cell[pref, hour_idx] >= 0.5).astype(np.int64)
+    rows = np.arange(n)
+    # time-varying congestion of the user group's broadband aggregation (congestion.py, AutoPlex
+    # §3.4): each connection lives inside one epoch of the hour (own stream, so every draw of
+    # `rng` stays as it was)
+    epoch_len = congestion.epoch_ms(p)
+    epoch_of_conn = np.random.default_rng([p.seed, 14, node_idx, hour_idx]).integers(0, 3_600_000 // epoch_len, n)
+    cong_sev = np.where(congestion.exposed(p, node_idx, pref, host, cell),
+                        congestion.severity(p, ps.region[pref], ps.isp[pref], hour_ms // epoch_len + epoch_of_conn), 0.0)
+    loss_mult, fair_share = congestion.on_path(p, cong_sev, cell)
+    path = physics.draw_path(rng, cell, is5g, fam6, node.base_rtt_ms,
+                             ps.dist_rtt_ms[pref] + ps.gw_rtt_ms[pref][rows, pool],
+                             ps.cap_mult[pref], node.capacity_factor, node.competing_flows,
+                             ps.path_jitter_ms[pref] + ps.gw_jitter_ms[pref][rows, pool], police_p, p.police_rate_mbps, day_eff,
+                             ps.access_scale[pref], loss_mult, fair_share)
+    isp = ps.isp[pref]
+    plant_bb, plant_cell = ps.plant_bb[pref], ps.plant_cell[pref]
+    mss = _mss_profile(rng, isp, cell, plant_bb, plant_cell)
+    mss = np.minimum(np.minimum(mss - np.where(fam6, 20, 0), ps.mss_clamp[pref]), ps.gw_clamp[pref][rows, pool])
+    # planted fault (ALICCS §3.2's /16 whose MSS misled the model): the /16's IPv4 connections
+    # are logged with an anomalous MSS; the path, the transfer and every other feature keep the
+    # real MSS, so MSS is the only feature that is off
+    fault = ((~fam6) & ((net >> 8) == world.fault_prefix16)) \
+        if world.fault_prefix16 is not None and hour_idx >= p.fault_start_hour else np.zeros(n, dtype=bool)
+    mss_logged = np.where(fault, p.fault_mss_bytes, mss)
+
+    service_idx = rng.choice(3, size=n, p=SERVICE_P)
+    n_req = 1 + rng.poisson(_MEAN_EXTRA_REQ[service_idx])
+    total_req = int(n_req.sum())
+    conn_of_req = np.repeat(np.arange(n), n_req)
+    first_req = np.r_[0, np.cumsum(n_req)[:-1]]
+    req_rank = np.arange(total_req) - first_req[conn_of_req]
+    svc_r = service_idx[conn_of_req]
+    # response sizes: short-video chunks peak near 104 KB and 330 KB (BBR-E2E §III)
+    mix = rng.random(total_req)
+    size = np.where(mix < 0.45, rng.lognormal(np.log(104e3), 0.30, total_req),
+                    np.where(mix < 0.80, rng.lognormal(np.log(330e3), 0.25, total_req),
+                             rng.lognormal(np.log(40e3), 1.1, total_req)))
+    size = np.where(svc_r == 2, rng.lognormal(np.log(45e3), 1.0, total_req), size)
+    size = np.clip(size, 300, 4e6).astype(np.int64)
+
+    bitrate = np.clip(rng.lognormal(np.log(1.0), 0.5, n), 0.15, 6.0)  # >90% below 2 Mbps
+
+    def outcome(cc_arr: np.ndarray, r: np.random.Generator):
+        rate, loss = physics.rate_and_loss(path, cc_arr, mss, r)
+        t_req = physics.transfer_time_ms(size, rate[conn_of_req], path.min_rtt_ms[conn_of_req],
+                                         mss[conn_of_req], req_rank > 0)
+        busy = np.bincount(conn_of_req, weights=t_req, minlength=n)
+        bytes_c = np.bincount(conn_of_req, weights=size, minlength=n)
+        goodput = bytes_c * 8 / np.maximum(busy, 1.0) / 1e3  # Mbps
+        return rate, loss, t_req, busy, bytes_c, goodput
+
+    rate, loss, t_req, busy, bytes_c, goodput = outcome(cc, rng)
+    # counterfactuals for the ground truth: the same path under each CC (never in the logs)
+    cf = {}
+    for name, code in (("cubic", physics.CUBIC), ("bbr", physics.BBR)):
+        r2, l2, _, _, _, g2 = outcome(np.full(n, code), np.random.default_rng([p.seed, 11, node_idx, hour_idx, code]))
+        cf[name] = (g2, l2, physics.expected_rebuffer_rate(bitrate, g2, r2, l2))
+
+    # players idle between chunks while the buffer plays; images have think time
+    play_r = size * 8 / (bitrate[conn_of_req] * 1e3)  # ms of video in each chunk
+    idle = np.where(svc_r == 2, rng.lognormal(np.log(1500), 1.0, total_req),
+                    np.maximum(0.0, play_r - t_req) * rng.uniform(0.4, 0.9, total_req))
+    idle = np.where(req_rank == 0, 0.0, idle)
+    gap = idle + t_req
+    duration_ms = np.minimum(np.bincount(conn_of_req, weights=gap, minlength=n) + path.min_rtt_ms, 600_000)
+    start_ms = hour_ms + epoch_of_conn * epoch_len + (rng.random(n) * np.maximum(1.0, epoch_len - duration_ms - 1)
+                                                      ).astype(np.int64)
+    # a connection longer than an epoch (epochs under 10 minutes) still ends inside its hour
+    start_ms = np.minimum(start_ms, hour_ms + np.maximum(0, 3_600_000 - duration_ms.astype(np.int64) - 1))
+    end_ms = start_ms + duration_ms.astype(np.int64)
+
+    segs = np.ceil(bytes_c / mss).astype(np.int64)
+    # own stream: Poisson sampling consumes a variable number of draws
+    retrans = np.random.default_rng([p.seed, 13, node_idx, hour_idx]).poisson(segs * loss)
+    s = np.clip(bytes_c / np.maximum(1.0, rate * 1e3 / 8 * path.min_rtt_ms * 4), 0.0, 1.0)
+    queue = np.where(cc == physics.BBR, path.min_rtt_ms * rng.uniform(0.1, 0.5, n),
+                     path.buffer_ms * rng.uniform(0.4, 1.0, n))
+    queue = np.minimum(queue, path.buffer_ms) * s
+    min_srtt = path.min_rtt_ms * (1 + rng.lognormal(np.log(0.05), 0.5, n))
+    max_srtt = min_srtt + queue + path.jitter_ms * rng.uniform(1.0, 3.0, n) + path.spike_ms
+    min_var = path.jitter_ms * rng.uniform(0.2, 0.6, n)
+    max_var = path.jitter_ms * rng.uniform(1.2, 3.0, n) + 0.3 * queue + 0.5 * path.spike_ms
+    min_rto = min_srtt + np.maximum(4 * min_var, 200.0)  # Linux: srtt + max(4·mdev, rto_min)
+    # connection time (SYN-ACK sent → ACK received): one RTT with little queueing, plus the
+    # client's uplink access delay — an LTE uplink waits for a scheduling grant (SR period plus
+    # grant, ~5-15 ms), NR's is shorter, Wi-Fi contends for the air only briefly. This radio-side
+    # delay is the same on every path (ALICCS Table 4 "connection time"; §3.1 X_y).
+    uplink = np.where(cell, np.where(is5g, rng.lognormal(np.log(4.0), 0.5, n), rng.lognormal(np.log(8.0), 0.5, n)),
+                      rng.lognormal(np.log(0.8), 0.6, n))
+    conn_time = path.min_rtt_ms * (1 + rng.lognormal(np.log(0.03), 0.6, n)) + uplink
+    os_u = rng.random(n)
+    android = os_u < ps.android_share[pref]
+    pc = (~cell) & (os_u > 0.8 + 0.2 * ps.android_share[pref])
+    init_wnd = np.where(android, np.where(cell, _choice(rng, _WND_ANDROID_CELL, n), _choice(rng, _WND_ANDROID_WIFI, n)),
+                        np.where(pc, _choice(rng, _WND_PC, n), _choice(rng, _WND_IOS, n)))
+    rmem_max = np.where(android, np.where(cell, 4 << 20, 2 << 20), np.where(pc, 6 << 20, 4 << 20))
+    growth = np.clip(np.log2(np.maximum(bytes_c, 1) / init_wnd), 0, 8) * rng.uniform(0.6, 1.0, n)
+    max_wnd = np.minimum(rmem_max, init_wnd * 2.0 ** growth)
+    min_wnd = np.where(rng.random(n) < 0.02, 0, init_wnd * rng.uniform(0.3, 1.0, n))
+    bdp_segs = rate * 1e3 / 8 * path.min_rtt_ms / mss
+    cwnd_cap = np.where(cc == physics.BBR, 2 * bdp_segs * rng.uniform(0.8, 1.1, n),
+                        (bdp_segs + path.buffer_ms * rate * 1e3 / 8 / mss) * rng.uniform(0.6, 1.0, n))
+    cwnd_cap = np.where(path.policed & (cc == physics.CUBIC), cwnd_cap * 2.5, cwnd_cap)
+    max_cwnd = np.maximum(10, np.minimum(segs + 10, cwnd_cap)).astype(np.int64)
+    max_inflight = np.maximum(1, (max_cwnd * rng.uniform(0.7, 1.0, n))).astype(np.int64)
+
+    node_tag = f"{node_idx:03x}{hour_idx:05x}"
+    conn_id = np.array([f"c{node_tag}{i:06x}" for i in range(n)])
+    ip_arr = np.array(ip_text)
+    us = lambda ms: np.maximum(1, np.round(ms * 1000)).astype(np.int64)  # noqa: E731
+    transport = pl.DataFrame({
+        "conn_id": conn_id,
+        "node_id": [node.node_id] * n,
+        "ts_start_ms": start_ms,
+        "ts_end_ms": end_ms,
+        "client_ip": ip_text,
+        "client_port": rng.integers(1024, 65536, n),
+        "server_port": np.where(rng.random(n) < 0.9, 443, 80),
+        "cc": np.array(["cubic", "bbr"])[cc],
+        "decision": decision.astype(str),
+        "table_version": pl.Series(version.tolist(), dtype=pl.Utf8),
+        "mss_bytes": mss_logged.astype(np.int64),
+        "connection_time_us": us(conn_time),
+        "init_snd_wnd_bytes": init_wnd.astype(np.int64),
+        "min_rtt_us": us(path.min_rtt_ms),
+        "max_snd_wnd_bytes": max_wnd.astype(np.int64),
+        "min_snd_wnd_bytes": min_wnd.astype(np.int64),
+        "min_rtt_var_us": us(min_var),
+        "max_rtt_var_us": us(max_var),
+        "min_rto_us": us(min_rto),
+        "min_srtt_us": us(min_srtt),
+        "max_srtt_us": us(max_srtt),
+        "max_cwnd_segs": max_cwnd,
+        "bytes_acked": bytes_c.astype(np.int64),
+        "data_segs_out": segs + retrans,
+        "total_retrans": retrans.astype(np.int64),
+        "max_inflight_segs": max_inflight,
+        "duration_us": us(duration_ms),
+    }).sort("ts_end_ms")
+
+    # --- access log: one record per request ---------------------------------------------------
+    conn_start_cum = np.r_[0.0, np.cumsum(gap)][first_req][conn_of_req]
+    req_done = start_ms[conn_of_req] + (np.cumsum(gap) - conn_start_cum).astype(np.int64)
+    req_done = np.minimum(req_done, end_ms[conn_of_req])
+    labelled = node.labelled & (svc_r == 0) & (rng.random(total_req) < p.label_prob)
+    status = np.where(rng.random(total_req) < 0.97, np.where(req_rank > 0, 206, 200),
+                      rng.choice([304, 404, 499, 502], total_req))
+    access = pl.DataFrame({
+        "conn_id": conn_id[conn_of_req],
+        "node_id": [node.node_id] * total_req,
+        "ts_ms": req_done,
+        "client_ip": ip_arr[conn_of_req],
+        "service": SERVICES[svc_r],
+        "status": status,
+        "bytes_sent": size,
+        "request_time_ms": np.maximum(1, np.round(t_req)).astype(np.int64),
+        "net_type": pl.Series(np.where(labelled, net_type[conn_of_req], None).tolist(), dtype=pl.Utf8),
+    }).sort("ts_ms")
+
+    # --- QoE beacons: one playback session per video/live connection ---------------------------
+    play = service_idx != 2
+    play_ms = np.bincount(conn_of_req, weights=play_r, minlength=n)
+    reb_rate = physics.expected_rebuffer_rate(bitrate, goodput, rate, loss)
+    realized = np.minimum(reb_rate * rng.gamma(0.5, 2.0, n), 0.9)
+    reb_ms = (play_ms * realized).astype(np.int64)
+    reb_ms = np.where(reb_ms < 50, 0, reb_ms)
+    reb_cnt = np.where(reb_ms > 0, np.maximum(1, np.round(reb_ms / rng.lognormal(np.log(900), 0.5, n))), 0)
+    first_t = t_req[first_req]
+    startup = path.min_rtt_ms * 2 + first_t * rng.uniform(0.3, 0.6, n)
+    idx = np.flatnonzero(play)
+    qoe = pl.DataFrame({
+        "session_id": np.char.add("s", np.char.lstrip(conn_id[idx], "c")),
+        "conn_id": conn_id[idx],
+        "node_id": [node.node_id] * len(idx),
+        "client_ip": ip_arr[idx],
+        "ts_ms": end_ms[idx],
+        "play_ms": play_ms[idx].astype(np.int64),
+        "rebuffer_ms": reb_ms[idx],
+        "rebuffer_count": reb_cnt[idx].astype(np.int64),
+        "startup_ms": np.maximum(1, startup[idx]).astype(np.int64),
+    }, schema_overrides={"rebuffer_count": pl.Int64}).sort("ts_ms")
+
+    truth = pl.DataFrame({
+        "conn_id": conn_id,
+        "node_id": [node.node_id] * n,
+        "hour_start_ms": np.full(n, hour_ms),
+        "net_type": net_type,
+        "prefix": np.array([ps.cidr(i) for i in range(len(ps.weight))])[pref],
+        "segment_id": seg,
+        "share_cell": q_cell,
+        "nat_host": nat,
+        "isp_asn": np.array([s.asn for s in ISPS])[isp],
+        "region": np.array([r.name for r in REGIONS])[ps.region[pref]],
+        "policed": path.policed,
+        "capacity_mbps": path.capacity_mbps,
+        "base_rtt_ms": path.min_rtt_ms,
+        "congestion_severity": cong_sev,
+        "bitrate_mbps": bitrate,
+        "goodput_mbps": goodput,
+        "retrans_ratio": loss,
+        "goodput_cubic_mbps": cf["cubic"][0], "goodput_bbr_mbps": cf["bbr"][0],
+        "retrans_cubic": cf["cubic"][1], "retrans_bbr": cf["bbr"][1],
+        "exp_rebuffer_cubic": cf["cubic"][2], "exp_rebuffer_bbr": cf["bbr"][2],
+        "fault_mss": fault,
+    })
+    return NodeHour(transport, access, qoe, truth)

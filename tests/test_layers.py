@@ -1,0 +1,112 @@
+"""The layer order of docs/architecture.md ("Layers"), enforced: import-linter's contracts in
+pyproject.toml for the packages, and the same rule for the scripts beside them (the DAG files
+wire `app` only). A copy of the tree with one upward import added proves the check can fail."""
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ccs_testing import REPO
+
+PACKAGES = ("ccselect", "features", "jobs", "models", "distill", "export", "sim", "evaluation", "app")
+LINT = str(Path(sys.executable).parent / "lint-imports")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([LINT, "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _own_imports(path: Path) -> set[str]:
+    """The top-level names of our packages that a file imports, anywhere in it."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        out |= {n.split(".")[0] for n in names if n.split(".")[0] in PACKAGES}
+    return out
+
+
+def test_the_packages_keep_the_layer_contracts():
+    r = _lint(REPO)
+    assert r.returncode == 0, f"lint-imports found a broken contract:\n{r.stdout}\n{r.stderr}"
+    assert "0 broken" in r.stdout, r.stdout
+
+
+def test_dag_files_import_only_the_application_and_the_core():
+    for dag in sorted((REPO / "dags").glob("*.py")):
+        assert _own_imports(dag) <= {"app", "ccselect"}, f"{dag.name} imports {_own_imports(dag)}"
+
+
+@pytest.fixture(scope="module")
+def tree_copy(tmp_path_factory):
+    """The packages and pyproject.toml copied (Python files only) so the copy can be broken."""
+    root = tmp_path_factory.mktemp("layers")
+    for pkg in PACKAGES:
+        shutil.copytree(REPO / pkg, root / pkg, ignore=lambda d, names: [
+            n for n in names if not (n.endswith(".py") or (Path(d) / n).is_dir()) or n == "__pycache__"])
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    return root
+
+
+@pytest.mark.parametrize("module, upward", [
+    ("ccselect/hours.py", "from app import pipeline"),             # the core reaching the roof
+    ("jobs/parse.py", "from models import registry"),               # ETL reaching the model
+    ("sim/physics.py", "from features import labels"),              # the simulator reaching the product
+    ("export/artifact/signing.py", "from export.delivery import store"),  # inside export
+    ("models/train.py", "def _late():\n    from evaluation import emulate"),  # inside a function too
+])
+def test_an_upward_import_breaks_the_contract(tree_copy, module, upward):
+    path = tree_copy / module
+    original = path.read_text()
+    assert _lint(tree_copy).returncode == 0, "the unbroken copy must pass first"
+    try:
+        path.write_text(original + "\n\n" + upward + "\n")
+        r = _lint(tree_copy)
+    finally:
+        path.write_text(original)
+    assert r.returncode != 0, f"adding {upward!r} to {module} was not caught:\n{r.stdout}"
+    assert "BROKEN" in r.stdout
+
+
+#: libraries heavy enough to import only where used (docs/architecture.md, "Layers")
+HEAVY = {"torch", "pyspark", "shap", "mlflow", "airflow", "pendulum", "sklearn", "matplotlib", "duckdb",
+         "polars", "delta", "skops", "fsspec", "nbclient", "nbformat"}
+NOTE = "# Imported inside the functions that use them"
+
+
+def _function_level_imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text())
+    out = []
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Import):
+                    out += [(node.lineno, a.name.split(".")[0]) for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    out.append((node.lineno, node.module.split(".")[0]))
+    return out
+
+
+def test_imports_sit_at_the_top_except_heavy_libraries_said_once_per_module():
+    """Inside a function only a heavy library is imported (and, in the entry points — app/, dags/,
+    bench/ — our modules, which load them); a module that does so says it once."""
+    bad = []
+    for top in (*PACKAGES, "dags", "bench"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            inner = _function_level_imports(path)
+            allowed = HEAVY | (set(PACKAGES) | {"bench"} if top in ("app", "dags", "bench") else set())
+            bad += [f"{path.relative_to(REPO)}:{line} imports {mod} inside a function"
+                    for line, mod in inner if mod not in allowed]
+            if inner and NOTE not in path.read_text():
+                bad.append(f"{path.relative_to(REPO)}: function-level imports without the module's note")
+    assert not bad, "\n".join(bad)
