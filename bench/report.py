@@ -40,6 +40,8 @@ SOURCES = {
 _LONG = 160
 #: lists longer than this are summarized (length, first and last items)
 _LIST = 12
+#: rows of the figures table on one page; the rest stay in the copied JSON
+_ROWS = 150
 
 
 def _find(candidates: list[str], data_root: Path) -> Path | None:
@@ -82,7 +84,8 @@ def render_page(name: str, title: str, command: str, src: Path | None, data: dic
         lines += [f"**Not measured yet**: no JSON found. Run `{command}`, then `make results`.", ""]
         return "\n".join(lines)
     measured = datetime.fromtimestamp(src.stat().st_mtime, tz=timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    lines += [f"- source: `{os.path.relpath(src, REPO)}` (copied to `data/{name}.json`), written {measured}",
+    shown = os.path.relpath(src, REPO) if src.is_relative_to(REPO) else str(src)
+    lines += [f"- source: `{shown}` (copied to `data/{name}.json`), written {measured}",
               f"- command: `{command}`"]
     for key in ("load_avg", "loadavg", "load_average", "machine", "host", "cores", "config"):
         if key in data:
@@ -95,10 +98,13 @@ def render_page(name: str, title: str, command: str, src: Path | None, data: dic
             blocks.append((path, v))
         else:
             rows.append((path, text.replace("|", "\\|")))
-    if rows:
-        lines += ["| figure | value |", "|---|---|"] + [f"| `{p}` | {t} |" for p, t in rows] + [""]
-    for path, text in blocks:
+    for path, text in blocks:  # the text a command printed (e.g. make run's summary) reads first
         lines += [f"### `{path}`", "", "```", text.rstrip(), "```", ""]
+    if rows:
+        lines += ["### Figures", "", "| figure | value |", "|---|---|"]
+        lines += [f"| `{p}` | {t} |" for p, t in rows[:_ROWS]] + [""]
+        if len(rows) > _ROWS:
+            lines += [f"{len(rows) - _ROWS} more figures are in `data/{name}.json`.", ""]
     return "\n".join(lines)
 
 
@@ -128,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         (out / f"{name}.md").write_text(render_page(name, title, command, src, data))
         state = "measured" if src is not None else "not measured yet"
         index.append(f"| [{title}]({name}.md) | `{command}` | {state} |")
-        print(f"{name:9s} {state:16s} {os.path.relpath(src, REPO) if src else ''}")
+        print(f"{name:9s} {state:16s} {src or ''}")
     (out / "index.md").write_text("\n".join(index) + "\n")
     return 0
 

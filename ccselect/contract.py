@@ -1,4 +1,4 @@
-"""The data contract of ARCHITECTURE.md "Inputs": three newline-delimited JSON streams per edge
+"""The data contract of docs/architecture.md, "Inputs": three newline-delimited JSON streams per edge
 node and hour. Field units are named by suffix (`_us`, `_ms`, `_bytes`, `_segs`, `_bps`).
 
 The simulator writes these, the eBPF agent writes the transport log, and ingest validates

@@ -1,6 +1,6 @@
 """Every knob of the fleet simulator, with the paper figure or section it is calibrated against
 (`../shared/CALIBRATION.md`). Where a paper gives a shape but no number, the value here is our
-pick and the README's simulator page says so.
+pick and docs/simulator.md says so.
 """
 from __future__ import annotations
 

@@ -35,6 +35,6 @@ def summarize(out: str, manifest: dict) -> str:
         f"  IP→ASN/region reference     : {out}/reference/ip_asn_region.csv",
         f"  ground truth (never trained): {out}/_truth/",
         f"  manifest                    : {out}/manifest.json",
-        "  what the simulator models   : README.md, section 'The fleet simulator'",
+        "  what the simulator models   : docs/simulator.md",
     ]
     return "\n".join(lines)
