@@ -45,7 +45,7 @@ def ingest_cmd(
 
 
 def validate_cmd(
-    path: str = typer.Argument(..., help="folder with <stream>/<node_id>/<YYYY-MM-DDTHH>.jsonl"),
+    path: str = typer.Argument(..., metavar="PATH", help="folder with <stream>/<node_id>/<YYYY-MM-DDTHH>.jsonl"),
     hours: Optional[str] = typer.Option(None, "--hours", help="HOUR or FROM..TO (inclusive)"),
     examples: int = typer.Option(3, "--examples", help="example lines shown per reason"),
     as_json: bool = typer.Option(False, "--json", help="print the whole report as JSON"),
