@@ -87,7 +87,7 @@ def test_bad_folder_names_each_problem(spark, small_fleet, tmp_path):
     bad_file = str(bad / "transport" / "n-bad" / built["name"])
     assert ex["bad_json"][0]["where"] == f"{bad_file}:41" and len(ex["bad_json"][0]["raw"]) == 55
     assert ex["mss_out_of_range"][0]["where"] == f"{bad_file}:42"
-    assert '"mss_bytes": 70000' in ex["mss_out_of_range"][0]["raw"] and ex["mss_out_of_range"][0]["raw"].endswith("…")
+    assert '"conn_id": "n-bad-mss"' in ex["mss_out_of_range"][0]["raw"] and ex["mss_out_of_range"][0]["raw"].endswith("…")
     checks = {(Path(s["file"]).parent.name, s["check"]) for s in report["suspicious"]}
     assert checks == {("n-ms", "rtt_in_ms"), ("n-mss", "mss_constant"), ("n-sec", "timestamps_in_seconds")}
     unknown = {os.path.relpath(u["path"], bad) for u in report["unknown_files"]}
