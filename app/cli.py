@@ -26,6 +26,8 @@ COMMAND_MODULES = (
     "app.commands.export",
     "app.commands.models",
     "app.commands.registry",
+    "app.commands.contract",
+    "app.commands.relocate",
 )
 
 

@@ -126,3 +126,150 @@ PREDICTION_COLS = (
     "model_name", "model_version", "node_id", "hour",
 )
 PREDICTION_DECISIONS = ("model", "fallback")
+
+
+# ---- field reference ----------------------------------------------------------------------------
+#
+# FIELD_DOCS[stream][field] = (unit, meaning, how to fill it). "How to fill it" names what the
+# eBPF program (export/edge/ccs.bpf.c) records and when, and the equivalent in the kernel's
+# `struct tcp_info` (getsockopt TCP_INFO), `ss -ti` and nginx's `$tcpinfo_*`, for a fleet that
+# writes the log some other way. Callbacks of the program: PASSIVE_ESTABLISHED (the handshake's
+# final ACK is in; the decision is made here), RTT (every ACK that yields an RTT sample, for
+# sampled connections only), STATE → TCP_CLOSE (the record is emitted). "Over the callbacks"
+# means at PASSIVE_ESTABLISHED, every RTT callback and TCP_CLOSE. `docs/contract.md` is rendered
+# from this (`ccs contract --markdown`).
+
+_OVER = "over the callbacks (PASSIVE_ESTABLISHED, every RTT callback, TCP_CLOSE)"
+_SS_MS = "`ss -ti` prints it in milliseconds with 3 decimals: multiply by 1000"
+
+FIELD_DOCS: dict[str, dict[str, tuple[str, str, str]]] = {
+    "transport": {
+        "conn_id": ("text", "unique id of the connection within the file (the duplicate rule's key)",
+                    "agent: `<node_id>-<first 8 hex of /proc/sys/kernel/random/boot_id><socket cookie, 16 hex>` "
+                    "(`bpf_get_socket_cookie` at PASSIVE_ESTABLISHED); any id unique per node and boot will do"),
+        "node_id": ("text", "the edge node; must equal the `<node_id>` folder of the file",
+                    "agent: config `node_id` (default: the hostname)"),
+        "ts_start_ms": ("ms since the Unix epoch (UTC)", "when the connection was established; must lie in the file's hour",
+                        "agent: `bpf_ktime_get_boot_ns()` at PASSIVE_ESTABLISHED, turned into wall-clock time when "
+                        "drained; elsewhere: accept() time. Not seconds (`$msec` is seconds.ms)"),
+        "ts_end_ms": ("ms since the Unix epoch (UTC)", "when the connection closed; must lie in the file's hour and "
+                      "not before ts_start_ms",
+                      "agent: boot clock at TCP_CLOSE; the agent files a record by the UTC hour of ts_end_ms, so a "
+                      "connection open across an hour boundary is quarantined `out_of_hour` (its ts_start_ms is "
+                      "in the previous hour)"),
+        "client_ip": ("IPv4 or IPv6 text", "the client address (an IPv4-mapped `::ffff:a.b.c.d` peer is written as IPv4)",
+                      "agent: `remote_ip4`/`remote_ip6` of the socket, `inet_ntop`; zone ids are refused"),
+        "client_port": ("port", "the client's TCP port", "agent: `remote_port` of the socket"),
+        "server_port": ("port", "the local (served) port", "agent: `local_port`; only ports in the config's `services` are logged"),
+        "cc": ("one of " + ", ".join(CCS), "the congestion control the socket ran at close",
+               "agent: `icsk_ca_ops->name` at TCP_CLOSE; tcp_info has none: `ss -ti` prints it first "
+               "(`cubic`, `bbr`), `getsockopt(TCP_CONGESTION)`"),
+        "decision": ("one of " + ", ".join(DECISIONS), "why the socket got its CC",
+                     "agent: the program's decision at PASSIVE_ESTABLISHED: no live table → `default` (counter "
+                     "`no_table`), expired → `stale`, A/B control → `ab_control`, miss → `default`, keep or "
+                     "low confidence → `fallback`, hit → `table`; without an enforcer write `default`"),
+        "table_version": ("text or null", "the live table's version at PASSIVE_ESTABLISHED",
+                          "agent: `ccs_meta[live].version`; null when no table was loaded (observe-only)"),
+        "mss_bytes": ("bytes", "the sender MSS the connection started with (Table 4)",
+                      "agent: `mss_cache` at PASSIVE_ESTABLISHED; tcp_info `tcpi_snd_mss`; `ss -ti` `mss:`"),
+        "connection_time_us": ("µs", "the handshake's RTT: SYN-ACK sent → final ACK received, the first RTT sample",
+                               "agent: `srtt_us >> 3` at PASSIVE_ESTABLISHED (srtt is the first sample then); "
+                               "tcp_info `tcpi_rtt` right after accept()"),
+        "init_snd_wnd_bytes": ("bytes", "the client's receive window (our send window) at establishment",
+                               "agent: `tcp_sock.snd_wnd` at PASSIVE_ESTABLISHED (scaled bytes); tcp_info "
+                               "`tcpi_snd_wnd` (Linux ≥ 6.2) right after accept(); `ss -ti` `snd_wnd:`"),
+        "min_rtt_us": ("µs", "the minimum RTT the kernel saw",
+                       "agent: `rtt_min` (the kernel's windowed min RTT, `tcp_min_rtt_wlen`, 300 s by default) at "
+                       "TCP_CLOSE, min_srtt_us when there was no sample; tcp_info `tcpi_min_rtt`; "
+                       "`ss -ti` `minrtt:` (" + _SS_MS + ")"),
+        "max_snd_wnd_bytes": ("bytes", "the largest send window", f"agent: max of `snd_wnd` {_OVER}; tcp_info "
+                              "`tcpi_snd_wnd` sampled"),
+        "min_snd_wnd_bytes": ("bytes", "the smallest send window",
+                              f"agent: min of `snd_wnd` {_OVER} (0 if never read); tcp_info `tcpi_snd_wnd` sampled"),
+        "min_rtt_var_us": ("µs", "the smallest RTT variation (mdev/4, what tcp_info calls rttvar)",
+                           f"agent: min of `mdev_us >> 2` {_OVER}; tcp_info `tcpi_rttvar`; nginx `$tcpinfo_rttvar`; "
+                           "`ss -ti` `rtt:<srtt>/<rttvar>` (" + _SS_MS + ")"),
+        "max_rtt_var_us": ("µs", "the largest RTT variation", f"agent: max of `mdev_us >> 2` {_OVER}; as min_rtt_var_us"),
+        "min_rto_us": ("µs", "the smallest retransmission timeout",
+                       f"agent: min of `icsk_rto` (jiffies × 10^6 / CONFIG_HZ) {_OVER}; 0 when the agent could not "
+                       "read CONFIG_HZ, which ingest quarantines (`out_of_range:min_rto_us`); tcp_info `tcpi_rto`; "
+                       "`ss -ti` `rto:` (" + _SS_MS + ")"),
+        "min_srtt_us": ("µs", "the smallest smoothed RTT", f"agent: min of `srtt_us >> 3` (non-zero) {_OVER}; "
+                        "tcp_info `tcpi_rtt`; nginx `$tcpinfo_rtt`; `ss -ti` `rtt:` (" + _SS_MS + ")"),
+        "max_srtt_us": ("µs", "the largest smoothed RTT", f"agent: max of `srtt_us >> 3` {_OVER}; as min_srtt_us"),
+        "max_cwnd_segs": ("segments", "the largest congestion window",
+                          f"agent: max of `snd_cwnd` {_OVER}; tcp_info `tcpi_snd_cwnd`; nginx `$tcpinfo_snd_cwnd`; "
+                          "`ss -ti` `cwnd:`"),
+        "bytes_acked": ("bytes", "bytes the client acknowledged over the connection's life",
+                        "agent: `bytes_acked` at TCP_CLOSE; tcp_info `tcpi_bytes_acked`; `ss -ti` `bytes_acked:`"),
+        "data_segs_out": ("segments", "data segments sent, retransmissions included",
+                          "agent: `data_segs_out` at TCP_CLOSE; tcp_info `tcpi_data_segs_out`; `ss -ti` `data_segs_out:`"),
+        "total_retrans": ("segments", "segments retransmitted over the connection's life",
+                          "agent: `total_retrans` at TCP_CLOSE; tcp_info `tcpi_total_retrans`; `ss -ti` `retrans:<cur>/<total>`"),
+        "max_inflight_segs": ("segments", "the most segments in flight",
+                              f"agent: max of packets_out − (sacked_out + lost_out) + retrans_out {_OVER}; "
+                              "tcp_info `tcpi_unacked − tcpi_sacked − tcpi_lost + tcpi_retrans`"),
+        "duration_us": ("µs", "established → closed",
+                        "agent: boot clock at TCP_CLOSE − at PASSIVE_ESTABLISHED; elsewhere accept() to close()"),
+    },
+    "access": {
+        "conn_id": ("text", "the transport log's conn_id of the connection that served the request",
+                    "the web server must log the agent's id (or leave it out and use the nginx format, which "
+                    "silver joins by node, hour, client_ip and client_port)"),
+        "node_id": ("text", "the edge node; must equal the file's node folder", "nginx `$hostname`"),
+        "ts_ms": ("ms since the Unix epoch (UTC)", "when the request was logged; must lie in the file's hour",
+                  "nginx `$msec` is seconds with 3 decimals: × 1000 (the nginx format is read as such)"),
+        "client_ip": ("IPv4 or IPv6 text", "the client address", "nginx `$remote_addr`"),
+        "service": ("text", "the service of the request (e.g. video, other)", "nginx: a `map $uri $ccs_service`"),
+        "status": ("HTTP status 100–599", "the response status", "nginx `$status`"),
+        "bytes_sent": ("bytes", "response body bytes", "nginx `$body_bytes_sent`"),
+        "request_time_ms": ("ms", "time serving the request", "nginx `$request_time` (seconds.ms: × 1000)"),
+        "net_type": ("one of " + ", ".join(NET_TYPES) + " or null",
+                     "the access network the client reported (5–10% of requests carry it)",
+                     "a request header, nginx `$http_x_net_type`; `-`/absent → null"),
+    },
+    "qoe": {
+        "session_id": ("text", "the playback session (the duplicate rule's key)", "the player's beacon"),
+        "conn_id": ("text", "the transport conn_id that carried the session", "the player/CDN must echo it"),
+        "node_id": ("text", "the edge node; must equal the file's node folder", "the beacon collector"),
+        "client_ip": ("IPv4 or IPv6 text", "the client address", "the beacon collector's peer address"),
+        "ts_ms": ("ms since the Unix epoch (UTC)", "when the beacon was sent; must lie in the file's hour",
+                  "the player's clock (JavaScript `Date.now()` is already ms)"),
+        "play_ms": ("ms", "time spent playing", "the player"),
+        "rebuffer_ms": ("ms", "time spent stalled after startup", "the player"),
+        "rebuffer_count": ("count", "stalls after startup", "the player"),
+        "startup_ms": ("ms", "play request → first frame", "the player"),
+    },
+}
+
+
+def render_markdown() -> str:
+    """docs/contract.md: every field of FIELDS with its type, unit, range, nullability, meaning
+    and how to fill it (FIELD_DOCS)."""
+    out = ["# The data contract: field reference", "",
+           "Generated from `ccselect/contract.py` (`FIELDS`, `NULLABLE`, `RANGES`, `FIELD_DOCS`) by "
+           "`ccs contract --markdown`; do not edit by hand. The layout, the streams and the quarantine "
+           "rules: `docs/architecture.md` \"Inputs\" and `jobs/README.md`. Check logs against it with "
+           "`ccs validate DIR`.", "",
+           "Files: `<root>/<stream>/<node_id>/<YYYY-MM-DDTHH>.jsonl`, one JSON object a line, every "
+           "timestamp inside the file's UTC hour. Integers are JSON integers (int64; no `1.5`, `1e3`, "
+           "`\"5\"`). Units are in the suffix: `_us` microseconds, `_ms` milliseconds, `_bytes`, `_segs`, "
+           "`_bps` bits per second.", "",
+           "The transport log's source column names what the eBPF program (`export/edge/ccs.bpf.c`) "
+           "measures and when. Its callbacks: PASSIVE_ESTABLISHED (the handshake's last ACK is in; "
+           "the CC decision is made and, for a sampled connection, the record starts), RTT (every ACK "
+           "that yields an RTT sample, sampled connections only) and TCP_CLOSE (last update, record "
+           "emitted). The `tcp_info`, `ss -ti` and nginx `$tcpinfo_*` equivalents are for fleets that "
+           "produce the log some other way.", ""]
+    for stream, fields in FIELDS.items():
+        out += [f"## {stream}", "", "| field | type | unit | range | null | meaning | how to fill it |",
+                "|---|---|---|---|---|---|---|"]
+        for name, typ in fields.items():
+            unit, meaning, source = FIELD_DOCS[stream][name]
+            rng = RANGES.get(name) if stream == "transport" else None
+            rng_s = f"{rng[0]:,}–{rng[1]:,}" if rng else ""
+            null = "yes" if name in NULLABLE.get(stream, set()) else ""
+            cells = [f"`{name}`", typ.__name__, unit, rng_s, null, meaning, source]
+            out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+        out.append("")
+    return "\n".join(out)

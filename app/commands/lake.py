@@ -1,4 +1,4 @@
-"""`ccs ingest`, `ccs features`, `ccs labels`: the lakehouse commands (heavy imports inside)."""
+"""`ccs ingest`, `ccs validate`, `ccs features`, `ccs labels`: the lakehouse commands (heavy imports inside)."""
 from __future__ import annotations
 
 import json
@@ -16,6 +16,7 @@ def register(app: typer.Typer) -> None:
     app.command("ingest")(ingest_cmd)
     app.command("features")(features_cmd)
     app.command("labels")(labels_cmd)
+    app.command("validate")(validate_cmd)
 
 
 def _session(config: Optional[str], app_name: str):
@@ -41,6 +42,39 @@ def ingest_cmd(
     from jobs import ingest
     cfg, spark = _session(config, "ccs-ingest")
     _emit(ingest.run(spark, cfg, input, parse_hours(hours), silver=not no_silver), as_json)
+
+
+def validate_cmd(
+    path: str = typer.Argument(..., metavar="PATH", help="folder with <stream>/<node_id>/<YYYY-MM-DDTHH>.jsonl"),
+    hours: Optional[str] = typer.Option(None, "--hours", help="HOUR or FROM..TO (inclusive)"),
+    examples: int = typer.Option(3, "--examples", help="example lines shown per reason"),
+    as_json: bool = typer.Option(False, "--json", help="print the whole report as JSON"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Check edge logs against the data contract without writing the lake (exit 1 on any problem)."""
+    from jobs import validate
+    _, spark = _session(config, "ccs-validate")
+    report = validate.run(spark, path, parse_hours(hours), k=examples)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
+    else:
+        for stream, s in report["streams"].items():
+            typer.echo(f"{stream}: {s['files']} files, {s['lines_read']} lines, {s['accepted']} accepted, "
+                       f"{s['quarantined']} quarantined {json.dumps(s['by_reason'], sort_keys=True)}")
+        for f in report["files"]:
+            if f["quarantined"]:
+                typer.echo(f"  {f['file']}: {f['lines_read']} read, {f['accepted']} accepted, "
+                           f"{f['quarantined']} quarantined {json.dumps(f['by_reason'], sort_keys=True)}")
+        for stream, by_reason in report["examples"].items():
+            for reason, lines in by_reason.items():
+                typer.echo(f"{stream} {reason}:")
+                for e in lines:
+                    typer.echo(f"  {e['where']}: {e['raw']}")
+        typer.echo(f"{len(report['problems'])} problem(s)")
+        for p in report["problems"]:
+            typer.echo(f"  {p}")
+    if report["problems"]:
+        raise typer.Exit(1)
 
 
 def features_cmd(

@@ -1,0 +1,239 @@
+"""`ccs validate`: check edge logs against the data contract without writing the lake.
+
+The same extract and parse as ingest (`jobs.sources.discover` + `read_lines`, `jobs.parse.parse`),
+then counts instead of Delta writes: per stream and per file, lines read / accepted / quarantined
+and counts by reason; a few example lines per reason (`file:line` and the raw text, truncated);
+the files under the input folder that ingest would not read; and suspicious units, which the
+per-line rules cannot see because each line on its own is plausible:
+
+- `rtt_in_ms` (transport, per file with at least `MIN_LINES` accepted lines): the median
+  `min_rtt_us` AND the median `min_srtt_us` are both below `RTT_MS_MEDIAN_US` (50 µs). A CDN
+  client is at least a metro hop away (the fleet's last-mile RTTs are milliseconds: 1,000 µs and
+  up); a 50 µs median means most of a node's clients sit on its own rack, which a real edge does
+  not see, while a log that writes milliseconds in `_us` fields puts the typical 5–50 ms paths
+  exactly there. Requiring the smoothed RTT to agree keeps one mis-scaled field (min_rtt alone)
+  from raising it; that would be a different bug, and the detail shows the medians.
+- `timestamps_in_seconds` / `timestamps_in_us` (every stream, per file): most of the file's
+  `out_of_hour` lines have a timestamp that lies in the file's hour once multiplied (or divided)
+  by 1,000: the writer used seconds (microseconds) in an `_ms` field.
+- `mss_constant` (transport, per file with at least `MIN_LINES` accepted lines): every accepted
+  line has the same MSS and that value is odd or not one of the usual link MSS values
+  (`COMMON_MSS`: 1460/1448 Ethernet with or without timestamps, PPPoE, IPv6, tunnels, jumbo,
+  536). Real clients mix MTUs and options; one odd constant is a field written from a
+  configuration value or a clamp, not the negotiated `mss_cache`.
+
+A problem is any quarantined line, any file not read, and any suspicious unit; `ccs validate`
+exits 1 when there is one.
+"""
+from __future__ import annotations
+
+import os
+
+from pyspark.sql import DataFrame, SparkSession, Window, functions as F
+
+from ccselect.contract import STREAMS
+from jobs import sources
+from jobs.parse import HOUR_MS, parse
+from jobs.sources import SourceFile, discover, read_lines
+
+#: Example lines kept per (stream, reason), and how much of each raw line is shown.
+EXAMPLES = 3
+RAW_CHARS = 160
+#: A per-file unit check needs at least this many accepted lines.
+MIN_LINES = 10
+RTT_MS_MEDIAN_US = 50
+COMMON_MSS = frozenset({536, 1220, 1240, 1260, 1280, 1300, 1320, 1340, 1360, 1380, 1400, 1410, 1420, 1428,
+                        1432, 1436, 1440, 1448, 1452, 1460, 8940, 8948, 8960, 9000, 65483})
+#: Top-level entries of an input folder that are expected and not logs.
+EXPECTED_TOP = ("reference", "manifest.json")
+TS_FIELDS = {"transport": "ts_start_ms", "access": "ts_ms", "qoe": "ts_ms"}
+
+
+# ---- extract ------------------------------------------------------------------------------------
+
+def list_files(input_dir: str, hours: tuple[str, str] | None = None) -> tuple[list[SourceFile], list[dict]]:
+    """(files ingest reads, files it would not read: [{path, why}]). Uses
+    `jobs.sources.discover_all` when it exists, else `discover` plus a walk of the folder."""
+    discover_all = getattr(sources, "discover_all", None)
+    if discover_all is not None:
+        files, unknown = discover_all(input_dir, hours)
+        return list(files), [_unknown_entry(u) for u in unknown]
+    files = discover(input_dir, hours)
+    return files, _walk_unknown(input_dir, files, hours)
+
+
+def _unknown_entry(u) -> dict:
+    if isinstance(u, dict):
+        return {"path": str(u.get("path", u)), "why": str(u.get("why", u.get("reason", "not read by ingest")))}
+    if isinstance(u, (tuple, list)) and len(u) == 2:
+        return {"path": str(u[0]), "why": str(u[1])}
+    return {"path": str(getattr(u, "path", u)), "why": str(getattr(u, "why", "not read by ingest"))}
+
+
+def _walk_unknown(input_dir: str, files: list[SourceFile], hours: tuple[str, str] | None) -> list[dict]:
+    read = {f.path for f in files}
+    out: list[dict] = []
+    root = os.path.abspath(input_dir)
+    if not os.path.isdir(root):
+        return [{"path": root, "why": "not a folder"}]
+    for top in sorted(os.listdir(root)):
+        if top.startswith("_") or top in EXPECTED_TOP:
+            continue
+        tpath = os.path.join(root, top)
+        if top not in STREAMS:
+            out.append({"path": tpath, "why": f"not a stream folder ({', '.join(STREAMS)})"})
+            continue
+        for dirpath, dirnames, filenames in os.walk(tpath):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("_"))
+            depth = os.path.relpath(dirpath, tpath).count(os.sep) + (dirpath != tpath)
+            for name in sorted(filenames):
+                path = os.path.join(dirpath, name)
+                if path in read:
+                    continue
+                if depth != 1:
+                    out.append({"path": path, "why": "not in a <stream>/<node_id>/ folder"})
+                elif not sources._NODE.match(os.path.basename(dirpath)):
+                    out.append({"path": path, "why": "node folder name not accepted"})
+                elif not (m := sources._HOUR.match(name)):
+                    out.append({"path": path, "why": "file name is not <YYYY-MM-DDTHH>.jsonl"})
+                elif hours and not (hours[0] <= m.group(1) <= hours[1]):
+                    continue  # outside --hours: skipped on purpose
+                else:
+                    out.append({"path": path, "why": "not read by ingest"})
+    return out
+
+
+# ---- transforms ---------------------------------------------------------------------------------
+
+def file_counts(parsed: DataFrame) -> DataFrame:
+    """Per (source_file, status, reason): lines."""
+    return parsed.groupBy("node_id", "hour", "source_file", "status", "reason").count()
+
+
+def examples(parsed: DataFrame, k: int = EXAMPLES, chars: int = RAW_CHARS) -> DataFrame:
+    """The first `k` quarantined lines of each reason (by file, line)."""
+    w = Window.partitionBy("reason").orderBy("source_file", "line_no")
+    return (parsed.filter(F.col("status") == "quarantined")
+            .withColumn("_n", F.row_number().over(w)).filter(F.col("_n") <= k)
+            .select("reason", "source_file", "line_no", F.substring("raw", 1, chars).alias("raw"),
+                    (F.length("raw") > chars).alias("truncated")))
+
+
+def transport_units(parsed: DataFrame) -> DataFrame:
+    """Per transport file, over accepted lines: n, medians of the RTT-like fields, MSS spread."""
+    r = F.col("record")
+    return (parsed.filter(F.col("status") == "ok").groupBy("source_file").agg(
+        F.count(F.lit(1)).alias("n"),
+        F.percentile_approx(r["min_rtt_us"], 0.5).alias("median_min_rtt_us"),
+        F.percentile_approx(r["min_srtt_us"], 0.5).alias("median_min_srtt_us"),
+        F.percentile_approx(r["max_srtt_us"], 0.5).alias("median_max_srtt_us"),
+        F.percentile_approx(r["min_rto_us"], 0.5).alias("median_min_rto_us"),
+        F.min(r["mss_bytes"]).alias("mss_min"), F.max(r["mss_bytes"]).alias("mss_max")))
+
+
+def timestamp_units(parsed: DataFrame, stream: str) -> DataFrame:
+    """Per file, over `out_of_hour` JSON lines: how many timestamps fall in the file's hour when
+    read as seconds (×1000) or as microseconds (÷1000)."""
+    ts = F.get_json_object("raw", f"$.{TS_FIELDS[stream]}").cast("bigint")
+    lo, hi = F.col("hour_start_ms"), F.col("hour_start_ms") + HOUR_MS - 1
+    return (parsed.filter(F.col("reason") == "out_of_hour").groupBy("source_file").agg(
+        F.count(F.lit(1)).alias("out_of_hour"),
+        F.sum(F.when((ts * 1000).between(lo, hi), 1).otherwise(0)).alias("as_seconds"),
+        F.sum(F.when(F.floor(ts / 1000).between(lo, hi), 1).otherwise(0)).alias("as_us")))
+
+
+def suspicious_transport(row: dict) -> list[dict]:
+    """The unit rules of the module docstring for one row of `transport_units`."""
+    out = []
+    if row["n"] < MIN_LINES:
+        return out
+    rtt, srtt = row["median_min_rtt_us"], row["median_min_srtt_us"]
+    if rtt is not None and srtt is not None and rtt < RTT_MS_MEDIAN_US and srtt < RTT_MS_MEDIAN_US:
+        out.append({"check": "rtt_in_ms", "file": row["source_file"],
+                    "detail": f"median min_rtt_us {rtt}, min_srtt_us {srtt}, max_srtt_us "
+                              f"{row['median_max_srtt_us']}, min_rto_us {row['median_min_rto_us']} over "
+                              f"{row['n']} lines: below {RTT_MS_MEDIAN_US} µs, milliseconds written as µs?"})
+    mss = row["mss_min"]
+    if mss is not None and mss == row["mss_max"] and (mss % 2 or mss not in COMMON_MSS):
+        out.append({"check": "mss_constant", "file": row["source_file"],
+                    "detail": f"all {row['n']} lines have mss_bytes {mss}, not a usual link MSS: "
+                              "a configured or clamped value instead of the socket's mss_cache?"})
+    return out
+
+
+def suspicious_timestamps(row: dict, stream: str) -> list[dict]:
+    n = row["out_of_hour"]
+    for key, check in (("as_seconds", "timestamps_in_seconds"), ("as_us", "timestamps_in_us")):
+        if n and row[key] * 2 > n:
+            unit = "seconds" if key == "as_seconds" else "microseconds"
+            return [{"check": check, "file": row["source_file"],
+                     "detail": f"{row[key]} of {n} out_of_hour lines fall in the file's hour when "
+                               f"{TS_FIELDS[stream]} is read as {unit}"}]
+    return []
+
+
+# ---- the job ------------------------------------------------------------------------------------
+
+def run(spark: SparkSession, input_dir: str, hours: tuple[str, str] | None = None,
+        k: int = EXAMPLES) -> dict:
+    """Validate every file ingest would read under `input_dir`; returns the report (a dict:
+    `streams`, `files`, `examples`, `unknown_files`, `suspicious`, `problems`). Writes nothing."""
+    files, unknown = list_files(input_dir, hours)
+    report: dict = {"input": os.path.abspath(input_dir), "hours": list(hours) if hours else None,
+                    "streams": {}, "files": [], "examples": {}, "unknown_files": unknown, "suspicious": []}
+    for stream in STREAMS:
+        sfiles = [f for f in files if f.stream == stream]
+        if not sfiles:
+            continue
+        parsed = parse(read_lines(spark, sfiles), stream).select(
+            "node_id", "hour", "hour_start_ms", "source_file", "line_no", "raw", "status", "reason",
+            "record").persist()
+        try:
+            report["files"].extend(_per_file(stream, sfiles, file_counts(parsed).collect()))
+            report["examples"][stream] = {}
+            for r in examples(parsed, k).orderBy("reason", "source_file", "line_no").collect():
+                report["examples"][stream].setdefault(r["reason"], []).append(
+                    {"where": f"{r['source_file']}:{r['line_no']}", "raw": r["raw"] + ("…" if r["truncated"] else "")})
+            if stream == "transport":
+                for r in transport_units(parsed).orderBy("source_file").collect():
+                    report["suspicious"].extend({"stream": stream, **s} for s in suspicious_transport(r.asDict()))
+            for r in timestamp_units(parsed, stream).orderBy("source_file").collect():
+                report["suspicious"].extend({"stream": stream, **s} for s in suspicious_timestamps(r.asDict(), stream))
+        finally:
+            parsed.unpersist()
+        mine = [f for f in report["files"] if f["stream"] == stream]
+        by_reason: dict[str, int] = {}
+        for f in mine:
+            for reason, n in f["by_reason"].items():
+                by_reason[reason] = by_reason.get(reason, 0) + n
+        report["streams"][stream] = {
+            "files": len(mine), **{key: sum(f[key] for f in mine) for key in ("lines_read", "accepted", "quarantined")},
+            "by_reason": dict(sorted(by_reason.items()))}
+    report["problems"] = problems(report)
+    return report
+
+
+def _per_file(stream: str, sfiles: list[SourceFile], rows) -> list[dict]:
+    out = {f.path: {"stream": stream, "node_id": f.node_id, "hour": f.hour, "file": f.path, "lines_read": 0,
+                    "accepted": 0, "quarantined": 0, "by_reason": {}} for f in sfiles}
+    for r in rows:
+        e = out[r["source_file"]]
+        e["lines_read"] += r["count"]
+        if r["status"] == "ok":
+            e["accepted"] += r["count"]
+        else:
+            e["quarantined"] += r["count"]
+            e["by_reason"][r["reason"]] = e["by_reason"].get(r["reason"], 0) + r["count"]
+    for e in out.values():
+        e["by_reason"] = dict(sorted(e["by_reason"].items()))
+    return [out[p] for p in sorted(out)]
+
+
+def problems(report: dict) -> list[str]:
+    """One line per problem: quarantined lines per stream and reason, files not read, suspicious units."""
+    out = [] if report["files"] else [f"no log files under {report['input']}"]
+    out += [f"{stream}: {n} line(s) quarantined as {reason}"
+           for stream, s in report["streams"].items() for reason, n in s["by_reason"].items()]
+    out += [f"file not read: {u['path']} ({u['why']})" for u in report["unknown_files"]]
+    out += [f"{s['stream']}: {s['check']} in {s['file']}: {s['detail']}" for s in report["suspicious"]]
+    return out
