@@ -125,4 +125,4 @@ PREDICTION_COLS = (
     "requests", "p_wifi", "p_cell", "pred_net_type", "cc", "decision", "default_cc",
     "model_name", "model_version", "node_id", "hour",
 )
-PREDICTION_DECISIONS = ("model", "fallback")
+PREDICTION_DECISIONS = ("model", "fallback", "ood")
