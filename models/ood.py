@@ -149,6 +149,8 @@ def fit_temperature(p_wifi: np.ndarray, y: np.ndarray, lo: float = 0.05, hi: flo
 
     grid = np.linspace(math.log(lo), math.log(hi), 61)
     i = int(np.argmin([loss(g) for g in grid]))
+    if i == 0 or i == len(grid) - 1:   # the best temperature lies at (or beyond) a bound: the bound
+        return float(lo if i == 0 else hi)
     a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
     g = (math.sqrt(5) - 1) / 2
     c, d = b - g * (b - a), a + g * (b - a)
@@ -200,7 +202,8 @@ class Calibration:
                    float(d["ece_before"]), float(d["ece_after"]), str(d.get("rows", "")))
 
 
-def fit_calibration(p_wifi: np.ndarray, y: np.ndarray, rows: str = "") -> Calibration:
-    t = fit_temperature(p_wifi, y)
+def fit_calibration(p_wifi: np.ndarray, y: np.ndarray, rows: str = "", min_temperature: float = 0.05) -> Calibration:
+    """The temperature of `fit_temperature` (not below `min_temperature`) and its effect on the rows."""
+    t = fit_temperature(p_wifi, y, lo=min_temperature)
     q = calibrate(p_wifi, t)
     return Calibration(t, int(len(y)), nll(p_wifi, y), nll(q, y), ece(p_wifi, y), ece(q, y), rows)

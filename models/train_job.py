@@ -89,7 +89,8 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
         guard = fit_guard(tr.x, stats.features, ip.ood_quantile, ip.ood_method, ip.ood_margin)
         calibration = (fit_calibration(trainer.predict_proba(data.x[calib_mask]), data.y[calib_mask],
                                        rows=f"{int(calib_mask.sum())} training rows on {ip.calibration_share:.0%} "
-                                            "of the training nodes' (node, /24) paths, not trained on")
+                                            "of the training nodes' (node, /24) paths, not trained on",
+                                       min_temperature=ip.calibration_min_temperature)
                        if calib_mask.any() else None)
         pn = per_node(te.y, trainer.predict_proba(te.x), te.node)
         pn["included"] = pn["node_id"].map(included).fillna(False).astype(bool)
