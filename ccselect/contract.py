@@ -118,14 +118,15 @@ def hour_file_name(hour_start_ms: int) -> str:
 #:   pred_net_type "wifi" or "cell" (argmax)
 #:   cc            the CC chosen for the connection: Wi-Fi → cubic, 4G/5G → bbr when trusted,
 #:                 else `default_cc` (ALICCS §4.2 fallback strategy)
-#:   decision      "model" (trusted: p_wifi ≥ wifi threshold or p_cell ≥ 4G threshold) or "fallback"
+#:   decision      "model" (trusted: p_wifi ≥ wifi threshold or p_cell ≥ 4G threshold), "fallback", or
+#:                 "ood" (the champion's guard found the connection unlike its training data: default CC)
 #:   requests      HTTP requests on the connection (from silver; purity is weighted by it)
 PREDICTION_COLS = (
     "conn_id", "client_ip", "family", "prefix16", "prefix24", "prefix48", "prefix64", "ug_id",
     "requests", "p_wifi", "p_cell", "pred_net_type", "cc", "decision", "default_cc",
     "model_name", "model_version", "node_id", "hour",
 )
-PREDICTION_DECISIONS = ("model", "fallback")
+PREDICTION_DECISIONS = ("model", "fallback", "ood")
 
 
 # ---- field reference ----------------------------------------------------------------------------

@@ -188,6 +188,7 @@ class ModelSettings(_Section):
 
 
 PRECISIONS = ("fp32", "bf16")
+OOD_METHODS = ("mahalanobis", "maxabs")
 
 
 @dataclass(frozen=True)
@@ -201,10 +202,34 @@ class InferSettings(_Section):
     cell_cc: str = "bbr"
     precision: str = "fp32"      # fp32 | bf16 (bench/infer.py measures bf16's accuracy change)
     batch_rows: int = 65536      # rows per Arrow batch handed to the model
+    # Out-of-domain guard (models/ood.py, fitted at training, registered with the model): a row
+    # whose standardized features lie beyond the training rows' range by more than ood_margin (z
+    # units), or whose distance score exceeds the ood_quantile of the training rows' scores, keeps
+    # default_cc with decision "ood". ood_method: the score fitted by `ccs train`.
+    ood_guard: bool = True
+    ood_quantile: float = 0.999
+    ood_margin: float = 1.0
+    ood_method: str = "mahalanobis"  # mahalanobis | maxabs
+    # Temperature scaling (models/ood.py) fitted by `ccs train` on a validation share of the
+    # training rows' (node, /24) paths that the model does not train on; applied to P(Wi-Fi)
+    # before the thresholds above.
+    # calibration_min_temperature: the fit never sharpens below it. On the default fleet (12 × 8 h,
+    # aliccs) the temperature fitted on the training nodes' paths was 0.69 (sharper), and it raised
+    # the held-out nodes' ECE from 0.062 to 0.108 (their own best temperature there was 1.27):
+    # confidence learnt on the training nodes does not carry to other nodes, so never add to it.
+    calibrate: bool = True
+    calibration_share: float = 0.1
+    calibration_min_temperature: float = 1.0
 
     def __post_init__(self):
         if self.precision not in PRECISIONS:
             raise ValueError(f"infer.precision must be one of {PRECISIONS}, not {self.precision!r}")
+        if self.ood_method not in OOD_METHODS:
+            raise ValueError(f"infer.ood_method must be one of {OOD_METHODS}, not {self.ood_method!r}")
+        if not 0.5 <= self.ood_quantile <= 1.0:
+            raise ValueError(f"infer.ood_quantile must be in [0.5, 1], not {self.ood_quantile}")
+        if not 0.0 <= self.calibration_share < 1.0:
+            raise ValueError(f"infer.calibration_share must be in [0, 1), not {self.calibration_share}")
 
 
 # ---- the distilled tree -----------------------------------------------------------------------

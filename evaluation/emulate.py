@@ -32,7 +32,9 @@ before the emulated range, or, for Pytheas, online from its own choices):
 - `aliccs`: the purity-aggregated table (export.tables.aggregate, Algorithm 1) built from the previous
   hour's gold.predictions (the last `pipeline.export_window_hours` of them, as the hourly export
   does), looked up by longest-prefix match; a miss keeps the default CC — what the edge enforces
-  in the hour after the hourly export.
+  in the hour after the hourly export. Only model decisions make entries: fallbacks and
+  out-of-domain rows (`ood`) keep the default CC, and the summary's `baselines.aliccs` counts the
+  table's source predictions per decision.
 - `configanator`: network classes (K-means over per-/24 mean features, Configanator §3.2), each
   class's best CC over the training hours, a decision tree from {the /24's features, its class}
   to that CC (the exploitation arm, §3.1), and an ε-bandit exploring a random CC (§3.1 arm 2).
@@ -249,9 +251,12 @@ def true_table_policy(s: DataFrame, est: DataFrame, truth: DataFrame, p: Emulate
                     .otherwise(p.default_cc).alias("choice")))
 
 
-def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSettings) -> DataFrame:
+def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSettings,
+                  counts: dict | None = None) -> DataFrame:
     """The exported table of the previous hour (ALICCS Algorithm 1 over gold.predictions, the
-    export's ladder and purity thresholds), longest-prefix matched; a miss keeps the default CC."""
+    export's ladder and purity thresholds), longest-prefix matched; a miss keeps the default CC.
+    Only `decision == "model"` predictions make entries: fallback and ood rows keep the default.
+    With `counts` (a dict), it receives the source predictions per decision."""
     settings = cfg.settings.export
     hours = [r["hour"] for r in est.select("hour").distinct().collect()]
     if not hours:
@@ -261,6 +266,9 @@ def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSe
     pred_path = table_path(cfg, "gold.predictions")
     if not os.path.exists(pred_path):
         return est.select("conn_id", F.lit(p.default_cc).alias("choice"))
+    if counts is not None:
+        counts.update({r["decision"]: int(r["count"]) for r in spark.read.format("delta").load(pred_path)
+                       .where(F.col("hour").isin(src_hours)).groupBy("decision").count().collect()})
     # a prediction of hour t goes into the tables of hours t .. t + n − 1 (pipeline.export_window_hours)
     preds = (spark.read.format("delta").load(pred_path).where(F.col("hour").isin(src_hours) & (F.col("decision") == "model"))
              .withColumn("table_hour", F.explode(F.array(*[hour_shift_col("hour", k) for k in range(n_hours)]))))
@@ -626,7 +634,8 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
             elif name == "oracle_insample":
                 choices[name] = oracle_insample(est, p)
             elif name == "aliccs":
-                choices[name] = aliccs_policy(spark, cfg, est, p)
+                info[name] = {"source_decisions": {}}
+                choices[name] = aliccs_policy(spark, cfg, est, p, counts=info[name]["source_decisions"])
             elif name == "configanator":
                 choices[name], info[name] = configanator_policy(train, est, p)
             elif name == "disco":

@@ -6,10 +6,14 @@ gold.predictions, one row per connection, partitioned and replaced by (node_id, 
   through a scalar Arrow UDF (Spark ≥ 4.1 `arrow_udf`: Arrow in, Arrow out, no pandas and never
   row at a time), where they are standardized with the champion's own statistics (log1p, then
   z-score as features/scaling.py) and scored by torch in large batches without gradients.
-- The decision is built-in Spark: ALICCS §4.2's fallback strategy — trust a Wi-Fi prediction
-  when P(Wi-Fi) ≥ `infer.wifi_threshold` (0.8) and a 4G/5G one when P(4G) ≥
-  `infer.cell_threshold` (0.6); a trusted Wi-Fi gets CUBIC and a trusted 4G/5G gets BBR (§2,
-  Table 1), anything else keeps the default CC.
+  P(Wi-Fi) is then calibrated with the champion's temperature (`infer.calibrate`), and the
+  champion's out-of-domain guard (`infer.ood_guard`, models/ood.py) flags the rows unlike its
+  training rows.
+- The decision is built-in Spark: an out-of-domain row keeps the default CC with decision "ood";
+  otherwise ALICCS §4.2's fallback strategy — trust a Wi-Fi prediction when P(Wi-Fi) ≥
+  `infer.wifi_threshold` (0.8) and a 4G/5G one when P(4G) ≥ `infer.cell_threshold` (0.6); a
+  trusted Wi-Fi gets CUBIC and a trusted 4G/5G gets BBR (§2, Table 1), anything else keeps the
+  default CC ("fallback").
 - Column meanings: ccselect/contract.py PREDICTION_COLS.
 """
 from __future__ import annotations
@@ -32,6 +36,7 @@ from ccselect.contract import FEATURES, PREDICTION_COLS
 from ccselect.lake import connections_in, table_path
 from ccselect.settings import InferSettings
 from ccselect.spark import conf_set
+from models.ood import calibrate
 from models.registry import load_champion
 # Imported inside the functions that use them (heavy, not needed to import this module): delta, torch.
 
@@ -93,8 +98,11 @@ def predict_wifi(model, x: np.ndarray, precision: str = "fp32", chunk: int = 655
     return out
 
 
-def score(df: DataFrame, model, stats, precision: str = "fp32") -> DataFrame:
-    """Add `p_wifi` (double; null where a feature is null) with the model broadcast once."""
+def score(df: DataFrame, model, stats, precision: str = "fp32", temperature: float = 1.0,
+          guard=None, ood_quantile: float | None = None) -> DataFrame:
+    """Add `p_wifi` (double; null where a feature is null), calibrated with `temperature`, and
+    `ood` (boolean; null where a feature is null, false without a `guard`: the rows `guard`
+    flags at `ood_quantile`), with the model broadcast once."""
 
     spark = df.sparkSession
     bc = spark.sparkContext.broadcast((uuid.uuid4().hex, model_bytes(model)))
@@ -103,7 +111,9 @@ def score(df: DataFrame, model, stats, precision: str = "fp32") -> DataFrame:
         raise ValueError("the champion's feature statistics are not in contract.FEATURES order")
     threads = int(spark.conf.get("spark.task.cpus", "1") or 1)
 
-    @arrow_udf("double")
+    temperature = float(temperature)
+
+    @arrow_udf("struct<p_wifi: double, ood: boolean>")
     def p_wifi(x: pa.Array) -> pa.Array:
         cols = x.flatten()
         null = np.zeros(len(x), dtype=bool)
@@ -113,34 +123,44 @@ def score(df: DataFrame, model, stats, precision: str = "fp32") -> DataFrame:
         arrays = [c.to_numpy(zero_copy_only=False) for c in cols]
         if null.any():  # nulls came out as NaN (float) or need filling before the log
             arrays = [np.nan_to_num(a.astype(np.float64), nan=0.0) for a in arrays]
-        p = predict_wifi(_worker_model(bc, precision, threads), standardize(arrays, mean, std), precision)
-        return pa.array(p, type=pa.float64(), mask=null if null.any() else None)
+        z = standardize(arrays, mean, std)
+        p = calibrate(predict_wifi(_worker_model(bc, precision, threads), z, precision), temperature)
+        ood = guard.flags(z, ood_quantile) if guard is not None else np.zeros(len(p), dtype=bool)
+        mask = null if null.any() else None
+        return pa.StructArray.from_arrays([pa.array(p, type=pa.float64(), mask=mask),
+                                           pa.array(ood, type=pa.bool_(), mask=mask)], names=["p_wifi", "ood"])
 
-    return df.withColumn("p_wifi", p_wifi(F.struct(*[F.col(f) for f in FEATURES])))
+    return (df.withColumn("_scored", p_wifi(F.struct(*[F.col(f) for f in FEATURES])))
+            .withColumn("p_wifi", F.col("_scored.p_wifi")).withColumn("ood", F.col("_scored.ood")).drop("_scored"))
 
 
 # ---- the decision (ALICCS §4.2) -----------------------------------------------------------------
 
 def decide(df: DataFrame, p: InferSettings) -> DataFrame:
-    """From `p_wifi`: p_cell = 1 − p_wifi, pred_net_type (argmax; "wifi" at 0.5, null without a
-    probability), decision "model" when the predicted type's probability reaches its threshold
-    (≥), else "fallback", and the CC: Wi-Fi → wifi_cc, 4G/5G → cell_cc, fallback → default_cc."""
+    """From `p_wifi` (and `ood`, when the frame has it): p_cell = 1 − p_wifi, pred_net_type
+    (argmax; "wifi" at 0.5, null without a probability), decision "ood" where `ood` is true (the
+    guard: the row is unlike the training rows), else "model" when the predicted type's
+    probability reaches its threshold (≥), else "fallback", and the CC: Wi-Fi → wifi_cc, 4G/5G →
+    cell_cc, ood and fallback → default_cc."""
+    ood = F.coalesce(F.col("ood"), F.lit(False)) if "ood" in df.columns else F.lit(False)
     pw = F.col("p_wifi")
     pc = F.lit(1.0) - pw
     pred = F.when(pw.isNull(), F.lit(None).cast("string")).when(pw >= 0.5, "wifi").otherwise("cell")
     trusted = (((pred == "wifi") & (pw >= F.lit(float(p.wifi_threshold))))
                | ((pred == "cell") & (pc >= F.lit(float(p.cell_threshold)))))
-    trusted = F.coalesce(trusted, F.lit(False))
+    trusted = F.coalesce(trusted, F.lit(False)) & ~ood
     return (df.withColumn("p_cell", pc)
             .withColumn("pred_net_type", pred)
-            .withColumn("decision", F.when(trusted, "model").otherwise("fallback"))
+            .withColumn("decision", F.when(ood, "ood").when(trusted, "model").otherwise("fallback"))
             .withColumn("cc", F.when(~trusted, p.default_cc).when(F.col("pred_net_type") == "wifi", p.wifi_cc)
                         .otherwise(p.cell_cc))
             .withColumn("default_cc", F.lit(p.default_cc)))
 
 
 def transform(df: DataFrame, champion, p: InferSettings) -> DataFrame:
-    scored = score(df, champion.model, champion.stats, p.precision)
+    guard = getattr(champion, "guard", None) if p.ood_guard else None
+    temperature = getattr(champion, "temperature", 1.0) if p.calibrate else 1.0
+    scored = score(df, champion.model, champion.stats, p.precision, temperature, guard, p.ood_quantile)
     out = (decide(scored, p)
            .withColumn("model_name", F.lit(champion.name))
            .withColumn("model_version", F.lit(str(champion.version))))
@@ -175,11 +195,18 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, champion=None,
     result = {"window": f"{lo}..{hi}", "rows": rows, "partitions": len(keys), "seconds": round(seconds, 3),
               "rows_per_s": round(rows / seconds) if rows and seconds > 0 else None,
               "model_name": champion.name, "model_version": champion.version, "precision": p.precision,
-              "thresholds": {"wifi": p.wifi_threshold, "cell": p.cell_threshold}, "table": path}
+              "thresholds": {"wifi": p.wifi_threshold, "cell": p.cell_threshold},
+              "temperature": champion.temperature if p.calibrate else 1.0,
+              "ood_guard": (None if not p.ood_guard or champion.guard is None else
+                            {"method": champion.guard.method, "quantile": p.ood_quantile,
+                             "threshold": champion.guard.threshold_at(p.ood_quantile), "margin": champion.guard.margin}),
+              "table": path}
     if decisions:
         out = (spark.read.format("delta").load(path).where(F.col("hour").between(lo, hi))
                .groupBy("decision", "cc").count().collect())
         result["decisions"] = {f"{r['decision']}/{r['cc']}": r["count"] for r in sorted(out, key=lambda r: (r[0], r[1]))}
+        total = sum(r["count"] for r in out)
+        result["ood_share"] = (sum(r["count"] for r in out if r["decision"] == "ood") / total) if total else 0.0
     return result
 
 

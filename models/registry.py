@@ -12,7 +12,9 @@ Conventions (shared with `ccs infer`, `ccs export` and the DAGs):
   the scaler (`feature_stats/feature_stats.json`) and the model (`NetTypeModel`, input float32
   [-1, 12] standardized features in `contract.FEATURES` order, output [-1, 2] probabilities
   (4G, Wi-Fi)); the scaler also travels inside the model as an extra file, so loading the
-  champion gives the statistics it was trained with;
+  champion gives the statistics it was trained with; so do the out-of-domain guard
+  (`ood/ood_guard.json`) and the temperature (`ood/calibration.json`) of models/ood.py, when the
+  training fitted them (a version without them loads with no guard and temperature 1);
 - version tags: `gate` ("pending" until gated, then "passed" | "failed"), `gate_reasons`,
   `window`, `variant`, `train_nodes`, `test_nodes`.
 """
@@ -35,12 +37,15 @@ import pandas as pd
 from ccselect.config import Config
 from ccselect.contract import FEATURES
 from features.scaling import FeatureStats
+from models.ood import Calibration, DomainGuard
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, torch.
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
 STATS_ARTIFACT = "feature_stats/feature_stats.json"
 STATS_FILE = "feature_stats.json"
+GUARD_FILE = "ood_guard.json"
+CALIBRATION_FILE = "calibration.json"
 #: summary keys of evaluation.evaluate.summary → run metrics
 SUMMARY_METRICS = {"mean": "heldout_mean_accuracy", "worst": "heldout_worst_accuracy",
                    "std": "heldout_std_accuracy", "nodes": "heldout_nodes"}
@@ -52,12 +57,19 @@ class GateError(RuntimeError):
 
 @dataclass(frozen=True)
 class Champion:
-    """The model behind `models:/<name>@champion`, in eval mode, with its feature statistics."""
+    """The model behind `models:/<name>@champion`, in eval mode, with its feature statistics,
+    its out-of-domain guard and its calibration (None for a version logged without them)."""
     model: Any  # models.nets.NetTypeModel (torch.nn.Module)
     stats: FeatureStats
     name: str
     version: str
     run_id: str
+    guard: DomainGuard | None = None
+    calibration: Calibration | None = None
+
+    @property
+    def temperature(self) -> float:
+        return self.calibration.temperature if self.calibration is not None else 1.0
 
 
 # ---- session ------------------------------------------------------------------------------------
@@ -167,10 +179,13 @@ def log_training(cfg: Config, params, trainer_or_model, stats: FeatureStats, per
                  history: Sequence[dict[str, float]] | None = None, window: str | None = None,
                  train_nodes: Sequence[str] = (), test_nodes: Sequence[str] = (),
                  input_example: np.ndarray | None = None, extra_params: dict[str, Any] | None = None,
-                 extra_metrics: dict[str, float] | None = None, run_name: str | None = None) -> tuple[str, str]:
+                 extra_metrics: dict[str, float] | None = None, run_name: str | None = None,
+                 guard: DomainGuard | None = None, calibration: Calibration | None = None) -> tuple[str, str]:
     """Log a trained model into the active run (or a new one) and register it as a new version
     of cfg's model; returns (run_id, version). `history` (per-epoch metric dicts) is logged with
     `step=` only when given — a run that trained with `epoch_logger()` has them already.
+    `guard` and `calibration` (models/ood.py) go into the model's extra files beside the scaler
+    and into the run (artifacts `ood/`, metrics `ood_threshold`, `calibration_*`).
     The new version's tag `gate` is "pending" until `gate()`."""
     import mlflow
     import mlflow.pytorch
@@ -194,6 +209,15 @@ def log_training(cfg: Config, params, trainer_or_model, stats: FeatureStats, per
         mlflow.log_text(per_node_df.to_json(orient="records", indent=1), "eval/per_node.json")
         mlflow.log_dict({k: (v if _finite(v) else None) for k, v in summary.items()}, "eval/summary.json")
         mlflow.log_text(stats.to_json(), STATS_ARTIFACT)
+        if guard is not None:
+            mlflow.log_text(guard.to_json(), f"ood/{GUARD_FILE}")
+            mlflow.log_metrics({"ood_threshold": guard.threshold, "ood_quantile": guard.quantile})
+        if calibration is not None:
+            mlflow.log_text(calibration.to_json(), f"ood/{CALIBRATION_FILE}")
+            mlflow.log_metrics({f"calibration_{k}": float(v) for k, v in (
+                ("temperature", calibration.temperature), ("nll_before", calibration.nll_before),
+                ("nll_after", calibration.nll_after), ("ece_before", calibration.ece_before),
+                ("ece_after", calibration.ece_after)) if _finite(v)})
         variant = str(p.get("variant", ""))
         run_tags = {"window": window, "variant": variant, "train_nodes": ",".join(sorted(train_nodes)),
                     "test_nodes": ",".join(sorted(test_nodes))}
@@ -204,15 +228,18 @@ def log_training(cfg: Config, params, trainer_or_model, stats: FeatureStats, per
         example = pd.DataFrame(np.asarray(example[:5], dtype=np.float32), columns=list(stats.features))
         tmp = tempfile.mkdtemp(prefix="ccs-model-")
         try:
-            stats_file = os.path.join(tmp, STATS_FILE)
-            with open(stats_file, "w") as fh:
-                fh.write(stats.to_json())
+            extra_files = []
+            for fname, obj in ((STATS_FILE, stats), (GUARD_FILE, guard), (CALIBRATION_FILE, calibration)):
+                if obj is not None:
+                    extra_files.append(os.path.join(tmp, fname))
+                    with open(extra_files[-1], "w") as fh:
+                        fh.write(obj.to_json())
             # pickle, not pt2: consumers get the NetTypeModel class back (train/eval, dtype casts),
             # and the repository that defines it is installed wherever the model is loaded.
             with _quiet("mlflow.pytorch"):
                 info = mlflow.pytorch.log_model(
                     model, name="model", signature=model_signature(stats.features),
-                    input_example=example, extra_files=[stats_file],
+                    input_example=example, extra_files=extra_files,
                     pip_requirements=_pip_requirements(), serialization_format="pickle")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -312,7 +339,8 @@ def promote(cfg: Config, version: str | int | None = None) -> dict[str, Any]:
 # ---- loading ------------------------------------------------------------------------------------
 
 def load_champion(cfg: Config, dst: str | None = None) -> Champion:
-    """The champion model and its feature statistics, loaded through `models:/<name>@champion`."""
+    """The champion model, its feature statistics, guard and calibration, loaded through
+    `models:/<name>@champion`."""
     import mlflow
     import mlflow.pytorch
     from mlflow.exceptions import MlflowException
@@ -331,12 +359,24 @@ def load_champion(cfg: Config, dst: str | None = None) -> Champion:
             model = _load_pickled_model(local)
             with open(os.path.join(local, "extra_files", STATS_FILE)) as fh:
                 stats = FeatureStats.from_json(fh.read())
+            guard, calibration = _read_extra(local, GUARD_FILE, DomainGuard), _read_extra(local, CALIBRATION_FILE, Calibration)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         # The alias may have moved while downloading: keep only a consistent (version, files) pair.
         if _alias_version(client, name, CHAMPION) == str(mv.version):
-            return Champion(model=model, stats=stats, name=name, version=str(mv.version), run_id=mv.run_id)
+            return Champion(model=model, stats=stats, name=name, version=str(mv.version), run_id=mv.run_id,
+                            guard=guard, calibration=calibration)
     raise RuntimeError(f"{uri} kept moving while loading it")
+
+
+def _read_extra(local: str, fname: str, cls):
+    """An extra file of the downloaded model parsed by `cls.from_json`, or None when absent
+    (versions logged before the guard and the calibration)."""
+    path = os.path.join(local, "extra_files", fname)
+    if not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        return cls.from_json(fh.read())
 
 
 def _load_pickled_model(local: str):

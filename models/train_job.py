@@ -8,9 +8,15 @@ the training nodes only, per-node accuracy on the held-out nodes with the §5.1 
 nodes where either type has less than `model.evaluate.min_class_share` of the rows.
 The groups are computed for this run (not written): gold.prefix_groups is keyed by window, and
 groups of a node subset under that key would pass for the whole window's.
+
+With the model go (models/ood.py, registered in the same MLflow model): the out-of-domain guard,
+fitted on every training row (standardized), and the temperature, fitted on `infer.calibration_share`
+of the training rows' (node, /24) paths, held out of the fit (`calibration_split`) — never on the
+held-out nodes, which only score the model.
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import replace
@@ -24,11 +30,25 @@ from features.scaling import window_stats
 from models import registry
 from models.crossnode import cross_node_split, per_node, summary
 from models.dataset import window_name
-from models.train import VARIANTS, TrainParams, fit
+from models.ood import fit_calibration, fit_guard
+from models.train import VARIANTS, TrainData, TrainParams, fit
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow.
 
 log = logging.getLogger(__name__)
 
+
+def calibration_split(data: TrainData, share: float, seed: int) -> tuple[TrainData, np.ndarray]:
+    """(the rows to train on, the mask of the rows held out for calibration): `share` of the
+    (node, /24) paths (`data.prefix`), drawn with `seed` — whole paths, so the temperature is
+    fitted on prefixes the model has not seen. share 0, or fewer than two paths: nothing held out."""
+    paths = np.unique(data.prefix)
+    k = int(round(share * len(paths)))
+    if k <= 0 or len(paths) < 2:
+        return data, np.zeros(len(data.y), dtype=bool)
+    held = np.random.default_rng(seed + 7919).choice(paths, size=min(k, len(paths) - 1), replace=False)
+    mask = np.isin(data.prefix, held)
+    keep = ~mask
+    return TrainData(data.x[keep], data.y[keep], data.prefix[keep], data.group[keep], data.n_groups), mask
 
 
 def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: float | None = None,
@@ -60,10 +80,18 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
     cell_share = pd.Series(te.y == 0).groupby(te.node).mean()
     included = {str(n): bool(mcs <= c <= 1 - mcs) for n, c in cell_share.items()}
 
+    ip = cfg.settings.infer
+    fit_data, calib_mask = calibration_split(data, ip.calibration_share if ip.calibrate else 0.0, seed)
     with registry.training_run(cfg, run_name=f"{variant} {window}"):
         t1 = time.time()
-        trainer = fit(params, data, on_epoch=registry.epoch_logger())
+        trainer = fit(params, fit_data, on_epoch=registry.epoch_logger())
         train_s = time.time() - t1
+        guard = fit_guard(tr.x, stats.features, ip.ood_quantile, ip.ood_method, ip.ood_margin)
+        calibration = (fit_calibration(trainer.predict_proba(data.x[calib_mask]), data.y[calib_mask],
+                                       rows=f"{int(calib_mask.sum())} training rows on {ip.calibration_share:.0%} "
+                                            "of the training nodes' (node, /24) paths, not trained on",
+                                       min_temperature=ip.calibration_min_temperature)
+                       if calib_mask.any() else None)
         pn = per_node(te.y, trainer.predict_proba(te.x), te.node)
         pn["included"] = pn["node_id"].map(included).fillna(False).astype(bool)
         summ = summary(pn[pn["included"]])
@@ -71,7 +99,9 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
         run_id, version = registry.log_training(
             cfg, params, trainer, stats, pn, summ, window=window, train_nodes=train_nodes,
             test_nodes=test_nodes, input_example=te.x[:5] if len(te) else None,
-            extra_params={"share": share, "n_train": len(tr), "n_test": len(te),
+            guard=guard, calibration=calibration,
+            extra_params={"share": share, "n_train": len(tr), "n_test": len(te), "n_calibration": int(calib_mask.sum()),
+                          "ood_method": guard.method, "ood_margin": guard.margin,
                           "k_4g": data.n_groups[0], "k_wifi": data.n_groups[1],
                           "groups_chosen_by": ",".join(sorted({str(i.get("chosen_by")) for i in
                                                                 groups_info["types"].values()}))},
@@ -89,7 +119,9 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
         "excluded_nodes": sorted(n for n, ok in included.items() if not ok),
         "feature_stats": {"path": stats_path, "fitted_now": fitted}, "groups": groups_info,
         "params": params.to_dict(), "per_node": pn.replace({np.nan: None}).to_dict(orient="records"),
-        "train_seconds": round(train_s, 1)}
+        "train_seconds": round(train_s, 1), "ood_threshold": guard.threshold,
+        "temperature": calibration.temperature if calibration else 1.0,
+        "calibration": json.loads(calibration.to_json()) if calibration else None}
     if gate:
         out["gate"] = registry.gate(cfg, version, summ)
         say(f"gate: {'passed → @challenger' if out['gate']['passed'] else 'failed: ' + '; '.join(out['gate']['reasons'])}")

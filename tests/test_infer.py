@@ -1,7 +1,8 @@
 """`ccs infer`: the ALICCS §4.2 decision on hand-made boundary rows (whole frames), and the job
 end to end on a copy of the small lake with a real registered champion: gold.predictions has
 exactly PREDICTION_COLS, one row per silver connection, probabilities equal to a direct torch
-computation, the fallback rule applied, and a re-run replaces rather than appends."""
+computation calibrated with the champion's temperature, the out-of-domain guard and the fallback
+rule applied, and a re-run replaces rather than appends."""
 from __future__ import annotations
 
 import json
@@ -56,11 +57,13 @@ def test_standardize_matches_spark_scaling(spark):
 
 @pytest.fixture(scope="module")
 def lake_with_champion(tmp_path_factory, spark, small_lake):
-    """A writable copy of the small lake with a champion trained on its labelled rows."""
+    """A writable copy of the small lake with a champion trained on its labelled rows, registered
+    with its out-of-domain guard and a temperature (models/ood.py)."""
     from features import scaling
     from models import registry
     from models.crossnode import per_node, summary
     from models.dataset import load_labelled, to_train_data
+    from models.ood import fit_calibration, fit_guard
     from models.train import TrainParams, fit
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("infer_lake"))
     cfg = lake.cfg()
@@ -70,8 +73,10 @@ def lake_with_champion(tmp_path_factory, spark, small_lake):
     params = TrainParams(variant="mlp", epochs=8, seed=0, device="cpu")  # enough to leave both decisions
     trainer = fit(params, data)
     pn = per_node(lab.y, trainer.predict_proba(lab.x), lab.node)
+    guard = fit_guard(lab.x, stats.features)
+    calibration = fit_calibration(trainer.predict_proba(lab.x), lab.y)
     _, version = registry.log_training(cfg, params, trainer, stats, pn, summary(pn), window=lake.window,
-                                       train_nodes=sorted(set(lab.node)))
+                                       train_nodes=sorted(set(lab.node)), guard=guard, calibration=calibration)
     # The gate is not what this module tests: pass it whatever this quick model scores.
     loose = type(cfg)(path=cfg.path, raw={**cfg.raw, "model": {**cfg.raw.get("model", {}), "gate": {
         "min_mean_accuracy": 0.0, "min_worst_accuracy": 0.0, "max_drop_vs_champion": 1.0}}})
@@ -94,6 +99,7 @@ def test_ccs_infer_writes_predictions(spark, lake_with_champion):
     from ccselect.lake import connections_in
     from features.scaling import transform
     from models import registry
+    from models.ood import calibrate
     lake, cfg, version = lake_with_champion
     runner = CliRunner()
     args = ["infer", "--hours", f"{lake.lo}..{lake.hi}", "--json", "--config", str(lake.cfg_path)]
@@ -111,29 +117,35 @@ def test_ccs_infer_writes_predictions(spark, lake_with_champion):
     assertDataFrameEqual(pred.select(*keys), silver.select(*keys))
     assert pred.select("conn_id", "node_id", "hour").distinct().count() == n_silver
 
-    # probabilities equal a direct torch computation over Spark-standardized features
+    # probabilities equal a direct torch computation over Spark-standardized features, calibrated
     champ = registry.load_champion(cfg)
     assert champ.version == version == out["model_version"]
+    assert champ.guard is not None and champ.temperature == out["temperature"]
     sample = transform(silver.orderBy("conn_id").limit(200), champ.stats).select("conn_id", "features").toPandas()
     with torch.no_grad():
         direct = champ.model(torch.as_tensor(np.stack(sample["features"]).astype(np.float32)))[:, 1].double().numpy()
     got = pred.where(F.col("conn_id").isin(sample["conn_id"].tolist())).select("conn_id", "p_wifi").toPandas()
     got = got.set_index("conn_id").loc[sample["conn_id"], "p_wifi"].to_numpy()
-    np.testing.assert_allclose(got, direct, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, calibrate(direct, champ.temperature), rtol=1e-5, atol=1e-6)
 
-    # the fallback rule over every row, and the constants
+    # the guard and the fallback rule over every row, and the constants
     p = cfg.settings.infer
-    pdf = pred.select("p_wifi", "p_cell", "pred_net_type", "decision", "cc", "default_cc", "model_name",
+    z = transform(silver, champ.stats).select("conn_id", "node_id", "features").toPandas()
+    flags = dict(zip(zip(z["conn_id"], z["node_id"]),
+                     champ.guard.flags(np.stack(z["features"]).astype(np.float32), p.ood_quantile)))
+    pdf = pred.select("conn_id", "node_id", "p_wifi", "p_cell", "pred_net_type", "decision", "cc", "default_cc", "model_name",
                       "model_version").toPandas()
+    ood = np.array([flags[k] for k in zip(pdf["conn_id"], pdf["node_id"])], dtype=bool)
     wifi = pdf["p_wifi"] >= 0.5
-    trusted = np.where(wifi, pdf["p_wifi"] >= p.wifi_threshold, pdf["p_cell"] >= p.cell_threshold)
+    trusted = np.where(wifi, pdf["p_wifi"] >= p.wifi_threshold, pdf["p_cell"] >= p.cell_threshold) & ~ood
     expect = pd.DataFrame({
         "p_cell": 1.0 - pdf["p_wifi"], "pred_net_type": np.where(wifi, "wifi", "cell"),
-        "decision": np.where(trusted, "model", "fallback"),
+        "decision": np.where(ood, "ood", np.where(trusted, "model", "fallback")),
         "cc": np.where(trusted, np.where(wifi, p.wifi_cc, p.cell_cc), p.default_cc),
         "default_cc": p.default_cc, "model_name": champ.name, "model_version": version})
     pd.testing.assert_frame_equal(pdf[expect.columns], expect, check_dtype=False)
-    assert set(pdf["decision"]) == {"model", "fallback"}, "the quick model should leave some rows untrusted"
+    assert {"model", "fallback"} <= set(pdf["decision"]), "the quick model should leave some rows untrusted"
+    assert out["ood_share"] == pytest.approx(ood.mean()) and ood.mean() <= 0.05
     assert out["decisions"] == {f"{d}/{c}": int(n) for (d, c), n in pdf.groupby(["decision", "cc"]).size().items()}
 
     # idempotent: a second run replaces the same partitions (same rows, no duplicates)

@@ -172,6 +172,7 @@ def test_load_champion_follows_the_alias(tmp_path, tiny):
     champ = registry.load_champion(cfg)
     assert (champ.version, champ.name, champ.stats) == ("1", registry.model_name(cfg), stats)
     assert type(champ.model).__name__ == "NetTypeModel" and not champ.model.training
+    assert champ.guard is None and champ.calibration is None and champ.temperature == 1.0   # logged without them
     with torch.no_grad():
         torch.testing.assert_close(champ.model(x), models[0].eval()(x))
     registry.promote(cfg, "2")
@@ -207,8 +208,19 @@ def test_ccs_train_and_promote_on_the_small_lake(tmp_path, spark, small_lake):
     client = registry.configure(cfg)
     assert [m.step for m in client.get_metric_history(out["run_id"], "ce")] == [0, 1]
     assert client.get_run(out["run_id"]).data.metrics["heldout_mean_accuracy"] == pytest.approx(s["mean"])
-    # the held-out per-node table is reproducible from the registered model and its logged scaler
+    # the out-of-domain guard and the temperature (models/ood.py) travel inside the registered model
+    import os
+
     import mlflow
+
+    from models.ood import Calibration, DomainGuard
+    local = mlflow.artifacts.download_artifacts(f"models:/{registry.model_name(cfg)}/{out['version']}",
+                                                dst_path=str(tmp_path / "model"))
+    guard = DomainGuard.from_json(open(os.path.join(local, "extra_files", registry.GUARD_FILE)).read())
+    calibration = Calibration.from_json(open(os.path.join(local, "extra_files", registry.CALIBRATION_FILE)).read())
+    assert guard.threshold == pytest.approx(out["ood_threshold"]) and guard.quantile == cfg.settings.infer.ood_quantile
+    assert calibration.temperature == pytest.approx(out["temperature"]) and calibration.n == out["calibration"]["n"] > 0
+    # the held-out per-node table is reproducible from the registered model and its logged scaler
     import torch
 
     from features.scaling import FeatureStats
@@ -225,6 +237,7 @@ def test_ccs_train_and_promote_on_the_small_lake(tmp_path, spark, small_lake):
         assert runner.invoke(app, ["promote", "--config", str(lake.cfg_path)]).exit_code == 0
         champ = registry.load_champion(cfg)
         assert champ.version == out["version"]
+        assert champ.guard == guard and champ.calibration == calibration
     else:
         res = runner.invoke(app, ["promote", "--version", out["version"], "--config", str(lake.cfg_path)])
         assert res.exit_code == 1 and "did not pass the gate" in res.output

@@ -11,8 +11,10 @@ tiers.
 Purity is request-weighted here (the paper counts addresses): purity = weight of the majority CC /
 weight of the prefix, where a connection weighs its request count (a connection with none weighs
 1, so that every decision counts). Ties go to the CC whose name sorts last, in both versions below.
-Only decisions with `decision == "model"` become entries; fallbacks do not (the edge's default
-applies to them anyway), but they count in the coverage.
+Only decisions with `decision == "model"` become entries; fallbacks and out-of-domain rows
+(`decision == "ood"`, models/ood.py) do not (the edge's default applies to them anyway), but they
+count in the coverage, and the manifest gives each one's request-weighted share
+(`fallback_share`, `ood_share`).
 
 Two implementations of the same aggregation:
 - `reference_aggregate(rows, settings)`: plain Python over (ip, cc, requests) rows; the property
@@ -373,10 +375,12 @@ def table_metrics(decisions, entries: list[tf.Entry], n_aggregated: list[Aggrega
     """Coverage, agreement and memory saving of a table over the predictions it was built from
     (as `address_decisions(preds)`).
 
-    coverage: request-weighted share of all decisions (model and fallback) whose address has an
+    coverage: request-weighted share of all decisions (model, fallback, ood) whose address has an
       entry. agreement: request-weighted share of model decisions whose CC equals the table's
       (per connection). agreement_ip_majority: request-weighted share of model-decided addresses
       whose majority CC equals the table's. memory_saving: model-decided client addresses per entry.
+    weight_<decision> and <decision>_share (fallback, ood): request weight of the decisions of
+      that kind and its share of all.
     """
     aw = lpm(address_weights(decisions), entries, "t")
     s = aw.agg(F.sum("w_all").alias("w_all"), F.sum("w_model").alias("w_model"),
@@ -384,6 +388,8 @@ def table_metrics(decisions, entries: list[tf.Entry], n_aggregated: list[Aggrega
                F.sum(F.when(F.col("t_cc") == F.col("major_cc"), F.col("w_model")).otherwise(0)).alias("agree_ip"),
                F.sum(F.when(F.col("w_model") > 0, 1).otherwise(0)).alias("n_ips_model"),
                F.count(F.lit(1)).alias("n_ips")).first()
+    by_decision = {r["decision"]: int(r["w"] or 0)
+                   for r in decisions.groupBy("decision").agg(F.sum("w").alias("w")).collect()}
     w_all, w_model = int(s["w_all"] or 0), int(s["w_model"] or 0)
     top = sum(a.top_weight for a in n_aggregated)
     n = max(len(entries), 1)
@@ -396,6 +402,8 @@ def table_metrics(decisions, entries: list[tf.Entry], n_aggregated: list[Aggrega
         "memory_saving": int(s["n_ips_model"] or 0) / n,
         "weight_model": w_model,
         "weight_all": w_all,
+        **{f"weight_{d}": by_decision.get(d, 0) for d in ("fallback", "ood")},
+        **{f"{d}_share": (by_decision.get(d, 0) / w_all) if w_all else 0.0 for d in ("fallback", "ood")},
     }
 
 
@@ -522,6 +530,7 @@ def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None
         "coverage": round(metrics["coverage"], 6), "agreement": round(metrics["agreement"], 6),
         "agreement_ip_majority": round(metrics["agreement_ip_majority"], 6),
         "memory_saving": round(metrics["memory_saving"], 3),
+        "fallback_share": round(metrics["fallback_share"], 6), "ood_share": round(metrics["ood_share"], 6),
         "client_ips": metrics["client_ips_model"], "entries_total": len(entries),
         "low_purity_last_level": sum(1 for a in aggs if not a.passed), "autoplex": caps,
     }
