@@ -150,15 +150,15 @@ FIELD_DOCS: dict[str, dict[str, tuple[str, str, str]]] = {
                     "(`bpf_get_socket_cookie` at PASSIVE_ESTABLISHED); any id unique per node and boot will do"),
         "node_id": ("text", "the edge node; must equal the `<node_id>` folder of the file",
                     "agent: config `node_id` (default: the hostname)"),
-        "ts_start_ms": ("ms since the Unix epoch (UTC)", "when the connection was established; must lie in the file's hour",
+        "ts_start_ms": ("ms since the Unix epoch (UTC)", "when the connection was established; at most a day (the longest "
+                        "duration_us) before the file's hour: a connection open across the hour boundary began earlier",
                         "agent: `bpf_ktime_get_boot_ns()` at PASSIVE_ESTABLISHED, turned into wall-clock time when "
                         "drained; elsewhere: accept() time. Not seconds (`$msec` is seconds.ms)"),
-        "ts_end_ms": ("ms since the Unix epoch (UTC)", "when the connection closed; must lie in the file's hour and "
-                      "not before ts_start_ms",
-                      "agent: boot clock at TCP_CLOSE; the agent files a record by the UTC hour of ts_end_ms, so a "
-                      "connection open across an hour boundary is quarantined `out_of_hour` (its ts_start_ms is "
-                      "in the previous hour)"),
-        "client_ip": ("IPv4 or IPv6 text", "the client address (an IPv4-mapped `::ffff:a.b.c.d` peer is written as IPv4)",
+        "ts_end_ms": ("ms since the Unix epoch (UTC)", "when the connection closed; must lie in the file's hour (a "
+                      "record belongs to the hour it closed in) and not before ts_start_ms",
+                      "agent: boot clock at TCP_CLOSE; the agent files a record by the UTC hour of ts_end_ms"),
+        "client_ip": ("IPv4 or IPv6 text", "the client address; an IPv4-mapped `::ffff:a.b.c.d` (a dual-stack listener's IPv4 "
+                      "peer) is read as a.b.c.d everywhere (prefixes, A/B bucket, joins, table entries)",
                       "agent: `remote_ip4`/`remote_ip6` of the socket, `inet_ntop`; zone ids are refused"),
         "client_port": ("port", "the client's TCP port", "agent: `remote_port` of the socket"),
         "server_port": ("port", "the local (served) port", "agent: `local_port`; only ports in the config's `services` are logged"),
@@ -220,7 +220,7 @@ FIELD_DOCS: dict[str, dict[str, tuple[str, str, str]]] = {
         "node_id": ("text", "the edge node; must equal the file's node folder", "nginx `$hostname`"),
         "ts_ms": ("ms since the Unix epoch (UTC)", "when the request was logged; must lie in the file's hour",
                   "nginx `$msec` is seconds with 3 decimals: × 1000 (the nginx format is read as such)"),
-        "client_ip": ("IPv4 or IPv6 text", "the client address", "nginx `$remote_addr`"),
+        "client_ip": ("IPv4 or IPv6 text", "the client address (`::ffff:a.b.c.d` is read as a.b.c.d)", "nginx `$remote_addr`"),
         "service": ("text", "the service of the request (e.g. video, other)", "nginx: a `map $uri $ccs_service`"),
         "status": ("HTTP status 100–599", "the response status", "nginx `$status`"),
         "bytes_sent": ("bytes", "response body bytes", "nginx `$body_bytes_sent`"),
@@ -252,8 +252,9 @@ def render_markdown() -> str:
            "`ccs contract --markdown`; do not edit by hand. The layout, the streams and the quarantine "
            "rules: `docs/architecture.md` \"Inputs\" and `jobs/README.md`. Check logs against it with "
            "`ccs validate DIR`.", "",
-           "Files: `<root>/<stream>/<node_id>/<YYYY-MM-DDTHH>.jsonl`, one JSON object a line, every "
-           "timestamp inside the file's UTC hour. Integers are JSON integers (int64; no `1.5`, `1e3`, "
+           "Files: `<root>/<stream>/<node_id>/<YYYY-MM-DDTHH>.jsonl` (or `.jsonl.gz`), UTF-8 (a leading "
+           "byte order mark is ignored), one JSON object a line, each key once, every timestamp inside the "
+           "file's UTC hour except a connection's `ts_start_ms` (it belongs to the hour it closed in). Integers are JSON integers (int64; no `1.5`, `1e3`, "
            "`\"5\"`). Units are in the suffix: `_us` microseconds, `_ms` milliseconds, `_bytes`, `_segs`, "
            "`_bps` bits per second.", "",
            "The transport log's source column names what the eBPF program (`export/edge/ccs.bpf.c`) "

@@ -2,6 +2,8 @@
 
 `with_ip(df, col)` adds a struct:
   family      4 or 6 (null when the text is not an address)
+  text        the canonical text: an IPv4-mapped IPv6 address (`::ffff:a.b.c.d`, what a dual-stack
+              listener logs for an IPv4 client) as its dotted quad; any other address as written
   packed      the address's network-order bytes (4 or 16) — what CRC32 is taken over
   hex         those bytes as lowercase hex (8 or 32 characters)
   v4_int      IPv4 as an unsigned 32-bit integer (bigint), null for IPv6
@@ -11,6 +13,11 @@
 `ab_bucket` is CRC32 (IEEE, as zlib.crc32) of `packed`; odd = treatment (ALICCS Appendix A).
 The forms accepted are the ones `ipaddress.ip_address` accepts, minus IPv6 zone ids: IPv4 dotted
 quads without leading zeros, IPv6 with at most one `::` and an optional dotted-quad tail.
+
+One address form from ingest to the kernel: an IPv4-mapped address (`::ffff:0:0/96`) *is* its
+IPv4 address — family 4, four packed bytes (so the A/B bucket is the CRC32 the kernel takes over
+4 bytes), IPv4 prefixes, and the dotted quad as `text` (so joins by address meet the access log's
+plain form). The table's address-space rule says the same (export/edge/README.md).
 """
 from __future__ import annotations
 
@@ -19,6 +26,10 @@ from pyspark.sql import Column, DataFrame, functions as F
 _OCTET = r"(0|[1-9][0-9]{0,2})"
 _V4 = rf"^{_OCTET}(\.{_OCTET}){{3}}$"
 _HEXGROUP = r"^[0-9a-f]{1,4}$"
+#: the first 96 bits of an IPv4-mapped IPv6 address (RFC 4291 §2.5.5.2), as 24 hex digits
+_MAPPED = "00000000000000000000ffff"
+
+
 def _empty() -> Column:
     return F.array().cast("array<string>")
 
@@ -67,11 +78,20 @@ def with_ip(df: DataFrame, text: str | Column, out: str = "ip") -> DataFrame:
           .withColumn("_ip_6", F.when(F.forall(c("_ip_g"), lambda g: g.rlike(_HEXGROUP)),
                                       F.concat_ws("", F.transform(c("_ip_g"), lambda g: F.lpad(g, 4, "0")))))
           .withColumn("_ip_6", F.when(c("_ip_v4").isNull(), c("_ip_6")))
+          # ::ffff:a.b.c.d is the IPv4 address a.b.c.d (module docstring)
+          .withColumn("_ip_m", F.when(F.substring(c("_ip_6"), 1, 24) == _MAPPED,
+                                      F.conv(F.substring(c("_ip_6"), 25, 8), 16, 10).cast("bigint")))
+          .withColumn("_ip_o", F.coalesce(c("_ip_o"), F.when(c("_ip_m").isNotNull(), F.array(
+              *[F.shiftright(c("_ip_m"), s) % 256 for s in (24, 16, 8, 0)]))))
+          .withColumn("_ip_v4", F.coalesce(c("_ip_v4"), c("_ip_m")))
+          .withColumn("_ip_6", F.when(c("_ip_m").isNull(), c("_ip_6")))
           .withColumn("_ip_hex", F.coalesce(F.lpad(F.lower(F.hex(c("_ip_v4"))), 8, "0"), c("_ip_6"))))
     o = c("_ip_o")
     is_v4, is_v6 = c("_ip_v4").isNotNull(), c("_ip_6").isNotNull()
     ip = F.struct(
         F.when(is_v4, F.lit(4)).when(is_v6, F.lit(6)).alias("family"),
+        F.when(c("_ip_m").isNotNull(), F.concat_ws(".", o[0], o[1], o[2], o[3]))
+         .when(is_v4 | is_v6, c("_ip_t")).alias("text"),
         F.unhex(c("_ip_hex")).alias("packed"),
         c("_ip_hex").alias("hex"),
         c("_ip_v4").alias("v4_int"),

@@ -67,6 +67,19 @@ class AirflowSettings(_Section):
 
 
 @dataclass(frozen=True)
+class IngestSettings(_Section):
+    """`ingest:` what ingest accepts (jobs/parse.py). `missing_features`: a transport record
+    missing some of the Table 4 features (older kernels do not report the send window) is
+    `quarantine`d naming every missing field, or, with `impute`, accepted with them null and
+    listed in silver's `imputed` (training leaves such rows out; inference uses the training mean)."""
+    missing_features: str = "quarantine"
+
+    def __post_init__(self):
+        if self.missing_features not in ("quarantine", "impute"):
+            raise ValueError(f"ingest.missing_features must be quarantine or impute, not {self.missing_features!r}")
+
+
+@dataclass(frozen=True)
 class SimulateSettings(_Section):
     """`simulate:` the fleet `make run` simulates (sim/params.py SimParams holds every other
     simulator knob)."""
@@ -418,6 +431,7 @@ class Settings:
     export: ExportSettings
     pipeline: PipelineSettings
     emulate: EmulateSettings = field(default_factory=EmulateSettings)
+    ingest: IngestSettings = field(default_factory=IngestSettings)
     infer: InferSettings = field(default_factory=InferSettings)
     distill: DistillSettings = field(default_factory=DistillSettings)
     diagnose: DiagnoseSettings = field(default_factory=DiagnoseSettings)

@@ -20,8 +20,11 @@ def net_type_label(net_type: Column) -> Column:
 def training_set(connections: DataFrame, cellular_share: float | None = 0.5, seed: int = 7) -> DataFrame:
     """Labelled connections with `label`; when `cellular_share` is set, the larger class is
     downsampled (the rows with the smallest xxhash64(conn_id, seed) are kept) so that class 0
-    makes up that share (as close as whole rows allow)."""
+    makes up that share (as close as whole rows allow). A connection with imputed features
+    (silver's `imputed`, ingest.missing_features: impute) teaches nothing about them: left out."""
     lab = connections.filter(F.col("net_type").isNotNull()).withColumn("label", net_type_label(F.col("net_type")))
+    if "imputed" in connections.columns:      # silver written before the column: no imputed rows
+        lab = lab.filter(F.coalesce(F.size("imputed") == 0, F.lit(True)))
     lab = lab.filter(F.col("label").isNotNull())
     if cellular_share is None:
         return lab

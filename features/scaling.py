@@ -37,8 +37,10 @@ class FeatureStats:
 
 
 def _log1p(c: str):
-    # Clip at 0: every feature is a non-negative counter or duration by contract.
-    return F.log1p(F.greatest(F.col(c).cast("double"), F.lit(0.0)))
+    # Clip at 0: every feature is a non-negative counter or duration by contract. A missing
+    # (imputed) feature stays null (`greatest` would make it 0): fit skips it, transform imputes.
+    x = F.col(c).cast("double")
+    return F.when(x.isNotNull(), F.log1p(F.greatest(x, F.lit(0.0))))
 
 
 def fit(df: DataFrame, window: str, features: tuple[str, ...] = FEATURES) -> FeatureStats:
@@ -53,10 +55,12 @@ def fit(df: DataFrame, window: str, features: tuple[str, ...] = FEATURES) -> Fea
 
 
 def transform(df: DataFrame, stats: FeatureStats, prefix: str = "z_") -> DataFrame:
-    """Add `z_<feature>` = (log1p(x) - mean) / std (std 0 → 1) and `features` (array, model order)."""
+    """Add `z_<feature>` = (log1p(x) - mean) / std (std 0 → 1) and `features` (array, model order).
+    A missing (imputed) feature is the training mean: z = 0 (silver's `imputed` names it)."""
     cols = []
     for f, m, s in zip(stats.features, stats.mean, stats.std):
-        cols.append(((_log1p(f) - F.lit(m)) / F.lit(s if s > 0 and math.isfinite(s) else 1.0)).alias(prefix + f))
+        z = (_log1p(f) - F.lit(m)) / F.lit(s if s > 0 and math.isfinite(s) else 1.0)
+        cols.append(F.coalesce(z, F.lit(0.0)).alias(prefix + f))
     out = df.select("*", *cols)
     return out.withColumn("features", F.array(*[F.col(prefix + f) for f in stats.features]))
 

@@ -16,8 +16,8 @@ from ccselect.config import Config
 from ccselect.contract import STREAMS
 from ccselect.lake import table_path
 from jobs import silver as silver_job
-from jobs.parse import parse
-from jobs.sources import SourceFile, discover, read_lines
+from jobs.parse import imputable, parse
+from jobs.sources import SourceFile, discover_all, read_lines
 
 BRONZE_COLS = ("stream", "node_id", "hour", "source_file", "line_no", "raw", "ingest_time", "status",
                "reason", "record")
@@ -33,9 +33,10 @@ AUDIT_CONSTRAINTS = {
 
 # ---- transforms ---------------------------------------------------------------------------------
 
-def to_bronze(lines: DataFrame, stream: str, ingest_time: datetime) -> DataFrame:
-    """Lines of one stream → bronze rows (raw line, provenance, status, reason, typed record)."""
-    return parse(lines, stream).withColumn("ingest_time", F.lit(ingest_time)).select(*BRONZE_COLS)
+def to_bronze(lines: DataFrame, stream: str, ingest_time: datetime, impute: tuple[str, ...] = ()) -> DataFrame:
+    """Lines of one stream → bronze rows (raw line, provenance, status, reason, typed record);
+    `impute`: the fields a record may miss (jobs.parse.imputable)."""
+    return parse(lines, stream, impute).withColumn("ingest_time", F.lit(ingest_time)).select(*BRONZE_COLS)
 
 
 def to_quarantine(bronze: DataFrame) -> DataFrame:
@@ -98,7 +99,8 @@ def ingest_bronze(spark: SparkSession, cfg: Config, files: list[SourceFile],
         if not sfiles:
             continue
         keys = {(f.node_id, f.hour) for f in sfiles}
-        bronze = to_bronze(read_lines(spark, sfiles), stream, ingest_time)
+        impute = imputable(cfg.settings.ingest.missing_features, stream)
+        bronze = to_bronze(read_lines(spark, sfiles), stream, ingest_time, impute)
         delta_io.replace_partitions(bronze, table_path(cfg, f"bronze.{stream}"), keys,
                                     properties=BRONZE_PROPERTIES)
         keys_by_stream[stream] = keys
@@ -142,11 +144,13 @@ def summarize(audit: DataFrame) -> dict:
 def run(spark: SparkSession, cfg: Config, input_dir: str, hours: tuple[str, str] | None = None,
         silver: bool = True) -> dict:
     """The whole ingest for every node-hour file under `input_dir` (optionally an hour range)."""
-    files = discover(input_dir, hours)
+    files, skipped = discover_all(input_dir, hours)
     if not files:
-        raise FileNotFoundError(f"no node-hour files under {input_dir}" + (f" for hours {hours}" if hours else ""))
+        raise FileNotFoundError(f"no node-hour files under {input_dir}" + (f" for hours {hours}" if hours else "")
+                                + "".join(f"; not read: {s.path} ({s.why})" for s in skipped[:5]))
     result = {"input": input_dir, "files": len(files),
               "partitions": len({(f.node_id, f.hour) for f in files}),
+              "skipped": [{"path": s.path, "why": s.why} for s in skipped],
               "streams": ingest_bronze(spark, cfg, files)}
     if silver:
         keys = {(f.node_id, f.hour) for f in files if f.stream == "transport"}

@@ -6,18 +6,32 @@ line_no, raw). Output adds `record` (a struct of the contract's fields, typed), 
 (`ok` / `quarantined`) and `reason`.
 
 Reasons, in the order they are checked:
-  bad_json, bad_nginx_line                 the line is not one record
-  missing_key:<f>                          a required field is absent or null
+  bad_json, bad_nginx_line                 the line is not one record (a key repeated in the
+                                           object is `bad_json`: which value counts is unknowable)
+  missing_key:<f>[,<f>...]                 required fields absent or null, every one named
   wrong_type:<f>                           a field has the wrong JSON type (incl. non-int64 numbers)
+                                           (of these two, the first field in contract order decides)
   node_mismatch                            node_id differs from the file's node folder
   bad_ip                                   client_ip is not an IPv4/IPv6 address
   unknown_cc, unknown_decision, unknown_net_type
   mss_out_of_range                         MSS outside 88..65535
   negative_rtt, absurd_rtt                 an RTT-like field below 0 or above its contract maximum
   out_of_range:<f>                         any other field outside contract.RANGES (or >= 0 rules)
-  out_of_hour                              a timestamp outside the file's UTC hour
+  out_of_hour                              a timestamp outside the file's UTC hour; a transport
+                                           record belongs to the hour it closed in (`ts_end_ms`),
+                                           as the agent files it, and may have started up to
+                                           a day (the contract's longest connection) before
   bad_time_order                           ts_end_ms before ts_start_ms
   duplicate_conn_id, duplicate_session_id  a repeat within the file (the first one is kept)
+
+A UTF-8 byte order mark at the start of a line (what some Windows tools put at the top of a file)
+is not part of the record: RFC 8259 §8.1 lets a parser ignore it, and parse does; `raw` keeps it.
+
+Missing model features: with `impute` (the fields `ingest.missing_features: impute` allows, the
+Table 4 features; jobs.parse.imputable), a record whose only missing fields are among them is
+accepted with those fields null — silver lists them in `imputed`, training leaves such rows out
+and inference standardizes them to the training mean (features/scaling.py). By default nothing is
+imputable and such a record is quarantined naming every missing field.
 
 Hot path: `from_json` with the typed schema. Only a suspicious line (a required field came back
 null, or a string field looks unquoted) pays for the exact diagnosis through `try_parse_json`
@@ -27,10 +41,22 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, Window, functions as F, types as T
 
-from ccselect.contract import CCS, DECISIONS, FIELDS, NET_TYPES, NULLABLE, RANGES
+from ccselect.contract import CCS, DECISIONS, FEATURES, FIELDS, NET_TYPES, NULLABLE, RANGES
 from ccselect.ipaddr import with_ip
 
 HOUR_MS = 3_600_000
+#: a transport record may start this long before the hour it closed in (contract: duration_us ≤ a day)
+MAX_CONN_MS = RANGES["duration_us"][1] // 1000
+BOM = "\ufeff"
+#: `ingest.missing_features` → the fields a transport record may miss and still be accepted
+MISSING_POLICIES = {"quarantine": (), "impute": FEATURES}
+
+
+def imputable(policy: str, stream: str) -> tuple[str, ...]:
+    """The fields of `stream` that `ingest.missing_features: policy` lets a record miss."""
+    if policy not in MISSING_POLICIES:
+        raise ValueError(f"ingest.missing_features must be one of {sorted(MISSING_POLICIES)}, not {policy!r}")
+    return MISSING_POLICIES[policy] if stream == "transport" else ()
 RTT_FIELDS = ("min_rtt_us", "min_rtt_var_us", "max_rtt_var_us", "min_rto_us", "min_srtt_us", "max_srtt_us")
 #: Non-negative counters and durations of the access log and the QoE beacons (no upper contract
 #: range: a day is the absurd bound).
@@ -66,17 +92,30 @@ def required(stream: str) -> list[str]:
     return [k for k in FIELDS[stream] if k not in NULLABLE.get(stream, set())]
 
 
-def _json_diagnosis(raw: Column, stream: str) -> Column:
-    """Exact reason for a suspicious JSON line (null when it turns out fine)."""
+def _missing(names: list[str], is_missing) -> Column:
+    """`missing_key:<f>,<g>...` naming every field of `names` for which is_missing(f), else null."""
+    listed = F.concat_ws(",", *[F.when(is_missing(f), F.lit(f)) for f in names])
+    return F.when(listed != "", F.concat(F.lit("missing_key:"), listed))
+
+
+def _json_diagnosis(raw: Column, stream: str, impute: tuple[str, ...] = ()) -> Column:
+    """Exact reason for a suspicious JSON line (null when it turns out fine). `try_parse_json`
+    refuses a repeated key (spark.sql.variant.allowDuplicateKeys is false), so that is bad_json."""
     v = F.call_function("try_parse_json", raw)
     is_object = F.ltrim(raw).startswith("{")
+    types = {name: F.call_function("schema_of_variant", F.call_function("variant_get", v, F.lit(f"$.{name}")))
+             for name in FIELDS[stream]}
+    absent = {name: t.isNull() | (t == "VOID") for name, t in types.items()}
+    need = [n for n in FIELDS[stream] if n not in NULLABLE.get(stream, set())]
+    missing = _missing(need, lambda n: absent[n])
+    if impute:   # missing only imputable fields: accepted (null when nothing else is wrong)
+        missing = F.when(F.greatest(F.lit(False), *[absent[n] for n in need if n not in impute]), missing)
+    # the first field (contract order) with a problem says which kind; a missing one names them all
     chain = F.when(v.isNull() | ~is_object, F.lit("bad_json"))
     for name, typ in FIELDS[stream].items():
-        t = F.call_function("schema_of_variant", F.call_function("variant_get", v, F.lit(f"$.{name}")))
-        nullable = name in NULLABLE.get(stream, set())
-        if not nullable:
-            chain = chain.when(t.isNull() | (t == "VOID"), F.lit(f"missing_key:{name}"))
-        chain = chain.when(t.isNotNull() & (t != "VOID") & (t != _VARIANT_TYPE[typ]), F.lit(f"wrong_type:{name}"))
+        if name in need:
+            chain = chain.when(absent[name] & missing.isNotNull(), missing)
+        chain = chain.when(~absent[name] & (types[name] != _VARIANT_TYPE[typ]), F.lit(f"wrong_type:{name}"))
     return chain
 
 
@@ -99,10 +138,11 @@ def _range_rules(rec: Column, stream: str) -> list[tuple[Column, str]]:
     return rules
 
 
-def _first_reason(rules: list[tuple[Column, str]]) -> Column:
+def _first_reason(rules: list[tuple[Column, str | Column]]) -> Column:
     chain = None
     for cond, reason in rules:
-        chain = F.when(cond, F.lit(reason)) if chain is None else chain.when(cond, F.lit(reason))
+        value = F.lit(reason) if isinstance(reason, str) else reason
+        chain = F.when(cond, value) if chain is None else chain.when(cond, value)
     return chain
 
 
@@ -142,12 +182,19 @@ def _parse_nginx(raw: Column) -> tuple[Column, Column]:
     return F.when(ok, rec), F.when(~ok, F.lit("bad_nginx_line"))
 
 
-def parse(lines: DataFrame, stream: str) -> DataFrame:
-    """Lines of one stream → lines with `record`, `status` and `reason` (see module docstring)."""
-    raw = F.col("raw")
+def parse(lines: DataFrame, stream: str, impute: tuple[str, ...] = ()) -> DataFrame:
+    """Lines of one stream → lines with `record`, `status` and `reason` (see module docstring).
+    `impute`: the fields a record may miss and still be accepted (`imputable`)."""
+    # the record's text: `raw` without a leading byte order mark (module docstring)
+    lines = lines.withColumn("_text", F.when(F.col("raw").startswith(BOM), F.substring("raw", 2, 1 << 30))
+                             .otherwise(F.col("raw")))
+    raw = F.col("_text")
     sch = schema(stream)
     is_json = F.ltrim(raw).startswith("{")
     lines = lines.withColumn("_json", F.from_json(raw, sch))
+    # a key repeated in the object: from_json keeps the last value silently (module docstring)
+    lines = lines.withColumn("_keys", F.when(is_json, F.json_object_keys(raw)))
+    repeated = F.size("_keys") != F.size(F.array_distinct("_keys"))
     parsed = F.col("_json")
     if stream == "access":
         # Field by field, not `withField`: Spark inlines the one-reference `_json` column before it
@@ -172,16 +219,18 @@ def parse(lines: DataFrame, stream: str) -> DataFrame:
     df = lines.withColumn("record", rec)
     r = F.col("record")
     json_required = [f for f in required(stream) if not (stream == "access" and f == "conn_id")]
-    suspicious = ~is_json | F.greatest(F.lit(False), *[r[f].isNull() for f in json_required]) \
+    suspicious = ~is_json | repeated | F.greatest(F.lit(False), *[r[f].isNull() for f in json_required]) \
         | _string_fields_look_unquoted(raw, stream)
     if stream == "access":
         suspicious = suspicious | r["conn_id"].isNull()
         structural = F.when(looks_nginx, nginx_reason).when(suspicious, _json_diagnosis(raw, stream))
     else:
-        structural = F.when(suspicious, _json_diagnosis(raw, stream))
+        structural = F.when(suspicious, _json_diagnosis(raw, stream, impute))
 
     df = with_ip(df, r["client_ip"])
-    rules: list[tuple[Column, str]] = [(r[f].isNull(), f"missing_key:{f}") for f in json_required]
+    strict = [f for f in json_required if f not in impute]
+    rules: list[tuple[Column, str]] = [(F.greatest(F.lit(False), *[r[f].isNull() for f in strict]),
+                                        _missing(json_required, lambda f: r[f].isNull()))]
     if stream == "access":
         rules.append(((r["log_format"] == "json") & r["conn_id"].isNull(), "missing_key:conn_id"))
     rules.append((r["node_id"] != F.col("node_id"), "node_mismatch"))
@@ -192,8 +241,11 @@ def parse(lines: DataFrame, stream: str) -> DataFrame:
     if stream == "access":
         rules.append((r["net_type"].isNotNull() & ~r["net_type"].isin(*NET_TYPES), "unknown_net_type"))
     rules.extend(_range_rules(r, stream))
-    ts_fields = ("ts_start_ms", "ts_end_ms") if stream == "transport" else ("ts_ms",)
-    rules.append((F.greatest(F.lit(False), *[~_in_hour(r[f]) for f in ts_fields]), "out_of_hour"))
+    if stream == "transport":   # filed by the hour it closed in (module docstring)
+        rules.append((~_in_hour(r["ts_end_ms"]) | (r["ts_start_ms"] < F.col("hour_start_ms") - MAX_CONN_MS),
+                      "out_of_hour"))
+    else:
+        rules.append((~_in_hour(r["ts_ms"]), "out_of_hour"))
     if stream == "transport":
         rules.append((r["ts_end_ms"] < r["ts_start_ms"], "bad_time_order"))
     reason = F.coalesce(structural, _first_reason(rules))
@@ -204,6 +256,8 @@ def parse(lines: DataFrame, stream: str) -> DataFrame:
         first = F.row_number().over(w) == 1
         df = df.withColumn("reason", F.when(F.col("reason").isNull() & ~first,
                                             F.lit(f"duplicate_{key}")).otherwise(F.col("reason")))
+    # the record carries the canonical address (ccselect/ipaddr.py: ::ffff:a.b.c.d is a.b.c.d)
     return (df.withColumn("status", F.when(F.col("reason").isNull(), F.lit("ok")).otherwise(F.lit("quarantined")))
-            .withColumn("record", F.when(F.col("reason").isNull(), F.col("record")))
-            .drop("ip", "_json"))
+            .withColumn("record", F.when(F.col("reason").isNull(),
+                                         F.col("record").withField("client_ip", F.col("ip.text"))))
+            .drop("ip", "_json", "_keys", "_text"))

@@ -3,8 +3,13 @@ access-log label and QoE beacons, enriched with prefixes, A/B bucket and user gr
 
 extract (accepted bronze rows + the IP→ASN/region reference) → pure transforms → load
 (`replaceWhere` on (node_id, hour), Delta CHECK constraints on the table's invariants).
-Joins stay inside one (node_id, hour): a connection's requests and beacons are logged in the hour
-the connection lives in (the contract puts every timestamp in its file's hour).
+Joins stay inside one (node_id, hour): a connection belongs to the hour it closed in (the agent
+files it there; jobs/parse.py), and its requests and beacons logged in that hour's files join it.
+A connection that began in an earlier hour keeps that hour's requests in bronze, unjoined: its
+label and request totals come from its closing hour's requests.
+
+`imputed` lists the Table 4 features a record was accepted without (`ingest.missing_features:
+impute`); empty for a complete record.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from ccselect import delta_io
 from ccselect.config import Config
-from ccselect.contract import NET_TYPES, TRANSPORT_FIELDS
+from ccselect.contract import FEATURES, NET_TYPES, TRANSPORT_FIELDS
 from ccselect.ipaddr import ab_bucket, with_ip
 from ccselect.lake import table_path
 from ccselect.spark import conf_set
@@ -27,8 +32,11 @@ KEYS = ("node_id", "hour")
 #: Invariants of silver.connections, enforced by Delta on every write (few constraints: each
 #: ALTER TABLE is a commit).
 SILVER_CONSTRAINTS = {
-    "transport_ranges": "conn_id IS NOT NULL AND mss_bytes BETWEEN 88 AND 65535 AND min_rtt_us > 0 "
-                        "AND min_srtt_us > 0 AND max_srtt_us > 0 AND cc IN ('cubic', 'bbr', 'reno')",
+    # a feature may be null only as an imputed one (`imputed` names it)
+    "transport_ranges": "conn_id IS NOT NULL AND imputed IS NOT NULL AND COALESCE(mss_bytes BETWEEN 88 AND 65535, "
+                        "array_contains(imputed, 'mss_bytes')) AND COALESCE(min_rtt_us > 0, array_contains(imputed, "
+                        "'min_rtt_us')) AND COALESCE(min_srtt_us > 0, array_contains(imputed, 'min_srtt_us')) AND "
+                        "COALESCE(max_srtt_us > 0, array_contains(imputed, 'max_srtt_us')) AND cc IN ('cubic', 'bbr', 'reno')",
     "address": "ab_bucket BETWEEN 0 AND 4294967295 AND ("
                "(family = 4 AND prefix16 IS NOT NULL AND prefix24 IS NOT NULL AND prefix48 IS NULL) "
                "OR (family = 6 AND prefix48 IS NOT NULL AND prefix64 IS NOT NULL AND prefix24 IS NULL))",
@@ -127,7 +135,7 @@ def derived(df: DataFrame) -> DataFrame:
 SILVER_COLS = (
     "conn_id", *[f for f in TRANSPORT_FIELDS if f not in ("conn_id", "node_id")],
     "family", "prefix16", "prefix24", "prefix48", "prefix64", "ab_bucket", "ab_treatment", "ug_id",
-    "net_type", "label", "requests", "bytes_sent", "request_time_ms",
+    "imputed", "net_type", "label", "requests", "bytes_sent", "request_time_ms",
     "qoe_sessions", "play_ms", "rebuffer_ms", "rebuffer_count", "startup_ms", "rebuffer_rate",
     "goodput_bps", "delivery_rate_bps", "retrans_ratio", "rtt_var_norm", "node_id", "hour",
 )
@@ -141,6 +149,8 @@ def build_connections(transport: DataFrame, access: DataFrame, qoe: DataFrame, r
                  *[F.col(f"ip.{p}").alias(p) for p in ("prefix16", "prefix24", "prefix48", "prefix64")],
                  ab_bucket(F.col("ip.packed")).alias("ab_bucket")).drop("ip")
     t = t.withColumn("ab_treatment", F.col("ab_bucket") % 2 == 1)
+    t = t.withColumn("imputed", F.filter(F.array(*[F.when(F.col(f).isNull(), F.lit(f)) for f in FEATURES]),
+                                         lambda x: x.isNotNull()))
     t = with_user_group(t, reference).drop("_hex")
     sock = by_socket.select(*KEYS, "client_ip", "client_port", *[F.col(c).alias(f"_s_{c}") for c in
                                                                   ("requests", "bytes_sent", "request_time_ms", "net_type")])

@@ -1,7 +1,10 @@
 """Finding and reading the node-hour files of the data contract (extract side of ingest).
 
-Layout: `DIR/<stream>/<node_id>/<YYYY-MM-DDTHH>.jsonl`. Folders starting with `_` (the
-simulator's `_truth/`) and anything not matching that layout are never read.
+Layout: `DIR/<stream>/<node_id>/<YYYY-MM-DDTHH>.jsonl`, or `.jsonl.gz` (gzip, as log rotation
+leaves it; Spark's text source decompresses it by its name). Folders starting with `_` (the
+simulator's `_truth/`) are never read; everything else that does not match the layout is
+reported by `discover_all` with the reason it is not read — and so is a node-hour that has both
+a `.jsonl` and a `.jsonl.gz` (neither is read: which one holds the hour is not ours to guess).
 """
 from __future__ import annotations
 
@@ -15,7 +18,10 @@ from ccselect.contract import STREAMS
 from ccselect.hours import hour_start_ms
 
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_HOUR = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})\.jsonl$")
+_HOUR = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})\.jsonl(\.gz)?$")
+#: Top-level entries of an input folder that are expected and not logs (the IP→ASN/region
+#: reference silver reads, the simulator's manifest).
+EXPECTED_TOP = ("reference", "manifest.json")
 
 
 @dataclass(frozen=True, order=True)
@@ -30,27 +36,65 @@ class SourceFile:
         return hour_start_ms(self.hour)
 
 
-def discover(input_dir: str, hours: tuple[str, str] | None = None,
-             streams: tuple[str, ...] = STREAMS) -> list[SourceFile]:
-    """Every node-hour file under `input_dir`, sorted, optionally limited to an hour range."""
+@dataclass(frozen=True)
+class Skipped:
+    path: str
+    why: str
+
+
+def discover_all(input_dir: str, hours: tuple[str, str] | None = None,
+                 streams: tuple[str, ...] = STREAMS) -> tuple[list[SourceFile], list[Skipped]]:
+    """(every node-hour file under `input_dir`, sorted, optionally limited to an hour range;
+    every other entry of the folder with why it is not read). Files outside `hours` are neither:
+    they are left out on purpose."""
     found: list[SourceFile] = []
+    skipped: list[Skipped] = []
+    root = os.path.abspath(input_dir)
+    if not os.path.isdir(root):
+        return [], [Skipped(root, "not a folder")]
+    for top in sorted(os.listdir(root)):
+        if top.startswith("_") or top in EXPECTED_TOP or top in streams:
+            continue
+        if top in STREAMS:
+            continue          # a stream not asked for
+        skipped.append(Skipped(os.path.join(root, top), f"not a stream folder ({', '.join(STREAMS)})"))
     for stream in streams:
-        sdir = os.path.join(input_dir, stream)
+        sdir = os.path.join(root, stream)
         if not os.path.isdir(sdir):
             continue
         for node in sorted(os.listdir(sdir)):
             ndir = os.path.join(sdir, node)
-            if node.startswith("_") or not _NODE.match(node) or not os.path.isdir(ndir):
+            if node.startswith("_"):
                 continue
+            if not os.path.isdir(ndir):
+                skipped.append(Skipped(ndir, "not in a <stream>/<node_id>/ folder"))
+                continue
+            if not _NODE.match(node):
+                skipped.append(Skipped(ndir, "node folder name not accepted"))
+                continue
+            by_hour: dict[str, list[str]] = {}
             for name in sorted(os.listdir(ndir)):
+                path = os.path.join(ndir, name)
                 m = _HOUR.match(name)
-                if not m:
-                    continue
-                hour = m.group(1)
-                if hours and not (hours[0] <= hour <= hours[1]):
-                    continue
-                found.append(SourceFile(stream, node, hour, os.path.abspath(os.path.join(ndir, name))))
-    return sorted(found)
+                if os.path.isdir(path):
+                    skipped.append(Skipped(path, "not in a <stream>/<node_id>/ folder"))
+                elif not m:
+                    skipped.append(Skipped(path, "file name is not <YYYY-MM-DDTHH>.jsonl or .jsonl.gz"))
+                elif not hours or hours[0] <= m.group(1) <= hours[1]:
+                    by_hour.setdefault(m.group(1), []).append(path)
+            for hour, paths in sorted(by_hour.items()):
+                if len(paths) > 1:
+                    skipped.extend(Skipped(p, f"the node-hour {hour} also has {os.path.basename(q)}")
+                                   for p in paths for q in paths if q != p)
+                else:
+                    found.append(SourceFile(stream, node, hour, paths[0]))
+    return sorted(found), skipped
+
+
+def discover(input_dir: str, hours: tuple[str, str] | None = None,
+             streams: tuple[str, ...] = STREAMS) -> list[SourceFile]:
+    """Every node-hour file under `input_dir`, sorted, optionally limited to an hour range."""
+    return discover_all(input_dir, hours, streams)[0]
 
 
 def read_lines(spark, files: list[SourceFile]):

@@ -32,9 +32,8 @@ import os
 from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
 from ccselect.contract import STREAMS
-from jobs import sources
-from jobs.parse import HOUR_MS, parse
-from jobs.sources import SourceFile, discover, read_lines
+from jobs.parse import BOM, HOUR_MS, imputable, parse
+from jobs.sources import SourceFile, discover_all, read_lines
 
 #: Example lines kept per (stream, reason), and how much of each raw line is shown.
 EXAMPLES = 3
@@ -44,63 +43,15 @@ MIN_LINES = 10
 RTT_MS_MEDIAN_US = 50
 COMMON_MSS = frozenset({536, 1220, 1240, 1260, 1280, 1300, 1320, 1340, 1360, 1380, 1400, 1410, 1420, 1428,
                         1432, 1436, 1440, 1448, 1452, 1460, 8940, 8948, 8960, 9000, 65483})
-#: Top-level entries of an input folder that are expected and not logs.
-EXPECTED_TOP = ("reference", "manifest.json")
-TS_FIELDS = {"transport": "ts_start_ms", "access": "ts_ms", "qoe": "ts_ms"}
+TS_FIELDS = {"transport": "ts_end_ms", "access": "ts_ms", "qoe": "ts_ms"}
 
 
 # ---- extract ------------------------------------------------------------------------------------
 
 def list_files(input_dir: str, hours: tuple[str, str] | None = None) -> tuple[list[SourceFile], list[dict]]:
-    """(files ingest reads, files it would not read: [{path, why}]). Uses
-    `jobs.sources.discover_all` when it exists, else `discover` plus a walk of the folder."""
-    discover_all = getattr(sources, "discover_all", None)
-    if discover_all is not None:
-        files, unknown = discover_all(input_dir, hours)
-        return list(files), [_unknown_entry(u) for u in unknown]
-    files = discover(input_dir, hours)
-    return files, _walk_unknown(input_dir, files, hours)
-
-
-def _unknown_entry(u) -> dict:
-    if isinstance(u, dict):
-        return {"path": str(u.get("path", u)), "why": str(u.get("why", u.get("reason", "not read by ingest")))}
-    if isinstance(u, (tuple, list)) and len(u) == 2:
-        return {"path": str(u[0]), "why": str(u[1])}
-    return {"path": str(getattr(u, "path", u)), "why": str(getattr(u, "why", "not read by ingest"))}
-
-
-def _walk_unknown(input_dir: str, files: list[SourceFile], hours: tuple[str, str] | None) -> list[dict]:
-    read = {f.path for f in files}
-    out: list[dict] = []
-    root = os.path.abspath(input_dir)
-    if not os.path.isdir(root):
-        return [{"path": root, "why": "not a folder"}]
-    for top in sorted(os.listdir(root)):
-        if top.startswith("_") or top in EXPECTED_TOP:
-            continue
-        tpath = os.path.join(root, top)
-        if top not in STREAMS:
-            out.append({"path": tpath, "why": f"not a stream folder ({', '.join(STREAMS)})"})
-            continue
-        for dirpath, dirnames, filenames in os.walk(tpath):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("_"))
-            depth = os.path.relpath(dirpath, tpath).count(os.sep) + (dirpath != tpath)
-            for name in sorted(filenames):
-                path = os.path.join(dirpath, name)
-                if path in read:
-                    continue
-                if depth != 1:
-                    out.append({"path": path, "why": "not in a <stream>/<node_id>/ folder"})
-                elif not sources._NODE.match(os.path.basename(dirpath)):
-                    out.append({"path": path, "why": "node folder name not accepted"})
-                elif not (m := sources._HOUR.match(name)):
-                    out.append({"path": path, "why": "file name is not <YYYY-MM-DDTHH>.jsonl"})
-                elif hours and not (hours[0] <= m.group(1) <= hours[1]):
-                    continue  # outside --hours: skipped on purpose
-                else:
-                    out.append({"path": path, "why": "not read by ingest"})
-    return out
+    """(files ingest reads, files it would not read: [{path, why}]) — ingest's own discover_all."""
+    files, skipped = discover_all(input_dir, hours)
+    return files, [{"path": u.path, "why": u.why} for u in skipped]
 
 
 # ---- transforms ---------------------------------------------------------------------------------
@@ -174,22 +125,47 @@ def suspicious_timestamps(row: dict, stream: str) -> list[dict]:
 
 # ---- the job ------------------------------------------------------------------------------------
 
+def notices(parsed: DataFrame, stream: str, impute: tuple[str, ...]) -> list[dict]:
+    """What ingest accepts but a person should know, per file: lines that begin with a UTF-8 byte
+    order mark (stripped before parsing), and accepted records with imputed (missing) features."""
+    missing = F.size(F.filter(F.array(*[F.when(F.col("record")[f].isNull(), F.lit(f)) for f in impute]),
+                              lambda x: x.isNotNull())) > 0 if impute else F.lit(False)
+    rows = (parsed.groupBy("source_file")
+            .agg(F.sum(F.col("raw").startswith(BOM).cast("int")).alias("bom"),
+                 F.sum(((F.col("status") == "ok") & missing).cast("int")).alias("imputed"))
+            .where((F.col("bom") > 0) | (F.col("imputed") > 0)).orderBy("source_file").collect())
+    out = []
+    for r in rows:
+        if r["bom"]:
+            out.append({"stream": stream, "file": r["source_file"], "check": "utf8_bom",
+                        "detail": f"{r['bom']} line(s) begin with a UTF-8 byte order mark (ignored)"})
+        if r["imputed"]:
+            out.append({"stream": stream, "file": r["source_file"], "check": "imputed_features",
+                        "detail": f"{r['imputed']} accepted record(s) miss features (ingest.missing_features: impute)"})
+    return out
+
+
 def run(spark: SparkSession, input_dir: str, hours: tuple[str, str] | None = None,
-        k: int = EXAMPLES) -> dict:
-    """Validate every file ingest would read under `input_dir`; returns the report (a dict:
-    `streams`, `files`, `examples`, `unknown_files`, `suspicious`, `problems`). Writes nothing."""
+        k: int = EXAMPLES, missing_features: str = "quarantine") -> dict:
+    """Validate every file ingest would read under `input_dir` with ingest's rules
+    (`missing_features`: the ingest.missing_features policy); returns the report (a dict:
+    `streams`, `files`, `examples`, `unknown_files`, `suspicious`, `notices`, `problems`). Writes
+    nothing."""
     files, unknown = list_files(input_dir, hours)
     report: dict = {"input": os.path.abspath(input_dir), "hours": list(hours) if hours else None,
-                    "streams": {}, "files": [], "examples": {}, "unknown_files": unknown, "suspicious": []}
+                    "streams": {}, "files": [], "examples": {}, "unknown_files": unknown, "suspicious": [],
+                    "notices": []}
     for stream in STREAMS:
         sfiles = [f for f in files if f.stream == stream]
         if not sfiles:
             continue
-        parsed = parse(read_lines(spark, sfiles), stream).select(
+        impute = imputable(missing_features, stream)
+        parsed = parse(read_lines(spark, sfiles), stream, impute).select(
             "node_id", "hour", "hour_start_ms", "source_file", "line_no", "raw", "status", "reason",
             "record").persist()
         try:
             report["files"].extend(_per_file(stream, sfiles, file_counts(parsed).collect()))
+            report["notices"].extend(notices(parsed, stream, impute))
             report["examples"][stream] = {}
             for r in examples(parsed, k).orderBy("reason", "source_file", "line_no").collect():
                 report["examples"][stream].setdefault(r["reason"], []).append(

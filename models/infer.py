@@ -54,12 +54,14 @@ def extract(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
 
 def standardize(cols: list[np.ndarray], mean, std) -> np.ndarray:
     """[N, F] float32 = (log1p(max(x, 0)) − mean) / std per feature (std 0 → 1), as
-    features.scaling.transform computes it in Spark."""
+    features.scaling.transform computes it in Spark; a missing (imputed, NaN) value is the
+    training mean, z = 0."""
     n = len(cols[0]) if cols else 0
     out = np.empty((n, len(cols)), dtype=np.float32)
     for j, (c, m, s) in enumerate(zip(cols, mean, std)):
         s = s if s > 0 and math.isfinite(s) else 1.0
-        out[:, j] = (np.log1p(np.maximum(c.astype(np.float64, copy=False), 0.0)) - m) / s
+        z = (np.log1p(np.maximum(c.astype(np.float64, copy=False), 0.0)) - m) / s
+        out[:, j] = np.where(np.isnan(z), 0.0, z)
     return out
 
 
@@ -100,9 +102,9 @@ def predict_wifi(model, x: np.ndarray, precision: str = "fp32", chunk: int = 655
 
 def score(df: DataFrame, model, stats, precision: str = "fp32", temperature: float = 1.0,
           guard=None, ood_quantile: float | None = None) -> DataFrame:
-    """Add `p_wifi` (double; null where a feature is null), calibrated with `temperature`, and
-    `ood` (boolean; null where a feature is null, false without a `guard`: the rows `guard`
-    flags at `ood_quantile`), with the model broadcast once."""
+    """Add `p_wifi` (double), calibrated with `temperature`, and `ood` (boolean, false without a
+    `guard`: the rows `guard` flags at `ood_quantile`), with the model broadcast once. A missing
+    feature (imputed at ingest, silver's `imputed`) is scored at the training mean (z = 0)."""
 
     spark = df.sparkSession
     bc = spark.sparkContext.broadcast((uuid.uuid4().hex, model_bytes(model)))
@@ -115,20 +117,13 @@ def score(df: DataFrame, model, stats, precision: str = "fp32", temperature: flo
 
     @arrow_udf("struct<p_wifi: double, ood: boolean>")
     def p_wifi(x: pa.Array) -> pa.Array:
-        cols = x.flatten()
-        null = np.zeros(len(x), dtype=bool)
-        for c in cols:
-            if c.null_count:
-                null |= c.is_null().to_numpy(zero_copy_only=False)
-        arrays = [c.to_numpy(zero_copy_only=False) for c in cols]
-        if null.any():  # nulls came out as NaN (float) or need filling before the log
-            arrays = [np.nan_to_num(a.astype(np.float64), nan=0.0) for a in arrays]
+        # a null (imputed) feature comes out as NaN, which standardize sets to the training mean
+        arrays = [c.to_numpy(zero_copy_only=False) for c in x.flatten()]
         z = standardize(arrays, mean, std)
         p = calibrate(predict_wifi(_worker_model(bc, precision, threads), z, precision), temperature)
         ood = guard.flags(z, ood_quantile) if guard is not None else np.zeros(len(p), dtype=bool)
-        mask = null if null.any() else None
-        return pa.StructArray.from_arrays([pa.array(p, type=pa.float64(), mask=mask),
-                                           pa.array(ood, type=pa.bool_(), mask=mask)], names=["p_wifi", "ood"])
+        return pa.StructArray.from_arrays([pa.array(p, type=pa.float64()), pa.array(ood, type=pa.bool_())],
+                                          names=["p_wifi", "ood"])
 
     return (df.withColumn("_scored", p_wifi(F.struct(*[F.col(f) for f in FEATURES])))
             .withColumn("p_wifi", F.col("_scored.p_wifi")).withColumn("ood", F.col("_scored.ood")).drop("_scored"))

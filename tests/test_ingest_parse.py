@@ -71,7 +71,7 @@ def test_transport_rules_one_reason_each(spark):
         (json.dumps(transport(conn_id="c17", min_rtt_us=0)), "out_of_range:min_rtt_us"),
         (json.dumps(transport(conn_id="c18", client_port=0)), "out_of_range:client_port"),
         (json.dumps(transport(conn_id="c19", ts_end_ms=H0 + 3_600_000)), "out_of_hour"),
-        (json.dumps(transport(conn_id="c20", ts_start_ms=H0 - 1)), "out_of_hour"),
+        (json.dumps(transport(conn_id="c20", ts_start_ms=H0 - 86_400_001)), "out_of_hour"),
         (json.dumps(transport(conn_id="c21", ts_start_ms=H0 + 5000)), "bad_time_order"),
         (json.dumps(transport()), "duplicate_conn_id"),
         (json.dumps(transport(conn_id="c22", client_ip="2408:833e::1", mss_bytes=88, table_version=None)), None),
@@ -140,6 +140,8 @@ BAD = ["", "1.2.3", "01.2.3.4", "1.2.3.256", "1.2.3.4.5", "2001:db8::1::2", "123
 
 def py_ip(text):
     a = ipaddress.ip_address(text)
+    if a.version == 6 and a.ipv4_mapped:       # ::ffff:a.b.c.d is a.b.c.d (ccselect/ipaddr.py)
+        a = a.ipv4_mapped
     packed = a.packed
     if a.version == 4:
         p16, p24 = (str(ipaddress.ip_network(f"{a}/{n}", strict=False)) for n in (16, 24))

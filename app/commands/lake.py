@@ -41,7 +41,10 @@ def ingest_cmd(
     """Ingest the edge logs: bronze.*, bronze.quarantine, gold.ingest_audit, silver.connections."""
     from jobs import ingest
     cfg, spark = _session(config, "ccs-ingest")
-    _emit(ingest.run(spark, cfg, input, parse_hours(hours), silver=not no_silver), as_json)
+    result = ingest.run(spark, cfg, input, parse_hours(hours), silver=not no_silver)
+    for s in result["skipped"]:
+        typer.echo(f"not read: {s['path']} ({s['why']})", err=True)
+    _emit(result, as_json)
 
 
 def validate_cmd(
@@ -53,8 +56,9 @@ def validate_cmd(
 ) -> None:
     """Check edge logs against the data contract without writing the lake (exit 1 on any problem)."""
     from jobs import validate
-    _, spark = _session(config, "ccs-validate")
-    report = validate.run(spark, path, parse_hours(hours), k=examples)
+    cfg, spark = _session(config, "ccs-validate")
+    report = validate.run(spark, path, parse_hours(hours), k=examples,
+                          missing_features=cfg.settings.ingest.missing_features)
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:
@@ -70,6 +74,8 @@ def validate_cmd(
                 typer.echo(f"{stream} {reason}:")
                 for e in lines:
                     typer.echo(f"  {e['where']}: {e['raw']}")
+        for n in report["notices"]:
+            typer.echo(f"notice: {n['stream']}: {n['check']} in {n['file']}: {n['detail']}")
         typer.echo(f"{len(report['problems'])} problem(s)")
         for p in report["problems"]:
             typer.echo(f"  {p}")
