@@ -21,6 +21,8 @@ plain form). The table's address-space rule says the same (export/edge/README.md
 """
 from __future__ import annotations
 
+import ipaddress
+
 from pyspark.sql import Column, DataFrame, functions as F
 
 _OCTET = r"(0|[1-9][0-9]{0,2})"
@@ -106,3 +108,9 @@ def with_ip(df: DataFrame, text: str | Column, out: str = "ip") -> DataFrame:
 def ab_bucket(packed: Column) -> Column:
     """CRC32 (zlib's) of the packed address bytes; odd = treatment."""
     return F.crc32(packed)
+
+
+def canonical(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """The Python mirror of `with_ip`'s address: an IPv4-mapped IPv6 address is its IPv4 address."""
+    a = ipaddress.ip_address(text)
+    return a.ipv4_mapped or a if a.version == 6 else a

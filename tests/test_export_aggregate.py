@@ -226,6 +226,9 @@ ALGORITHM_1_CASES = {
     "impure /24 → /32s beside a pure /24": (
         [("81.20.1.5", "bbr", 4, 1), ("81.20.1.6", "cubic", 4, 1), ("81.20.3.1", "bbr", 3, 1),
          ("81.20.3.2", "bbr", 3, 1)], {"81.20.1.5/32", "81.20.1.6/32", "81.20.3.0/24"}),
+    # a dual-stack listener's IPv4 clients (::ffff:a.b.c.d) are IPv4: a v4 entry, never a v6 one
+    # inside ::ffff:0:0/96 (which the kernel's address-space rule would refuse at load)
+    "IPv4-mapped clients": ([("::ffff:81.20.1.5", "bbr", 10, 3), ("81.20.7.9", "bbr", 5, 2)], {"81.20.0.0/16"}),
     # v6: the /32 fails, one /48 passes (its /64s too), the other /48 fails down to its /64s; no v4
     "v6 /48 and /64s, no IPv4": (
         [("2408:8300:1:0:1::1", "bbr", 6, 1), ("2408:8300:1:1::2", "bbr", 6, 1),

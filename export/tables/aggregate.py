@@ -39,7 +39,7 @@ import pyarrow as pa
 from pyspark.sql import Window, functions as F
 
 from ccselect import delta_io
-from ccselect.ipaddr import with_ip
+from ccselect.ipaddr import canonical, with_ip
 from ccselect.lake import table_path
 from ccselect.settings import BITS, FAMILIES, PrefixLadder
 from ccselect.spark import conf_set
@@ -87,7 +87,7 @@ def key_network(family: int, level: int, key_hex: str) -> ipaddress.IPv4Network 
 
 
 def _hex(ip: str) -> tuple[int, str]:
-    a = ipaddress.ip_address(ip)
+    a = canonical(ip)            # ::ffff:a.b.c.d is a.b.c.d, as with_ip reads it
     return a.version, a.packed.hex()
 
 
