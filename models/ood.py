@@ -191,6 +191,9 @@ class Calibration:
     ece_before: float
     ece_after: float
     rows: str   # which rows it was fitted on, in words
+    # what it does on rows it was not fitted on (`report`): {rows, n, ece_before, ece_after, and
+    # per threshold the share of trusted rows and how often they are right, before and after}
+    report: dict | None = None
 
     def to_json(self) -> str:
         return json.dumps({k: getattr(self, k) for k in self.__dataclass_fields__}, indent=1, sort_keys=True)
@@ -199,7 +202,7 @@ class Calibration:
     def from_json(cls, text: str) -> "Calibration":
         d = json.loads(text)
         return cls(float(d["temperature"]), int(d["n"]), float(d["nll_before"]), float(d["nll_after"]),
-                   float(d["ece_before"]), float(d["ece_after"]), str(d.get("rows", "")))
+                   float(d["ece_before"]), float(d["ece_after"]), str(d.get("rows", "")), d.get("report"))
 
 
 def fit_calibration(p_wifi: np.ndarray, y: np.ndarray, rows: str = "", min_temperature: float = 0.05) -> Calibration:
@@ -207,3 +210,24 @@ def fit_calibration(p_wifi: np.ndarray, y: np.ndarray, rows: str = "", min_tempe
     t = fit_temperature(p_wifi, y, lo=min_temperature)
     q = calibrate(p_wifi, t)
     return Calibration(t, int(len(y)), nll(p_wifi, y), nll(q, y), ece(p_wifi, y), ece(q, y), rows)
+
+
+def trust(p_wifi: np.ndarray, y: np.ndarray, wifi_threshold: float, cell_threshold: float) -> dict:
+    """ALICCS §4.2's thresholds on labelled rows: the share of rows each trusts (Wi-Fi at
+    P(Wi-Fi) ≥ wifi_threshold, 4G/5G at P(4G) ≥ cell_threshold) and how often those are right —
+    what a calibrated model's thresholds should promise (right at least as often as the threshold)."""
+    p = np.asarray(p_wifi, dtype=np.float64)
+    y = np.asarray(y).astype(bool)
+    wifi, cell = p >= wifi_threshold, (1.0 - p) >= cell_threshold
+    n = max(len(p), 1)
+    return {"wifi_share": float(wifi.sum() / n), "wifi_right": float(y[wifi].mean()) if wifi.any() else None,
+            "cell_share": float(cell.sum() / n), "cell_right": float((~y[cell]).mean()) if cell.any() else None}
+
+
+def report(p_wifi: np.ndarray, y: np.ndarray, temperature: float, rows: str, wifi_threshold: float,
+           cell_threshold: float) -> dict:
+    """A temperature's effect on rows it was not fitted on: ECE and `trust` before and after."""
+    q = calibrate(p_wifi, temperature)
+    return {"rows": rows, "n": int(len(y)), "ece_before": ece(p_wifi, y), "ece_after": ece(q, y),
+            "trust_before": trust(p_wifi, y, wifi_threshold, cell_threshold),
+            "trust_after": trust(q, y, wifi_threshold, cell_threshold)}

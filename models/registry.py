@@ -218,6 +218,9 @@ def log_training(cfg: Config, params, trainer_or_model, stats: FeatureStats, per
                 ("temperature", calibration.temperature), ("nll_before", calibration.nll_before),
                 ("nll_after", calibration.nll_after), ("ece_before", calibration.ece_before),
                 ("ece_after", calibration.ece_after)) if _finite(v)})
+            if calibration.report:       # on rows it was not fitted on (models/train_job.py)
+                mlflow.log_metrics({f"calibration_report_{k}": float(v) for k, v in calibration.report.items()
+                                    if k in ("n", "ece_before", "ece_after") and _finite(v)})
         variant = str(p.get("variant", ""))
         run_tags = {"window": window, "variant": variant, "train_nodes": ",".join(sorted(train_nodes)),
                     "test_nodes": ",".join(sorted(test_nodes))}

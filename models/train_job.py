@@ -10,9 +10,13 @@ The groups are computed for this run (not written): gold.prefix_groups is keyed 
 groups of a node subset under that key would pass for the whole window's.
 
 With the model go (models/ood.py, registered in the same MLflow model): the out-of-domain guard,
-fitted on every training row (standardized), and the temperature, fitted on `infer.calibration_share`
-of the training rows' (node, /24) paths, held out of the fit (`calibration_split`) — never on the
-held-out nodes, which only score the model.
+fitted on every training row (standardized), and the temperature (`infer.calibration_on`):
+- `heldout_nodes` (default): fitted on half of the held-out nodes (`heldout_calibration`), so
+  that confidence means on a node the model never saw what it says; the other half reports the
+  calibration error left and how often the §4.2 thresholds' trusted rows are right. Temperature
+  keeps every argmax, so the per-node accuracy of the held-out nodes is untouched.
+- `training_paths`: fitted on `infer.calibration_share` of the training rows' (node, /24) paths,
+  held out of the fit (`calibration_split`).
 """
 from __future__ import annotations
 
@@ -30,7 +34,7 @@ from features.scaling import window_stats
 from models import registry
 from models.crossnode import cross_node_split, per_node, summary
 from models.dataset import window_name
-from models.ood import fit_calibration, fit_guard
+from models.ood import fit_calibration, fit_guard, report
 from models.train import VARIANTS, TrainData, TrainParams, fit
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow.
 
@@ -49,6 +53,25 @@ def calibration_split(data: TrainData, share: float, seed: int) -> tuple[TrainDa
     mask = np.isin(data.prefix, held)
     keep = ~mask
     return TrainData(data.x[keep], data.y[keep], data.prefix[keep], data.group[keep], data.n_groups), mask
+
+
+def heldout_calibration(p_wifi: np.ndarray, y: np.ndarray, node: np.ndarray, seed: int, ip):
+    """The temperature fitted on half of the held-out nodes (drawn with `seed`; all of them when
+    there is only one), with a `report` of its effect on the other half. None without nodes."""
+    nodes = np.array(sorted({str(n) for n in node}), dtype=object)
+    if not len(nodes):
+        return None
+    order = np.random.default_rng(seed + 7919).permutation(nodes)
+    fit_nodes = order[:max(1, len(nodes) // 2)]
+    fit_rows, other = np.isin(node, fit_nodes), ~np.isin(node, fit_nodes)
+    c = fit_calibration(p_wifi[fit_rows], y[fit_rows],
+                        rows=f"{int(fit_rows.sum())} rows of {len(fit_nodes)} held-out nodes ({', '.join(fit_nodes)})")
+    if not other.any():
+        return c
+    rest = [n for n in nodes if n not in set(fit_nodes)]
+    return replace(c, report=report(p_wifi[other], y[other], c.temperature,
+                                     f"{int(other.sum())} rows of the other {len(rest)} held-out nodes",
+                                     ip.wifi_threshold, ip.cell_threshold))
 
 
 def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: float | None = None,
@@ -81,18 +104,23 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
     included = {str(n): bool(mcs <= c <= 1 - mcs) for n, c in cell_share.items()}
 
     ip = cfg.settings.infer
-    fit_data, calib_mask = calibration_split(data, ip.calibration_share if ip.calibrate else 0.0, seed)
+    on_paths = ip.calibrate and ip.calibration_on == "training_paths"
+    fit_data, calib_mask = calibration_split(data, ip.calibration_share if on_paths else 0.0, seed)
     with registry.training_run(cfg, run_name=f"{variant} {window}"):
         t1 = time.time()
         trainer = fit(params, fit_data, on_epoch=registry.epoch_logger())
         train_s = time.time() - t1
         guard = fit_guard(tr.x, stats.features, ip.ood_quantile, ip.ood_method, ip.ood_margin)
-        calibration = (fit_calibration(trainer.predict_proba(data.x[calib_mask]), data.y[calib_mask],
-                                       rows=f"{int(calib_mask.sum())} training rows on {ip.calibration_share:.0%} "
-                                            "of the training nodes' (node, /24) paths, not trained on",
-                                       min_temperature=ip.calibration_min_temperature)
-                       if calib_mask.any() else None)
-        pn = per_node(te.y, trainer.predict_proba(te.x), te.node)
+        p_te = trainer.predict_proba(te.x)
+        if on_paths:
+            calibration = (fit_calibration(trainer.predict_proba(data.x[calib_mask]), data.y[calib_mask],
+                                           rows=f"{int(calib_mask.sum())} training rows on {ip.calibration_share:.0%} "
+                                                "of the training nodes' (node, /24) paths, not trained on",
+                                           min_temperature=ip.calibration_min_temperature)
+                           if calib_mask.any() else None)
+        else:
+            calibration = heldout_calibration(p_te, te.y, te.node, seed, ip) if ip.calibrate else None
+        pn = per_node(te.y, p_te, te.node)
         pn["included"] = pn["node_id"].map(included).fillna(False).astype(bool)
         summ = summary(pn[pn["included"]])
         train_acc = float(((trainer.predict_proba(tr.x) >= 0.5) == tr.y.astype(bool)).mean())
@@ -100,7 +128,8 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
             cfg, params, trainer, stats, pn, summ, window=window, train_nodes=train_nodes,
             test_nodes=test_nodes, input_example=te.x[:5] if len(te) else None,
             guard=guard, calibration=calibration,
-            extra_params={"share": share, "n_train": len(tr), "n_test": len(te), "n_calibration": int(calib_mask.sum()),
+            extra_params={"share": share, "n_train": len(tr), "n_test": len(te), "n_calibration": calibration.n if calibration else 0,
+                          "calibration_on": ip.calibration_on,
                           "ood_method": guard.method, "ood_margin": guard.margin,
                           "k_4g": data.n_groups[0], "k_wifi": data.n_groups[1],
                           "groups_chosen_by": ",".join(sorted({str(i.get("chosen_by")) for i in

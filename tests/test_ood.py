@@ -71,6 +71,33 @@ def test_calibration_split_holds_out_whole_paths():
     assert same is data and not none.any()
 
 
+def test_heldout_calibration_fits_half_the_nodes_and_reports_the_other_half():
+    """Temperature on held-out nodes (infer.calibration_on: heldout_nodes): fitted on half of
+    them, and on the other half — rows it never saw — the ECE falls and the §4.2 thresholds' trusted
+    rows are fewer and right more often (an over-confident model trusts too many)."""
+    from models.ood import Calibration
+    from models.train_job import heldout_calibration
+    from ccselect.settings import InferSettings
+    parts = [_overconfident(n=3000, seed=s) for s in range(4)]
+    p = np.concatenate([q for q, _ in parts])
+    y = np.concatenate([t for _, t in parts])
+    node = np.repeat(np.array(["n0", "n1", "n2", "n3"], dtype=object), 3000)
+    ip = InferSettings()
+    c = heldout_calibration(p, y, node, seed=3, ip=ip)
+    assert c.n == 6000 and c.temperature == pytest.approx(2.0, rel=0.1)
+    fitted = set(c.rows.split("(")[1].rstrip(")").split(", "))
+    assert len(fitted) == 2 and c.report["n"] == 6000, (c.rows, c.report)
+    r = c.report
+    assert r["ece_after"] < r["ece_before"] / 3
+    before, after = r["trust_before"], r["trust_after"]
+    assert after["wifi_right"] >= ip.wifi_threshold and after["cell_right"] >= ip.cell_threshold
+    assert after["wifi_share"] < before["wifi_share"] and after["cell_share"] < before["cell_share"]
+    assert after["wifi_right"] > before["wifi_right"] and after["cell_right"] > before["cell_right"]
+    assert Calibration.from_json(c.to_json()) == c
+    one = heldout_calibration(p[:3000], y[:3000], node[:3000], seed=3, ip=ip)   # a single node: fit, no report
+    assert one.report is None and one.n == 3000
+
+
 def _raw(x, stats):
     """Raw feature values back from standardized rows (inverse of log1p + z-score)."""
     std = np.where(np.asarray(stats.std) > 0, stats.std, 1.0)
