@@ -128,6 +128,13 @@ PREDICTION_COLS = (
 )
 PREDICTION_DECISIONS = ("model", "fallback", "ood")
 
+#: What the edge knows of a connection when it picks its CC (sock_ops PASSIVE_ESTABLISHED, the
+#: final ACK of the handshake just in): the transport fields the program fills at that moment —
+#: the MSS (mss_cache), the client's window from its handshake ACK (snd_wnd) and the SYN-ACK → ACK
+#: time (the first RTT sample). The handshake tree (distill/handshake.py) reads exactly these, in
+#: this order (the kernel's feature ids, export/edge/ccs_table.h CCS_FEAT_*).
+HANDSHAKE_FEATURES = ("mss_bytes", "init_snd_wnd_bytes", "connection_time_us")
+
 
 # ---- field reference ----------------------------------------------------------------------------
 #
