@@ -13,9 +13,11 @@ import pandas as pd
 from ccselect import delta_io
 from ccselect.lake import table_path
 from ccselect.contract import HANDSHAKE_FEATURES
+from ccselect.settings import HandshakeSettings
 from distill import diagnose as dg, handshake, registry, report
 from distill.store import experiment_id, tracking
 from distill.data import load_window
+from distill.handshake import HandshakeRows
 from distill.tree import distill, rules_text
 from models.crossnode import split_nodes
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, torch.

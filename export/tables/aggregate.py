@@ -45,6 +45,7 @@ from ccselect.settings import BITS, FAMILIES, PrefixLadder
 from ccselect.spark import conf_set
 from distill.handshake import load_handshake
 from export.artifact import signing, table_format as tf
+from export.tables.flow import table_tree
 
 # Algorithm 1's ladder and purity tiers (`export.ladder`, `export.purity`): ccselect.settings.PrefixLadder,
 # of which `cfg.settings.export` is one.
