@@ -206,3 +206,29 @@ def test_write_table_names_the_tree(tmp_path):
     assert json.load(open(p.manifest))["tree"] == {"model": "", "nodes": 0}, "no tree"
     with pytest.raises(ValueError, match="no[n]e"):
         signing.write_table(entries, 11, "m1", 2_000, str(tmp_path), key, created=1_000, tree_model="x")
+
+
+def test_handshake_tree_in_the_table_decides_as_the_fitted_classifier():
+    """distill.handshake → export.tables.flow.table_tree → decide(mode flow) gives, for every
+    flow, the CC of the fitted DecisionTreeClassifier's prediction (the tree the export ships is
+    the tree that was trained; integer thresholds, distill/handshake.py)."""
+    from ccselect.settings import HandshakeSettings, InferSettings
+    from distill.handshake import fit
+    from export.tables.flow import table_tree
+
+    rng = np.random.default_rng(7)
+    n = 4000
+    wifi = rng.random(n) < 0.4
+    x = np.stack([np.where(wifi, 1448, rng.choice([1388, 1400, 1440], n)) + rng.integers(-30, 30, n),
+                  np.where(wifi, rng.integers(40_000, 90_000, n), rng.integers(20_000, 70_000, n)),
+                  np.where(wifi, rng.integers(2_000, 40_000, n), rng.integers(25_000, 120_000, n))], axis=1)
+    clf, ht = fit(x, wifi.astype(int), HandshakeSettings(depth=6, min_leaf=20))
+    infer = InferSettings()
+    tree = table_tree(ht, infer, 950)
+    assert tree.depth() == ht.depth() <= 6 and len(tree.nodes) == len(ht), "same shape"
+    probe = np.concatenate([x, rng.integers(0, 200_000, (500, 3))])
+    cc, src = tf.decide(False, 0, False, 0, tree, probe, "flow")
+    want = np.where(clf.predict(probe) == 1, tf.CC_IDS[infer.wifi_cc], tf.CC_IDS[infer.cell_cc])
+    assert (cc == want).all(), f"{int((cc != want).sum())} flows differ from the classifier"
+    assert set(src) == {"flow"}
+    assert len(set(cc.tolist())) == 2, "both CCs chosen"
