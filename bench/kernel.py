@@ -225,13 +225,15 @@ def set_flow_mode(agent: EdgeAgent, cfg: EdgeConfig, mode: str) -> None:
     agent.policy()
 
 
-def flow_tree_cost(agent, cfg, cgroup, ports, tmp, key, seconds, rounds, batch, pairs=3) -> dict:
+def flow_tree_cost(agent, cfg, cgroup, ports, tmp, key, seconds, rounds, batch, pairs=3,
+                   depth=tf.TREE_MAX_DEPTH, version=10) -> dict:
     """The tree walk's cost per connection that walks it: net ns per connection with the
-    service in combine mode minus the same in off mode, same table and tree, `pairs`
-    alternations (each program_time: 3 windows, the median one), median of the differences."""
-    tree = full_tree()
-    t = signing.write_table(make_entries(N_ENTRIES), 10, "bench", int(time.time()) + 3600, tmp, key,
-                            tree=tree, tree_model="bench full depth 8")
+    service in combine mode minus the same in off mode, same table and a full tree of `depth`,
+    `pairs` alternations (each program_time: 3 windows, the median one), median of the
+    differences."""
+    tree = full_tree(depth)
+    t = signing.write_table(make_entries(N_ENTRIES), version, "bench", int(time.time()) + 3600, tmp,
+                            key, tree=tree, tree_model=f"bench full depth {depth}")
     agent.load(t.manifest, allow_downgrade=True)
     off, on, diffs = [], [], []
     for _ in range(pairs):
@@ -292,6 +294,9 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024, flow_only: b
         agent.attach(cgroup)
         if flow_only:
             result["flow_tree"] = flow_tree_cost(agent, cfg, cgroup, ports, tmp, key, seconds, rounds, batch)
+            # the same with a depth-1 tree (one split): what the walk's fixed part costs
+            result["flow_tree_depth_1"] = flow_tree_cost(agent, cfg, cgroup, ports, tmp, key, seconds,
+                                                         rounds, batch, depth=1, version=11)
             return _write(result, "kernel_flow.json")
         # -- breakdown 1: program attached, no table loaded (policy + control word only)
         result["breakdown_no_table"] = program_time(agent, cgroup, ports, tmp)

@@ -72,13 +72,14 @@ struct {
 	__array(values, struct inner_trie);
 } ccs_tables SEC(".maps");
 
-/* the flow tree of each slot's table: an array of nodes, swapped in like the trie (ccs.h ccs_flow) */
+/* the flow tree of each slot's table: one value holding every node, swapped in like the trie
+ * (ccs.h struct ccs_tree, ccs_flow) */
 struct inner_tree {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, CCS_TREE_MAX_NODES);
+	__uint(max_entries, 1);
 	__uint(key_size, sizeof(__u32));
 	/* a size, not a BTF type: clang emits an inner map's value type only as a forward decl */
-	__uint(value_size, sizeof(struct ccs_tree_node));
+	__uint(value_size, sizeof(struct ccs_tree));
 };
 
 struct {
@@ -240,17 +241,21 @@ static __always_inline void fcnt(__u32 idx)
  * so CCS_TREE_MAX_DEPTH + 1 node reads bound the loop (the agent refused deeper trees, cycles
  * and bad feature ids at load; a walk that still ends without a leaf returns -1).
  */
-static __always_inline int tree_leaf(void *tree, __u32 mss, __u32 wnd, __u32 rtt, __u8 *cc,
+static __always_inline int tree_leaf(void *tree_map, __u32 mss, __u32 wnd, __u32 rtt, __u8 *cc,
 				     __u16 *conf)
 {
+	struct ccs_tree *tree;
 	struct ccs_tree_node *n;
 	__u32 idx = 0, v;
 	int i;
 
+	tree = bpf_map_lookup_elem(tree_map, &idx);
+	if (!tree)
+		return -1;
 	for (i = 0; i <= CCS_TREE_MAX_DEPTH; i++) {
-		n = bpf_map_lookup_elem(tree, &idx);
-		if (!n)
+		if (idx >= CCS_TREE_MAX_NODES)
 			return -1;
+		n = &tree->nodes[idx];
 		if (n->feature == CCS_TREE_LEAF) {
 			*cc = n->cc;
 			*conf = n->conf_permille;

@@ -103,6 +103,15 @@ struct ccs_flow {
 	char model[CCS_MODEL_VERSION_MAX]; /* the manifest's tree.model, NUL-terminated */
 };
 
+/*
+ * ccs_trees[slot] holds a one-element array map whose value is the whole tree: the walk costs one
+ * map lookup, not one per node (an inner map's lookups are helper calls: the verifier cannot
+ * inline them). Nodes past the table's tree_nodes are zero.
+ */
+struct ccs_tree {
+	struct ccs_tree_node nodes[CCS_TREE_MAX_NODES];
+};
+
 /* ccs_policy.flow_mode: when the flow tree decides (export/edge/README.md, table_format.decide) */
 enum ccs_flow_mode {
 	CCS_FLOW_OFF = 0,      /* the table alone */

@@ -141,6 +141,6 @@ struct ccs_tree_node {
 	__u16 right;             /*  6: split: node index otherwise; leaf: 0 */
 	__u32 threshold;         /*  8: split: compared unsigned; leaf: 0 */
 	__u32 reserved;          /* 12: 0 */
-} __attribute__((packed)); /* 16 bytes */
+} __attribute__((packed, aligned(4))); /* 16 bytes; aligned: the program loads fields whole */
 
 #endif /* CCS_TABLE_H */

@@ -242,24 +242,27 @@ static int check_table(struct table *t, time_t now)
 	return 0;
 }
 
-/* a new node array holding the table's flow tree: its fd, or -1 */
+/* a new map holding the table's flow tree (ccs.h struct ccs_tree, one value): its fd, or -1 */
 static int build_tree(const struct table *t)
 {
-	int fd;
-	__u32 i;
+	struct ccs_tree *tree = calloc(1, sizeof(*tree));
+	__u32 zero = 0;
+	int fd = -1;
 
-	fd = bpf_map_create(BPF_MAP_TYPE_ARRAY, "ccs_tree", sizeof(__u32),
-			    sizeof(struct ccs_tree_node), CCS_TREE_MAX_NODES, NULL);
-	if (fd < 0) {
-		die_msg("create tree: %s", strerror(errno));
+	if (!tree) {
+		die_msg("tree: out of memory");
 		return -1;
 	}
-	for (i = 0; i < t->n_nodes; i++)
-		if (bpf_map_update_elem(fd, &i, &t->nodes[i], BPF_ANY)) {
-			die_msg("tree node %u: %s", i, strerror(errno));
-			close(fd);
-			return -1;
-		}
+	memcpy(tree->nodes, t->nodes, t->n_nodes * sizeof(*t->nodes));
+	fd = bpf_map_create(BPF_MAP_TYPE_ARRAY, "ccs_tree", sizeof(__u32), sizeof(*tree), 1, NULL);
+	if (fd < 0) {
+		die_msg("create tree: %s", strerror(errno));
+	} else if (bpf_map_update_elem(fd, &zero, tree, BPF_ANY)) {
+		die_msg("write tree: %s", strerror(errno));
+		close(fd);
+		fd = -1;
+	}
+	free(tree);
 	return fd;
 }
 
