@@ -7,7 +7,12 @@ Measures, with a 100,000-entry table loaded:
     (export/build/ccs-loadgen interleaves batches of connections on a listener inside the
     enforced cgroup and one outside it; bpf_stats off; median of 40 per-round ratios), with
     logging off and with full stats logging (sample rate 1, agent draining);
-  - the time to build (encode + sign) and to verify, build the trie and swap a 100k-entry table.
+  - the time to build (encode + sign) and to verify, build the trie and swap a 100k-entry table;
+  - the flow tree's cost (issue 27): the same 100k table carrying a full depth-8 tree (511 nodes,
+    every walk 8 splits + the leaf), the enforced service switched between flow_mode off (the
+    baseline) and combine (every connection walks the tree; the leaves never override, so both
+    sides make the same CC switch), alternating in the same run; and the accept-rate ratio with
+    the tree walked. `--flow` runs only this part (bench/results/kernel_flow.json).
 
 Needs root, BPF and cgroup v2 at /sys/fs/cgroup/unified. Run: .venv/bin/python bench/kernel.py
 """
@@ -203,7 +208,60 @@ def accept_rate(agent, cgroup, ports, seconds, rounds, batch):
     }
 
 
-def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024) -> dict:
+def full_tree(depth: int = tf.TREE_MAX_DEPTH) -> tf.Tree:
+    """A full binary tree of `depth` (2^(depth+1) - 1 nodes, breadth-first): every walk takes
+    `depth` splits, rotating over the three handshake features, before its leaf. Leaves name
+    cubic with confidence 0, so in combine mode they never override a table entry."""
+    n_inner = (1 << depth) - 1
+    nodes = [tf.TreeNode(i % len(tf.TREE_FEATURES), threshold=(1000, 30_000, 500)[i % 3] + i,
+                         left=2 * i + 1, right=2 * i + 2) for i in range(n_inner)]
+    nodes += [tf.TreeNode(tf.TREE_LEAF, cc=tf.CC_IDS["cubic"], conf_permille=0)] * (1 << depth)
+    return tf.Tree(tuple(nodes), 900)
+
+
+def set_flow_mode(agent: EdgeAgent, cfg: EdgeConfig, mode: str) -> None:
+    cfg.services[0].flow_mode = mode
+    agent.write_config(cfg)
+    agent.policy()
+
+
+def flow_tree_cost(agent, cfg, cgroup, ports, tmp, key, seconds, rounds, batch, pairs=3,
+                   depth=tf.TREE_MAX_DEPTH, version=10) -> dict:
+    """The tree walk's cost per connection that walks it: net ns per connection with the
+    service in combine mode minus the same in off mode, same table and a full tree of `depth`,
+    `pairs` alternations (each program_time: 3 windows, the median one), median of the
+    differences."""
+    tree = full_tree(depth)
+    t = signing.write_table(make_entries(N_ENTRIES), version, "bench", int(time.time()) + 3600, tmp,
+                            key, tree=tree, tree_model=f"bench full depth {depth}")
+    agent.load(t.manifest, allow_downgrade=True)
+    off, on, diffs = [], [], []
+    for _ in range(pairs):
+        set_flow_mode(agent, cfg, "off")
+        a = program_time(agent, cgroup, ports, tmp)
+        set_flow_mode(agent, cfg, "combine")
+        b = program_time(agent, cgroup, ports, tmp)
+        off.append(a.get("net_ns_per_connection"))
+        on.append(b.get("net_ns_per_connection"))
+        if a.get("net_ns_per_connection") is not None and b.get("net_ns_per_connection") is not None:
+            diffs.append(b["net_ns_per_connection"] - a["net_ns_per_connection"])
+    evals0 = agent.status()["counters"].get("tree_evals", 0)
+    rate_on = accept_rate(agent, cgroup, ports, seconds, rounds // 2, batch)
+    evals = agent.status()["counters"].get("tree_evals", 0) - evals0
+    set_flow_mode(agent, cfg, "off")
+    rate_off = accept_rate(agent, cgroup, ports, seconds, rounds // 2, batch)
+    return {
+        "tree_nodes": len(tree.nodes), "tree_depth": tree.depth(),
+        "net_ns_per_connection_off": off, "net_ns_per_connection_combine": on,
+        "tree_ns_per_connection": round(statistics.median(diffs), 1) if diffs else None,
+        "tree_ns_per_connection_all": [round(d, 1) for d in diffs],
+        "tree_ns_le_50": bool(diffs) and statistics.median(diffs) <= 50,
+        "accept_rate_combine": rate_on, "accept_rate_off": rate_off,
+        "tree_evals_during_accept_rate": evals,
+    }
+
+
+def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024, flow_only: bool = False) -> dict:
     if os.geteuid() != 0 or not os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.procs")):
         print("bench/kernel.py: skipped (needs root and cgroup v2 at /sys/fs/cgroup/unified)")
         return {}
@@ -234,6 +292,12 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024) -> dict:
         finally:
             noop.close()
         agent.attach(cgroup)
+        if flow_only:
+            result["flow_tree"] = flow_tree_cost(agent, cfg, cgroup, ports, tmp, key, seconds, rounds, batch)
+            # the same with a depth-1 tree (one split): what the walk's fixed part costs
+            result["flow_tree_depth_1"] = flow_tree_cost(agent, cfg, cgroup, ports, tmp, key, seconds,
+                                                         rounds, batch, depth=1, version=11)
+            return _write(result, "kernel_flow.json")
         # -- breakdown 1: program attached, no table loaded (policy + control word only)
         result["breakdown_no_table"] = program_time(agent, cgroup, ports, tmp)
         # -- build + swap of a 100k-entry table
@@ -279,6 +343,9 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024) -> dict:
         agent.load(small.manifest)
         result["breakdown_table_hit_1k_entries"] = program_time(agent, cgroup, ports, tmp)
         agent.load(tables[0].manifest, allow_downgrade=True)  # back to the 100k table: an explicit override
+        # -- the flow tree's walk (issue 27), then back to the table without one
+        result["flow_tree"] = flow_tree_cost(agent, cfg, cgroup, ports, tmp, key, seconds, rounds, batch)
+        agent.load(tables[0].manifest, allow_downgrade=True)
         # -- full stats logging: every connection sampled, the agent draining the ring buffer
         agent.attach(cgroup, sample_rate=1.0)
         daemon = agent.run(f"{tmp}/logs")
@@ -302,6 +369,9 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024) -> dict:
             "accept_ratio_ge_0.97": nl["accept_rate"]["ratio"] >= 0.97,
             "accept_ratio_logging": fl["accept_rate"]["ratio"],
             "accept_ratio_logging_ge_0.90": fl["accept_rate"]["ratio"] >= 0.90,
+            "flow_tree_ns_per_connection": result["flow_tree"]["tree_ns_per_connection"],
+            "flow_tree_ns_le_50": result["flow_tree"]["tree_ns_le_50"],
+            "accept_ratio_flow_tree": result["flow_tree"]["accept_rate_combine"]["ratio"],
         }
     finally:
         if daemon is not None:
@@ -319,12 +389,16 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024) -> dict:
                 except OSError:
                     time.sleep(0.1)
             subprocess.run(["rm", "-rf", tmp])
+    return _write(result, "kernel.json")
+
+
+def _write(result: dict, name: str) -> dict:
     os.makedirs(os.path.join(REPO, "bench", "results"), exist_ok=True)
-    with open(os.path.join(REPO, "bench", "results", "kernel.json"), "w") as f:
+    with open(os.path.join(REPO, "bench", "results", name), "w") as f:
         json.dump(result, f, indent=2)
     print(json.dumps(result, indent=2))
     return result
 
 
 if __name__ == "__main__":
-    main()
+    main(flow_only="--flow" in sys.argv[1:])

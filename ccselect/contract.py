@@ -30,7 +30,8 @@ FEATURES = (
 OUTCOMES = ("bytes_acked", "data_segs_out", "total_retrans", "max_inflight_segs", "duration_us")
 
 CCS = ("cubic", "bbr", "reno")
-DECISIONS = ("table", "fallback", "default", "ab_control", "stale")
+#: flow and table+flow: the handshake tree decided, alone or overriding the entry (issue 27)
+DECISIONS = ("table", "fallback", "default", "ab_control", "stale", "flow", "table+flow")
 NET_TYPES = ("wifi", "4g", "5g")
 
 #: field -> python type, per stream. `None` allowed only where listed in NULLABLE.
@@ -128,6 +129,13 @@ PREDICTION_COLS = (
 )
 PREDICTION_DECISIONS = ("model", "fallback", "ood")
 
+#: What the edge knows of a connection when it picks its CC (sock_ops PASSIVE_ESTABLISHED, the
+#: final ACK of the handshake just in): the transport fields the program fills at that moment —
+#: the MSS (mss_cache), the client's window from its handshake ACK (snd_wnd) and the SYN-ACK → ACK
+#: time (the first RTT sample). The handshake tree (distill/handshake.py) reads exactly these, in
+#: this order (the kernel's feature ids, export/edge/ccs_table.h CCS_FEAT_*).
+HANDSHAKE_FEATURES = ("mss_bytes", "init_snd_wnd_bytes", "connection_time_us")
+
 
 # ---- field reference ----------------------------------------------------------------------------
 #
@@ -168,7 +176,9 @@ FIELD_DOCS: dict[str, dict[str, tuple[str, str, str]]] = {
         "decision": ("one of " + ", ".join(DECISIONS), "why the socket got its CC",
                      "agent: the program's decision at PASSIVE_ESTABLISHED: no live table → `default` (counter "
                      "`no_table`), expired → `stale`, A/B control → `ab_control`, miss → `default`, keep or "
-                     "low confidence → `fallback`, hit → `table`; without an enforcer write `default`"),
+                     "low confidence → `fallback`, hit → `table`; with the table's handshake tree and the "
+                     "service's flow mode (fill, combine, flow): the tree's leaf → `flow`, a leaf more confident "
+                     "than a disagreeing entry (combine) → `table+flow`; without an enforcer write `default`"),
         "table_version": ("text or null", "the live table's version at PASSIVE_ESTABLISHED",
                           "agent: `ccs_meta[live].version`; null when no table was loaded (observe-only)"),
         "mss_bytes": ("bytes", "the sender MSS the connection started with (Table 4)",

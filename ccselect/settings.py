@@ -25,6 +25,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ccselect.contract import HANDSHAKE_FEATURES
+
 
 class ConfigError(ValueError):
     """A configuration file that does not fit the settings (unknown key, wrong type, bad range)."""
@@ -269,6 +271,26 @@ class DistillSettings(_Section):
 
 
 @dataclass(frozen=True)
+class HandshakeSettings(_Section):
+    """`handshake:` the per-flow tree over the handshake features (distill/handshake.py, issue 27),
+    trained on the window's labelled connections in their natural mix; it ships in the table."""
+    depth: int = 6                  # at most export/edge/ccs_table.h CCS_TREE_MAX_DEPTH (8)
+    min_leaf: int = 50              # training rows per leaf at least
+    seed: int = 7
+    # the handshake features the tree may split on (a subset of contract.HANDSHAKE_FEATURES): leave
+    # one out to measure what it carries (`ccs handshake --features`)
+    features: tuple[str, ...] = HANDSHAKE_FEATURES
+
+    def __post_init__(self):
+        if not self.features or set(self.features) - set(HANDSHAKE_FEATURES) or len(set(self.features)) != len(self.features):
+            raise ValueError(f"handshake.features must be distinct names from {HANDSHAKE_FEATURES}, not {self.features}")
+        if not 1 <= self.depth <= 8:
+            raise ValueError(f"handshake.depth must be in 1..8 (the kernel's bound), not {self.depth}")
+        if self.min_leaf < 1:
+            raise ValueError(f"handshake.min_leaf must be at least 1, not {self.min_leaf}")
+
+
+@dataclass(frozen=True)
 class DiagnoseSettings(_Section):
     """`diagnose:` SHAP on the distilled tree (distill/diagnose.py)."""
     accuracy_threshold: float = 0.80  # a /16 with DNN accuracy below this is diagnosed by default
@@ -386,6 +408,17 @@ class ExportSettings(PrefixLadder):
     rollout: RolloutSettings
     expiry_hours: float = 6.0
     guards: GuardsSettings = field(default_factory=GuardsSettings)
+    # the handshake tree (issue 27): each table carries `<name>-handshake@champion` (`ccs
+    # handshake`) when flow_tree and there is one; an entry below flow_min_purity_permille is
+    # "mixed", so a service in flow mode fill or combine lets the tree decide for it
+    # (export/edge/README.md)
+    flow_tree: bool = True
+    flow_min_purity_permille: int = 950
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not 0 <= self.flow_min_purity_permille <= 1000:
+            raise ValueError(f"export.flow_min_purity_permille must be in 0..1000, not {self.flow_min_purity_permille}")
 
 
 # ---- the pipeline ---------------------------------------------------------------------------------
@@ -441,6 +474,7 @@ class Settings:
     infer: InferSettings = field(default_factory=InferSettings)
     distill: DistillSettings = field(default_factory=DistillSettings)
     diagnose: DiagnoseSettings = field(default_factory=DiagnoseSettings)
+    handshake: HandshakeSettings = field(default_factory=HandshakeSettings)
     abtest: AbtestSettings = field(default_factory=AbtestSettings)
 
 

@@ -1,8 +1,10 @@
-"""`ccs distill` and `ccs diagnose` as jobs: read (lake, registry) at the edges, the pure work in
+"""`ccs distill`, `ccs diagnose` and `ccs handshake` as jobs: read (lake, registry) at the edges, the pure work in
 distill/tree.py and distill/diagnose.py, write (MLflow, gold.diagnostics, the report) at the end."""
 from __future__ import annotations
 
+import math
 import os
+from dataclasses import replace
 from datetime import datetime, timezone
 
 import numpy as np
@@ -10,9 +12,14 @@ import pandas as pd
 
 from ccselect import delta_io
 from ccselect.lake import table_path
-from distill import diagnose as dg, registry, report
+from ccselect.contract import HANDSHAKE_FEATURES
+from ccselect.settings import HandshakeSettings
+from distill import diagnose as dg, handshake, registry, report
+from distill.store import experiment_id, tracking
 from distill.data import load_window
+from distill.handshake import HandshakeRows
 from distill.tree import distill, rules_text
+from models.crossnode import split_nodes
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, torch.
 
 
@@ -139,8 +146,8 @@ def _write_diagnostics(spark, cfg, frame: pd.DataFrame, run: str) -> None:
 def _log_mlflow(cfg, out_dir: str, meta: dict, params, found: list[dict]) -> str:
     import mlflow
 
-    registry.tracking(cfg)
-    with mlflow.start_run(experiment_id=registry.experiment_id(cfg, "ccs-diagnose"),
+    tracking(cfg)
+    with mlflow.start_run(experiment_id=experiment_id(cfg, "ccs-diagnose"),
                           run_name=f"diagnose {meta['window']}") as run:
         mlflow.log_params({**params.to_dict(), **{k: meta[k] for k in ("window", "dnn", "tree")}})
         mlflow.log_metrics({"rows": meta["rows"], "accuracy": meta["accuracy"], "tree_accuracy": meta["tree_accuracy"],
@@ -149,3 +156,50 @@ def _log_mlflow(cfg, out_dir: str, meta: dict, params, found: list[dict]) -> str
                          "over_relied": "; ".join(f"{s['key']}: {','.join(s['over_relied'])}" for s in found)})
         mlflow.log_artifacts(out_dir, "report")
         return run.info.run_id
+
+
+def handshake_report(rows: HandshakeRows, settings: HandshakeSettings, share: float, seed: int) -> dict:
+    """ALICCS §5.1 for the handshake tree: fitted on the training nodes, accuracy on each held-out
+    node (mean, worst); the same for every feature subset (which features carry the signal)."""
+    train_nodes, test_nodes = split_nodes(rows.node, share, seed)
+    tr, te = rows.where(np.isin(rows.node, train_nodes)), rows.where(np.isin(rows.node, test_nodes))
+    out = {"train_nodes": list(train_nodes), "test_nodes": list(test_nodes), "n_train": len(tr), "n_test": len(te),
+           "subsets": {}}
+    for sub in handshake.subsets(list(HANDSHAKE_FEATURES)):
+        cols = [HANDSHAKE_FEATURES.index(f) for f in sub]
+        clf, tree = handshake.fit(tr.x[:, cols], tr.y, settings, sub)
+        pred = clf.predict(te.x[:, cols]).astype(np.int64)     # = the integer tree's leaf (module docstring)
+        per_node = {str(n): float(np.mean(pred[te.node == n] == te.y[te.node == n])) for n in test_nodes}
+        out["subsets"][",".join(sub)] = {
+            "accuracy": float(np.mean(pred == te.y)) if len(te) else math.nan,
+            "node_mean": float(np.mean(list(per_node.values()))) if per_node else math.nan,
+            "node_worst": float(min(per_node.values())) if per_node else math.nan,
+            "cell_recall": float(np.mean(pred[te.y == 0] == 0)) if (te.y == 0).any() else math.nan,
+            "wifi_recall": float(np.mean(pred[te.y == 1] == 1)) if (te.y == 1).any() else math.nan,
+            "leaves": int(sum(1 for f in tree.feature if f == handshake.LEAF)), "depth": tree.depth()}
+    return out
+
+
+def run_handshake(spark, cfg, lo: str, hi: str, promote: bool = True, features=None) -> dict:
+    """`ccs handshake`: the report on held-out nodes (distill/handshake.py), then the deployed tree
+    fitted on every labelled node of lo..hi over `features` (default handshake.features),
+    registered as `<name>-handshake`; alias champion when `promote` and it beats always answering
+    the majority type on the held-out nodes."""
+    hs = cfg.settings.handshake
+    if features:
+        hs = replace(hs, features=tuple(features))
+    ev = cfg.settings.model.evaluate
+    rows = handshake.window_rows(spark, cfg, lo, hi)
+    if len(rows) == 0 or len(set(rows.y.tolist())) < 2:
+        raise ValueError(f"no labelled connections of both types in {lo}..{hi}")
+    rep = handshake_report(rows, hs, ev.share, ev.seed)
+    te = rows.where(np.isin(rows.node, rep["test_nodes"]))
+    rep["majority_accuracy"] = float(max(te.y.mean(), 1 - te.y.mean())) if len(te) else math.nan
+    full = rep["subsets"][",".join(f for f in HANDSHAKE_FEATURES if f in hs.features)]
+    useful = bool(full["accuracy"] > rep["majority_accuracy"])
+    cols = [HANDSHAKE_FEATURES.index(f) for f in hs.features]
+    clf, tree = handshake.fit(rows.x[:, cols], rows.y, hs, hs.features)
+    reg = handshake.log_handshake(cfg, hs, clf, tree, rep, full, f"{lo}..{hi}", promote and useful)
+    return {"window": f"{lo}..{hi}", "rows": len(rows), "features": list(hs.features), "nodes": len(tree),
+            "depth": tree.depth(), "heldout": full, "majority_accuracy": rep["majority_accuracy"],
+            "beats_majority": useful, "subsets": rep["subsets"], "registered": reg}

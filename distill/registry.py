@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from ccselect.contract import FEATURES
+from distill.store import experiment_id, tracking
 from distill.tree import rules_text
 from models.registry import load_champion as _load
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, skops.
@@ -18,30 +19,6 @@ from models.registry import load_champion as _load
 SKOPS_TRUSTED_TYPES = ["sklearn.tree._tree.Tree"]
 EXPERIMENT = "ccs-distill"
 TREE_ARTIFACT = "tree"
-
-
-def tracking(cfg):
-    """Point MLflow at the configured store; returns a client."""
-    import mlflow
-    from mlflow.tracking import MlflowClient
-    uri = cfg.settings.mlflow.tracking_uri
-    if uri.startswith("sqlite:///"):
-        os.makedirs(os.path.dirname(uri[len("sqlite:///"):]), exist_ok=True)
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
-    return MlflowClient(uri, uri)
-
-
-def experiment_id(cfg, name: str) -> str:
-    """The experiment `name`, created with its artifacts under mlflow.artifact_root."""
-    import mlflow
-    client = tracking(cfg)
-    exp = client.get_experiment_by_name(name)
-    if exp is not None:
-        return exp.experiment_id
-    root = cfg.settings.mlflow.artifact_root
-    location = root if "://" in root else os.path.join(root, name)
-    return mlflow.create_experiment(name, artifact_location=location)
 
 
 def tree_model_name(cfg) -> str:
@@ -118,3 +95,4 @@ def load_tree_for(cfg, dnn_version: str) -> TreeVersion:
     local = mlflow.artifacts.download_artifacts(f"models:/{name}/{mv.version}")
     tree = skops.io.load(os.path.join(local, "model.skops"), trusted=SKOPS_TRUSTED_TYPES)
     return TreeVersion(tree, name, str(mv.version), mv.tags.get("window", ""), dict(mv.tags))
+

@@ -35,6 +35,14 @@ before the emulated range, or, for Pytheas, online from its own choices):
   in the hour after the hourly export. Only model decisions make entries: fallbacks and
   out-of-domain rows (`ood`) keep the default CC, and the summary's `baselines.aliccs` counts the
   table's source predictions per decision.
+- `aliccs_fill`, `aliccs_combine`, `aliccs_flow`: that table with the handshake tree it carries
+  (`ccs handshake`, distill/handshake.py; export/tables/flow.py), decided per session exactly as
+  the kernel does in the service's flow mode (table_format.decide; export/edge/README.md): `fill`
+  — the tree where the entry misses or is mixed (purity below export.flow_min_purity_permille);
+  `combine` — also where the entry is confident, the tree's leaf wins when it disagrees with more
+  confidence than the entry's purity; `flow` — the tree for every connection. The tree is
+  fitted on the training window's labelled connections (before the emulated hours), on the
+  handshake features alone (`HANDSHAKE_FEATURES`), as it would ship.
 - `configanator`: network classes (K-means over per-/24 mean features, Configanator §3.2), each
   class's best CC over the training hours, a decision tree from {the /24's features, its class}
   to that CC (the exploitation arm, §3.1), and an ε-bandit exploring a random CC (§3.1 arm 2).
@@ -65,26 +73,28 @@ import pandas as pd
 from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
 from ccselect.config import Config
-from ccselect.contract import FEATURES
+from ccselect.contract import FEATURES, HANDSHAKE_FEATURES
 from ccselect.hours import SPARK_HOUR_FMT, hour_shift
 from ccselect.ipaddr import with_ip
 from ccselect.lake import table_path, write_window
 from ccselect.settings import ConfiganatorSettings, EmulateSettings
+from distill.handshake import load_handshake
+from export.artifact import table_format as tf
 from export.tables.aggregate import address_decisions, ladder_entries, model_weights
+from export.tables.flow import table_tree
 from features.prefixes import prefix_means_frame
 from models.configanator import choose_classes, network_class
 # Imported inside the functions that use them (heavy, not needed to import this module): sklearn.
 
 CCS = ("cubic", "bbr")
-POLICIES = ("cubic", "bbr", "oracle", "oracle_insample", "aliccs", "configanator", "disco", "pytheas",
-            "true_type", "true_table")
+POLICIES = ("cubic", "bbr", "oracle", "oracle_insample", "aliccs", "aliccs_fill", "aliccs_combine", "aliccs_flow",
+            "configanator", "disco", "pytheas", "true_type", "true_table")
+#: the policies of the table with its handshake tree, and the kernel's flow mode each emulates
+FLOW_POLICIES = {"aliccs_fill": "fill", "aliccs_combine": "combine", "aliccs_flow": "flow"}
 #: the policies that read the simulator's truth (only with --truth)
 TRUTH_POLICIES = ("true_type", "true_table")
 LEVELS = ("observed", "window", "history", "node", "unestimated")
 PERCENTILES = (50, 85, 90, 95, 99)
-#: what the edge knows of a flow when it picks its CC (sock_ops PASSIVE_ESTABLISHED): the MSS, the
-#: receive window of the client's SYN, and the SYN-ACK → ACK time
-HANDSHAKE_FEATURES = ("mss_bytes", "init_snd_wnd_bytes", "connection_time_us")
 
 
 def hour_shift_col(hour: str, hours: int):
@@ -251,21 +261,21 @@ def true_table_policy(s: DataFrame, est: DataFrame, truth: DataFrame, p: Emulate
                     .otherwise(p.default_cc).alias("choice")))
 
 
-def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSettings,
-                  counts: dict | None = None) -> DataFrame:
-    """The exported table of the previous hour (ALICCS Algorithm 1 over gold.predictions, the
-    export's ladder and purity thresholds), longest-prefix matched; a miss keeps the default CC.
-    Only `decision == "model"` predictions make entries: fallback and ood rows keep the default.
-    With `counts` (a dict), it receives the source predictions per decision."""
+def table_lookup(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSettings,
+                 counts: dict | None = None) -> DataFrame | None:
+    """Per session (conn_id): the entry of the table the edge would have had live — the hourly
+    export of the previous hour (ALICCS Algorithm 1 over gold.predictions, the export's ladder and
+    purity thresholds), longest-prefix matched — as `_ecc` (its CC) and `_pur` (its purity in
+    permille, as the table carries it); both null on a miss. Only `decision == "model"`
+    predictions make entries. None without gold.predictions. With `counts` (a dict), it receives
+    the source predictions per decision."""
     settings = cfg.settings.export
     hours = [r["hour"] for r in est.select("hour").distinct().collect()]
-    if not hours:
-        return est.select("conn_id", F.lit(p.default_cc).alias("choice"))
+    pred_path = table_path(cfg, "gold.predictions")
+    if not hours or not os.path.exists(pred_path):
+        return None
     n_hours = max(1, cfg.settings.pipeline.export_window_hours)
     src_hours = sorted({hour_shift(h, -p.table_lag_hours - k) for h in hours for k in range(n_hours)})
-    pred_path = table_path(cfg, "gold.predictions")
-    if not os.path.exists(pred_path):
-        return est.select("conn_id", F.lit(p.default_cc).alias("choice"))
     if counts is not None:
         counts.update({r["decision"]: int(r["count"]) for r in spark.read.format("delta").load(pred_path)
                        .where(F.col("hour").isin(src_hours)).groupBy("decision").count().collect()})
@@ -274,7 +284,8 @@ def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSe
              .withColumn("table_hour", F.explode(F.array(*[hour_shift_col("hour", k) for k in range(n_hours)]))))
     by = ("table_hour",)
     entries = ladder_entries(model_weights(address_decisions(preds, by), by), settings, by).select(
-        "table_hour", "fam", "level", "key", F.col("cc").alias("_ecc"))
+        "table_hour", "fam", "level", "key", F.col("cc").alias("_ecc"),
+        F.floor(F.col("top_weight") * 1000 / F.col("weight")).cast("int").alias("_pur"))
     conns = with_ip(est.select("conn_id", "client_ip", "hour"), "client_ip").select(
         "conn_id", hour_shift_col("hour", -p.table_lag_hours).alias("table_hour"),
         F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"))
@@ -284,9 +295,46 @@ def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSe
         levels = F.when(F.col("fam") == fam, arr) if levels is None else levels.when(F.col("fam") == fam, arr)
     looked = (conns.withColumn("level", F.explode(levels)).withColumn("key", F.expr("substring(hex, 1, level div 4)"))
               .join(entries, ["table_hour", "fam", "level", "key"], "left")
-              .groupBy("conn_id").agg(F.max(F.when(F.col("_ecc").isNotNull(), F.struct("level", "_ecc"))).alias("_m")))
+              .groupBy("conn_id").agg(F.max(F.when(F.col("_ecc").isNotNull(), F.struct("level", "_ecc", "_pur"))).alias("_m")))
     return (est.select("conn_id").join(looked, "conn_id", "left")
-            .select("conn_id", F.coalesce(F.col("_m._ecc"), F.lit(p.default_cc)).alias("choice")))
+            .select("conn_id", F.col("_m._ecc").alias("_ecc"), F.col("_m._pur").alias("_pur")))
+
+
+def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSettings,
+                  counts: dict | None = None) -> DataFrame:
+    """The previous hour's exported table (`table_lookup`); a miss keeps the default CC, and so do
+    fallback and ood predictions (they make no entries)."""
+    looked = table_lookup(spark, cfg, est, p, counts)
+    if looked is None:
+        return est.select("conn_id", F.lit(p.default_cc).alias("choice"))
+    return looked.select("conn_id", F.coalesce(F.col("_ecc"), F.lit(p.default_cc)).alias("choice"))
+
+
+def flow_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSettings, tree: tf.Tree,
+                mode: str) -> tuple[DataFrame, dict]:
+    """The edge with the table's handshake tree (issue 27): per session, the previous hour's table
+    entry (`table_lookup`) and the session's handshake features go through the kernel's decision
+    (table_format.decide, identical to ccs.bpf.c) in flow mode `mode`; a decision without a CC
+    keeps the default."""
+    looked = table_lookup(spark, cfg, est, p)
+    cols = ["conn_id", *[F.coalesce(F.col(f).cast("long"), F.lit(0)).alias(f) for f in HANDSHAKE_FEATURES]]
+    base = est.select(*cols)
+    base = base.join(looked, "conn_id", "left") if looked is not None else \
+        base.withColumn("_ecc", F.lit(None).cast("string")).withColumn("_pur", F.lit(None).cast("int"))
+    t = base.toArrow()
+    ecc = np.asarray(t.column("_ecc").to_pylist(), dtype=object)
+    hit = ecc != None  # noqa: E711 - elementwise
+    cc_id = np.array([tf.CC_IDS.get(c, 0) if c is not None else 0 for c in ecc], dtype=np.int64)
+    purity = np.nan_to_num(t.column("_pur").to_numpy(zero_copy_only=False).astype(float), nan=0).astype(np.int64)
+    x = np.stack([t.column(f).to_numpy() for f in HANDSHAKE_FEATURES], axis=1).astype(np.int64)
+    x = np.clip(x, 0, tf.U32_MAX)
+    cc, dec = tf.decide(hit, cc_id, 0, purity, tree, x, mode)
+    names = np.array([tf.CC_NAMES[int(c)] if c else p.default_cc for c in cc], dtype=object)
+    out = pd.DataFrame({"conn_id": t.column("conn_id").to_pylist(), "choice": names})
+    kinds, counts = np.unique(dec, return_counts=True)
+    info = {"mode": mode, "decisions": {str(k): int(v) for k, v in zip(kinds, counts)},
+            "tree_nodes": len(tree.nodes), "min_purity_permille": tree.min_purity_permille}
+    return spark.createDataFrame(out, "conn_id string, choice string"), info
 
 
 def _log_features(features: tuple[str, ...]) -> list:
@@ -606,7 +654,10 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
     """Emulate hours lo..hi: gold.emulation and gold.emulation_cells for the range (replaced on a
     re-run), and the summary."""
     p = params or cfg.settings.emulate
-    policies = tuple(policies or [x for x in POLICIES if x not in TRUTH_POLICIES or truth_dir])
+    if not policies:     # by default every policy this lake can run: the flow ones need `ccs handshake`
+        has_tree = load_handshake(cfg) is not None
+        policies = tuple(x for x in POLICIES if (x not in TRUTH_POLICIES or truth_dir) and (x not in FLOW_POLICIES or has_tree))
+    policies = tuple(policies)
     unknown = set(policies) - set(POLICIES)
     if unknown:
         raise ValueError(f"unknown policies {sorted(unknown)}; known: {', '.join(POLICIES)}")
@@ -626,6 +677,7 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
         train = s.where(~F.col("in_range"))
         choices: dict[str, DataFrame] = {}
         info: dict[str, Any] = {}
+        flow_tree = None
         for name in policies:
             if name in CCS:
                 choices[name] = fixed_policy(est, name)
@@ -636,6 +688,15 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
             elif name == "aliccs":
                 info[name] = {"source_decisions": {}}
                 choices[name] = aliccs_policy(spark, cfg, est, p, counts=info[name]["source_decisions"])
+            elif name in FLOW_POLICIES:
+                if flow_tree is None:
+                    loaded = load_handshake(cfg)
+                    if loaded is None:
+                        raise ValueError(f"policy {name} needs the handshake tree: run `ccs handshake` first")
+                    flow_tree = table_tree(loaded[0], cfg.settings.infer, cfg.settings.export.flow_min_purity_permille)
+                    info["flow_tree"] = {"model": loaded[1], "features": list(loaded[0].features),
+                                         "nodes": len(flow_tree.nodes), "depth": flow_tree.depth()}
+                choices[name], info[name] = flow_policy(spark, cfg, est, p, flow_tree, FLOW_POLICIES[name])
             elif name == "configanator":
                 choices[name], info[name] = configanator_policy(train, est, p)
             elif name == "disco":

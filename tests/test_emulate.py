@@ -146,6 +146,37 @@ def test_aliccs_uses_the_previous_hours_table_and_keeps_the_default_on_a_miss(sp
     assert got == {"s1": "bbr", "s2": "cubic", "s3": "cubic"}
 
 
+def test_flow_policies_decide_as_the_kernel_from_the_table_entry_and_the_handshake(spark, cfg):
+    """aliccs_fill / _combine / _flow (issue 27): the previous hour's entry (a pure /16, purity
+    1000) or a miss, and each session's handshake, through table_format.decide as the kernel
+    runs it; the tree: mss <= 1000 -> bbr (900), else cubic (600)."""
+    from ccselect.contract import HANDSHAKE_FEATURES
+    from ccselect.lake import table_path
+    from export.artifact import table_format as tf
+    preds = [(f"q{i}", "n1", H0, f"7.7.{i}.9", "bbr", "model", "cubic", 3) for i in range(12)]
+    (spark.createDataFrame(preds, "conn_id string, node_id string, hour string, client_ip string, cc string, decision string, "
+                                  "default_cc string, requests long")
+     .write.format("delta").save(table_path(cfg, "gold.predictions")))
+    trace = [("s1", H1, "7.7.200.1", "7.7.200.0/24", "wifi", "cubic", 0.1, 0.0),
+             ("s2", H1, "7.7.200.2", "7.7.200.0/24", "wifi", "cubic", 0.1, 0.0),
+             ("s3", H1, "9.9.9.9", "9.9.9.0/24", "wifi", "cubic", 0.1, 0.0),
+             ("s4", H1, "9.9.9.8", "9.9.9.0/24", "wifi", "cubic", 0.1, 0.0)]
+    mss = F.when(F.col("conn_id").isin("s1", "s3"), F.lit(500)).otherwise(F.lit(1460)).cast("long")
+    est = emulate.sessions(_trace(spark, trace), P).withColumn(HANDSHAKE_FEATURES[0], mss)
+    B, C = tf.CC_IDS["bbr"], tf.CC_IDS["cubic"]
+    tree = tf.Tree((tf.TreeNode(tf.TREE_FEATURES.index("mss_bytes"), 1000, 1, 2),
+                    tf.TreeNode(tf.TREE_LEAF, cc=B, conf_permille=900),
+                    tf.TreeNode(tf.TREE_LEAF, cc=C, conf_permille=600)), 950)
+    want = {"fill": ({"s1": "bbr", "s2": "bbr", "s3": "bbr", "s4": "cubic"}, {"table": 2, "flow": 2}),
+            "combine": ({"s1": "bbr", "s2": "bbr", "s3": "bbr", "s4": "cubic"}, {"table": 2, "flow": 2}),
+            "flow": ({"s1": "bbr", "s2": "cubic", "s3": "bbr", "s4": "cubic"}, {"flow": 4})}
+    for mode, (choices, decisions) in want.items():
+        df, info = emulate.flow_policy(spark, cfg, est, EmulateSettings(), tree, mode)
+        got = {r["conn_id"]: r["choice"] for r in df.collect()}
+        assert got == choices, f"{mode}: {got}"
+        assert info["decisions"] == decisions, f"{mode}: {info['decisions']}"
+
+
 def _cells(values: dict[str, list[list[float]]]) -> "pd.DataFrame":
     """gold.emulation_cells-like rows: per policy, per node, one cell per value (10 sessions each)."""
     import pandas as pd

@@ -181,11 +181,15 @@ def test_roundtrip_property(rows):
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler")
 def test_c_header_layout_matches_python(tmp_path):
     fields = [("ccs_table_header", f, off) for f, off in tf.HEADER_FIELDS] + \
-             [("ccs_table_entry", f, off) for f, off in tf.ENTRY_FIELDS]
+             [("ccs_table_entry", f, off) for f, off in tf.ENTRY_FIELDS] + \
+             [("ccs_tree_node", f, off) for f, off in tf.NODE_FIELDS]
     src = ['#include <stdio.h>', '#include <stddef.h>', '#include "ccs_table.h"', 'int main(void){',
-           'printf("%zu %zu\\n", sizeof(struct ccs_table_header), sizeof(struct ccs_table_entry));',
+           'printf("%zu %zu %zu\\n", sizeof(struct ccs_table_header), sizeof(struct ccs_table_entry), '
+           'sizeof(struct ccs_tree_node));',
            'printf("%u %u\\n", CCS_TABLE_MAGIC, CCS_TABLE_FORMAT);',
-           'printf("%d %d %d %d %d\\n", CCS_CC_KEEP, CCS_CC_CUBIC, CCS_CC_BBR, CCS_CC_RENO, CCS_ENTRY_LOW_CONF);']
+           'printf("%d %d %d %d %d\\n", CCS_CC_KEEP, CCS_CC_CUBIC, CCS_CC_BBR, CCS_CC_RENO, CCS_ENTRY_LOW_CONF);',
+           'printf("%d %d %d %d %d %d %d\\n", CCS_FEAT_MSS, CCS_FEAT_INIT_SND_WND, CCS_FEAT_CONN_TIME, '
+           'CCS_FEAT__MAX, CCS_TREE_LEAF, CCS_TREE_MAX_DEPTH, CCS_TREE_MAX_NODES);']
     src += [f'printf("%zu\\n", offsetof(struct {s}, {f}));' for s, f, _ in fields]
     src += ["return 0;}"]
     (tmp_path / "t.c").write_text("\n".join(src))
@@ -193,9 +197,12 @@ def test_c_header_layout_matches_python(tmp_path):
                         str(tmp_path / "t"), str(tmp_path / "t.c")], capture_output=True, text=True)
     assert r.returncode == 0, f"compile: {r.stderr}"
     out = subprocess.run([str(tmp_path / "t")], capture_output=True, text=True).stdout.split("\n")
-    assert out[0] == f"{tf.HEADER_SIZE} {tf.ENTRY_SIZE}", f"sizeof: {out[0]}"
+    assert out[0] == f"{tf.HEADER_SIZE} {tf.ENTRY_SIZE} {tf.NODE_SIZE}", f"sizeof: {out[0]}"
     assert out[1] == f"{tf.MAGIC} {tf.FORMAT}", f"magic/format: {out[1]}"
     assert out[2] == " ".join(str(tf.CC_IDS[c]) for c in ("keep", "cubic", "bbr", "reno")) + \
         f" {tf.FLAG_LOW_CONF}", f"cc ids / flags: {out[2]}"
-    for (s, f, off), line in zip(fields, out[3:]):
+    want = [tf.TREE_FEATURES.index(f) for f in ("mss_bytes", "init_snd_wnd_bytes", "connection_time_us")]
+    assert out[3] == " ".join(map(str, want + [len(tf.TREE_FEATURES), tf.TREE_LEAF, tf.TREE_MAX_DEPTH,
+                                              tf.TREE_MAX_NODES])), f"feature ids / tree bounds: {out[3]}"
+    for (s, f, off), line in zip(fields, out[4:]):
         assert int(line) == off, f"offsetof({s}, {f}) = {line}, Python says {off}"

@@ -14,6 +14,7 @@ from ccselect.spark import session_for
 def register(app: typer.Typer) -> None:
     app.command("distill")(distill_cmd)
     app.command("diagnose")(diagnose_cmd)
+    app.command("handshake")(handshake_cmd)
 
 
 def _session(config: Optional[str], app_name: str):
@@ -42,6 +43,33 @@ def distill_cmd(
     if m["failing_subsets"]:
         typer.echo(f"/16s still below the subset threshold at max depth: {', '.join(m['failing_subsets'])}")
     typer.echo(f"mlflow run {m['run_id']}")
+
+
+def handshake_cmd(
+    hours: str = typer.Option(..., "--hours", help="training window FROM..TO (inclusive), e.g. 2026-11-01T00..2026-11-01T05"),
+    features: Optional[str] = typer.Option(None, "--features", help="comma-separated subset of the handshake "
+                                           "features (default handshake.features), e.g. mss_bytes,connection_time_us"),
+    no_promote: bool = typer.Option(False, "--no-promote", help="register without the champion alias"),
+    as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Fit the handshake tree (MSS, client window, SYN-ACK→ACK time → network type) on the window's
+    labelled connections; register it as <name>-handshake (it ships in the next exported table)."""
+    from distill.jobs import run_handshake
+    cfg, spark = _session(config, "ccs-handshake")
+    lo, hi = parse_hours(hours)
+    m = run_handshake(spark, cfg, lo, hi, promote=not no_promote,
+                      features=[f.strip() for f in features.split(",")] if features else None)
+    if as_json:
+        typer.echo(json.dumps(m, indent=2, default=str))
+        return
+    h, reg = m["heldout"], m["registered"]
+    typer.echo(f"{reg['name']} v{reg['version']}{' @champion' if reg['champion'] else ''}: {m['nodes']} nodes, "
+               f"depth {m['depth']} over {', '.join(m['features'])}, from {m['rows']:,} labelled connections of {m['window']}")
+    typer.echo(f"held-out nodes: accuracy {h['accuracy']:.4f} (majority type {m['majority_accuracy']:.4f}), "
+               f"node mean {h['node_mean']:.4f} worst {h['node_worst']:.4f}, 4G recall {h['cell_recall']:.4f}")
+    typer.echo("by feature subset (held-out accuracy): " + ", ".join(
+        f"{k} {v['accuracy']:.4f}" for k, v in m["subsets"].items()))
 
 
 def diagnose_cmd(

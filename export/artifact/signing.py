@@ -3,7 +3,9 @@
 Layout in `out_dir` for table version V:
   table-V.bin                   binary table (export/artifact/table_format.py)
   table-V.manifest.json         manifest: format, version, model_version, created, expires,
-                                entries {v4, v6}, table (file name), sha256 (of the .bin)
+                                entries {v4, v6}, table (file name), sha256 (of the .bin),
+                                tree {model, nodes} (format 2: the flow tree in the .bin, or
+                                nodes 0 and model "" without one)
   table-V.manifest.json.sig     detached Ed25519 signature, 64 raw bytes, over the exact
                                 manifest file bytes
 
@@ -87,7 +89,7 @@ class TablePaths:
 
 def manifest_bytes(table_bin: bytes, table_name: str, version: int, model_version: str,
                    created: int, expires: int, n_v4: int, n_v6: int,
-                   extra: dict | None = None) -> bytes:
+                   extra: dict | None = None, tree_nodes: int = 0, tree_model: str = "") -> bytes:
     """The manifest JSON. `extra` (export details: source hours, coverage, agreement, ...) goes
     after the fields the agent reads; an extra key must not repeat one of them (the agent, like
     `read_manifest`, refuses a manifest with a duplicate key)."""
@@ -100,6 +102,9 @@ def manifest_bytes(table_bin: bytes, table_name: str, version: int, model_versio
         "entries": {"v4": int(n_v4), "v6": int(n_v6)},
         "table": table_name,
         "sha256": hashlib.sha256(table_bin).hexdigest(),
+        # the flow tree the .bin carries (issue 27): the signature covers its name and size here
+        # and, through sha256, its nodes; the agent checks nodes against the .bin's header
+        "tree": {"model": str(tree_model), "nodes": int(tree_nodes)},
     }
     for k, v in (extra or {}).items():
         if k in m or k in ("v4", "v6"):
@@ -110,15 +115,21 @@ def manifest_bytes(table_bin: bytes, table_name: str, version: int, model_versio
 
 def write_table(entries, version: int, model_version: str, expires: int, out_dir: str,
                 private_key: Ed25519PrivateKey, created: int | None = None,
-                extra: dict | None = None) -> TablePaths:
-    """Encode `entries` (table_format.Entry), write the .bin, the manifest and its signature.
+                extra: dict | None = None, tree: tf.Tree | None = None,
+                tree_model: str = "") -> TablePaths:
+    """Encode `entries` (table_format.Entry) and the flow tree `tree` (table_format.Tree, or
+    None), write the .bin, the manifest (naming the tree's model `tree_model`) and its signature.
 
     `expires` and `created` are unix seconds. Returns the three paths.
     """
+    if tree is None and tree_model:
+        raise ValueError("tree_model names a tree, but there is none")
+    if len(tree_model.encode()) >= 64:
+        raise ValueError("tree_model longer than 63 bytes (the agent's bound)")
     created = int(time.time()) if created is None else int(created)
     if expires <= created:
         raise tf.TableFormatError(f"expires ({expires}) must be after created ({created})")
-    table = tf.Table(int(version), created, int(expires), tuple(entries))
+    table = tf.Table(int(version), created, int(expires), tuple(entries), tree)
     blob = tf.encode(table)
     os.makedirs(out_dir, exist_ok=True)
     name = f"table-{int(version)}.bin"
@@ -126,7 +137,8 @@ def write_table(entries, version: int, model_version: str, expires: int, out_dir
                        os.path.join(out_dir, f"table-{int(version)}.manifest.json"),
                        os.path.join(out_dir, f"table-{int(version)}.manifest.json" + SIG_SUFFIX))
     man = manifest_bytes(blob, name, version, model_version, created, expires,
-                         table.n_v4, table.n_v6, extra)
+                         table.n_v4, table.n_v6, extra,
+                         tree_nodes=len(tree.nodes) if tree is not None else 0, tree_model=tree_model)
     for path, data in ((paths.table, blob), (paths.manifest, man),
                        (paths.signature, sign(man, private_key))):
         tmp = path + ".tmp"
@@ -150,7 +162,12 @@ def read_manifest(manifest_path: str, pub: Ed25519PublicKey) -> tuple[dict, tf.T
     if hashlib.sha256(blob).hexdigest() != man["sha256"]:
         raise SignatureError("sha256 of the table does not match the manifest")
     table = tf.decode(blob)
-    if (table.version, table.expires_unix, table.n_v4, table.n_v6) != (
-            man["version"], man["expires"], man["entries"]["v4"], man["entries"]["v6"]):
+    if man.get("format") != tf.FORMAT:
+        raise SignatureError(f"unsupported format {man.get('format')} in the manifest (this reader "
+                             f"takes format {tf.FORMAT})")
+    n_nodes = len(table.tree.nodes) if table.tree is not None else 0
+    if (table.version, table.expires_unix, table.n_v4, table.n_v6, n_nodes) != (
+            man["version"], man["expires"], man["entries"]["v4"], man["entries"]["v6"],
+            man["tree"]["nodes"]):
         raise SignatureError("table header disagrees with the manifest")
     return man, table

@@ -30,6 +30,7 @@ struct service {
 	char name[64];
 	bool ab;
 	bool caps;
+	__u8 flow_mode;   /* enum ccs_flow_mode */
 };
 
 struct config {
@@ -58,6 +59,8 @@ struct manifest {
 	char model_version[CCS_MODEL_VERSION_MAX];
 	char table[256];     /* file name, relative to the manifest */
 	char sha256[65];     /* 64 lowercase hex */
+	__u64 tree_nodes;    /* tree.nodes: the flow tree's node count, 0 = none */
+	char tree_model[CCS_MODEL_VERSION_MAX]; /* tree.model */
 };
 
 /* the pinned link against the configured cgroup (util.c link_state) */

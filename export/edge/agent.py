@@ -39,10 +39,13 @@ class Service:
     name: str = ""
     ab: bool = False
     caps: bool = False
+    # when the table's flow tree decides (export/edge/README.md; table_format.FLOW_MODES)
+    flow_mode: str = "off"
 
 
+FLOW_MODES = ("off", "fill", "combine", "flow")
 _STR_KEYS = ("node_id", "cgroup", "pin_dir", "public_key", "default_cc", "log_dir")
-_SERVICE_KEYS = {"port", "name", "ab", "caps"}
+_SERVICE_KEYS = {"port", "name", "ab", "caps", "flow_mode"}
 
 
 def _yaml_str(v: str) -> str:
@@ -72,7 +75,8 @@ class EdgeConfig:
         lines.append("services:")
         for s in self.services:
             lines.append(f"  - {{port: {int(s.port)}, name: {_yaml_str(s.name or 'svc' + str(s.port))}, "
-                         f"ab: {str(bool(s.ab)).lower()}, caps: {str(bool(s.caps)).lower()}}}")
+                         f"ab: {str(bool(s.ab)).lower()}, caps: {str(bool(s.caps)).lower()}"
+                         + (f", flow_mode: {s.flow_mode}" if s.flow_mode != "off" else "") + "}")
         return "\n".join(lines) + "\n"
 
     @classmethod
@@ -89,14 +93,17 @@ class EdgeConfig:
         svcs = []
         for s in d.pop("services", None) or []:
             if not isinstance(s, dict) or set(s) - _SERVICE_KEYS or "port" not in s:
-                raise ValueError(f"{path}: service {s!r}: keys are port (required), name, ab, caps")
+                raise ValueError(f"{path}: service {s!r}: keys are port (required), name, ab, caps, flow_mode")
             port = s["port"]
             if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
                 raise ValueError(f"{path}: service port {port!r} is not an integer in 1..65535")
             for k in ("ab", "caps"):
                 if not isinstance(s.get(k, False), bool):
                     raise ValueError(f"{path}: service {port}: {k}: {s[k]!r} is not a boolean")
-            svcs.append(Service(port, str(s.get("name", "")), s.get("ab", False), s.get("caps", False)))
+            mode = s.get("flow_mode", "off")
+            if mode not in FLOW_MODES:
+                raise ValueError(f"{path}: service {port}: flow_mode {mode!r} is not one of {', '.join(FLOW_MODES)}")
+            svcs.append(Service(port, str(s.get("name", "")), s.get("ab", False), s.get("caps", False), mode))
         if len({s.port for s in svcs}) != len(svcs):
             raise ValueError(f"{path}: two services on one port")
         if len(svcs) > 256:

@@ -105,7 +105,9 @@ static int apply_policy(int policy_fd, int *changed)
 	for (i = 0; i < cfg.n_services; i++) {
 		port = cfg.services[i].port;
 		want[port] = (struct ccs_policy){ .served = 1, .ab = cfg.services[i].ab,
-						  .caps = cfg.services[i].caps, .service_id = i + 1 };
+						  .caps = cfg.services[i].caps,
+						  .flow_mode = cfg.services[i].flow_mode,
+						  .service_id = i + 1 };
 	}
 	for (pass = 0; pass < 2; pass++) {
 		for (port = 0; port < n; port++) {

@@ -9,6 +9,12 @@
  *   LPM lookup in the live trie (ccs_tables[slot]) -> miss (or, for an IPv4 client, an IPv6
  *   entry covering ::ffff:0:0/96): default; keep/low-confidence: fallback;
  *   else bpf_setsockopt(TCP_CONGESTION) (+ caps when the service allows them): table.
+ * With a flow tree in the live slot (ccs_flow, ccs_trees) and the service's flow_mode asking for
+ * it, the handshake's MSS, window and first RTT sample walk the tree (a bounded loop over the
+ * node array): fill -> the leaf where the entry is not confident (miss, keep, low confidence,
+ * purity below the tree's min): decision flow; combine -> also on a confident entry, whose CC a
+ * leaf of higher confidence that disagrees replaces: table+flow; flow -> the leaf always.
+ * export/artifact/table_format.decide is the same decision in Python (issue 27).
  * Sampled connections (sample_thresh) get socket storage, RTT and state callbacks; on
  * TCP_CLOSE one struct ccs_conn goes to the ring buffer (the transport log).
  */
@@ -65,6 +71,40 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 	__array(values, struct inner_trie);
 } ccs_tables SEC(".maps");
+
+/* the flow tree of each slot's table: one value holding every node, swapped in like the trie
+ * (ccs.h struct ccs_tree, ccs_flow) */
+struct inner_tree {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__uint(key_size, sizeof(__u32));
+	/* a size, not a BTF type: clang emits an inner map's value type only as a forward decl */
+	__uint(value_size, sizeof(struct ccs_tree));
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY_OF_MAPS);
+	__uint(max_entries, CCS_SLOTS);
+	__type(key, __u32);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+	__array(values, struct inner_tree);
+} ccs_trees SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, CCS_SLOTS);
+	__type(key, __u32);
+	__type(value, struct ccs_flow);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ccs_flow SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CCS_FCNT__MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ccs_flow_counters SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -186,6 +226,52 @@ static __always_inline void cnt(__u32 idx)
 
 	if (v)
 		*v += 1;
+}
+
+static __always_inline void fcnt(__u32 idx)
+{
+	__u64 *v = bpf_map_lookup_elem(&ccs_flow_counters, &idx);
+
+	if (v)
+		*v += 1;
+}
+
+/*
+ * The leaf the flow (x[CCS_FEAT_*]) reaches: at most CCS_TREE_MAX_DEPTH splits, then the leaf,
+ * so CCS_TREE_MAX_DEPTH + 1 node reads bound the loop (the agent refused deeper trees, cycles
+ * and bad feature ids at load; a walk that still ends without a leaf returns -1).
+ */
+static __always_inline int tree_leaf(void *tree_map, __u32 mss, __u32 wnd, __u32 rtt, __u8 *cc,
+				     __u16 *conf)
+{
+	struct ccs_tree *tree;
+	struct ccs_tree_node *n;
+	__u32 idx = 0, v;
+	int i;
+
+	tree = bpf_map_lookup_elem(tree_map, &idx);
+	if (!tree)
+		return -1;
+	for (i = 0; i <= CCS_TREE_MAX_DEPTH; i++) {
+		if (idx >= CCS_TREE_MAX_NODES)
+			return -1;
+		n = &tree->nodes[idx];
+		if (n->feature == CCS_TREE_LEAF) {
+			*cc = n->cc;
+			*conf = n->conf_permille;
+			return 0;
+		}
+		if (n->feature == CCS_FEAT_MSS)
+			v = mss;
+		else if (n->feature == CCS_FEAT_INIT_SND_WND)
+			v = wnd;
+		else if (n->feature == CCS_FEAT_CONN_TIME)
+			v = rtt;
+		else
+			return -1;
+		idx = v <= n->threshold ? n->left : n->right;
+	}
+	return -1;
 }
 
 static __always_inline __u32 crc32_addr(const __u8 *p, int n)
@@ -335,7 +421,9 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	void *trie;
 	__u32 port = skops->local_port, zero = 0, slot;
 	__u64 version = 0;
-	__u8 family, decision = CCS_DEC_DEFAULT, has_table = 0, cc;
+	__u8 family, decision = CCS_DEC_DEFAULT, has_table = 0, cc, table_cc = 0, mode;
+	__u16 purity = 0;
+	bool looked_up = false;
 	__u32 a0, a1, a2;
 	int err;
 
@@ -394,35 +482,66 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 		}
 	}
 	cnt(CCS_CNT_LOOKUPS);
+	looked_up = true;
 	val = bpf_map_lookup_elem(trie, &key);
 	/* an IPv6 entry covering ::ffff:0:0/96 (e.g. ::/0) never decides for an IPv4 client */
 	if (!val || (family == 4 && (val->flags & CCS_VAL_FAMILY6))) {
+		val = NULL;
 		cnt(CCS_CNT_MISS);
-		goto out;
-	}
-	cc = val->cc;
-	if (cc == CCS_CC_KEEP || cc > CCS_CC_MAX) {
+	} else if (val->cc == CCS_CC_KEEP || val->cc > CCS_CC_MAX) {
 		cnt(CCS_CNT_HIT_KEEP);
 		decision = CCS_DEC_FALLBACK;
-		goto out;
-	}
-	if (val->flags & CCS_ENTRY_LOW_CONF) {
+	} else if (val->flags & CCS_ENTRY_LOW_CONF) {
 		cnt(CCS_CNT_HIT_LOWCONF);
 		decision = CCS_DEC_FALLBACK;
-		goto out;
+	} else {
+		cnt(CCS_CNT_HIT_CUBIC + val->cc - 1);
+		table_cc = val->cc;
+		purity = val->purity_permille;
+		decision = CCS_DEC_TABLE;
 	}
-	cnt(CCS_CNT_HIT_CUBIC + cc - 1);
+	cc = table_cc;
 	sk = skops->sk;
-	if (sk && (!default_cc_id || cc == default_cc_id))
+	mode = pol->flow_mode;
+	if (mode != CCS_FLOW_OFF && mode <= CCS_FLOW__MAX && sk) {
+		struct ccs_flow *flow = bpf_map_lookup_elem(&ccs_flow, &slot);
+		void *tree = bpf_map_lookup_elem(&ccs_trees, &slot);
+		bool confident;
+		__u8 leaf_cc = 0;
+		__u16 leaf_conf = 0;
+
+		/* the slot's tree, if it belongs to the slot's table (ccs.h struct ccs_flow) */
+		if (flow && tree && flow->n_nodes && flow->version == meta->version &&
+		    flow->loaded_unix == meta->loaded_unix) {
+			confident = table_cc && purity >= flow->min_purity_permille;
+			if (mode != CCS_FLOW_FILL || !confident) {
+				tp = bpf_skc_to_tcp_sock(sk);
+				fcnt(CCS_FCNT_TREE_EVALS);
+				/* the handshake as the transport log records it (start_log) */
+				if (!tp || tree_leaf(tree, CTX_U32(skops, mss_cache), tp->snd_wnd,
+						     CTX_U32(skops, srtt_us) >> 3, &leaf_cc, &leaf_conf)) {
+					fcnt(CCS_FCNT_TREE_NO_LEAF);
+				} else if (mode == CCS_FLOW_FLOW || !confident) {
+					cc = leaf_cc;
+					decision = CCS_DEC_FLOW;
+				} else if (leaf_cc != table_cc && leaf_conf > purity) {
+					cc = leaf_cc;
+					decision = CCS_DEC_TABLE_FLOW;
+				}
+			}
+		}
+	}
+	if (!cc) /* default or fallback: the socket keeps the default CC */
+		goto out;
+	if (sk && !tp && (!default_cc_id || cc == default_cc_id))
 		tp = bpf_skc_to_tcp_sock(sk);
-	err = set_cc(skops, tp, cc);
+	err = set_cc(skops, (!default_cc_id || cc == default_cc_id) ? tp : NULL, cc);
 	if (err < 0) {
 		cnt(CCS_CNT_SETSOCKOPT_ERR);
 		decision = CCS_DEC_FALLBACK;
 		goto out;
 	}
-	decision = CCS_DEC_TABLE;
-	if (pol->caps) {
+	if (decision == CCS_DEC_TABLE && pol->caps && val) {
 		if (val->pacing_rate_bps) {
 			__u64 bytes = val->pacing_rate_bps / 8;
 			int rate = bytes >= 0xfffffffeULL ? (int)0xfffffffe : (int)bytes;
@@ -444,6 +563,11 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 		}
 	}
 out:
+	if (looked_up)
+		fcnt(decision == CCS_DEC_TABLE ? CCS_FCNT_SRC_TABLE :
+		     decision == CCS_DEC_FLOW ? CCS_FCNT_SRC_FLOW :
+		     decision == CCS_DEC_TABLE_FLOW ? CCS_FCNT_SRC_TABLE_FLOW :
+		     decision == CCS_DEC_FALLBACK ? CCS_FCNT_SRC_FALLBACK : CCS_FCNT_SRC_DEFAULT);
 	if (sample_thresh && (__u64)bpf_get_prandom_u32() < sample_thresh)
 		start_log(skops, skops->sk, tp, &key, family, decision, version, has_table);
 	return 1;

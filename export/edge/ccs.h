@@ -86,12 +86,47 @@ struct ccs_model {
 	char model_version[CCS_MODEL_VERSION_MAX]; /* NUL-terminated */
 };
 
+/*
+ * ccs_flow[slot]: the flow tree of the slot's table (issue 27), written with ccs_model before
+ * the slot's meta turns valid. It belongs to the slot's table when version and loaded_unix equal
+ * the slot's ccs_meta ones (the program checks, like status does for ccs_model); tree_id is the
+ * map id of the node array in ccs_trees[slot] (0: the table has no tree, and the slot holds none).
+ * A map of its own, not ccs_meta fields, so that a pin dir made before it still takes an
+ * in-place attach (libbpf reuses a pinned map only of the same size).
+ */
+struct ccs_flow {
+	__u64 version;
+	__u64 loaded_unix;
+	__u32 tree_id;
+	__u16 n_nodes;              /* 0: no tree */
+	__u16 min_purity_permille;  /* an entry below it is mixed (flow modes fill, combine) */
+	char model[CCS_MODEL_VERSION_MAX]; /* the manifest's tree.model, NUL-terminated */
+};
+
+/*
+ * ccs_trees[slot] holds a one-element array map whose value is the whole tree: the walk costs one
+ * map lookup, not one per node (an inner map's lookups are helper calls: the verifier cannot
+ * inline them). Nodes past the table's tree_nodes are zero.
+ */
+struct ccs_tree {
+	struct ccs_tree_node nodes[CCS_TREE_MAX_NODES];
+};
+
+/* ccs_policy.flow_mode: when the flow tree decides (export/edge/README.md, table_format.decide) */
+enum ccs_flow_mode {
+	CCS_FLOW_OFF = 0,      /* the table alone */
+	CCS_FLOW_FILL = 1,     /* the tree where the entry is not confident (miss, keep, low, mixed) */
+	CCS_FLOW_COMBINE = 2,  /* fill, and a more confident leaf overrides a confident entry */
+	CCS_FLOW_FLOW = 3,     /* the tree for every treatment connection */
+	CCS_FLOW__MAX = 3,
+};
+
 /* ccs_policy[local port] */
 struct ccs_policy {
 	__u8 served;     /* 1: enforce on this port */
 	__u8 ab;         /* 1: A/B mode (even CRC32 -> control) */
 	__u8 caps;       /* 1: apply pacing / cwnd caps from the table */
-	__u8 pad;
+	__u8 flow_mode;  /* enum ccs_flow_mode (was padding: 0 = off, as before) */
 	__u32 service_id;
 };
 
@@ -101,6 +136,9 @@ enum ccs_decision {
 	CCS_DEC_DEFAULT = 2,    /* miss, or no table loaded */
 	CCS_DEC_AB_CONTROL = 3,
 	CCS_DEC_STALE = 4,      /* table expired */
+	CCS_DEC_FLOW = 5,       /* the flow tree's leaf (flow modes) */
+	CCS_DEC_TABLE_FLOW = 6, /* combine: a more confident leaf overrode a confident entry */
+	CCS_DEC__MAX = 6,
 };
 
 enum ccs_counter {
@@ -127,7 +165,28 @@ enum ccs_counter {
 	CCS_CNT__MAX,
 };
 
+/*
+ * ccs_flow_counters: the decision source of every lookup (issue 27) and the tree's own counts, in
+ * a map of their own (a pin dir made before them keeps its ccs_counters). Invariant:
+ * lookups = src_table + src_flow + src_table_flow + src_fallback + src_default.
+ */
+enum ccs_flow_counter {
+	CCS_FCNT_SRC_TABLE = 0,
+	CCS_FCNT_SRC_FLOW,
+	CCS_FCNT_SRC_TABLE_FLOW,
+	CCS_FCNT_SRC_FALLBACK,
+	CCS_FCNT_SRC_DEFAULT,
+	CCS_FCNT_TREE_EVALS,     /* tree walks (each lookup of a service whose mode asks for one) */
+	CCS_FCNT_TREE_NO_LEAF,   /* a walk that found no leaf in the bound (never, for a checked tree) */
+	CCS_FCNT__MAX,
+};
+
 #ifndef __BPF__
+static const char *const ccs_flow_counter_names[CCS_FCNT__MAX] = {
+	"src_table", "src_flow", "src_table_flow", "src_fallback", "src_default", "tree_evals",
+	"tree_no_leaf",
+};
+static const char *const ccs_flow_mode_names[CCS_FLOW__MAX + 1] = { "off", "fill", "combine", "flow" };
 static const char *const ccs_counter_names[CCS_CNT__MAX] = {
 	"established", "no_table", "expired", "ab_control", "lookups", "miss", "hit_keep",
 	"hit_lowconf", "hit_cubic", "hit_bbr", "hit_reno", "setsockopt_err", "pacing_set",
@@ -135,7 +194,7 @@ static const char *const ccs_counter_names[CCS_CNT__MAX] = {
 	"not_served",
 };
 static const char *const ccs_decision_names[] = {
-	"table", "fallback", "default", "ab_control", "stale",
+	"table", "fallback", "default", "ab_control", "stale", "flow", "table+flow",
 };
 #endif
 

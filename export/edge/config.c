@@ -4,6 +4,7 @@
  *
  *   key: value                top level, at column 0; each key at most once
  *   services:                 then one item per line: `- {port: 443, name: video, ab: true}`
+ *                             (keys port, name, ab, caps, flow_mode: off|fill|combine|flow)
  *   # comment                 from a '#' at the start of a line or after a blank
  *
  * Values are plain scalars, or 'single' / "double" quoted (\" and \\ escapes). Whatever the
@@ -42,7 +43,7 @@ static const char *const top_keys[] = {
 	"node_id", "cgroup", "pin_dir", "public_key", "default_cc", "sample_rate", "log_dir",
 	"services", NULL,
 };
-static const char *const service_keys[] = { "port", "name", "ab", "caps", NULL };
+static const char *const service_keys[] = { "port", "name", "ab", "caps", "flow_mode", NULL };
 
 static int key_index(const char *const *keys, const char *k)
 {
@@ -237,7 +238,7 @@ int check_node_id(const char *v)
 static int parse_service(const struct pos *p, const char *s)
 {
 	struct service *svc;
-	bool seen[4] = {};
+	bool seen[5] = {};
 	char key[64], val[256];
 	unsigned long port;
 	int i, k;
@@ -264,7 +265,8 @@ static int parse_service(const struct pos *p, const char *s)
 		}
 		k = key_index(service_keys, key);
 		if (k < 0) {
-			cfg_err(p, "unknown service key \"%s\" (known: port, name, ab, caps)", key);
+			cfg_err(p, "unknown service key \"%s\" (known: port, name, ab, caps, flow_mode)",
+				key);
 			return -1;
 		}
 		if (seen[k]) {
@@ -285,6 +287,17 @@ static int parse_service(const struct pos *p, const char *s)
 				return -1;
 			}
 			strcpy(svc->name, val);
+		} else if (k == 4) {
+			int m;
+
+			for (m = 0; m <= CCS_FLOW__MAX; m++)
+				if (!strcmp(val, ccs_flow_mode_names[m]))
+					break;
+			if (m > CCS_FLOW__MAX) {
+				cfg_err(p, "flow_mode \"%s\" is not one of off, fill, combine, flow", val);
+				return -1;
+			}
+			svc->flow_mode = (__u8)m;
 		} else if (parse_bool(p, key, val, k == 2 ? &svc->ab : &svc->caps)) {
 			return -1;
 		}

@@ -9,7 +9,9 @@
  *     both: the manifest would mean different things to different readers);
  *   - format, version, created, expires, entries.v4, entries.v6 are JSON integers in the range
  *     of their header fields (no 5.0, 5e0, "5", objects or arrays); model_version, table and
- *     sha256 are strings; entries is an object; a \u0000 escape is refused anywhere.
+ *     sha256 are strings; entries is an object; a \u0000 escape is refused anywhere;
+ *   - format 2 only (the flow tree): tree is an object, tree.model a string (at most 63 bytes),
+ *     tree.nodes an integer in 0..CCS_TREE_MAX_NODES.
  *
  * cJSON keeps numbers only as doubles, so integers are read from their text: valid JSON has
  * digits outside strings only in numbers, so the document's number tokens, in order, are the
@@ -341,7 +343,7 @@ static int get_str(const cJSON *obj, const char *name, const char *path, char *o
 /* the fields, in the manifest's order; then what the agent needs of their values */
 static int read_fields(const struct jdoc *d, struct manifest *m)
 {
-	const cJSON *ents;
+	const cJSON *ents, *tree;
 
 	if (get_uint(d, d->root, "format", "format", UINT16_MAX, &m->format) ||
 	    get_uint(d, d->root, "version", "version", UINT64_MAX, &m->version) ||
@@ -364,10 +366,21 @@ static int read_fields(const struct jdoc *d, struct manifest *m)
 	    get_str(d->root, "sha256", "sha256", m->sha256, sizeof(m->sha256)))
 		return -1;
 	if (m->format != CCS_TABLE_FORMAT) {
-		die_msg("refused: unsupported format %llu (manifest field \"format\")",
-			(unsigned long long)m->format);
+		die_msg("refused: unsupported format %llu (manifest field \"format\"): this agent reads "
+			"format %d (tables with the flow tree) only", (unsigned long long)m->format,
+			CCS_TABLE_FORMAT);
 		return -1;
 	}
+	tree = get_field(d->root, "tree", "tree");
+	if (!tree)
+		return -1;
+	if (!cJSON_IsObject(tree)) {
+		die_msg("refused: manifest field \"tree\" must be an object, not %s", type_name(tree));
+		return -1;
+	}
+	if (get_str(tree, "model", "tree.model", m->tree_model, sizeof(m->tree_model)) ||
+	    get_uint(d, tree, "nodes", "tree.nodes", CCS_TREE_MAX_NODES, &m->tree_nodes))
+		return -1;
 	if (!m->table[0] || strchr(m->table, '/') || !strcmp(m->table, ".") ||
 	    !strcmp(m->table, "..")) {
 		die_msg("refused: manifest field \"table\" must name a file beside the manifest, not "

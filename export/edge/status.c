@@ -3,7 +3,8 @@
  * status.c - status [--json]: attached? (the pinned link checked against the configured cgroup
  * as it is now), the program's id and run stats, the version rule's floor and overrides, the live
  * and the previous table (version, model version, age, expiry, expired, enforced, entries,
- * sha256), each slot's state and every counter summed over the CPUs. Without --json a line, then
+ * sha256, its flow tree), each slot's state and every counter summed over the CPUs (the decision
+ * sources and tree counts of ccs_flow_counters beside ccs_counters'). Without --json a line, then
  * the same JSON object. Every string is JSON-escaped.
  */
 #include <stdio.h>
@@ -19,7 +20,7 @@
  * enforcing: the slot is live and the program is attached to the configured cgroup.
  */
 static void print_meta(FILE *o, const struct ccs_meta *m, const struct ccs_model *model,
-		       __u32 slot, bool enforcing)
+		       const struct ccs_flow *flow, __u32 slot, bool enforcing)
 {
 	__u64 now_mono = clock_ns(CLOCK_MONOTONIC);
 	time_t now = time(NULL);
@@ -39,12 +40,24 @@ static void print_meta(FILE *o, const struct ccs_meta *m, const struct ccs_model
 	}
 	fprintf(o, ", \"slot\": %u, \"created\": %llu, \"expires\": %llu, "
 		"\"loaded\": %llu, \"age_s\": %lld, \"expires_in_s\": %.3f, \"expired\": %s, "
-		"\"enforced\": %s, \"entries\": {\"v4\": %u, \"v6\": %u}, \"sha256\": \"%s\"}",
+		"\"enforced\": %s, \"entries\": {\"v4\": %u, \"v6\": %u}, \"sha256\": \"%s\"",
 		slot, (unsigned long long)m->created_unix,
 		(unsigned long long)m->expires_unix, (unsigned long long)m->loaded_unix,
 		(long long)now - (long long)m->created_unix,
 		left, expired ? "true" : "false", enforcing && !expired ? "true" : "false", m->n_v4,
 		m->n_v6, sha);
+	/* "tree": the slot's flow tree, null if it has none (or its record is another table's) */
+	if (flow && flow->version == m->version && flow->loaded_unix == m->loaded_unix &&
+	    flow->n_nodes) {
+		snprintf(mv, sizeof(mv), "%.*s", (int)sizeof(mv) - 1, flow->model);
+		fprintf(o, ", \"tree\": {\"model\": ");
+		json_str(o, mv);
+		fprintf(o, ", \"nodes\": %u, \"min_purity_permille\": %u, \"map_id\": %u}",
+			flow->n_nodes, flow->min_purity_permille, flow->tree_id);
+	} else {
+		fprintf(o, ", \"tree\": null");
+	}
+	fprintf(o, "}");
 }
 
 /* the program's run stats (bpf_stats) */
@@ -71,7 +84,7 @@ static const char *slot_state(const struct ccs_meta *m, __u32 trie_id)
 }
 
 /* "counters": {name: sum over the CPUs, ...}; vals has room for ncpu values */
-static void print_counters(FILE *o, int cnt_fd, __u64 *vals, int ncpu)
+static void print_counters(FILE *o, int cnt_fd, int fcnt_fd, __u64 *vals, int ncpu)
 {
 	__u64 total;
 	__u32 k;
@@ -86,6 +99,13 @@ static void print_counters(FILE *o, int cnt_fd, __u64 *vals, int ncpu)
 		fprintf(o, "%s\"%s\": %llu", k ? ", " : "", ccs_counter_names[k],
 			(unsigned long long)total);
 	}
+	for (k = 0; fcnt_fd >= 0 && k < CCS_FCNT__MAX; k++) {
+		total = 0;
+		if (!bpf_map_lookup_elem(fcnt_fd, &k, vals))
+			for (c = 0; c < ncpu; c++)
+				total += vals[c];
+		fprintf(o, ", \"%s\": %llu", ccs_flow_counter_names[k], (unsigned long long)total);
+	}
 	fprintf(o, "}");
 }
 
@@ -94,6 +114,7 @@ int cmd_status(bool json)
 	int ctl_fd = open_pinned("ccs_ctl"), meta_fd = open_pinned("ccs_meta");
 	int cnt_fd = open_pinned("ccs_counters"), tables_fd = open_pinned("ccs_tables");
 	int model_fd = open_pinned("ccs_model"), version_fd = open_pinned("ccs_version");
+	int flow_fd = open_pinned("ccs_flow"), fcnt_fd = open_pinned("ccs_flow_counters");
 	int ncpu = libbpf_num_possible_cpus(), err = 1, live = -1;
 	struct link_state ls = { .fd = -1 };
 	struct bpf_prog_info pinfo = {};
@@ -101,6 +122,8 @@ int cmd_status(bool json)
 	struct ccs_ctl ctl = {};
 	struct ccs_meta meta[CCS_SLOTS] = {};
 	struct ccs_model model[CCS_SLOTS] = {};
+	struct ccs_flow flow[CCS_SLOTS] = {};
+	bool has_flow[CCS_SLOTS] = {};
 	struct ccs_version ver = {};
 	bool has_model[CCS_SLOTS] = {}, ok[CCS_SLOTS] = {};
 	__u64 *vals = NULL, floor;
@@ -127,6 +150,7 @@ int cmd_status(bool json)
 		ok[slot] = slot_consistent(&meta[slot], trie_id[slot]);
 		has_model[slot] = model_fd >= 0 &&
 				  !bpf_map_lookup_elem(model_fd, &slot, &model[slot]);
+		has_flow[slot] = flow_fd >= 0 && !bpf_map_lookup_elem(flow_fd, &slot, &flow[slot]);
 	}
 	if (version_fd >= 0)
 		bpf_map_lookup_elem(version_fd, &zero, &ver);
@@ -173,18 +197,20 @@ int cmd_status(bool json)
 		fprintf(o, "null");
 	fprintf(o, "}, \"table\": ");
 	if (live >= 0 && ok[live])
-		print_meta(o, &meta[live], has_model[live] ? &model[live] : NULL, live, ls.attached);
+		print_meta(o, &meta[live], has_model[live] ? &model[live] : NULL,
+			   has_flow[live] ? &flow[live] : NULL, live, ls.attached);
 	else
 		fprintf(o, "null");
 	fprintf(o, ", \"previous\": ");
 	slot = live >= 0 ? (__u32)(live + 1) % CCS_SLOTS : 0;
 	if (live >= 0 && ok[slot])
-		print_meta(o, &meta[slot], has_model[slot] ? &model[slot] : NULL, slot, false);
+		print_meta(o, &meta[slot], has_model[slot] ? &model[slot] : NULL,
+			   has_flow[slot] ? &flow[slot] : NULL, slot, false);
 	else
 		fprintf(o, "null");
 	fprintf(o, ", \"slot_state\": [\"%s\", \"%s\"], ", slot_state(&meta[0], trie_id[0]),
 		slot_state(&meta[1], trie_id[1]));
-	print_counters(o, cnt_fd, vals, ncpu);
+	print_counters(o, cnt_fd, fcnt_fd, vals, ncpu);
 	fprintf(o, "}\n");
 	err = 0;
 cleanup:
@@ -203,5 +229,9 @@ cleanup:
 		close(model_fd);
 	if (version_fd >= 0)
 		close(version_fd);
+	if (flow_fd >= 0)
+		close(flow_fd);
+	if (fcnt_fd >= 0)
+		close(fcnt_fd);
 	return err;
 }

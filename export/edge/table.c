@@ -7,6 +7,12 @@
  * installed, the meta written (valid, with the trie's map id), then ccs_ctl.live flipped (one
  * word). The previous table stays in the other slot: rollback flips back to it, if that slot is
  * valid and its trie is the one its meta describes.
+ *
+ * The flow tree (format 2, issue 27) travels the same way: checked with the entries (check_tree:
+ * the refusals of table_format.validate_tree, in its words), built into a fresh node array, and
+ * installed in ccs_trees[slot] (or the slot's old one removed) with its ccs_flow record while the
+ * slot is marked invalid; the flip makes table and tree live together, and a rollback to a table
+ * without a tree stops the tree's decisions with that same one-word flip.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -28,6 +34,8 @@ struct table {
 	const struct ccs_table_header *h;
 	const struct ccs_table_entry *ents;
 	size_t n;
+	const struct ccs_tree_node *nodes;  /* the flow tree, NULL if none */
+	size_t n_nodes;
 };
 
 /* an IPv6 prefix inside ::ffff:0:0/96 (IPv4-mapped space): an IPv4 prefix in disguise */
@@ -105,7 +113,84 @@ static int read_table_bin(const char *manifest_path, struct table *t)
 	return 0;
 }
 
-/* the header against the manifest, the expiry, every entry */
+/*
+ * The flow tree: a tree the program's bounded walk can take (ccs_table.h). The same checks, in
+ * the same order and words, as table_format.validate_tree.
+ */
+static int check_tree(const struct ccs_tree_node *nodes, size_t n, __u16 min_purity)
+{
+	unsigned char parents[CCS_TREE_MAX_NODES] = {}, depth[CCS_TREE_MAX_NODES] = {};
+	size_t i, k;
+
+	if (n < 1 || n > CCS_TREE_MAX_NODES) {
+		die_msg("refused: tree: %zu nodes (1..%d)", n, CCS_TREE_MAX_NODES);
+		return -1;
+	}
+	if (min_purity > 1000) {
+		die_msg("refused: tree: min_purity_permille %u out of 0..1000", min_purity);
+		return -1;
+	}
+	for (i = 0; i < n; i++) {
+		const struct ccs_tree_node *nd = &nodes[i];
+		__u16 child[2] = { nd->left, nd->right };
+
+		if (nd->reserved) {
+			die_msg("refused: tree node %zu: nonzero reserved bytes", i);
+			return -1;
+		}
+		if (nd->feature == CCS_TREE_LEAF) {
+			if (nd->cc < 1 || nd->cc > CCS_CC_MAX) {
+				die_msg("refused: tree node %zu: leaf with unknown cc id %u", i, nd->cc);
+				return -1;
+			}
+			if (nd->conf_permille > 1000) {
+				die_msg("refused: tree node %zu: leaf confidence %u out of 0..1000", i,
+					nd->conf_permille);
+				return -1;
+			}
+			if (nd->left || nd->right || nd->threshold) {
+				die_msg("refused: tree node %zu: leaf with children or a threshold", i);
+				return -1;
+			}
+			continue;
+		}
+		if (nd->feature >= CCS_FEAT__MAX) {
+			die_msg("refused: tree node %zu: bad feature id %u", i, nd->feature);
+			return -1;
+		}
+		if (nd->cc || nd->conf_permille) {
+			die_msg("refused: tree node %zu: split with a cc", i);
+			return -1;
+		}
+		for (k = 0; k < 2; k++) {
+			if (child[k] >= n) {
+				die_msg("refused: tree node %zu: child %u out of range (0..%zu)", i, child[k],
+					n - 1);
+				return -1;
+			}
+			if (child[k] <= i) {
+				die_msg("refused: tree node %zu: child %u not after its parent (a cycle)", i,
+					child[k]);
+				return -1;
+			}
+			parents[child[k]]++;
+			depth[child[k]] = depth[i] + 1;
+			if (depth[child[k]] > CCS_TREE_MAX_DEPTH) {
+				die_msg("refused: tree node %u: depth %u over the bound %d", child[k],
+					depth[child[k]], CCS_TREE_MAX_DEPTH);
+				return -1;
+			}
+		}
+	}
+	for (i = 1; i < n; i++)
+		if (parents[i] != 1) {
+			die_msg("refused: tree node %zu: %u parents (a tree has exactly one)", i, parents[i]);
+			return -1;
+		}
+	return 0;
+}
+
+/* the header against the manifest, the expiry, every entry, the tree */
 static int check_table(struct table *t, time_t now)
 {
 	const struct ccs_table_header *h = (const struct ccs_table_header *)t->bin;
@@ -119,14 +204,24 @@ static int check_table(struct table *t, time_t now)
 	t->h = h;
 	t->ents = (const struct ccs_table_entry *)(t->bin + sizeof(*h));
 	t->n = (size_t)h->n_v4 + h->n_v6;
-	if (h->magic != CCS_TABLE_MAGIC || h->format != CCS_TABLE_FORMAT ||
-	    h->header_size != sizeof(*h) || h->entry_size != sizeof(*t->ents) ||
-	    t->len != sizeof(*h) + t->n * sizeof(*t->ents) || t->n > CCS_MAX_ENTRIES) {
+	t->n_nodes = h->tree_nodes;
+	if (h->magic == CCS_TABLE_MAGIC && h->format != CCS_TABLE_FORMAT) {
+		die_msg("refused: unsupported table format %u: this agent reads format %d (tables with "
+			"the flow tree) only", h->format, CCS_TABLE_FORMAT);
+		return -1;
+	}
+	if (h->magic != CCS_TABLE_MAGIC || h->header_size != sizeof(*h) ||
+	    h->entry_size != sizeof(*t->ents) ||
+	    h->tree_node_size != (t->n_nodes ? sizeof(struct ccs_tree_node) : 0) ||
+	    t->len != sizeof(*h) + t->n * sizeof(*t->ents) + t->n_nodes * sizeof(*t->nodes) ||
+	    t->n > CCS_MAX_ENTRIES) {
 		die_msg("refused: bad table header or size");
 		return -1;
 	}
+	t->nodes = t->n_nodes ? (const struct ccs_tree_node *)(t->ents + t->n) : NULL;
 	if (h->version != m->version || h->expires_unix != m->expires ||
-	    h->created_unix != m->created || h->n_v4 != m->n_v4 || h->n_v6 != m->n_v6) {
+	    h->created_unix != m->created || h->n_v4 != m->n_v4 || h->n_v6 != m->n_v6 ||
+	    h->tree_nodes != m->tree_nodes) {
 		die_msg("refused: table header disagrees with the manifest");
 		return -1;
 	}
@@ -138,7 +233,37 @@ static int check_table(struct table *t, time_t now)
 	for (i = 0; i < t->n; i++)
 		if (validate_entry(&t->ents[i], i < h->n_v4 ? 4 : 6, i))
 			return -1;
+	if (t->n_nodes)
+		return check_tree(t->nodes, t->n_nodes, h->tree_min_purity_permille);
+	if (h->tree_min_purity_permille || m->tree_model[0]) {
+		die_msg("refused: a tree's min purity or model without a tree");
+		return -1;
+	}
 	return 0;
+}
+
+/* a new map holding the table's flow tree (ccs.h struct ccs_tree, one value): its fd, or -1 */
+static int build_tree(const struct table *t)
+{
+	struct ccs_tree *tree = calloc(1, sizeof(*tree));
+	__u32 zero = 0;
+	int fd = -1;
+
+	if (!tree) {
+		die_msg("tree: out of memory");
+		return -1;
+	}
+	memcpy(tree->nodes, t->nodes, t->n_nodes * sizeof(*t->nodes));
+	fd = bpf_map_create(BPF_MAP_TYPE_ARRAY, "ccs_tree", sizeof(__u32), sizeof(*tree), 1, NULL);
+	if (fd < 0) {
+		die_msg("create tree: %s", strerror(errno));
+	} else if (bpf_map_update_elem(fd, &zero, tree, BPF_ANY)) {
+		die_msg("write tree: %s", strerror(errno));
+		close(fd);
+		fd = -1;
+	}
+	free(tree);
+	return fd;
 }
 
 /* a new LPM trie holding the table (nothing is live yet): its fd, or -1 */
@@ -190,6 +315,8 @@ struct slots {
 	int tables_fd;
 	int model_fd;    /* -1 while the program attached predates ccs_model: then not recorded */
 	int version_fd;  /* -1 while it predates ccs_version: the rule then stands on the slots */
+	int trees_fd;    /* ccs_trees and ccs_flow: -1 while it predates the flow tree (a table */
+	int flow_fd;     /*   with a tree is then refused; one without loads as before) */
 };
 
 /* what the slots hold now */
@@ -204,7 +331,8 @@ struct state {
 
 static void close_slots(struct slots *s)
 {
-	int *fds[] = { &s->ctl_fd, &s->meta_fd, &s->tables_fd, &s->model_fd, &s->version_fd };
+	int *fds[] = { &s->ctl_fd, &s->meta_fd, &s->tables_fd, &s->model_fd, &s->version_fd,
+		       &s->trees_fd, &s->flow_fd };
 	size_t i;
 
 	for (i = 0; i < sizeof(fds) / sizeof(fds[0]); i++) {
@@ -221,6 +349,15 @@ static int open_slots(struct slots *s)
 	s->tables_fd = open_pinned("ccs_tables");
 	s->model_fd = open_pinned("ccs_model");
 	s->version_fd = open_pinned("ccs_version");
+	s->trees_fd = open_pinned("ccs_trees");
+	s->flow_fd = open_pinned("ccs_flow");
+	if (s->trees_fd < 0 || s->flow_fd < 0) {
+		if (s->trees_fd >= 0)
+			close(s->trees_fd);
+		if (s->flow_fd >= 0)
+			close(s->flow_fd);
+		s->trees_fd = s->flow_fd = -1;
+	}
 	if (s->ctl_fd < 0 || s->meta_fd < 0 || s->tables_fd < 0) {
 		die_msg("not attached: no pinned maps under %s", cfg.pin_dir);
 		close_slots(s);
@@ -394,8 +531,11 @@ static __u64 expiry_mono_ns(__u64 expires_unix, time_t now)
  * status refuse to trust, and the next load overwrites.
  */
 static int swap_in(const struct slots *s, const struct state *st, const struct table *t,
-		   int trie_fd, time_t now, bool override, __u32 *slotp)
+		   int trie_fd, int tree_fd, time_t now, bool override, __u32 *slotp)
 {
+	struct ccs_flow flow = {};
+	struct bpf_map_info tinfo = {};
+	__u32 tlen = sizeof(tinfo);
 	struct ccs_ctl ctl = st->ctl;
 	struct ccs_meta meta = {};
 	struct ccs_model model = {};
@@ -422,6 +562,17 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 		die_msg("trie map id: %s", strerror(errno));
 		return -1;
 	}
+	/* 2b. the flow tree, or none: the slot must not keep the tree of the table it held before */
+	if (tree_fd >= 0) {
+		if (bpf_map_update_elem(s->trees_fd, &slot, &tree_fd, BPF_ANY) ||
+		    bpf_obj_get_info_by_fd(tree_fd, &tinfo, &tlen)) {
+			die_msg("install tree in slot %u (ccs_trees): %s", slot, strerror(errno));
+			return -1;
+		}
+	} else if (s->trees_fd >= 0 && bpf_map_delete_elem(s->trees_fd, &slot) && errno != ENOENT) {
+		die_msg("remove the old tree from slot %u (ccs_trees): %s", slot, strerror(errno));
+		return -1;
+	}
 	/* 3. the model version, for status */
 	memset(&meta, 0, sizeof(meta));
 	meta.version = t->man.version;
@@ -439,6 +590,16 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 	memcpy(model.model_version, t->man.model_version, sizeof(model.model_version));
 	if (s->model_fd >= 0 && bpf_map_update_elem(s->model_fd, &slot, &model, BPF_ANY)) {
 		die_msg("write slot %u model version (ccs_model): %s", slot, strerror(errno));
+		return -1;
+	}
+	flow.version = meta.version;
+	flow.loaded_unix = meta.loaded_unix;
+	flow.tree_id = tree_fd >= 0 ? tinfo.id : 0;
+	flow.n_nodes = (__u16)t->n_nodes;
+	flow.min_purity_permille = t->h->tree_min_purity_permille;
+	memcpy(flow.model, t->man.tree_model, sizeof(flow.model));
+	if (s->flow_fd >= 0 && bpf_map_update_elem(s->flow_fd, &slot, &flow, BPF_ANY)) {
+		die_msg("write slot %u flow tree record (ccs_flow): %s", slot, strerror(errno));
 		return -1;
 	}
 	/* 4. the meta: the slot is valid again, describing the trie now in it */
@@ -460,11 +621,11 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 
 int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 {
-	struct slots s = { -1, -1, -1, -1, -1 };
+	struct slots s = { -1, -1, -1, -1, -1, -1, -1 };
 	struct state st;
 	struct table t = {};
 	__u64 t0, t1, t2, t3;
-	int trie_fd = -1, lock_fd = -1, err = -1;
+	int trie_fd = -1, tree_fd = -1, lock_fd = -1, err = -1;
 	enum rule rule;
 	__u32 slot = 0;
 	time_t now = time(NULL);
@@ -478,6 +639,12 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 	t1 = clock_ns(CLOCK_MONOTONIC);
 	if (open_slots(&s))
 		goto cleanup;
+	if (t.n_nodes && s.trees_fd < 0) {
+		die_msg("refused: table %llu carries a flow tree, but the program attached under %s "
+			"predates it (no ccs_trees): run `ccs-edge attach` first",
+			(unsigned long long)t.man.version, cfg.pin_dir);
+		goto cleanup;
+	}
 	lock_fd = lock_pin_dir();
 	if (lock_fd < 0) {
 		die_msg("lock %s: %s", cfg.pin_dir, strerror(-lock_fd));
@@ -505,16 +672,22 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 	trie_fd = build_trie(&t);
 	if (trie_fd < 0)
 		goto cleanup;
+	if (t.n_nodes) {
+		tree_fd = build_tree(&t);
+		if (tree_fd < 0)
+			goto cleanup;
+	}
 	t2 = clock_ns(CLOCK_MONOTONIC);
-	if (swap_in(&s, &st, &t, trie_fd, now, rule == RULE_OVERRIDE, &slot))
+	if (swap_in(&s, &st, &t, trie_fd, tree_fd, now, rule == RULE_OVERRIDE, &slot))
 		goto cleanup;
 	t3 = clock_ns(CLOCK_MONOTONIC);
 	err = 0;
 	if (json)
 		printf("{\"loaded\": true, \"version\": %llu, \"slot\": %u, \"override\": %s, "
-		       "\"entries\": {\"v4\": %u, \"v6\": %u}, \"verify_ms\": %.3f, \"build_ms\": %.3f, "
-		       "\"swap_us\": %.3f, \"total_ms\": %.3f}\n", (unsigned long long)t.man.version, slot,
-		       rule == RULE_OVERRIDE ? "true" : "false", t.h->n_v4, t.h->n_v6, (t1 - t0) / 1e6,
+		       "\"entries\": {\"v4\": %u, \"v6\": %u}, \"tree_nodes\": %zu, \"verify_ms\": %.3f, "
+		       "\"build_ms\": %.3f, \"swap_us\": %.3f, \"total_ms\": %.3f}\n",
+		       (unsigned long long)t.man.version, slot,
+		       rule == RULE_OVERRIDE ? "true" : "false", t.h->n_v4, t.h->n_v6, t.n_nodes, (t1 - t0) / 1e6,
 		       (t2 - t1) / 1e6, (t3 - t2) / 1e3, (t3 - t0) / 1e6);
 	else
 		printf("loaded table %llu (%u v4 + %u v6 entries) into slot %u\n",
@@ -522,6 +695,8 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 cleanup:
 	if (trie_fd >= 0)
 		close(trie_fd);
+	if (tree_fd >= 0)
+		close(tree_fd);
 	close_slots(&s);
 	if (lock_fd >= 0)
 		close(lock_fd);
@@ -536,7 +711,9 @@ cleanup:
  */
 int cmd_rollback(void)
 {
-	struct slots s = { -1, -1, -1, -1, -1 };
+	struct slots s = { -1, -1, -1, -1, -1, -1, -1 };
+	struct ccs_flow flow = {};
+	__u32 tree_id = 0;
 	struct state st;
 	struct ccs_ctl ctl;
 	const struct ccs_meta *m;
@@ -573,6 +750,14 @@ int cmd_rollback(void)
 	}
 	if (m->expires_mono_ns <= clock_ns(CLOCK_MONOTONIC)) {
 		die_msg("rollback: previous table %llu has expired", (unsigned long long)m->version);
+		goto cleanup;
+	}
+	/* the slot's flow tree must be the one its table's record names (or none, with none) */
+	if (s.flow_fd >= 0 && !bpf_map_lookup_elem(s.flow_fd, &prev, &flow) &&
+	    flow.version == m->version && flow.loaded_unix == m->loaded_unix &&
+	    (slot_trie_id(s.trees_fd, prev, &tree_id) || tree_id != flow.tree_id)) {
+		die_msg("rollback: slot %u is inconsistent: its flow tree (map id %u) is not the one "
+			"its table's record names (map id %u); refusing", prev, tree_id, flow.tree_id);
 		goto cleanup;
 	}
 	live_before = st.ok[live] ? st.meta[live].version : 0;

@@ -153,7 +153,7 @@ static char *format_record(char *p, const struct logger *lg, const struct ccs_co
 	p = put_s(p, ", \"cc\": \"");
 	p = put_s(p, cc);
 	p = put_s(p, "\", \"decision\": \"");
-	p = put_s(p, c->decision <= CCS_DEC_STALE ? ccs_decision_names[c->decision] : "default");
+	p = put_s(p, c->decision <= CCS_DEC__MAX ? ccs_decision_names[c->decision] : "default");
 	p = put_s(p, "\", \"table_version\": ");
 	if (c->has_table) {
 		*p++ = '"';

@@ -43,7 +43,9 @@ from ccselect.ipaddr import canonical, with_ip
 from ccselect.lake import table_path
 from ccselect.settings import BITS, FAMILIES, PrefixLadder
 from ccselect.spark import conf_set
+from distill.handshake import load_handshake
 from export.artifact import signing, table_format as tf
+from export.tables.flow import table_tree
 
 # Algorithm 1's ladder and purity tiers (`export.ladder`, `export.purity`): ccselect.settings.PrefixLadder,
 # of which `cfg.settings.export` is one.
@@ -534,9 +536,17 @@ def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None
         "client_ips": metrics["client_ips_model"], "entries_total": len(entries),
         "low_purity_last_level": sum(1 for a in aggs if not a.passed), "autoplex": caps,
     }
+    tree, tree_model = None, ""
+    if settings.flow_tree:
+        loaded = load_handshake(cfg)
+        if loaded is not None:
+            tree = table_tree(loaded[0], cfg.settings.infer, settings.flow_min_purity_permille)
+            tree_model = loaded[1]
+    extra["flow_tree"] = {"model": tree_model, "features": list(loaded[0].features), "nodes": len(tree.nodes),
+                          "depth": tree.depth(), "min_purity_permille": tree.min_purity_permille} if tree else None
     out_dir = out_dir or settings.out
     paths = signing.write_table(entries, version, version_main, expires, out_dir, private_key,
-                                created=now, extra=extra)
+                                created=now, extra=extra, tree=tree, tree_model=tree_model)
     with open(paths.manifest) as f:
         manifest = json.load(f)
     record(spark, cfg, manifest, os.path.abspath(paths.manifest))

@@ -95,11 +95,13 @@ class Edge:
         if attach:
             self.agent.attach(self.cgroup)
 
-    def table(self, entries, version, expires_in=3600, created=None, key=None, model_version=None):
+    def table(self, entries, version, expires_in=3600, created=None, key=None, model_version=None,
+              tree=None, tree_model=""):
         now = int(time.time())
         return signing.write_table(entries, version, model_version or f"test-model-{version}",
                                    (created or now) + expires_in, self.tables,
-                                   key or self.keys["private"], created=created or now)
+                                   key or self.keys["private"], created=created or now,
+                                   tree=tree, tree_model=tree_model)
 
     def resign(self, manifest, text):
         """Replace a manifest's bytes and sign them with the test key: the signature holds, so
