@@ -715,14 +715,21 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
         windows = spark.read.format("delta").load(path_w).where(F.col("window") == rng)
         cells = spark.read.format("delta").load(path_c).where(F.col("window") == rng)
         cols = ["policy", "node_id", "window_ms", "prefix", "net_type", "sessions", "rebuffer_rate"]
-        contrasts = {"estimated": tail_contrasts(cells.where(F.col("sessions") >= p.min_cell_sessions).select(*cols).toPandas(), p)}
+        # the tails against ALICCS's hourly table, and against each flow policy (issue 27: does the
+        # table with its handshake tree beat Disco's tail?)
+        flow_refs = [x for x in policies if x in FLOW_POLICIES]
+        est_cells = cells.where(F.col("sessions") >= p.min_cell_sessions).select(*cols).toPandas()
+        contrasts = {"estimated": tail_contrasts(est_cells, p),
+                     **{f"estimated, {r}": tail_contrasts(est_cells, p, reference=r) for r in flow_refs}}
         checked = None
         if truth is not None:
             # one join with the truth, one aggregation into cells: the check and the contrasts read both
             truthful = with_truth(scored, truth).persist()
             t_cells = truth_cells(truthful, p).persist()
             checked = truth_check(truthful, t_cells, p)
-            contrasts["truth"] = tail_contrasts(t_cells.select(*cols).toPandas(), p)
+            truth_pd = t_cells.select(*cols).toPandas()
+            contrasts["truth"] = tail_contrasts(truth_pd, p)
+            contrasts.update({f"truth, {r}": tail_contrasts(truth_pd, p, reference=r) for r in flow_refs})
             t_cells.unpersist()
             truthful.unpersist()
         summary = summarize(windows, cells, p, checked)
