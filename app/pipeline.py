@@ -178,6 +178,19 @@ def promote_if_configured(version: str, cfg: Config | None = None, auto: bool | 
     return {"promoted": True, **registry.promote(cfg, version)}
 
 
+def handshake_tree(lo: str, hi: str, cfg: Config | None = None, auto: bool | None = None) -> dict:
+    """The handshake tree of the window (issue 27, distill/handshake.py), registered beside the
+    champion; `@champion` (the tree the next tables carry) only when it beats answering the
+    majority type on the held-out nodes and promotion is automatic (`pipeline.auto_promote`)."""
+    from distill.jobs import run_handshake
+    cfg = cfg or load_config()
+    promote = cfg.settings.pipeline.auto_promote if auto is None else bool(auto)
+    m = run_handshake(_spark(cfg, "ccs-handshake"), cfg, lo, hi, promote=promote)
+    return {"registered": m["registered"], "heldout_accuracy": m["heldout"]["accuracy"],
+            "majority_accuracy": m["majority_accuracy"], "beats_majority": m["beats_majority"],
+            "nodes": m["nodes"], "depth": m["depth"]}
+
+
 def distill_and_diagnose(lo: str, hi: str, cfg: Config | None = None) -> dict:
     """The champion's distilled tree (ALICCS §3.2) and its SHAP diagnostics for the window."""
     from distill.jobs import run_diagnose, run_distill

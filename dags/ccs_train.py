@@ -10,6 +10,7 @@ from airflow.sdk import dag, task
 
 from app.pipeline import (
     distill_and_diagnose,
+    handshake_tree,
     prefix_groups as groups,
     promote_if_configured,
     report,
@@ -35,6 +36,11 @@ human decision, as `make run` does).
 5. **promote** — only with `pipeline.auto_promote: true`; otherwise a human runs `ccs promote`.
 6. **distill_diagnose** — the `@champion`'s decision tree and SHAP report (skipped while there is
    no champion).
+
+Beside them, from the training set's window: **handshake** — the per-flow tree over the handshake
+features (MSS, client window, SYN-ACK→ACK time) that the next exported tables carry, registered as
+`<name>-handshake` (`@champion` when it beats the majority type on held-out nodes and promotion
+is automatic).
 """
 
 
@@ -86,7 +92,14 @@ def ccs_train():
         except LookupError as e:  # no @champion yet
             raise AirflowSkipException(str(e))
 
-    t = train(prefix_groups(training_set()))
+    @task
+    def handshake(window: list[str], dag_run=None) -> dict:
+        auto = (dag_run.conf or {}).get("auto_promote") if dag_run else None
+        return report("handshake", handshake_tree(*window, auto=auto))
+
+    window = training_set()
+    t = train(prefix_groups(window))
+    handshake(window)
     g = gate_passed(t)
     p = promote(t)
     g >> p >> distill_diagnose(t)

@@ -5,6 +5,7 @@ the main job's summary; then the analysts' notebooks executed (nbclient) over th
 wrote."""
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -47,6 +48,7 @@ def test_dagbag_imports_every_dag_with_tags_retries_and_docs(airflow_home, tmp_p
     assert hourly["infer"]["upstream"] == ["ingest"] and hourly["ingest"]["upstream"] == []
     train = bag["dags"]["ccs_train"]["tasks"]
     assert train["promote"]["upstream"] == ["gate_passed", "train"]
+    assert train["handshake"]["upstream"] == ["training_set"]
 
 
 def _ok(run):
@@ -76,6 +78,10 @@ def test_hourly_dag_ingests_infers_exports_and_publishes(spark, main_job):
     assert n > 0 and _delta(spark, cfg, "gold.predictions").where(hour).count() == n
     tables = _delta(spark, cfg, "gold.cc_tables").collect()
     assert len(tables) == 1
+    # ccs_train's handshake tree ships inside the table (issue 27)
+    with open(tables[0]["manifest_path"]) as fh:
+        tree = json.load(fh)["tree"]
+    assert tree["nodes"] >= 3 and tree["model"].startswith("ccs-nettype-handshake v"), tree
     store = cfg.settings.export.rollout.store
     assert any(f.startswith("table-") for f in os.listdir(store) if os.path.isfile(os.path.join(store, f))) or \
         any("table-" in f for _, _, files in os.walk(store) for f in files)

@@ -72,7 +72,8 @@ def load_fleet(path: str, cfg, public_key: str | None = None) -> Fleet:
         else:
             a = dict(d.get("agent") or {})
             svcs = [Service(int(s["port"]), str(s.get("name", "")), bool(s.get("ab", False)),
-                            bool(s.get("caps", False))) for s in a.pop("services", []) or []]
+                            bool(s.get("caps", False)), str(s.get("flow_mode", "off")))
+                    for s in a.pop("services", []) or []]
             a = {k: _expand(v, cfg) if isinstance(v, str) else v for k, v in a.items()}
             conf = EdgeConfig(services=svcs, **a)
         conf.node_id = conf.node_id if conf.node_id != "edge" else nid
