@@ -29,6 +29,8 @@ SOURCES = {
     "emulate": ("Emulated QoE per CC-selection policy", "ccs emulate --hours FROM..TO --json", ["{data}/results/emulate.json"]),
     "simulate": ("Simulator speed and memory", "python bench/simulate.py", ["bench/results/simulate.json"]),
     "kernel": ("Kernel enforcer cost", "python bench/kernel.py", ["bench/results/kernel.json"]),
+    "kernel-flow": ("Kernel: the flow tree's cost (issue 27)", "python bench/kernel.py --flow",
+                    ["bench/results/kernel_flow.json"]),
     "ingest": ("Ingest: files to silver, Spark vs DuckDB", "python bench/ingest.py", ["bench/results/ingest.json"]),
     "train": ("Training speed", "python bench/train.py", ["{data}/bench/train.json", "bench/results/train.json"]),
     "infer": ("Inference speed", "python bench/infer.py", ["bench/results/infer.json", "{data}/bench/infer.json"]),

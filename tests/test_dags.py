@@ -99,6 +99,7 @@ def test_main_job_reuses_the_fleet_and_lake_and_prints_its_summary(main_job):
     assert res["ok"] and {"fleet", "backfill"} <= set(res["reused"]), res["reused"]
     s = res["summary"]
     for what in ("per held-out node", "mean ", "worst ", "table           : v1 from model v1", "memory saving",
+                 "flow tree      : ccs-nettype-handshake v1",
                  "rollout         : store", "make mlflow", "make airflow", "make notebooks"):
         assert what in s, f"{what!r} missing from the summary:\n{s}"
     if not res["probe"]:
