@@ -1,6 +1,6 @@
 """The flow tree in the table (format 2, issue 27): encode/decode, the refusals the agent shares
 (table_format.validate_tree ~ table.c check_tree), the manifest naming it, and decide() per flow
-mode on hand-worked flows. The kernel's side of the same decisions: tests/kernel/test_flow_tree.py."""
+mode on hand-worked flows. The kernel's side of the same decisions: tests/kernel/test_flow_tree_kernel.py."""
 from __future__ import annotations
 
 import json
