@@ -322,7 +322,8 @@ def _emulation_lines(res: dict | None) -> list[str]:
              f"(QoE = 1 − {res['alpha']}·rebuffer − {1 - res['alpha']:.1f}·retransmission; gold.emulation)",
              f"  {'policy':16s}{'QoE':>9s}{'rebuffer':>10s}{'retrans':>9s}{'reb p85':>9s}{'gap closed':>12s}"
              f"{'truth gain':>12s}"]
-    for name in ("cubic", "bbr", "oracle", "aliccs", "aliccs_fill", "aliccs_combine", "aliccs_flow", "configanator",
+    for name in ("cubic", "bbr", "oracle", "aliccs", "aliccs_fill", "aliccs_combine", "aliccs_flow", "aliccs_prior",
+                 "configanator",
                  "disco", "pytheas", "true_type", "true_table"):
         d = pol.get(name)
         if not d or "qoe" not in d:
@@ -408,7 +409,8 @@ def _table_lines(cfg: Config) -> list[str]:
     lines.append(f"  coverage {t['coverage']:.3f}, agreement with per-connection decisions {t['agreement']:.3f}")
     ft = man.get("flow_tree")
     lines.append(f"  flow tree      : {ft['model']}, {ft['nodes']} nodes, depth {ft['depth']} over "
-                 f"{', '.join(ft['features'])}; entries below {ft['min_purity_permille']}‰ purity are mixed"
+                 f"{', '.join(ft['features'])}; entries below {ft['min_purity_permille']}‰ purity are mixed, "
+                 f"leaves below {ft.get('min_leaf_permille', 0)}‰ unsure"
                  if ft else "  flow tree      : none (no <name>-handshake@champion: `ccs handshake`)")
     lines.append(f"  artifact       : {t['manifest_path']} (+ .sig, Ed25519)")
     return lines

@@ -410,15 +410,19 @@ class ExportSettings(PrefixLadder):
     guards: GuardsSettings = field(default_factory=GuardsSettings)
     # the handshake tree (issue 27): each table carries `<name>-handshake@champion` (`ccs
     # handshake`) when flow_tree and there is one; an entry below flow_min_purity_permille is
-    # "mixed", so a service in flow mode fill or combine lets the tree decide for it
-    # (export/edge/README.md)
+    # "mixed", so a service in flow mode fill, combine or prior lets the tree decide for it; a
+    # leaf below flow_min_leaf_permille is "unsure", so in mode prior a confident entry decides
+    # there (export/edge/README.md). 750: on the default emulation fleet prior at 650–850 gave
+    # the same truth gain; 850 gave up some of the p95 lead over Disco (docs/results/emulate.md)
     flow_tree: bool = True
     flow_min_purity_permille: int = 950
+    flow_min_leaf_permille: int = 750
 
     def __post_init__(self):
         super().__post_init__()
-        if not 0 <= self.flow_min_purity_permille <= 1000:
-            raise ValueError(f"export.flow_min_purity_permille must be in 0..1000, not {self.flow_min_purity_permille}")
+        for name in ("flow_min_purity_permille", "flow_min_leaf_permille"):
+            if not 0 <= getattr(self, name) <= 1000:
+                raise ValueError(f"export.{name} must be in 0..1000, not {getattr(self, name)}")
 
 
 # ---- the pipeline ---------------------------------------------------------------------------------

@@ -35,13 +35,15 @@ before the emulated range, or, for Pytheas, online from its own choices):
   in the hour after the hourly export. Only model decisions make entries: fallbacks and
   out-of-domain rows (`ood`) keep the default CC, and the summary's `baselines.aliccs` counts the
   table's source predictions per decision.
-- `aliccs_fill`, `aliccs_combine`, `aliccs_flow`: that table with the handshake tree it carries
+- `aliccs_fill`, `aliccs_combine`, `aliccs_flow`, `aliccs_prior`: that table with the handshake tree it carries
   (`ccs handshake`, distill/handshake.py; export/tables/flow.py), decided per session exactly as
   the kernel does in the service's flow mode (table_format.decide; export/edge/README.md): `fill`
   — the tree where the entry misses or is mixed (purity below export.flow_min_purity_permille);
   `combine` — also where the entry is confident, the tree's leaf wins when it disagrees with more
-  confidence than the entry's purity; `flow` — the tree for every connection. The tree is
-  fitted on the training window's labelled connections (before the emulated hours), on the
+  confidence than the entry's purity; `flow` — the tree for every connection; `prior` — the tree
+  for every connection, except that a confident entry decides where the leaf is unsure
+  (confidence below export.flow_min_leaf_permille): the flow first, the prefix's history where
+  the flow says little. The tree is fitted on the training window's labelled connections (before the emulated hours), on the
   handshake features alone (`HANDSHAKE_FEATURES`), as it would ship.
 - `configanator`: network classes (K-means over per-/24 mean features, Configanator §3.2), each
   class's best CC over the training hours, a decision tree from {the /24's features, its class}
@@ -88,9 +90,10 @@ from models.configanator import choose_classes, network_class
 
 CCS = ("cubic", "bbr")
 POLICIES = ("cubic", "bbr", "oracle", "oracle_insample", "aliccs", "aliccs_fill", "aliccs_combine", "aliccs_flow",
+            "aliccs_prior",
             "configanator", "disco", "pytheas", "true_type", "true_table")
 #: the policies of the table with its handshake tree, and the kernel's flow mode each emulates
-FLOW_POLICIES = {"aliccs_fill": "fill", "aliccs_combine": "combine", "aliccs_flow": "flow"}
+FLOW_POLICIES = {"aliccs_fill": "fill", "aliccs_combine": "combine", "aliccs_flow": "flow", "aliccs_prior": "prior"}
 #: the policies that read the simulator's truth (only with --truth)
 TRUTH_POLICIES = ("true_type", "true_table")
 LEVELS = ("observed", "window", "history", "node", "unestimated")
@@ -693,7 +696,9 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
                     loaded = load_handshake(cfg)
                     if loaded is None:
                         raise ValueError(f"policy {name} needs the handshake tree: run `ccs handshake` first")
-                    flow_tree = table_tree(loaded[0], cfg.settings.infer, cfg.settings.export.flow_min_purity_permille)
+                    ex = cfg.settings.export
+                    flow_tree = table_tree(loaded[0], cfg.settings.infer, ex.flow_min_purity_permille,
+                                           ex.flow_min_leaf_permille)
                     info["flow_tree"] = {"model": loaded[1], "features": list(loaded[0].features),
                                          "nodes": len(flow_tree.nodes), "depth": flow_tree.depth()}
                 choices[name], info[name] = flow_policy(spark, cfg, est, p, flow_tree, FLOW_POLICIES[name])

@@ -17,7 +17,7 @@ CUBIC, BBR = tf.CC_IDS["cubic"], tf.CC_IDS["bbr"]
 N = tf.TreeNode
 
 
-def small_tree(min_purity=900) -> tf.Tree:
+def small_tree(min_purity=900, min_leaf=0) -> tf.Tree:
     """mss <= 1400 -> bbr (conf 700); else rtt <= 20 ms -> cubic (conf 980), else bbr (conf 600)."""
     return tf.Tree((
         N(MSS, threshold=1400, left=1, right=2),
@@ -25,7 +25,7 @@ def small_tree(min_purity=900) -> tf.Tree:
         N(RTT, threshold=20_000, left=3, right=4),
         N(tf.TREE_LEAF, cc=CUBIC, conf_permille=980),
         N(tf.TREE_LEAF, cc=BBR, conf_permille=600),
-    ), min_purity)
+    ), min_purity, min_leaf)
 
 
 def _table(tree):
@@ -33,17 +33,20 @@ def _table(tree):
 
 
 def test_tree_roundtrip_and_layout():
-    t = _table(small_tree(870))
+    t = _table(small_tree(870, 640))
     blob = tf.encode(t)
     assert len(blob) == tf.HEADER_SIZE + tf.ENTRY_SIZE + 5 * tf.NODE_SIZE, "nodes after the entries"
-    assert struct.unpack_from("<HHH", blob, 48) == (5, tf.NODE_SIZE, 870), "tree_nodes, node size, min purity"
+    assert struct.unpack_from("<HHHH", blob, 48) == (5, tf.NODE_SIZE, 870, 640), \
+        "tree_nodes, node size, min purity, min leaf confidence"
     node0 = blob[tf.HEADER_SIZE + tf.ENTRY_SIZE:][:tf.NODE_SIZE]
     assert node0 == bytes([MSS, 0]) + (0).to_bytes(2, "little") + (1).to_bytes(2, "little") + \
         (2).to_bytes(2, "little") + (1400).to_bytes(4, "little") + bytes(4), "root node bytes"
     back = tf.decode(blob)
     assert back.tree == t.tree, "tree round-trips"
     assert tf.decode(tf.encode(_table(None))).tree is None, "a table without a tree"
-    assert struct.unpack_from("<HHH", tf.encode(_table(None)), 48) == (0, 0, 0), "no tree: zeros"
+    assert struct.unpack_from("<HHHH", tf.encode(_table(None)), 48) == (0, 0, 0, 0), "no tree: zeros"
+    with pytest.raises(tf.TableFormatError, match="min_leaf_permille 1001"):
+        small_tree(900, 1001)
 
 
 def test_format_1_refused():
@@ -123,9 +126,16 @@ FLOWS = np.array([
     ("combine", 1, 0, 0, 1000, [2, 1, 1, 2], ["flow"] * 4),
     ("off", 1, CUBIC, 1, 1000, [0] * 4, ["fallback"] * 4),
     ("fill", 1, CUBIC, 1, 1000, [2, 1, 1, 2], ["flow"] * 4),
+    # prior (leaves below 750 are unsure: 700 and 600): the leaf, but a confident entry at an
+    # unsure leaf; a mixed entry or a miss: the leaf always
+    ("prior", 1, CUBIC, 0, 950, [1, 1, 1, 1], ["table", "flow", "flow", "table"]),
+    ("prior", 1, BBR, 0, 960, [2, 1, 1, 2], ["table", "flow", "flow", "table"]),
+    ("prior", 1, CUBIC, 0, 899, [2, 1, 1, 2], ["flow"] * 4),
+    ("prior", 0, 0, 0, 0, [2, 1, 1, 2], ["flow"] * 4),
+    ("prior", 1, CUBIC, 1, 1000, [2, 1, 1, 2], ["flow"] * 4),
 ])
 def test_decide_modes(mode, hit, ecc, low, pur, want_cc, want_src):
-    cc, src = tf.decide(hit, ecc, low, pur, small_tree(900), FLOWS, mode)
+    cc, src = tf.decide(hit, ecc, low, pur, small_tree(900, 750), FLOWS, mode)
     assert cc.tolist() == want_cc, f"{mode}: cc {cc.tolist()}"
     assert src.tolist() == want_src, f"{mode}: sources {src.tolist()}"
 

@@ -46,7 +46,7 @@ HEADER_FIELDS = (
     ("magic", 0), ("format", 4), ("header_size", 6), ("entry_size", 8), ("reserved0", 10),
     ("flags", 12), ("version", 16), ("created_unix", 24), ("expires_unix", 32), ("n_v4", 40),
     ("n_v6", 44), ("tree_nodes", 48), ("tree_node_size", 50), ("tree_min_purity_permille", 52),
-    ("reserved1", 54), ("reserved", 56),
+    ("tree_min_leaf_permille", 54), ("reserved", 56),
 )
 ENTRY_FIELDS = (
     ("family", 0), ("prefix_len", 1), ("cc", 2), ("flags", 3), ("purity_permille", 4),
@@ -73,7 +73,7 @@ TREE_LEAF = 0xFF
 TREE_MAX_DEPTH = 8                          # leaves at depth <= 8 (the root has depth 0)
 TREE_MAX_NODES = (1 << (TREE_MAX_DEPTH + 1)) - 1   # 511: a full tree of that depth
 #: the service's flow mode (edge config `flow_mode:`, ccs_policy.flow_mode)
-FLOW_MODES = ("off", "fill", "combine", "flow")
+FLOW_MODES = ("off", "fill", "combine", "flow", "prior")
 #: decision sources, as the transport log writes them (contract.DECISIONS)
 SOURCES = ("table", "flow", "table+flow", "fallback", "default")
 
@@ -141,10 +141,12 @@ class TreeNode:
 @dataclass(frozen=True)
 class Tree:
     """The flow tree a table carries: nodes[0] is the root, every child comes after its parent.
-    An entry with purity below min_purity_permille is "mixed" (flow modes fill, combine)."""
+    An entry with purity below min_purity_permille is "mixed" (flow modes fill, combine, prior);
+    a leaf with confidence below min_leaf_permille is "unsure" (flow mode prior)."""
 
     nodes: tuple[TreeNode, ...]
     min_purity_permille: int = 1000
+    min_leaf_permille: int = 0
 
     def __post_init__(self):
         validate_tree(self)
@@ -171,6 +173,8 @@ def validate_tree(tree: Tree) -> None:
         raise TableFormatError(f"tree: {n} nodes (1..{TREE_MAX_NODES})")
     if not 0 <= tree.min_purity_permille <= 1000:
         raise TableFormatError(f"tree: min_purity_permille {tree.min_purity_permille} out of 0..1000")
+    if not 0 <= tree.min_leaf_permille <= 1000:
+        raise TableFormatError(f"tree: min_leaf_permille {tree.min_leaf_permille} out of 0..1000")
     parents = [0] * n
     depth = [0] * n
     for i, nd in enumerate(nodes):
@@ -257,7 +261,7 @@ def encode(table: Table) -> bytes:
     hdr = struct.pack(HEADER_FMT, MAGIC, FORMAT, HEADER_SIZE, ENTRY_SIZE, 0, 0, table.version,
                       table.created_unix, table.expires_unix, n4, len(entries) - n4, len(nodes),
                       NODE_SIZE if nodes else 0, tree.min_purity_permille if tree is not None else 0,
-                      0, b"\0" * 8)
+                      tree.min_leaf_permille if tree is not None else 0, b"\0" * 8)
     return hdr + b"".join(encode_entry(e) for e in entries) + b"".join(encode_node(n) for n in nodes)
 
 
@@ -266,7 +270,7 @@ def decode(data: bytes) -> Table:
     if len(data) < HEADER_SIZE:
         raise TableFormatError(f"short table: {len(data)} bytes")
     (magic, fmt, hsize, esize, _r0, _flags, version, created, expires, n4, n6, n_nodes,
-     node_size, min_purity, _r1, _res) = struct.unpack_from(HEADER_FMT, data, 0)
+     node_size, min_purity, min_leaf, _res) = struct.unpack_from(HEADER_FMT, data, 0)
     if magic != MAGIC:
         raise TableFormatError(f"bad magic {magic:#x}")
     if fmt != FORMAT:
@@ -309,9 +313,9 @@ def decode(data: bytes) -> Table:
             if res:
                 raise TableFormatError(f"tree node {i}: nonzero reserved bytes")
             nodes.append(TreeNode(feat, thr, left, right, cc, conf))
-        tree = Tree(tuple(nodes), min_purity)
-    elif min_purity:
-        raise TableFormatError("tree min purity without a tree")
+        tree = Tree(tuple(nodes), min_purity, min_leaf)
+    elif min_purity or min_leaf:
+        raise TableFormatError("tree min purity or min leaf confidence without a tree")
     return Table(version, created, expires, tuple(entries), tree)
 
 
@@ -384,7 +388,9 @@ def decide(hit, entry_cc, low_conf, purity, tree: Tree | None, x, mode: str):
     -> fallback). fill: the tree's leaf where the entry is not confident (a miss too). combine:
     as fill, and on a confident entry the leaf's CC wins when it differs and the leaf's confidence
     exceeds the entry's purity ("table+flow"; ALICCS's prefix prior refined by the flow, as
-    Disco [47] decides from the handshake alone). flow: the leaf always.
+    Disco [47] decides from the handshake alone). flow: the leaf always. prior: the leaf, except
+    where a confident entry meets an unsure leaf (confidence below the tree's min_leaf_permille):
+    there the entry ("table") — the flow first, the prefix's history where the flow says little.
 
     Returns (cc ids [N], 0 = the default CC; sources [N] of SOURCES)."""
     if mode not in FLOW_MODES:
@@ -404,7 +410,12 @@ def decide(hit, entry_cc, low_conf, purity, tree: Tree | None, x, mode: str):
     lcc = np.array([nd.cc for nd in tree.nodes], dtype=np.int64)[leaf]
     lconf = np.array([nd.conf_permille for nd in tree.nodes], dtype=np.int64)[leaf]
     confident = table_cc & (pur >= tree.min_purity_permille)
-    use_leaf = np.ones(n, dtype=bool) if mode == "flow" else ~confident
+    if mode == "flow":
+        use_leaf = np.ones(n, dtype=bool)
+    elif mode == "prior":
+        use_leaf = ~confident | (lconf >= tree.min_leaf_permille)
+    else:
+        use_leaf = ~confident
     cc = np.where(use_leaf, lcc, cc)
     src = np.where(use_leaf, "flow", src).astype(object)
     if mode == "combine":

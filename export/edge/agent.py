@@ -43,7 +43,7 @@ class Service:
     flow_mode: str = "off"
 
 
-FLOW_MODES = ("off", "fill", "combine", "flow")
+FLOW_MODES = ("off", "fill", "combine", "flow", "prior")
 _STR_KEYS = ("node_id", "cgroup", "pin_dir", "public_key", "default_cc", "log_dir")
 _SERVICE_KEYS = {"port", "name", "ab", "caps", "flow_mode"}
 

@@ -13,7 +13,9 @@
  * it, the handshake's MSS, window and first RTT sample walk the tree (a bounded loop over the
  * node array): fill -> the leaf where the entry is not confident (miss, keep, low confidence,
  * purity below the tree's min): decision flow; combine -> also on a confident entry, whose CC a
- * leaf of higher confidence that disagrees replaces: table+flow; flow -> the leaf always.
+ * leaf of higher confidence that disagrees replaces: table+flow; flow -> the leaf always; prior ->
+ * the leaf, except that a confident entry decides where the leaf is unsure (its confidence below
+ * the tree's min_leaf_permille): the flow first, the prefix's history where the flow says little.
  * export/artifact/table_format.decide is the same decision in Python (issue 27).
  * Sampled connections (sample_thresh) get socket storage, RTT and state callbacks; on
  * TCP_CLOSE one struct ccs_conn goes to the ring buffer (the transport log).
@@ -521,10 +523,11 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 				if (!tp || tree_leaf(tree, CTX_U32(skops, mss_cache), tp->snd_wnd,
 						     CTX_U32(skops, srtt_us) >> 3, &leaf_cc, &leaf_conf)) {
 					fcnt(CCS_FCNT_TREE_NO_LEAF);
-				} else if (mode == CCS_FLOW_FLOW || !confident) {
+				} else if (mode == CCS_FLOW_FLOW || !confident ||
+					   (mode == CCS_FLOW_PRIOR && leaf_conf >= flow->min_leaf_permille)) {
 					cc = leaf_cc;
 					decision = CCS_DEC_FLOW;
-				} else if (leaf_cc != table_cc && leaf_conf > purity) {
+				} else if (mode == CCS_FLOW_COMBINE && leaf_cc != table_cc && leaf_conf > purity) {
 					cc = leaf_cc;
 					decision = CCS_DEC_TABLE_FLOW;
 				}

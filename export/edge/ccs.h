@@ -99,7 +99,9 @@ struct ccs_flow {
 	__u64 loaded_unix;
 	__u32 tree_id;
 	__u16 n_nodes;              /* 0: no tree */
-	__u16 min_purity_permille;  /* an entry below it is mixed (flow modes fill, combine) */
+	__u16 min_purity_permille;  /* an entry below it is mixed (flow modes fill, combine, prior) */
+	__u16 min_leaf_permille;    /* prior: a leaf below it is unsure (a confident entry decides) */
+	__u16 reserved;
 	char model[CCS_MODEL_VERSION_MAX]; /* the manifest's tree.model, NUL-terminated */
 };
 
@@ -118,7 +120,8 @@ enum ccs_flow_mode {
 	CCS_FLOW_FILL = 1,     /* the tree where the entry is not confident (miss, keep, low, mixed) */
 	CCS_FLOW_COMBINE = 2,  /* fill, and a more confident leaf overrides a confident entry */
 	CCS_FLOW_FLOW = 3,     /* the tree for every treatment connection */
-	CCS_FLOW__MAX = 3,
+	CCS_FLOW_PRIOR = 4,    /* the tree, but a confident entry where the leaf is unsure */
+	CCS_FLOW__MAX = 4,
 };
 
 /* ccs_policy[local port] */
@@ -186,7 +189,7 @@ static const char *const ccs_flow_counter_names[CCS_FCNT__MAX] = {
 	"src_table", "src_flow", "src_table_flow", "src_fallback", "src_default", "tree_evals",
 	"tree_no_leaf",
 };
-static const char *const ccs_flow_mode_names[CCS_FLOW__MAX + 1] = { "off", "fill", "combine", "flow" };
+static const char *const ccs_flow_mode_names[CCS_FLOW__MAX + 1] = { "off", "fill", "combine", "flow", "prior" };
 static const char *const ccs_counter_names[CCS_CNT__MAX] = {
 	"established", "no_table", "expired", "ab_control", "lookups", "miss", "hit_keep",
 	"hit_lowconf", "hit_cubic", "hit_bbr", "hit_reno", "setsockopt_err", "pacing_set",

@@ -116,7 +116,8 @@ struct ccs_table_header {
 	__u16 tree_nodes;     /* 48: flow tree nodes after the entries, 0 = no tree */
 	__u16 tree_node_size; /* 50: sizeof(struct ccs_tree_node) = 16, 0 without a tree */
 	__u16 tree_min_purity_permille; /* 52: entries below it are mixed (0 without a tree) */
-	__u16 reserved1;      /* 54: 0 */
+	__u16 tree_min_leaf_permille; /* 54: flow mode prior: a leaf below it is unsure, a confident
+				       * entry decides there instead (0 without a tree) */
 	__u8 reserved[8];     /* 56: zeros */
 } __attribute__((packed)); /* 64 bytes */
 

@@ -4,7 +4,7 @@
  *
  *   key: value                top level, at column 0; each key at most once
  *   services:                 then one item per line: `- {port: 443, name: video, ab: true}`
- *                             (keys port, name, ab, caps, flow_mode: off|fill|combine|flow)
+ *                             (keys port, name, ab, caps, flow_mode: off|fill|combine|flow|prior)
  *   # comment                 from a '#' at the start of a line or after a blank
  *
  * Values are plain scalars, or 'single' / "double" quoted (\" and \\ escapes). Whatever the
@@ -294,7 +294,7 @@ static int parse_service(const struct pos *p, const char *s)
 				if (!strcmp(val, ccs_flow_mode_names[m]))
 					break;
 			if (m > CCS_FLOW__MAX) {
-				cfg_err(p, "flow_mode \"%s\" is not one of off, fill, combine, flow", val);
+				cfg_err(p, "flow_mode \"%s\" is not one of off, fill, combine, flow, prior", val);
 				return -1;
 			}
 			svc->flow_mode = (__u8)m;

@@ -52,8 +52,8 @@ static void print_meta(FILE *o, const struct ccs_meta *m, const struct ccs_model
 		snprintf(mv, sizeof(mv), "%.*s", (int)sizeof(mv) - 1, flow->model);
 		fprintf(o, ", \"tree\": {\"model\": ");
 		json_str(o, mv);
-		fprintf(o, ", \"nodes\": %u, \"min_purity_permille\": %u, \"map_id\": %u}",
-			flow->n_nodes, flow->min_purity_permille, flow->tree_id);
+		fprintf(o, ", \"nodes\": %u, \"min_purity_permille\": %u, \"min_leaf_permille\": %u, \"map_id\": %u}",
+			flow->n_nodes, flow->min_purity_permille, flow->min_leaf_permille, flow->tree_id);
 	} else {
 		fprintf(o, ", \"tree\": null");
 	}

@@ -117,7 +117,7 @@ static int read_table_bin(const char *manifest_path, struct table *t)
  * The flow tree: a tree the program's bounded walk can take (ccs_table.h). The same checks, in
  * the same order and words, as table_format.validate_tree.
  */
-static int check_tree(const struct ccs_tree_node *nodes, size_t n, __u16 min_purity)
+static int check_tree(const struct ccs_tree_node *nodes, size_t n, __u16 min_purity, __u16 min_leaf)
 {
 	unsigned char parents[CCS_TREE_MAX_NODES] = {}, depth[CCS_TREE_MAX_NODES] = {};
 	size_t i, k;
@@ -128,6 +128,10 @@ static int check_tree(const struct ccs_tree_node *nodes, size_t n, __u16 min_pur
 	}
 	if (min_purity > 1000) {
 		die_msg("refused: tree: min_purity_permille %u out of 0..1000", min_purity);
+		return -1;
+	}
+	if (min_leaf > 1000) {
+		die_msg("refused: tree: min_leaf_permille %u out of 0..1000", min_leaf);
 		return -1;
 	}
 	for (i = 0; i < n; i++) {
@@ -234,9 +238,9 @@ static int check_table(struct table *t, time_t now)
 		if (validate_entry(&t->ents[i], i < h->n_v4 ? 4 : 6, i))
 			return -1;
 	if (t->n_nodes)
-		return check_tree(t->nodes, t->n_nodes, h->tree_min_purity_permille);
-	if (h->tree_min_purity_permille || m->tree_model[0]) {
-		die_msg("refused: a tree's min purity or model without a tree");
+		return check_tree(t->nodes, t->n_nodes, h->tree_min_purity_permille, h->tree_min_leaf_permille);
+	if (h->tree_min_purity_permille || h->tree_min_leaf_permille || m->tree_model[0]) {
+		die_msg("refused: a tree's min purity, min leaf confidence or model without a tree");
 		return -1;
 	}
 	return 0;
@@ -597,6 +601,7 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 	flow.tree_id = tree_fd >= 0 ? tinfo.id : 0;
 	flow.n_nodes = (__u16)t->n_nodes;
 	flow.min_purity_permille = t->h->tree_min_purity_permille;
+	flow.min_leaf_permille = t->h->tree_min_leaf_permille;
 	memcpy(flow.model, t->man.tree_model, sizeof(flow.model));
 	if (s->flow_fd >= 0 && bpf_map_update_elem(s->flow_fd, &slot, &flow, BPF_ANY)) {
 		die_msg("write slot %u flow tree record (ccs_flow): %s", slot, strerror(errno));

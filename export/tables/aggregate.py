@@ -540,10 +540,12 @@ def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None
     if settings.flow_tree:
         loaded = load_handshake(cfg)
         if loaded is not None:
-            tree = table_tree(loaded[0], cfg.settings.infer, settings.flow_min_purity_permille)
+            tree = table_tree(loaded[0], cfg.settings.infer, settings.flow_min_purity_permille,
+                              settings.flow_min_leaf_permille)
             tree_model = loaded[1]
     extra["flow_tree"] = {"model": tree_model, "features": list(loaded[0].features), "nodes": len(tree.nodes),
-                          "depth": tree.depth(), "min_purity_permille": tree.min_purity_permille} if tree else None
+                          "depth": tree.depth(), "min_purity_permille": tree.min_purity_permille,
+                          "min_leaf_permille": tree.min_leaf_permille} if tree else None
     out_dir = out_dir or settings.out
     paths = signing.write_table(entries, version, version_main, expires, out_dir, private_key,
                                 created=now, extra=extra, tree=tree, tree_model=tree_model)

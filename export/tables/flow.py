@@ -15,7 +15,8 @@ from distill.handshake import LEAF, HandshakeTree
 from export.artifact import table_format as tf
 
 
-def table_tree(ht: HandshakeTree, infer: InferSettings, min_purity_permille: int) -> tf.Tree:
+def table_tree(ht: HandshakeTree, infer: InferSettings, min_purity_permille: int,
+               min_leaf_permille: int = 0) -> tf.Tree:
     """The flow tree of a table from a fitted handshake tree."""
     nodes = []
     for i in range(len(ht)):
@@ -31,4 +32,4 @@ def table_tree(ht: HandshakeTree, infer: InferSettings, min_purity_permille: int
             nodes.append(tf.TreeNode(tf.TREE_FEATURES.index(ht.features[ht.feature[i]]),
                                      threshold=min(ht.threshold[i], tf.U32_MAX),
                                      left=ht.left[i], right=ht.right[i]))
-    return tf.Tree(tuple(nodes), int(min_purity_permille))
+    return tf.Tree(tuple(nodes), int(min_purity_permille), int(min_leaf_permille))

@@ -546,7 +546,7 @@ def test_config_rejects_what_it_does_not_understand(edge, tmp_path):
         (f"services:\n  - {{port: {port}, ab: ture}}\n", 5, '"ture" is not a boolean'),
         (f"services:\n  - {{port: {port}, ab: true, cap: true}}\n", 5, 'unknown service key "cap"'),
         (f"services:\n  - {{port: {port}, flow_mode: always}}\n", 5,
-         'flow_mode "always" is not one of off, fill, combine, flow'),
+         'flow_mode "always" is not one of off, fill, combine, flow, prior'),
         (f"services:\n  - {{port: {port}, flow_mode: fill, flow_mode: flow}}\n", 5,
          'service key "flow_mode" given twice'),
         ("sample_rate: 1%\n", 4, "not a number"),

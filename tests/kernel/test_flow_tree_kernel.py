@@ -35,7 +35,7 @@ VARIANTS = [(None, None), (536, None), (1400, None), (None, 4096), (536, 4096), 
 #: the table's prefixes, by what the entry is for the flow modes (purity vs the tree's 900)
 PREFIXES = {"confident_a": "127.90", "mixed_a": "127.91", "confident_b": "127.92", "keep": "127.93",
             "lowconf": "127.94", "miss": "127.95"}
-MODES = ("off", "fill", "combine", "flow")
+MODES = tf.FLOW_MODES        # off, fill, combine, flow, prior
 
 
 def _client(src, maxseg=None, rcvbuf=None):
@@ -76,7 +76,8 @@ def _entries(a, b):
 
 def _tree(a, b, rtt_split) -> tf.Tree:
     """mss <= 1000 -> b (conf 995, beats every entry's purity: combine overrides a's entries);
-    else window <= 20000 -> a (conf 700); else rtt <= rtt_split -> b (980), else a (600)."""
+    else window <= 20000 -> a (conf 700); else rtt <= rtt_split -> b (980), else a (600).
+    Leaves below 800 (700, 600) are unsure: in mode prior a confident entry decides there."""
     A, B = tf.CC_IDS[a], tf.CC_IDS[b]
     return tf.Tree((
         N(MSS, threshold=1000, left=1, right=2),
@@ -86,7 +87,7 @@ def _tree(a, b, rtt_split) -> tf.Tree:
         N(RTT, threshold=rtt_split, left=5, right=6),
         N(tf.TREE_LEAF, cc=B, conf_permille=980),
         N(tf.TREE_LEAF, cc=A, conf_permille=600),
-    ), 900)
+    ), 900, 800)
 
 
 def _counters(edge):
@@ -115,6 +116,7 @@ def test_kernel_decides_as_python_in_every_flow_mode(edge):
     assert out["tree_nodes"] == 7, f"load reports the tree: {out}"
     st = edge.agent.status()
     assert st["table"]["tree"] == {"model": "test-handshake v1", "nodes": 7, "min_purity_permille": 900,
+                                   "min_leaf_permille": 800,
                                    "map_id": st["table"]["tree"]["map_id"]}, f"status names the tree: {st['table']}"
     before = _counters(edge)
     seen = {}
@@ -131,6 +133,7 @@ def test_kernel_decides_as_python_in_every_flow_mode(edge):
     want_src = collections.Counter()
     evals = 0
     leaves = collections.Counter()
+    by_mode = collections.Counter()
     for (src, port), (mode, what, got) in seen.items():
         rec = recs[(src, port)]
         assert not validate_transport_record(rec), f"{src}: {validate_transport_record(rec)}"
@@ -147,13 +150,16 @@ def test_kernel_decides_as_python_in_every_flow_mode(edge):
                                           f"decide() says {dec[0]}"
         assert rec["cc"] == got, f"{src}: logged cc {rec['cc']} vs socket {got}"
         want_src[dec[0]] += 1
+        by_mode[mode, dec[0]] += 1
         confident = hit and 1 <= ecc and not low and pur >= tree.min_purity_permille
-        if mode in ("combine", "flow") or (mode == "fill" and not confident):
+        if mode in ("combine", "flow", "prior") or (mode == "fill" and not confident):
             evals += 1
             leaves[int(tf.tree_leaves(tree, x)[0])] += 1
     # the handshakes exercised the tree: MSS and window leaves both ways, the RTT split too
     assert leaves[1] and leaves[3] and (leaves[5] + leaves[6]), f"leaves reached: {dict(leaves)}"
     assert want_src["flow"] and want_src["table+flow"] and want_src["table"], f"sources: {want_src}"
+    assert by_mode["prior", "table"] and by_mode["prior", "flow"], \
+        f"prior: a confident entry at an unsure leaf, and the leaf elsewhere: {dict(by_mode)}"
 
     cnt = {k: v - before.get(k, 0) for k, v in _counters(edge).items()}
     assert cnt["lookups"] == len(seen), f"lookups {cnt['lookups']} vs {len(seen)} connections"
