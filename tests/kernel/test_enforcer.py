@@ -518,7 +518,7 @@ def test_example_config_policy(edge, edge_binary):
         v = json.loads(out)["value"]
         return [int(x, 16) for x in v[:4]]
 
-    assert policy(443) == [1, 0, 1, 1], "443: served, no A/B, caps, flow_mode fill (1)"
+    assert policy(443) == [1, 0, 1, 4], "443: served, no A/B, caps, flow_mode prior (4)"
     assert policy(80) == [1, 1, 0, 0], "80: served, A/B, no caps, flow_mode off (default)"
     assert policy(8080) == [0, 0, 0, 0], "8080: not served"
 
