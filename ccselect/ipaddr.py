@@ -28,8 +28,49 @@ from pyspark.sql import Column, DataFrame, functions as F
 _OCTET = r"(0|[1-9][0-9]{0,2})"
 _V4 = rf"^{_OCTET}(\.{_OCTET}){{3}}$"
 _HEXGROUP = r"^[0-9a-f]{1,4}$"
-#: the first 96 bits of an IPv4-mapped IPv6 address (RFC 4291 §2.5.5.2), as 24 hex digits
-_MAPPED = "00000000000000000000ffff"
+
+def _mapped_regexes() -> tuple[str, str]:
+    """The text forms of an IPv4-mapped address (RFC 4291 §2.5.5.2: five zero groups, ffff, then
+    the IPv4 address as a dotted quad or two hex groups), lowercase: (the prefix written out, then
+    any tail, its `::` compressing zero groups of the tail; a `::` in the prefix — a + b <= 4
+    zeros written around it — then a full tail). Group 1 is the tail after `ffff`."""
+    z, h, q = "0{1,4}", "[0-9a-f]{1,4}", r"[0-9]{1,3}(?:\.[0-9]{1,3}){3}"
+    written = f"^(?:{z}:){{5}}ffff(:{q}|:{h}:{h}|::(?:{h})?|:{h}::)$"
+    compressed = [f"{z}(?::{z}){{{a - 1}}}::(?:{z}:){{{b}}}" if a else f"::(?:{z}:){{{b}}}"
+                  for a in range(5) for b in range(5 - a)]
+    return written, "^(?:" + "|".join(compressed) + f")ffff(:{q}|:{h}:{h})$"
+
+
+_MAPPED_WRITTEN, _MAPPED_COMPRESSED = _mapped_regexes()
+_HEX_TAIL = r"^:(?:([0-9a-f]{1,4}):([0-9a-f]{1,4})|:([0-9a-f]{1,4})?|([0-9a-f]{1,4})::)$"
+
+
+def _nonempty(c: Column) -> Column:
+    return F.when(c != "", c)
+
+
+def canonical_text(text: Column) -> Column:
+    """The address text with an IPv4-mapped address written as its dotted quad (module
+    docstring); any other text as it is. Regexes only where the text contains `ffff`."""
+    return F.coalesce(_mapped_v4(_mapped_tail(text)), text)
+
+
+def _mapped_tail(text: Column) -> Column:
+    """The tail after `ffff` of an IPv4-mapped address's text; null for any other text."""
+    low = F.lower(text)
+    return F.when(F.instr(low, "ffff") > 0, F.coalesce(_nonempty(F.regexp_extract(low, _MAPPED_WRITTEN, 1)),
+                                                       _nonempty(F.regexp_extract(low, _MAPPED_COMPRESSED, 1))))
+
+
+def _mapped_v4(tail: Column) -> Column:
+    """The dotted quad of an IPv4-mapped address from its tail after `ffff` (`:a.b.c.d`,
+    `:HHHH:HHHH`, `::`, `::H`, `:H::`); null for a null tail."""
+    def group(*idx):
+        parts = [_nonempty(F.regexp_extract(tail, _HEX_TAIL, i)) for i in idx]
+        return F.conv(F.coalesce(*parts, F.lit("0")), 16, 10).cast("bigint")
+    g6, g7 = group(1, 4), group(2, 3)
+    return (F.when(tail.rlike(r"^:[0-9.]+$"), F.substring(tail, 2, 64))
+            .when(tail.isNotNull(), F.concat_ws(".", F.shiftright(g6, 8), g6 % 256, F.shiftright(g7, 8), g7 % 256)))
 
 
 def _empty() -> Column:
@@ -57,7 +98,12 @@ def with_ip(df: DataFrame, text: str | Column, out: str = "ip") -> DataFrame:
     """
     c = F.col
     t = text if isinstance(text, Column) else c(text)
+    # ::ffff:a.b.c.d is the IPv4 address a.b.c.d (module docstring): the text is rewritten before
+    # it is parsed (a second pass over the expanded IPv6 form doubled the generated code of every
+    # job that parses addresses, past the JVM's 64 KB a method in ingest's parse)
     df = (df.withColumn("_ip_t", t)
+          .withColumn("_ip_w", _mapped_tail(c("_ip_t")))
+          .withColumn("_ip_t", F.coalesce(_mapped_v4(c("_ip_w")), c("_ip_t")))
           .withColumn("_ip_o", _octets(c("_ip_t")))
           .withColumn("_ip_v4", c("_ip_o")[0] * 16777216 + c("_ip_o")[1] * 65536 + c("_ip_o")[2] * 256 + c("_ip_o")[3])
           # IPv6 only when there is a colon; an IPv4 tail (`::ffff:1.2.3.4`) becomes two hex groups.
@@ -80,20 +126,12 @@ def with_ip(df: DataFrame, text: str | Column, out: str = "ip") -> DataFrame:
           .withColumn("_ip_6", F.when(F.forall(c("_ip_g"), lambda g: g.rlike(_HEXGROUP)),
                                       F.concat_ws("", F.transform(c("_ip_g"), lambda g: F.lpad(g, 4, "0")))))
           .withColumn("_ip_6", F.when(c("_ip_v4").isNull(), c("_ip_6")))
-          # ::ffff:a.b.c.d is the IPv4 address a.b.c.d (module docstring)
-          .withColumn("_ip_m", F.when(F.substring(c("_ip_6"), 1, 24) == _MAPPED,
-                                      F.conv(F.substring(c("_ip_6"), 25, 8), 16, 10).cast("bigint")))
-          .withColumn("_ip_o", F.coalesce(c("_ip_o"), F.when(c("_ip_m").isNotNull(), F.array(
-              *[F.shiftright(c("_ip_m"), s) % 256 for s in (24, 16, 8, 0)]))))
-          .withColumn("_ip_v4", F.coalesce(c("_ip_v4"), c("_ip_m")))
-          .withColumn("_ip_6", F.when(c("_ip_m").isNull(), c("_ip_6")))
           .withColumn("_ip_hex", F.coalesce(F.lpad(F.lower(F.hex(c("_ip_v4"))), 8, "0"), c("_ip_6"))))
     o = c("_ip_o")
     is_v4, is_v6 = c("_ip_v4").isNotNull(), c("_ip_6").isNotNull()
     ip = F.struct(
         F.when(is_v4, F.lit(4)).when(is_v6, F.lit(6)).alias("family"),
-        F.when(c("_ip_m").isNotNull(), F.concat_ws(".", o[0], o[1], o[2], o[3]))
-         .when(is_v4 | is_v6, c("_ip_t")).alias("text"),
+        F.when(is_v4 | is_v6, c("_ip_t")).alias("text"),
         F.unhex(c("_ip_hex")).alias("packed"),
         c("_ip_hex").alias("hex"),
         c("_ip_v4").alias("v4_int"),

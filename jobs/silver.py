@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import FEATURES, NET_TYPES, TRANSPORT_FIELDS
-from ccselect.ipaddr import ab_bucket, with_ip
+from ccselect.ipaddr import ab_bucket, canonical_text, with_ip
 from ccselect.lake import table_path
 from ccselect.spark import conf_set
 from features.labels import net_type_label
@@ -86,7 +86,9 @@ def access_labels(access: DataFrame) -> tuple[DataFrame, DataFrame]:
             .withColumn("net_type", F.when(F.col("_lo") == F.col("_hi"), F.element_at(types, F.col("_lo"))))\
             .drop("_lo", "_hi")
     by_conn = agg(access.filter(F.col("conn_id").isNotNull()), [*KEYS, "conn_id"])
-    by_socket = agg(access.filter(F.col("conn_id").isNull()), [*KEYS, "client_ip", "client_port"])
+    # the socket in the canonical address form, as the transport side (build_connections)
+    by_socket = agg(access.filter(F.col("conn_id").isNull()).withColumn("client_ip", canonical_text(F.col("client_ip"))),
+                    [*KEYS, "client_ip", "client_port"])
     return by_conn, by_socket
 
 
@@ -144,7 +146,8 @@ SILVER_COLS = (
 def build_connections(transport: DataFrame, access: DataFrame, qoe: DataFrame, reference: DataFrame) -> DataFrame:
     """Accepted transport/access/qoe records (flat, with node_id and hour) → silver.connections."""
     by_conn, by_socket = access_labels(access)
-    t = with_ip(transport, "client_ip")
+    # one address form (ccselect/ipaddr.py): a dual-stack listener's ::ffff:a.b.c.d is a.b.c.d
+    t = with_ip(transport.withColumn("client_ip", canonical_text(F.col("client_ip"))), "client_ip")
     t = t.select("*", F.col("ip.family").alias("family"), F.col("ip.hex").alias("_hex"),
                  *[F.col(f"ip.{p}").alias(p) for p in ("prefix16", "prefix24", "prefix48", "prefix64")],
                  ab_bucket(F.col("ip.packed")).alias("ab_bucket")).drop("ip")

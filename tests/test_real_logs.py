@@ -50,15 +50,16 @@ def test_ipv4_mapped_address_is_its_ipv4_address(spark):
         want, "i int, family int, text string, hex string, prefix24 string, prefix48 string, crc bigint"))
 
 
-def test_parse_records_the_canonical_address(spark):
-    raws = [json.dumps(transport(client_ip="::ffff:10.1.2.3")),
-            json.dumps(transport(conn_id="c2", client_ip="2408:833e::1"))]
-    got = parse(lines_df(spark, "transport", raws), "transport").select("line_no", "record.client_ip", "raw")
-    assert [r["client_ip"] for r in got.orderBy("line_no").collect()] == ["10.1.2.3", "2408:833e::1"]
-    assert "::ffff:10.1.2.3" in got.where("line_no = 1").first()["raw"], "raw keeps the line as written"
-    nginx = "1793491200.123 n1 ::ffff:10.1.2.3 40000 200 5120 0.031 video 4g 28000 1500 10 65483"
-    rec = parse(lines_df(spark, "access", [nginx]), "access").first()["record"]
-    assert rec["client_ip"] == "10.1.2.3"
+def test_canonical_text_rewrites_only_mapped_addresses(spark):
+    """What silver writes as client_ip (and joins the nginx log by): the dotted quad of a mapped
+    address, any other text as logged."""
+    from ccselect.ipaddr import canonical_text
+    texts = ["::ffff:10.1.2.3", "0:0:0:0:0:FFFF:a01:203", "0:0:0:0:0:ffff::", "2408:833e::1", "10.1.2.3",
+             "::ffff:0:1.2.3.4", "not an address", None]
+    df = spark.createDataFrame(list(enumerate(texts)), "i int, t string")
+    got = [r["c"] for r in df.select("i", canonical_text(F.col("t")).alias("c")).orderBy("i").collect()]
+    assert got == ["10.1.2.3", "10.1.2.3", "0.0.0.0", "2408:833e::1", "10.1.2.3", "::ffff:0:1.2.3.4",
+                   "not an address", None]
 
 
 # ---- the line rules -----------------------------------------------------------------------------
