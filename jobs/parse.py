@@ -133,11 +133,10 @@ def _range_rules(rec: Column, stream: str) -> list[tuple[Column, str]]:
     return rules
 
 
-def _first_reason(rules: list[tuple[Column, str | Column]]) -> Column:
+def _first_reason(rules: list[tuple[Column, str]]) -> Column:
     chain = None
     for cond, reason in rules:
-        value = F.lit(reason) if isinstance(reason, str) else reason
-        chain = F.when(cond, value) if chain is None else chain.when(cond, value)
+        chain = F.when(cond, F.lit(reason)) if chain is None else chain.when(cond, F.lit(reason))
     return chain
 
 

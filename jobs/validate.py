@@ -1,6 +1,6 @@
 """`ccs validate`: check edge logs against the data contract without writing the lake.
 
-The same extract and parse as ingest (`jobs.sources.discover` + `read_lines`, `jobs.parse.parse`),
+The same extract and parse as ingest (`jobs.sources.discover_all` + `read_lines`, `jobs.parse.parse`),
 then counts instead of Delta writes: per stream and per file, lines read / accepted / quarantined
 and counts by reason; a few example lines per reason (`file:line` and the raw text, truncated);
 the files under the input folder that ingest would not read; and suspicious units, which the
