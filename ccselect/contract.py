@@ -7,6 +7,7 @@ against them; this module is the single place the names, types and allowed value
 from __future__ import annotations
 
 import os
+import re
 from datetime import datetime, timezone
 
 STREAMS = ("transport", "access", "qoe")
@@ -111,6 +112,27 @@ def stream_dir(root: str, stream: str, node_id: str) -> str:
 def hour_file_name(hour_start_ms: int) -> str:
     """Hourly file name, e.g. `2026-11-01T05.jsonl` (UTC hour of the records inside)."""
     return datetime.fromtimestamp(hour_start_ms / 1000, tz=timezone.utc).strftime("%Y-%m-%dT%H") + ".jsonl"
+
+
+#: The rotated layout (issue 26): the agent closes its transport log every `rotate_minutes`
+#: (default 1) into `<YYYY-MM-DDTHHMM>.jsonl`, the UTC minute the segment starts at; records
+#: still lie in the file's hour (the hour rule is unchanged), a segment holds those filed while it
+#: was open. A segment reopened after it was closed (a record that came late) gets `.<seq>`:
+#: `2026-11-01T0507.1.jsonl`. While being written a segment is hidden (`.<name>.part`): readers
+#: never see a half-written file, and the rename is the moment it appears. A node-hour is either
+#: one hourly file or segments, never both (`jobs.sources.discover_all` reads neither then).
+ROTATE_MINUTES = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
+#: name → (hour "YYYY-MM-DDTHH", minute or None for an hourly file, sequence or None, gzip)
+FILE_NAME = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})(?:([0-5]\d)(?:\.([1-9]\d{0,5}))?)?\.jsonl(\.gz)?$")
+
+
+def segment_file_name(ts_ms: int, rotate_minutes: int = 1, seq: int = 0) -> str:
+    """The segment of a `rotate_minutes` rotation holding time `ts_ms`, e.g. `2026-11-01T0505.jsonl`."""
+    if rotate_minutes not in ROTATE_MINUTES:
+        raise ValueError(f"rotate_minutes must divide the hour: one of {ROTATE_MINUTES}")
+    t = datetime.fromtimestamp(ts_ms // 1000, tz=timezone.utc)
+    minute = t.minute - t.minute % rotate_minutes
+    return t.strftime("%Y-%m-%dT%H") + f"{minute:02d}" + (f".{seq}" if seq else "") + ".jsonl"
 
 
 #: gold.predictions (written by `ccs infer`, read by `ccs export`): one row per connection of
@@ -262,7 +284,11 @@ def render_markdown() -> str:
            "`ccs contract --markdown`; do not edit by hand. The layout, the streams and the quarantine "
            "rules: `docs/architecture.md` \"Inputs\" and `jobs/README.md`. Check logs against it with "
            "`ccs validate DIR`.", "",
-           "Files: `<root>/<stream>/<node_id>/<YYYY-MM-DDTHH>.jsonl` (or `.jsonl.gz`), UTF-8 (a leading "
+           "Files: `<root>/<stream>/<node_id>/<YYYY-MM-DDTHH>.jsonl` (or `.jsonl.gz`), or the rotated "
+           "layout the agent writes for the stream (`ccs stream`): segments `<YYYY-MM-DDTHHMM>.jsonl`, named by "
+           "the UTC minute they start at (every `rotate_minutes`, default 1), `<YYYY-MM-DDTHHMM>.<seq>.jsonl` for a "
+           "segment reopened by a late record, hidden as `.<name>.part` until complete; a node-hour is one hourly "
+           "file or its segments, never both. UTF-8 (a leading "
            "byte order mark is ignored), one JSON object a line, each key once, every timestamp inside the "
            "file's UTC hour except a connection's `ts_start_ms` (it belongs to the hour it closed in). Integers are JSON integers (int64; no `1.5`, `1e3`, "
            "`\"5\"`). Units are in the suffix: `_us` microseconds, `_ms` milliseconds, `_bytes`, `_segs`, "

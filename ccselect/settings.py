@@ -91,11 +91,15 @@ class SimulateSettings(_Section):
     start: str                                          # ISO time of the first hour, UTC
     seed: int
     conns_per_node_hour: int
+    # the streams as the agent's rotated segments every N minutes (issue 26); 0: hourly files
+    rotate_minutes: int = 0
 
     def __post_init__(self):
         for name in ("nodes", "hours", "conns_per_node_hour"):
             if getattr(self, name) < 1:
                 raise ValueError(f"simulate.{name} must be at least 1, got {getattr(self, name)}")
+        if not 0 <= self.rotate_minutes <= 30 or (self.rotate_minutes and 60 % self.rotate_minutes):
+            raise ValueError(f"simulate.rotate_minutes must be 0 or divide the hour, not {self.rotate_minutes}")
 
 
 # ---- AutoPlex and the emulation ---------------------------------------------------------------------
@@ -147,6 +151,13 @@ class EmulateSettings(_Section):
     ucb_discount: float = 0.995           # Pytheas: discounted UCB for non-stationary groups
     bootstrap_reps: int = 400             # resamples of nodes for the tail contrasts
     seed: int = 7
+    # the streaming table (issue 26; ALICCS §3.3 / Observation IV: a prefix's type drifts, so the
+    # table is rebuilt often): Algorithm 1 over the last stream_window_minutes of predictions,
+    # rebuilt every stream_trigger_minutes; the table built at boundary b is live from b + delay
+    stream_trigger_minutes: int = 5
+    stream_window_minutes: int = 60
+    stream_delay_minutes: int = 1         # processing and rotation
+    stream_lags_minutes: tuple[int, ...] = (0, 5, 15, 30, 60)   # the lag curve (`--stream-lags`)
 
 
 # ---- the model ----------------------------------------------------------------------------------
@@ -425,6 +436,35 @@ class ExportSettings(PrefixLadder):
                 raise ValueError(f"export.{name} must be in 0..1000, not {getattr(self, name)}")
 
 
+# ---- the stream -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StreamSettings(_Section):
+    """`stream:` `ccs stream` (jobs/stream.py, issue 26): the edge's rotated log segments → bronze,
+    silver and gold.predictions every `trigger_seconds`, and ALICCS Algorithm 1 over the
+    connections that closed in the last `window_minutes`, rebuilt at every `table_minutes`
+    boundary of the data's own clock (the newest ts_end_ms seen) and emitted as a signed version
+    only when it would give at least `min_change` of the window's request weight another CC than
+    the last emitted one (the guards' flip share), or that one is `refresh_hours` old (tables
+    expire: export.expiry_hours).
+    With `half_life_minutes`, a prediction's request weight halves every that many minutes of
+    age inside the window (ALICCS Observation IV: prefixes change type within hours)."""
+    checkpoint: str | None = None         # None: <data_root>/stream/checkpoint
+    trigger_seconds: int = 30             # micro-batch interval: how often new segments are read
+    max_files_per_trigger: int = 2000     # segments per micro-batch (bounds a backlog's batch)
+    table_minutes: int = 5                # a table per this many minutes of traffic
+    window_minutes: int = 60              # Algorithm 1's sliding window
+    half_life_minutes: float | None = None
+    min_change: float = 0.01
+    refresh_hours: float = 2.0
+
+    def __post_init__(self):
+        if self.trigger_seconds < 1 or self.table_minutes < 1 or self.window_minutes < self.table_minutes:
+            raise ValueError("stream: trigger_seconds >= 1, table_minutes >= 1, window_minutes >= table_minutes")
+        if not 0 <= self.min_change <= 1:
+            raise ValueError(f"stream.min_change must be in 0..1, not {self.min_change}")
+
+
 # ---- the pipeline ---------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -480,6 +520,7 @@ class Settings:
     diagnose: DiagnoseSettings = field(default_factory=DiagnoseSettings)
     handshake: HandshakeSettings = field(default_factory=HandshakeSettings)
     abtest: AbtestSettings = field(default_factory=AbtestSettings)
+    stream: StreamSettings = field(default_factory=StreamSettings)
 
 
 #: top-level keys that are not sections (see ccselect/config.py)

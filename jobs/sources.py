@@ -1,10 +1,13 @@
 """Finding and reading the node-hour files of the data contract (extract side of ingest).
 
 Layout: `DIR/<stream>/<node_id>/<YYYY-MM-DDTHH>.jsonl`, or `.jsonl.gz` (gzip, as log rotation
-leaves it; Spark's text source decompresses it by its name). Folders starting with `_` (the
-simulator's `_truth/`) are never read; everything else that does not match the layout is
-reported by `discover_all` with the reason it is not read — and so is a node-hour that has both
-a `.jsonl` and a `.jsonl.gz` (neither is read: which one holds the hour is not ours to guess).
+leaves it; Spark's text source decompresses it by its name), or the agent's rotated segments
+`<YYYY-MM-DDTHHMM>[.<seq>].jsonl` (issue 26, `ccselect.contract.FILE_NAME`): a node-hour's segments
+are read together as that hour. Folders starting with `_` (the simulator's `_truth/`) are never
+read, nor are hidden files (`.<name>.part`: a segment being written); everything else that does
+not match the layout is reported by `discover_all` with the reason it is not read — and so is a
+node-hour that has both an hourly file and segments, or a file both as `.jsonl` and `.jsonl.gz`
+(neither is read: which one holds the records is not ours to guess).
 """
 from __future__ import annotations
 
@@ -14,11 +17,10 @@ from dataclasses import dataclass
 
 from pyspark.sql import functions as F
 
-from ccselect.contract import STREAMS
+from ccselect.contract import FILE_NAME, STREAMS
 from ccselect.hours import hour_start_ms
 
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_HOUR = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2})\.jsonl(\.gz)?$")
 #: Top-level entries of an input folder that are expected and not logs (the IP→ASN/region
 #: reference silver reads, the simulator's manifest).
 EXPECTED_TOP = ("reference", "manifest.json")
@@ -72,23 +74,51 @@ def discover_all(input_dir: str, hours: tuple[str, str] | None = None,
             if not _NODE.match(node):
                 skipped.append(Skipped(ndir, "node folder name not accepted"))
                 continue
-            by_hour: dict[str, list[str]] = {}
+            by_hour: dict[str, dict[str, list[str]]] = {}   # hour → file name without .gz → paths
             for name in sorted(os.listdir(ndir)):
                 path = os.path.join(ndir, name)
-                m = _HOUR.match(name)
-                if os.path.isdir(path):
+                m = FILE_NAME.match(name)
+                if name.startswith("."):
+                    if name.endswith(".part"):
+                        continue      # a segment the agent is still writing: it appears when renamed
+                    skipped.append(Skipped(path, "hidden file"))
+                elif os.path.isdir(path):
                     skipped.append(Skipped(path, "not in a <stream>/<node_id>/ folder"))
                 elif not m:
-                    skipped.append(Skipped(path, "file name is not <YYYY-MM-DDTHH>.jsonl or .jsonl.gz"))
+                    skipped.append(Skipped(path, "file name is not <YYYY-MM-DDTHH>.jsonl, a segment "
+                                                 "<YYYY-MM-DDTHHMM>[.<seq>].jsonl, or either .gz"))
                 elif not hours or hours[0] <= m.group(1) <= hours[1]:
-                    by_hour.setdefault(m.group(1), []).append(path)
-            for hour, paths in sorted(by_hour.items()):
-                if len(paths) > 1:
-                    skipped.extend(Skipped(p, f"the node-hour {hour} also has {os.path.basename(q)}")
-                                   for p in paths for q in paths if q != p)
-                else:
-                    found.append(SourceFile(stream, node, hour, paths[0]))
+                    base = name[:-3] if name.endswith(".gz") else name
+                    by_hour.setdefault(m.group(1), {}).setdefault(base, []).append(path)
+            for hour, names in sorted(by_hour.items()):
+                hourly = f"{hour}.jsonl"
+                if hourly in names and len(names) > 1:
+                    skipped.extend(Skipped(p, f"the node-hour {hour} has both an hourly file and segments")
+                                   for ps in names.values() for p in ps)
+                    continue
+                for base, paths in sorted(names.items()):
+                    if len(paths) > 1:
+                        skipped.extend(Skipped(p, f"{base} is there as {os.path.basename(q)} too")
+                                       for p in paths for q in paths if q != p)
+                    else:
+                        found.append(SourceFile(stream, node, hour, paths[0]))
     return sorted(found), skipped
+
+
+def classify(path: str, streams: tuple[str, ...] = STREAMS) -> SourceFile | Skipped:
+    """One file by its path alone, as `discover_all` judges it inside its folder: the stream's
+    file source (jobs/stream.py) sees files one at a time."""
+    ndir, name = os.path.split(os.path.abspath(path))
+    sdir, node = os.path.split(ndir)
+    stream = os.path.basename(sdir)
+    m = FILE_NAME.match(name)
+    if stream not in streams:
+        return Skipped(path, f"not in a stream folder ({', '.join(streams)})")
+    if not _NODE.match(node):
+        return Skipped(path, "node folder name not accepted")
+    if not m:
+        return Skipped(path, "file name is not <YYYY-MM-DDTHH>.jsonl, a segment <YYYY-MM-DDTHHMM>[.<seq>].jsonl, or either .gz")
+    return SourceFile(stream, node, m.group(1), path)
 
 
 def discover(input_dir: str, hours: tuple[str, str] | None = None,
@@ -111,10 +141,16 @@ def read_lines(spark, files: list[SourceFile]):
         "uri string, stream string, node_id string, hour string, hour_start_ms bigint, source_file string")
     text = (spark.read.text([f.path for f in files], wholetext=True)
             .select(F.regexp_replace("_metadata.file_path", "^file:(//)?", "").alias("uri"), "value"))
+    return explode_lines(text.join(F.broadcast(meta), "uri"))
+
+
+def explode_lines(files):
+    """Whole files (a row per file: its text as `value`, and stream, node_id, hour, hour_start_ms,
+    source_file) → one row per line with its 1-based line_no. Batch ingest (`read_lines`) and the
+    stream (jobs/stream.py) both cut lines here."""
     body = F.regexp_replace(F.col("value"), r"\n\z", "")
     lines = F.when(F.col("value") == "", F.array().cast("array<string>")).otherwise(F.split(body, "\n", -1))
-    return (text.join(F.broadcast(meta), "uri")
-            .select("stream", "node_id", "hour", "hour_start_ms", "source_file",
-                    F.posexplode(lines).alias("pos", "raw"))
+    return (files.select("stream", "node_id", "hour", "hour_start_ms", "source_file",
+                         F.posexplode(lines).alias("pos", "raw"))
             .select("stream", "node_id", "hour", "hour_start_ms", "source_file",
                     (F.col("pos") + 1).alias("line_no"), "raw"))

@@ -1,7 +1,8 @@
 """Run the simulator over nodes × hours and write the data contract's files.
 
 Layout under OUT:
-  transport/<node_id>/<YYYY-MM-DDTHH>.jsonl   access/...   qoe/...      (the three streams)
+  transport/<node_id>/<YYYY-MM-DDTHH>.jsonl   access/...   qoe/...      (the three streams;
+      with rotate_minutes, the agent's segments <YYYY-MM-DDTHHMM>.jsonl instead: issue 26)
   reference/ip_asn_region.csv                                           (IP→ASN/region table)
   manifest.json                                                         (params and counts)
   _truth/                                   ground truth, kept apart: no pipeline code reads it
@@ -23,7 +24,7 @@ from typing import Any, Callable
 
 from tqdm import tqdm
 
-from ccselect.contract import STREAMS, hour_file_name, stream_dir
+from ccselect.contract import ROTATE_MINUTES, STREAMS, hour_file_name, segment_file_name, stream_dir
 from sim.params import SimParams
 from sim.tables import CcTable
 from sim.traffic import generate_node_hour
@@ -31,6 +32,8 @@ from sim.world import World
 # Imported inside the functions that use them (heavy, not needed to import this module): polars.
 
 TRUTH_DIR = "_truth"
+#: the record time a stream's file is chosen by (a connection belongs to the hour it closed in)
+TIME_FIELD = {"transport": "ts_end_ms", "access": "ts_ms", "qoe": "ts_ms"}
 
 _WORLD = None
 _TABLE = None
@@ -43,8 +46,10 @@ def _init_worker(params: SimParams) -> None:
 
 
 def _atomic_write(path: str, write: Callable[[str], None]) -> None:
+    """Write beside `path` hidden, as the agent does (`.<name>.part`: readers of the contract, and
+    Spark's streaming file source, skip names starting with '.'), then rename it into place."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.{os.getpid()}.part")
     write(tmp)
     os.replace(tmp, path)
 
@@ -56,15 +61,35 @@ def _write_text(path: str, text: str) -> None:
     _atomic_write(path, write)
 
 
-def _task(args: tuple[str, int, int]) -> dict[str, int]:
-    out, node_idx, hour_idx = args
+def _write_segments(folder: str, df, time_field: str, hour_ms: int, rotate_minutes: int) -> None:
+    """One node-hour of a stream as the agent's segments: a record goes to the segment of its
+    time, rows keep their order inside a segment, no segment is empty. A time outside the hour
+    (never, the contract's hour rule) stays in the hour's first or last segment, so a node-hour
+    writes only its own files."""
+    import polars as pl
+
+    minute = ((pl.col(time_field) - hour_ms) // 60_000).clip(0, 59)
+    parts = df.with_columns((minute // rotate_minutes * rotate_minutes).alias("_segment")) \
+              .partition_by("_segment", maintain_order=True, include_key=False, as_dict=True)
+    for (m,), part in parts.items():
+        _atomic_write(os.path.join(folder, segment_file_name(hour_ms + m * 60_000, rotate_minutes)),
+                      part.write_ndjson)
+
+
+def _task(args: tuple[str, int, int, int]) -> dict[str, int]:
+    out, node_idx, hour_idx, rotate_minutes = args
     assert _WORLD is not None
     nh = generate_node_hour(_WORLD, node_idx, hour_idx, _TABLE)
     node_id = _WORLD.nodes[node_idx].node_id
-    fname = hour_file_name(_WORLD.hour_start_ms(hour_idx))
+    hour_ms = _WORLD.hour_start_ms(hour_idx)
+    fname = hour_file_name(hour_ms)
     for stream in STREAMS:
         df = getattr(nh, stream)
-        _atomic_write(os.path.join(stream_dir(out, stream, node_id), fname), df.write_ndjson)
+        folder = stream_dir(out, stream, node_id)
+        if rotate_minutes:
+            _write_segments(folder, df, TIME_FIELD[stream], hour_ms, rotate_minutes)
+        else:
+            _atomic_write(os.path.join(folder, fname), df.write_ndjson)
     _atomic_write(os.path.join(out, TRUTH_DIR, "connections", node_id, fname.replace(".jsonl", ".parquet")),
                   nh.truth.write_parquet)
     return {"transport": nh.transport.height, "access": nh.access.height, "qoe": nh.qoe.height,
@@ -116,11 +141,15 @@ def code_version() -> str:
     return h.hexdigest()[:16]
 
 
-def simulate(params: SimParams, out: str, workers: int | None = None, progress: bool = True) -> dict[str, Any]:
-    """Write the fleet's logs for `params` under `out`; return the manifest."""
+def simulate(params: SimParams, out: str, workers: int | None = None, progress: bool = True,
+             rotate_minutes: int = 0) -> dict[str, Any]:
+    """Write the fleet's logs for `params` under `out`; return the manifest. `rotate_minutes`:
+    the streams as the agent's rotated segments (ccselect.contract.ROTATE_MINUTES), 0 hourly."""
 
     if params.cc_mode == "table" and not params.table_path:
         raise ValueError("cc_mode='table' needs table_path")
+    if rotate_minutes and rotate_minutes not in ROTATE_MINUTES:
+        raise ValueError(f"rotate_minutes must be 0 (hourly files) or one of {ROTATE_MINUTES}, not {rotate_minutes}")
     params = replace(params, table_path=os.path.abspath(params.table_path) if params.table_path else None)
     if os.path.exists(os.path.join(out, "manifest.json")):  # an earlier simulation: start clean
         for d in (*STREAMS, "reference", TRUTH_DIR):
@@ -129,7 +158,7 @@ def simulate(params: SimParams, out: str, workers: int | None = None, progress: 
     os.makedirs(out, exist_ok=True)
     t0 = time.time()
     static = _write_static(params, out)
-    tasks = [(out, n, h) for h in range(params.hours) for n in range(params.nodes)]
+    tasks = [(out, n, h, rotate_minutes) for h in range(params.hours) for n in range(params.nodes)]
     workers = workers or min(len(tasks), os.cpu_count() or 1)
     totals = {"transport": 0, "access": 0, "qoe": 0, "labelled": 0}
     bar = tqdm(total=len(tasks), unit="node-hour", desc="simulate", disable=not progress)
@@ -149,7 +178,8 @@ def simulate(params: SimParams, out: str, workers: int | None = None, progress: 
                     totals[k] += r[k]
                 bar.update()
     bar.close()
-    manifest = {"params": params.to_dict(), "code_version": code_version(), **static, "counts": totals,
+    manifest = {"params": params.to_dict(), "rotate_minutes": rotate_minutes, "code_version": code_version(),
+                **static, "counts": totals,
                 "seconds": round(time.time() - t0, 2), "layout": __doc__.split("Layout under OUT:")[1].split("\n\n")[0]}
     _write_text(os.path.join(out, "manifest.json"), json.dumps(manifest, indent=1))
     return manifest

@@ -59,3 +59,67 @@ def copy_lake(lake: SmallLake, dest: Path) -> SmallLake:
     cfg_path = write_config(dest)
     stats_path = str(dest / Path(lake.stats_path).relative_to(lake.root))
     return replace(lake, root=dest, cfg_path=cfg_path, stats_path=stats_path)
+
+
+def quick_champion(spark, cfg, lake: SmallLake) -> str:
+    """Train a quick MLP on the lake's labelled rows, register it in `cfg`'s MLflow with its
+    out-of-domain guard and temperature (models/ood.py) and promote it to @champion (the gate is
+    not what the callers test: it is passed whatever this model scores); returns its version."""
+    import pandas as pd
+
+    from features import scaling
+    from models import registry
+    from models.crossnode import per_node, summary
+    from models.dataset import load_labelled, to_train_data
+    from models.ood import fit_calibration, fit_guard
+    from models.train import TrainParams, fit
+    stats = scaling.load(lake.stats_path)
+    lab = load_labelled(spark, cfg, lake.lo, lake.hi, stats)
+    data, _ = to_train_data(lab, pd.DataFrame(columns=["label", "prefix24", "group", "k"]))
+    params = TrainParams(variant="mlp", epochs=8, seed=0, device="cpu")  # enough to leave both decisions
+    trainer = fit(params, data)
+    pn = per_node(lab.y, trainer.predict_proba(lab.x), lab.node)
+    guard = fit_guard(lab.x, stats.features)
+    calibration = fit_calibration(trainer.predict_proba(lab.x), lab.y)
+    _, version = registry.log_training(cfg, params, trainer, stats, pn, summary(pn), window=lake.window,
+                                       train_nodes=sorted(set(lab.node)), guard=guard, calibration=calibration)
+    loose = type(cfg)(path=cfg.path, raw={**cfg.raw, "model": {**cfg.raw.get("model", {}), "gate": {
+        "min_mean_accuracy": 0.0, "min_worst_accuracy": 0.0, "max_drop_vs_champion": 1.0}}})
+    assert registry.gate(loose, version)["passed"]
+    registry.promote(cfg, version)
+    return version
+
+
+def write_segments(src: str, dst: Path, nodes: list[str], hours: list[str], rotate_minutes: int = 1,
+                   minutes: int = 60) -> list[Path]:
+    """The hourly files of `nodes` and `hours` under `src` cut into the agent's rotated segments
+    under `dst` (ccselect.contract.segment_file_name by each record's ts_end_ms or ts_ms), written
+    minute by minute across streams with increasing modification times, as an edge would leave
+    them; only records of each hour's first `minutes`. The IP reference is copied along. Returns
+    the segment paths in that order."""
+    import json
+    import os
+
+    from ccselect.contract import STREAMS, segment_file_name
+    segs: dict[tuple[str, str, str], list[str]] = {}
+    for stream in STREAMS:
+        for node in nodes:
+            for hour in hours:
+                with open(os.path.join(src, stream, node, f"{hour}.jsonl")) as fh:
+                    for line in fh:
+                        r = json.loads(line)
+                        ts = r["ts_end_ms"] if stream == "transport" else r["ts_ms"]
+                        if ts // 60_000 % 60 >= minutes:
+                            continue
+                        name = segment_file_name(ts, rotate_minutes)
+                        segs.setdefault((name, stream, node), []).append(line)
+    out = []
+    t0 = 1_700_000_000
+    for i, (name, stream, node) in enumerate(sorted(segs)):
+        path = Path(dst) / stream / node / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(segs[(name, stream, node)]))
+        os.utime(path, (t0 + i, t0 + i))
+        out.append(path)
+    shutil.copytree(Path(src) / "reference", Path(dst) / "reference", dirs_exist_ok=True)
+    return out

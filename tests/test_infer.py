@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from ccs_testing import copy_lake
+from ccs_testing import copy_lake, quick_champion
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -59,30 +59,9 @@ def test_standardize_matches_spark_scaling(spark):
 def lake_with_champion(tmp_path_factory, spark, small_lake):
     """A writable copy of the small lake with a champion trained on its labelled rows, registered
     with its out-of-domain guard and a temperature (models/ood.py)."""
-    from features import scaling
-    from models import registry
-    from models.crossnode import per_node, summary
-    from models.dataset import load_labelled, to_train_data
-    from models.ood import fit_calibration, fit_guard
-    from models.train import TrainParams, fit
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("infer_lake"))
     cfg = lake.cfg()
-    stats = scaling.load(lake.stats_path)
-    lab = load_labelled(spark, cfg, lake.lo, lake.hi, stats)
-    data, _ = to_train_data(lab, pd.DataFrame(columns=["label", "prefix24", "group", "k"]))
-    params = TrainParams(variant="mlp", epochs=8, seed=0, device="cpu")  # enough to leave both decisions
-    trainer = fit(params, data)
-    pn = per_node(lab.y, trainer.predict_proba(lab.x), lab.node)
-    guard = fit_guard(lab.x, stats.features)
-    calibration = fit_calibration(trainer.predict_proba(lab.x), lab.y)
-    _, version = registry.log_training(cfg, params, trainer, stats, pn, summary(pn), window=lake.window,
-                                       train_nodes=sorted(set(lab.node)), guard=guard, calibration=calibration)
-    # The gate is not what this module tests: pass it whatever this quick model scores.
-    loose = type(cfg)(path=cfg.path, raw={**cfg.raw, "model": {**cfg.raw.get("model", {}), "gate": {
-        "min_mean_accuracy": 0.0, "min_worst_accuracy": 0.0, "max_drop_vs_champion": 1.0}}})
-    assert registry.gate(loose, version)["passed"]
-    registry.promote(cfg, version)
-    return lake, cfg, version
+    return lake, cfg, quick_champion(spark, cfg, lake)
 
 
 def _predictions(spark, cfg):

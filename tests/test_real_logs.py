@@ -164,7 +164,8 @@ def test_ingest_real_folder(spark, tmp_path, policy):
     cfg = load_config(write_config(tmp_path / "lake", ingest={"missing_features": policy}))
     result = ingest.run(spark, cfg, str(logs))
     assert result["skipped"] == [{"path": str(logs / "transport" / "n1" / "notes.txt"),
-                                  "why": "file name is not <YYYY-MM-DDTHH>.jsonl or .jsonl.gz"}]
+                                  "why": "file name is not <YYYY-MM-DDTHH>.jsonl, a segment "
+                                         "<YYYY-MM-DDTHHMM>[.<seq>].jsonl, or either .gz"}]
     t = result["streams"]["transport"]
     quarantined = {"bad_json": 1} if policy == "impute" else {"bad_json": 1, f"missing_key:{','.join(MISSING)}": 1}
     assert t["lines_read"] == 4 and t["accepted"] == 4 - sum(quarantined.values()), t
@@ -193,7 +194,7 @@ def test_validate_names_each_defect(spark, tmp_path):
     (logs / "transport" / "n2" / f"{HOUR}.jsonl").write_text("")      # beside the .gz of the same hour
     report = validate.run(spark, str(logs))
     text = "\n".join(report["problems"])
-    for needle in ("bad_json", f"missing_key:{','.join(MISSING)}", "notes.txt", "also has"):
+    for needle in ("bad_json", f"missing_key:{','.join(MISSING)}", "notes.txt", "is there as"):
         assert needle in text, (needle, text)
     assert "out_of_hour" not in text, "a connection that began the hour before is this hour's"
     assert [(Path(n["file"]).parent.name, n["check"]) for n in report["notices"]] == [("n1", "utf8_bom")]

@@ -1,7 +1,9 @@
 """`ccs ingest`, `ccs validate`, `ccs features`, `ccs labels`: the lakehouse commands (heavy imports inside)."""
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 from datetime import datetime, timezone
 from typing import Optional
 
@@ -17,6 +19,7 @@ def register(app: typer.Typer) -> None:
     app.command("features")(features_cmd)
     app.command("labels")(labels_cmd)
     app.command("validate")(validate_cmd)
+    app.command("stream")(stream_cmd)
 
 
 def _session(config: Optional[str], app_name: str):
@@ -45,6 +48,24 @@ def ingest_cmd(
     for s in result["skipped"]:
         typer.echo(f"not read: {s['path']} ({s['why']})", err=True)
     _emit(result, as_json)
+
+
+def stream_cmd(
+    input: Optional[str] = typer.Option(None, "--input", help="the edge logs' folder, segments <stream>/<node_id>/<YYYY-MM-DDTHHMM>.jsonl (default: pipeline.raw_dir)"),
+    once: bool = typer.Option(False, "--once", help="process the segments there now, then stop (Trigger.AvailableNow)"),
+    timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many seconds"),
+    deploy: Optional[bool] = typer.Option(None, "--deploy/--no-deploy", help="roll tables out to the fleet (default: pipeline.deploy as root)"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Fresh tables: ingest, score and re-aggregate the edge's log segments as they arrive (Spark
+    Structured Streaming; a long-lived service, infra/ccs-stream.service), emitting a signed table
+    every `stream.table_minutes` of traffic when it changed enough; stop with SIGTERM."""
+    from jobs import stream
+    cfg, spark = _session(config, "ccs-stream")
+    with contextlib.redirect_stdout(sys.stderr):      # the rollout's guard lines are log, not the result
+        result = stream.run(spark, cfg, input or cfg.settings.pipeline.raw_dir, once=once, deploy=deploy,
+                            timeout_s=timeout, log=lambda m: typer.echo(m, err=True))
+    _emit(result, True)
 
 
 def validate_cmd(

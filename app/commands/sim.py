@@ -7,6 +7,7 @@ from typing import Optional
 import typer
 
 from ccselect.config import load_config
+from ccselect.contract import ROTATE_MINUTES
 from sim.params import SimParams
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
@@ -28,6 +29,9 @@ def simulate_cmd(
     fault_mss_prefix16: Optional[str] = typer.Option(None, help="plant an MSS anomaly in this /16 ('auto' picks one)"),
     fault_mss_bytes: int = typer.Option(536, help="with --fault-mss-prefix16: the anomalous MSS its IPv4 clients announce"),
     fault_start_hour: int = typer.Option(0, help="with --fault-mss-prefix16: the fleet hour (0-based) the fault starts"),
+    rotate_minutes: Optional[int] = typer.Option(
+        None, help="write the streams as the edge agent's rotated segments <YYYY-MM-DDTHHMM>.jsonl every N "
+                   "minutes (1,2,3,4,5,6,10,12,15,20,30); 0: hourly files (default: simulate.rotate_minutes, 0)"),
     workers: Optional[int] = typer.Option(None, help="worker processes (default: all cores)"),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG", help="configuration file"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
@@ -43,7 +47,11 @@ def simulate_cmd(
         cc_mode=cc_mode, table_path=table, table_ab=table_ab, fault_mss_prefix16=fault_mss_prefix16,
         fault_mss_bytes=fault_mss_bytes, fault_start_hour=fault_start_hour)
     out = out or s.out
-    manifest = simulate(params, out, workers=workers, progress=not as_json)
+    rotate = s.rotate_minutes if rotate_minutes is None else rotate_minutes
+    if rotate and rotate not in ROTATE_MINUTES:
+        raise typer.BadParameter(f"{rotate} does not divide the hour: one of {ROTATE_MINUTES}, or 0 for hourly files",
+                                 param_hint="--rotate-minutes")
+    manifest = simulate(params, out, workers=workers, progress=not as_json, rotate_minutes=rotate)
     if as_json:
         typer.echo(json.dumps(manifest, indent=1))
     else:

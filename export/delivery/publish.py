@@ -63,7 +63,12 @@ def publish(spark, cfg: Config, store: Store, version: int | None = None, log=pr
     with tempfile.TemporaryDirectory(prefix="ccs-live-") as scratch:
         live = live_table(store, pub, scratch)
     hours = man["source_hours"]
-    preds = aggregate.extract(spark, cfg, hours["from"], hours["to"]) if live is not None else None
+    if live is None:
+        preds = None
+    elif "from_ms" in hours:      # a table of the stream: its sliding window (jobs/stream.py)
+        preds = aggregate.window_predictions(spark, cfg, hours["from_ms"], hours["to_ms"])
+    else:
+        preds = aggregate.extract(spark, cfg, hours["from"], hours["to"])
     report = guards.run_all(cfg, man, table.entries, preds, live)
     for name, c in report.checks.items():
         log(f"guard {name}: {'ok' if c['ok'] else 'REFUSED'} — {c['detail']}")

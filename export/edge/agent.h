@@ -9,7 +9,8 @@
  *   manifest.c  signature over the manifest bytes, then the manifest's fields (cJSON)
  *   table.c     load (verify the .bin, build a trie, swap) and rollback
  *   status.c    status [--json]
- *   translog.c  ring buffer -> hourly JSONL transport log, TTL watchdog (log, run)
+ *   translog.c  ring buffer -> JSONL transport log (rotated segments or hourly files), TTL
+ *               watchdog (log, run)
  */
 #ifndef CCS_AGENT_H
 #define CCS_AGENT_H
@@ -40,6 +41,7 @@ struct config {
 	char public_key[PATH_MAX];
 	char default_cc[16];
 	char log_dir[PATH_MAX];
+	int rotate_minutes;   /* transport log segments: a divisor of 60; 0 = hourly files */
 	double sample_rate;
 	int n_services;
 	struct service services[MAX_SERVICES];

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from ccselect.config import project_root
+from ccselect.contract import ROTATE_MINUTES
 
 DEFAULT_BINARY = str(project_root() / "export" / "build" / "ccs-edge")
 
@@ -66,12 +67,15 @@ class EdgeConfig:
     default_cc: str = ""
     sample_rate: float = 0.01
     log_dir: str = ""
+    # transport log segments every N minutes (a divisor of the hour); 0: hourly files, appended to
+    rotate_minutes: int = 1
     services: list[Service] = field(default_factory=list)
 
     def to_yaml(self) -> str:
         lines = [f"{k}: {_yaml_str(getattr(self, k))}" for k in _STR_KEYS
                  if getattr(self, k) != ""]
         lines.append(f"sample_rate: {float(self.sample_rate)!r}")
+        lines.append(f"rotate_minutes: {int(self.rotate_minutes)}")
         lines.append("services:")
         for s in self.services:
             lines.append(f"  - {{port: {int(s.port)}, name: {_yaml_str(s.name or 'svc' + str(s.port))}, "
@@ -87,7 +91,7 @@ class EdgeConfig:
             d = yaml.safe_load(f) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{path}: not a mapping")
-        unknown = set(d) - set(_STR_KEYS) - {"sample_rate", "services"}
+        unknown = set(d) - set(_STR_KEYS) - {"sample_rate", "rotate_minutes", "services"}
         if unknown:
             raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
         svcs = []
@@ -111,8 +115,12 @@ class EdgeConfig:
         rate = d.get("sample_rate", 0.01)
         if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1:
             raise ValueError(f"{path}: sample_rate {rate!r} is not a number in 0..1")
+        rotate = d.get("rotate_minutes", 1)
+        if isinstance(rotate, bool) or not isinstance(rotate, int) or rotate not in (0, *ROTATE_MINUTES):
+            raise ValueError(f"{path}: rotate_minutes {rotate!r} does not divide the hour "
+                             f"(one of {', '.join(map(str, ROTATE_MINUTES))}; or 0 for hourly files)")
         known = {k: ("" if d[k] is None else str(d[k])) for k in _STR_KEYS if k in d}
-        return cls(services=svcs, sample_rate=float(rate), **known)
+        return cls(services=svcs, sample_rate=float(rate), rotate_minutes=rotate, **known)
 
 
 class EdgeAgent:
@@ -195,7 +203,8 @@ class EdgeAgent:
         return json.loads(self._run("status", "--json"))
 
     def log(self, out_dir: str) -> int:
-        """Drain the ring buffer once into <out_dir>/transport/<node>/<hour>.jsonl; -> records."""
+        """Drain the ring buffer once into <out_dir>/transport/<node>/ (segments, closed at the end
+        of the drain, or hourly files: `rotate_minutes`); -> records."""
         out = self._run("log", "--out", out_dir, "--drain")
         return int(out.split()[0])
 

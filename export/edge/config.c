@@ -12,7 +12,8 @@
  * unknown or repeated keys, a number with anything after it (`443x`, `1%`), a number out of
  * range, a boolean that is not one of YAML's (true/false, yes/no, on/off, in any of their
  * three spellings), more than MAX_SERVICES services, two services on one port, a line longer
- * than the reader takes, a string too long for its field.
+ * than the reader takes, a string too long for its field, a rotate_minutes that does not divide
+ * the hour.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -27,6 +28,7 @@ struct config cfg = {
 	.pin_dir = "/sys/fs/bpf/ccs",
 	.default_cc = "",
 	.sample_rate = 0.01,
+	.rotate_minutes = 1,
 };
 
 #define MAX_LINE 4096
@@ -41,7 +43,7 @@ struct pos {
 
 static const char *const top_keys[] = {
 	"node_id", "cgroup", "pin_dir", "public_key", "default_cc", "sample_rate", "log_dir",
-	"services", NULL,
+	"rotate_minutes", "services", NULL,
 };
 static const char *const service_keys[] = { "port", "name", "ab", "caps", "flow_mode", NULL };
 
@@ -327,6 +329,22 @@ static int parse_service(const struct pos *p, const char *s)
 	return 0;
 }
 
+/* rotate_minutes: 0 (hourly files) or a divisor of the hour (ccselect/contract.py ROTATE_MINUTES) */
+static int parse_rotate(const struct pos *p, const char *v)
+{
+	unsigned long m;
+
+	if (parse_uint(p, "rotate_minutes", v, 0, 30, &m))
+		return -1;
+	if (m && 60 % m) {
+		cfg_err(p, "rotate_minutes: %lu does not divide the hour (one of 1, 2, 3, 4, 5, 6, 10, "
+			"12, 15, 20, 30; or 0 for hourly files)", m);
+		return -1;
+	}
+	cfg.rotate_minutes = (int)m;
+	return 0;
+}
+
 static int set_str(const struct pos *p, const char *key, char *dst, size_t n, const char *v)
 {
 	if (strlen(v) >= n) {
@@ -353,7 +371,7 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 	k = key_index(top_keys, key);
 	if (k < 0) {
 		cfg_err(p, "unknown key \"%s\" (known: node_id, cgroup, pin_dir, public_key, "
-			"default_cc, sample_rate, log_dir, services)", key);
+			"default_cc, sample_rate, log_dir, rotate_minutes, services)", key);
 		return -1;
 	}
 	if (seen[k]) {
@@ -378,6 +396,8 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 	}
 	if (!strcmp(key, "sample_rate"))
 		return parse_real(p, key, val, 0.0, 1.0, &cfg.sample_rate);
+	if (!strcmp(key, "rotate_minutes"))
+		return parse_rotate(p, val);
 	if (!strcmp(key, "node_id")) {
 		if (val[0] && check_node_id(val)) {
 			cfg_err(p, "node_id \"%s\": must be printable, without '/', not . or ..", val);

@@ -39,6 +39,7 @@ import pyarrow as pa
 from pyspark.sql import Window, functions as F
 
 from ccselect import delta_io
+from ccselect.hours import hour_of_ms
 from ccselect.ipaddr import canonical, with_ip
 from ccselect.lake import table_path
 from ccselect.settings import BITS, FAMILIES, PrefixLadder
@@ -466,6 +467,25 @@ def extract(spark, cfg, lo: str, hi: str):
             .where(F.col("hour").between(lo, hi)))
 
 
+def window_predictions(spark, cfg, from_ms: int, to_ms: int, decay_half_life_min: float | None = None):
+    """gold.predictions of the connections that closed in (from_ms, to_ms] — the stream's sliding
+    window (jobs/stream.py). Predictions carry no time: silver.connections' ts_end_ms, joined on
+    the connection's key inside the hours the window touches. With `decay_half_life_min`, a
+    prediction's requests (its weight in Algorithm 1) are scaled by 2^(−age/half-life), age from
+    its close to `to_ms`, rounded up: an old request still counts, at least once."""
+    lo, hi = hour_of_ms(from_ms + 1), hour_of_ms(to_ms)
+    ts = (spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+          .where(F.col("hour").between(lo, hi) & (F.col("ts_end_ms") > from_ms) & (F.col("ts_end_ms") <= to_ms))
+          .select("node_id", "hour", "conn_id", "ts_end_ms"))
+    preds = extract(spark, cfg, lo, hi)
+    if not decay_half_life_min:
+        return preds.join(ts.drop("ts_end_ms"), ["node_id", "hour", "conn_id"], "left_semi")
+    factor = F.pow(F.lit(2.0), -(F.lit(to_ms) - F.col("ts_end_ms")) / F.lit(decay_half_life_min * 60_000.0))
+    return (preds.join(ts, ["node_id", "hour", "conn_id"])
+            .withColumn("requests", F.ceil(F.col("requests") * factor).cast(preds.schema["requests"].dataType))
+            .select(*preds.columns))
+
+
 def model_versions(preds) -> tuple[str, str, list[str]]:
     """(model name, main model version by weight, all versions) of the model decisions."""
     rows = (preds.where(F.col("decision") == "model").groupBy("model_name", "model_version")
@@ -509,17 +529,26 @@ def history(spark, cfg) -> list[dict]:
 
 
 def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None,
-               out_dir: str | None = None) -> dict:
+               out_dir: str | None = None, preds=None, window_ms: tuple[int, int] | None = None,
+               unless=None) -> dict | None:
     """Aggregate the decisions of hours lo..hi into a signed table; record it in gold.cc_tables.
-    Returns the manifest (as written) plus `manifest_path`."""
+    Returns the manifest (as written) plus `manifest_path`.
+
+    The stream (jobs/stream.py) comes through here too, with no second export path: `preds` its
+    sliding window's predictions (of connections closed in `window_ms`, recorded under the
+    manifest's `source_hours` as `from_ms`/`to_ms`), and `unless(entries)` true when the table is
+    too like the live one to be worth a version: then nothing is written and None returned."""
 
     settings = cfg.settings.export
-    preds = extract(spark, cfg, lo, hi)
+    preds = extract(spark, cfg, lo, hi) if preds is None else preds
     with conf_set(spark, TREE_PARTITIONED):
         decisions = address_decisions(preds, settings=settings).persist()   # read by the aggregation and the metrics
         aggs = spark_aggregate(decisions, settings)
         aggs, caps = with_caps(spark, cfg, preds, aggs)
         entries = [a.entry() for a in aggs]
+        if unless is not None and unless(entries):
+            decisions.unpersist()
+            return None
         metrics = table_metrics(decisions, entries, aggs)
         decisions.unpersist()
     name, version_main, versions = model_versions(preds)
@@ -527,7 +556,8 @@ def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None
     expires = now + int(settings.expiry_hours * 3600)
     version = next_version(spark, cfg)
     extra = {
-        "model_name": name, "model_versions": versions, "source_hours": {"from": lo, "to": hi},
+        "model_name": name, "model_versions": versions, "source_hours": {"from": lo, "to": hi, **({"from_ms": int(window_ms[0]), "to_ms": int(window_ms[1]), "kind": "stream"}
+                                                    if window_ms else {})},
         "entries_per_level": per_level_counts(aggs, settings),
         "coverage": round(metrics["coverage"], 6), "agreement": round(metrics["agreement"], 6),
         "agreement_ip_majority": round(metrics["agreement_ip_majority"], 6),

@@ -15,6 +15,7 @@ import threading
 import time
 
 import pytest
+from ccselect.hours import hour_of_ms
 from _edge_helpers import (
     client,
     connect_accept,
@@ -461,11 +462,13 @@ def test_transport_log_records(edge, spark, tmp_path):
     assert n_rec == len(plan), f"{n_rec} records drained for {len(plan)} connections"
     d = contract.stream_dir(edge.logs, "transport", "test-node")
     files = sorted(os.listdir(d))
-    assert all(f.endswith(".jsonl") for f in files), f"hourly files {files}"
-    recs = [json.loads(x) for f in files for x in open(os.path.join(d, f))]
+    assert files and all(contract.FILE_NAME.match(f) for f in files), f"the contract's file names: {files}"
+    recs = [(f, json.loads(x)) for f in files for x in open(os.path.join(d, f))]
+    for f, r in recs:
+        assert contract.FILE_NAME.match(f).group(1) == hour_of_ms(r["ts_end_ms"]), \
+            f"record in a file of its hour: {r['ts_end_ms']} in {f}"
+    recs = [r for _, r in recs]
     for r in recs:
-        assert os.path.basename(f"{d}/{contract.hour_file_name(r['ts_end_ms'] // 3600000 * 3600000)}") in files, \
-            f"record in its hour file: {r['ts_end_ms']}"
         problems = validate_transport_record(r)
         assert problems == [], f"record {r['client_ip']} breaks the contract: {problems}"
     assert len({r["conn_id"] for r in recs}) == len(recs), "conn_id unique"

@@ -1,0 +1,329 @@
+"""`ccs stream`: the edge's rotated log segments → bronze, quarantine, audit, silver and
+gold.predictions within a micro-batch of their arrival, and a signed prefix→CC table over a
+sliding window every few minutes of traffic (issue 26; ALICCS §3.3 and Observation IV: a prefix's
+network type changes within hours, so an hour-old table is already partly wrong).
+
+One Spark Structured Streaming query, file source over the segments of the data contract
+(`<input>/<stream>/<node>/<YYYY-MM-DDTHHMM>[.<seq>].jsonl`, ccselect/contract.py; the agent renames
+a segment into place when it is complete, so the source never sees half a file), and per
+micro-batch (`foreachBatch`), in the driver:
+
+1. **Parse** with batch ingest's own code: `jobs.sources.explode_lines` cuts the lines,
+   `jobs.ingest.to_bronze` (jobs/parse.py) types and judges them — one parser, two callers, the
+   same quarantine reasons.
+2. **Bronze, quarantine and audit** are appended with Delta's idempotent-write options
+   (`txnAppId` = this query's id from its checkpoint, `txnVersion` = the batch id): a batch
+   replayed after a crash (the source's offset log gives it the same files) skips every table it
+   had already committed. Audit: one row per file, lines_read = accepted + quarantined.
+3. **Silver** is rebuilt for every (node, hour) the batch touched from bronze as committed
+   (`jobs.silver.run`, `replaceWhere`): a pure function of bronze, so a replay writes it again
+   identically, and a connection whose access-log label or QoE beacon arrives in a later segment
+   is joined when that segment comes.
+4. **gold.predictions** for the same partitions with `models:/<name>@champion`, resolved at every
+   batch: a newly promoted champion scores the next batch, no restart.
+5. **The table.** The stream's clock is the data's: T = the newest ts_end_ms seen. When T passes a
+   boundary b (a multiple of `stream.table_minutes`) past the last table's, Algorithm 1 runs over
+   the predictions of connections closed in (b − window, b] (`aggregate.window_predictions`, the
+   hourly export's code: `aggregate.run_export`); when it would give less than `stream.min_change`
+   of the window's request weight another CC than the last emitted table (the guards' flip share),
+   and that one is younger than `stream.refresh_hours`, nothing is emitted. Otherwise the version is signed, recorded in gold.cc_tables with its window
+   (`source_hours.from_ms/to_ms`), and goes through `app.pipeline.rollout`: the guards, the store
+   and the canary-first rollout of the hourly path. A refused table is logged; the live one stays.
+   Being a function of the lake (the last table and its window are read back from gold.cc_tables),
+   a restart continues where the stream stood.
+
+A malformed line is quarantined like in batch; a file the contract does not name is logged and
+left alone; neither stops the query. The hourly `ccs ingest` reads the same segments (a node-hour
+at a time) for backfills: both write the same rows.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import datetime, timezone
+from typing import Callable
+
+from pyspark.sql import DataFrame, SparkSession, functions as F
+
+from ccselect import delta_io
+from ccselect.config import Config
+from ccselect.contract import STREAMS
+from ccselect.hours import hour_of_ms
+from ccselect.lake import table_path
+from jobs import silver as silver_job
+from jobs.ingest import AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, to_audit, to_bronze, to_quarantine
+from jobs.parse import imputable
+from jobs.sources import SourceFile, classify, explode_lines
+
+#: the segments of every stream under the input folder (hourly files `…THH.jsonl` are not matched:
+#: an hourly file grows while its hour lasts, which a file source must not read)
+SEGMENT_GLOB = "{" + ",".join(STREAMS) + "}/*/*T[0-9][0-9][0-9][0-9]*.jsonl"
+#: fault injection for the crash test: `CCS_STREAM_CRASH=<stage>:<batch id>` makes the process
+#: kill itself with SIGKILL after that stage of that batch (stages: bronze, silver, predictions)
+CRASH_ENV = "CCS_STREAM_CRASH"
+
+
+def checkpoint_dir(cfg: Config) -> str:
+    return cfg.settings.stream.checkpoint or os.path.join(cfg.data_root, "stream", "checkpoint")
+
+
+def source(spark: SparkSession, input_dir: str, max_files: int) -> DataFrame:
+    """The file source: a row per new segment (its path as `uri`, its text as `value`)."""
+    return (spark.readStream.format("text").option("wholetext", "true")
+            .option("maxFilesPerTrigger", int(max_files))
+            .load(os.path.join(os.path.abspath(input_dir), SEGMENT_GLOB))
+            .select(F.regexp_replace("_metadata.file_path", "^file:(//)?", "").alias("uri"), "value"))
+
+
+def append_once(df: DataFrame, path: str, app_id: str, version: int, partition_by: tuple[str, ...],
+                properties: dict[str, str] | None = None, constraints: dict[str, str] | None = None) -> None:
+    """Append `df` to the Delta table at `path` unless this (app_id, version) already did
+    (Delta's idempotent writes: the commit records the pair, a replay is skipped)."""
+    spark = df.sparkSession
+    if not delta_io.is_delta(spark, path):
+        df.limit(0).write.format("delta").partitionBy(*partition_by).mode("append").save(path)
+        if properties:
+            props = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
+            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({props})")
+    if constraints:
+        delta_io.ensure_constraints(spark, path, constraints)
+    (df.write.format("delta").partitionBy(*partition_by).mode("append")
+     .option("txnAppId", app_id).option("txnVersion", int(version)).save(path))
+
+
+def _crash_point(stage: str, batch_id: int) -> None:
+    spec = os.environ.get(CRASH_ENV, "")
+    if spec and spec == f"{stage}:{batch_id}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def changed_share(new: list, old: list) -> float:
+    """Share of the entries of two tables that differ: a prefix in only one of them, or with
+    another CC (over the union of their prefixes)."""
+    a = {(e.prefix, e.cc) for e in new}
+    b = {(e.prefix, e.cc) for e in old}
+    nets = {e.prefix for e in new} | {e.prefix for e in old}
+    return len(a ^ b) / max(1, len(nets)) if nets else 0.0
+
+
+class StreamJob:
+    """The micro-batch function of the query (`process`) and the table step; state is read back
+    from the lake, so a restarted job continues where the last one stood."""
+
+    def __init__(self, spark: SparkSession, cfg: Config, input_dir: str, checkpoint: str,
+                 deploy: bool | None = None, log: Callable[[str], None] = print):
+        self.spark, self.cfg, self.input_dir, self.checkpoint = spark, cfg, input_dir, checkpoint
+        self.deploy, self.log = deploy, log
+        self.s = cfg.settings.stream
+        self._champion = None
+        self._app_id = None
+        self.batches: list[dict] = []
+
+    # ---- identity ----------------------------------------------------------------------------
+
+    @property
+    def app_id(self) -> str:
+        """The query's id, kept in its checkpoint: the same across restarts, a new one for a new
+        checkpoint (whose batch ids start again at 0)."""
+        if self._app_id is None:
+            with open(os.path.join(self.checkpoint, "metadata")) as fh:
+                self._app_id = "ccs-stream-" + json.load(fh)["id"]
+        return self._app_id
+
+    # ---- one micro-batch ---------------------------------------------------------------------
+
+    def process(self, batch: DataFrame, batch_id: int) -> None:
+        t0 = time.time()
+        spark = self.spark
+        uris = [r["uri"] for r in batch.select("uri").collect()]
+        judged = [classify(u) for u in sorted(uris)]
+        files = [f for f in judged if isinstance(f, SourceFile)]
+        for sk in judged:
+            if not isinstance(sk, SourceFile):
+                self.log(f"stream: batch {batch_id}: not read: {sk.path} ({sk.why})")
+        info: dict = {"batch": batch_id, "files": len(files)}
+        stage = {}
+
+        def lap(name: str, t: list = [t0]) -> None:
+            now = time.time()
+            stage[name] = round(now - t[0], 3)
+            t[0] = now
+        if files:
+            info.update(self.ingest(batch, files, batch_id))
+            lap("bronze")
+            keys = {(f.node_id, f.hour) for f in files}
+            silver_job.run(spark, self.cfg, keys, self.input_dir)
+            lap("silver")
+            _crash_point("silver", batch_id)
+            info["predictions"] = self.score(keys)
+            lap("predictions")
+            _crash_point("predictions", batch_id)
+            if info.get("max_ts_end_ms") is not None:
+                info["table"] = self.table_step(int(info["max_ts_end_ms"]))
+                lap("table")
+        info["stages_s"] = stage
+        info["seconds"] = round(time.time() - t0, 3)
+        self.batches.append(info)
+        self.log("stream: " + json.dumps(info, default=str))
+
+    def ingest(self, batch: DataFrame, files: list[SourceFile], batch_id: int) -> dict:
+        spark, cfg = self.spark, self.cfg
+        meta = spark.createDataFrame(
+            [(f.path, f.stream, f.node_id, f.hour, f.hour_start_ms, f.path) for f in files],
+            "uri string, stream string, node_id string, hour string, hour_start_ms bigint, source_file string")
+        lines = explode_lines(batch.join(F.broadcast(meta), "uri"))
+        ingest_time = datetime.now(timezone.utc).replace(tzinfo=None)
+        parsed = []
+        for stream in STREAMS:
+            if not any(f.stream == stream for f in files):
+                continue
+            impute = imputable(cfg.settings.ingest.missing_features, stream)
+            b = to_bronze(lines.where(F.col("stream") == stream), stream, ingest_time, impute).persist()
+            append_once(b, table_path(cfg, f"bronze.{stream}"), self.app_id, batch_id, ("node_id", "hour"),
+                        properties=BRONZE_PROPERTIES)
+            parsed.append((stream, b))
+        _crash_point("bronze", batch_id)
+        out: dict = {"max_ts_end_ms": None}
+        try:
+            every = None
+            for stream, b in parsed:
+                cols = b.select("stream", "node_id", "hour", "source_file", "line_no", "raw", "reason", "status",
+                                "ingest_time")
+                every = cols if every is None else every.unionByName(cols)
+                if stream == "transport":
+                    out["max_ts_end_ms"] = (b.where(F.col("status") == "ok")
+                                            .agg(F.max("record.ts_end_ms")).first()[0])
+            append_once(to_quarantine(every), table_path(cfg, "bronze.quarantine"), self.app_id, batch_id,
+                        ("stream", "node_id", "hour"))
+            audit = to_audit(every, files_frame(spark, files), ingest_time).persist()
+            append_once(audit, table_path(cfg, "gold.ingest_audit"), self.app_id, batch_id, ("node_id", "hour"),
+                        constraints=AUDIT_CONSTRAINTS)
+            tot = audit.agg(F.sum("lines_read"), F.sum("accepted"), F.sum("quarantined")).first()
+            out.update({"lines_read": int(tot[0] or 0), "accepted": int(tot[1] or 0), "quarantined": int(tot[2] or 0)})
+            audit.unpersist()
+        finally:
+            for _, b in parsed:
+                b.unpersist()
+        return out
+
+    def champion(self):
+        """`models:/<name>@champion`, reloaded when the alias has moved; None while there is none."""
+        from mlflow.exceptions import MlflowException
+
+        from models.registry import CHAMPION, _alias_version, configure, load_champion, model_name
+        try:
+            version = _alias_version(configure(self.cfg), model_name(self.cfg), CHAMPION)
+        except MlflowException:
+            version = None
+        if version is None:
+            self._champion = None
+        elif self._champion is None or str(self._champion.version) != str(version):
+            self._champion = load_champion(self.cfg)
+            self.log(f"stream: scoring with {self._champion.name} v{self._champion.version}")
+        return self._champion
+
+    def score(self, keys: set[tuple[str, str]]) -> dict:
+        from models import infer
+        champ = self.champion()
+        if champ is None:
+            return {"skipped": "no @champion"}
+        p = self.cfg.settings.infer
+        src = (self.spark.read.format("delta").load(table_path(self.cfg, "silver.connections"))
+               .where(delta_io.partition_predicate(keys)).select(*infer.PASS_THROUGH, *infer.FEATURES))
+        from ccselect.spark import conf_set
+        with conf_set(self.spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": str(int(p.batch_rows))}):
+            infer.load(infer.transform(src, champ, p), self.cfg, keys)
+        return {"model_version": champ.version, "partitions": len(keys)}
+
+    # ---- the table ---------------------------------------------------------------------------
+
+    def last_table(self) -> dict | None:
+        """The newest version the stream emitted (gold.cc_tables rows with a `from_ms` window)."""
+        from export.tables import aggregate
+        rows = [r for r in aggregate.history(self.spark, self.cfg) if "from_ms" in json.loads(r["hours"])]
+        return rows[-1] if rows else None
+
+    def table_step(self, max_ts_end_ms: int) -> dict:
+        from export.artifact import signing, table_format as tf
+        from export.delivery.guards import flip_share
+        from export.delivery.publish import key_paths
+        from export.tables import aggregate
+        s = self.s
+        step = s.table_minutes * 60_000
+        b = max_ts_end_ms // step * step
+        last = self.last_table()
+        last_to = json.loads(last["hours"])["to_ms"] if last else None
+        if last_to is not None and b <= last_to:
+            return {"boundary": b, "built": False, "why": "not past the last table's boundary"}
+        window = (b - s.window_minutes * 60_000, b)
+        priv, pub = key_paths(self.cfg)
+        if not os.path.exists(priv):
+            return {"boundary": b, "built": False, "why": f"no signing key at {priv}: run `ccs keys init`"}
+        preds = aggregate.window_predictions(self.spark, self.cfg, *window, decay_half_life_min=s.half_life_minutes)
+        old = []
+        if last is not None:
+            _, table = signing.read_manifest(last["manifest_path"], signing.load_public_key(pub))
+            old = table.entries
+        fresh_enough = last is not None and (b - last_to) < s.refresh_hours * 3_600_000
+        verdict = {}
+
+        def unless(entries) -> bool:
+            # what matters is traffic that would get another CC: the guards' flip share (request
+            # weight of the window's addresses whose effective CC differs), not entries that merely
+            # moved up or down the ladder
+            verdict["changed"] = round(flip_share(preds, entries, old), 6) if last is not None else 1.0
+            verdict["entries_changed"] = round(changed_share(entries, old), 6) if last is not None else 1.0
+            verdict["entries"] = len(entries)
+            return fresh_enough and verdict["changed"] < s.min_change
+
+        man = aggregate.run_export(self.spark, self.cfg, hour_of_ms(window[0] + 1), hour_of_ms(window[1]),
+                                   signing.load_private_key(priv), now=int(time.time()), preds=preds,
+                                   window_ms=window, unless=unless)
+        out = {"boundary": b, "window_ms": list(window), **verdict}
+        if man is None:
+            return {**out, "built": False, "why": f"changed {verdict['changed']:.4f} < stream.min_change"}
+        out.update({"built": True, "version": man["version"], "coverage": man["coverage"]})
+        from app.pipeline import TableRefused, rollout
+        try:
+            out["rollout"] = rollout(int(man["version"]), self.cfg, deploy_fleet=self.deploy)
+        except TableRefused as e:     # a verdict on this table: the live one stays
+            out["rollout"] = {"refused": str(e)}
+        except RuntimeError as e:     # the rollout stopped and rolled back: the stream goes on
+            out["rollout"] = {"failed": str(e)}
+        return out
+
+
+def run(spark: SparkSession, cfg: Config, input_dir: str, once: bool = False, deploy: bool | None = None,
+        timeout_s: float | None = None, log: Callable[[str], None] = print) -> dict:
+    """Run the stream over `input_dir` until stopped (SIGTERM/SIGINT), `timeout_s`, or — with
+    `once` — until every segment there now is processed (Trigger.AvailableNow)."""
+    s = cfg.settings.stream
+    ckpt = checkpoint_dir(cfg)
+    os.makedirs(os.path.dirname(ckpt), exist_ok=True)
+    job = StreamJob(spark, cfg, input_dir, ckpt, deploy, log)
+    writer = (source(spark, input_dir, s.max_files_per_trigger).writeStream
+              .foreachBatch(job.process).option("checkpointLocation", ckpt).queryName("ccs_stream"))
+    writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{s.trigger_seconds} seconds")
+    query = writer.start()
+    stop = {"now": False}
+
+    def on_signal(signum, frame):
+        stop["now"] = True
+    old = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    t0 = time.time()
+    try:
+        while query.isActive and not stop["now"] and (timeout_s is None or time.time() - t0 < timeout_s):
+            query.awaitTermination(1)
+        if query.exception() is not None:
+            raise RuntimeError(f"the stream failed: {query.exception()}")
+    finally:
+        if query.isActive:
+            query.stop()
+        for sig, h in old.items():
+            signal.signal(sig, h)
+    return {"input": input_dir, "checkpoint": ckpt, "batches": len(job.batches),
+            "files": sum(b.get("files", 0) for b in job.batches),
+            "lines_read": sum(b.get("lines_read", 0) for b in job.batches),
+            "tables": [b["table"] for b in job.batches if b.get("table", {}).get("built")]}

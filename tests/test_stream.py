@@ -1,0 +1,141 @@
+"""`ccs stream` (jobs/stream.py, issue 26) on a node's half hour of the small fleet cut into the
+agent's one-minute segments, with a malformed line and a malformed file among them:
+
+- a stream killed with SIGKILL in the middle of a micro-batch (after its bronze commit, before
+  silver) and restarted holds exactly the rows of a batch ingest of the same files — silver,
+  gold.predictions, quarantine (same reasons) and one audit row per file with lines_read =
+  accepted + quarantined — and its last table equals an uninterrupted stream's;
+- the tables: one per boundary of `stream.table_minutes` of the data's clock, each recorded in
+  gold.cc_tables with its window, signed, and published through the guards.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from pyspark.sql import functions as F
+from pyspark.testing import assertDataFrameEqual
+
+from ccs_testing import REPO, copy_lake, quick_champion, write_config, write_segments
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, spark, small_lake):
+    """(segments folder, champion lake config path): two nodes' first hour as segments, plus a
+    malformed line in one segment and a file of garbage."""
+    lake = copy_lake(small_lake, tmp_path_factory.mktemp("stream_champion"))
+    cfg = lake.cfg()
+    quick_champion(spark, cfg, lake)
+    nodes = sorted(os.listdir(os.path.join(small_lake.fleet_dir, "transport")))[:1]
+    seg = tmp_path_factory.mktemp("segments")
+    paths = write_segments(small_lake.fleet_dir, seg, nodes, [small_lake.lo], minutes=30)
+    bad = next(p for p in paths if p.parts[-3] == "transport")
+    with open(bad, "a") as fh:
+        fh.write('{"conn_id": "broken", "node_id": \n')
+    garbage = next(p for p in paths if p.parts[-3] == "access" and p != bad)
+    garbage.write_bytes(b"\x00\x01 not json\n")
+    st = bad.stat()
+    os.utime(bad, (st.st_atime, st.st_mtime))
+    return seg, lake
+
+
+def _config(root, lake, **stream):
+    from ccs_testing import raw_section
+    src = lake.cfg()
+    root.mkdir(parents=True, exist_ok=True)
+    return write_config(root, mlflow={**raw_section("mlflow"), "tracking_uri": src.settings.mlflow.tracking_uri,
+                                      "artifact_root": src.settings.mlflow.artifact_root},
+                        stream={"max_files_per_trigger": 50, "table_minutes": 10, "window_minutes": 30, **stream},
+                        pipeline={**raw_section("pipeline"), "deploy": False},
+                        model={**(m := raw_section("model")), "gate": {**m["gate"], "min_mean_accuracy": 0.0,
+                                                                         "min_worst_accuracy": 0.0}})
+
+
+def _ccs(args, config, env=None, check=True):
+    res = subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "CCS_CONFIG": str(config), **(env or {})}, timeout=900)
+    if check and res.returncode:
+        raise AssertionError(f"ccs {' '.join(args)} exited {res.returncode}:\n{res.stderr[-4000:]}")
+    return res
+
+
+def _table(spark, cfg, name):
+    from ccselect.lake import table_path
+    return spark.read.format("delta").load(table_path(cfg, name))
+
+
+def _last_table(spark, cfg):
+    from export.artifact import signing
+    from export.delivery.publish import key_paths
+    from export.tables import aggregate
+    rows = aggregate.history(spark, cfg)
+    _, table = signing.read_manifest(rows[-1]["manifest_path"], signing.load_public_key(key_paths(cfg)[1]))
+    return json.loads(rows[-1]["hours"]), sorted((str(e.prefix), e.cc, e.purity_permille) for e in table.entries), rows
+
+
+def test_killed_stream_restarts_to_the_batch_result(spark, tmp_path, setup):
+    from ccselect.config import load_config
+    from jobs import ingest, stream
+    from models import infer
+    seg, lake = setup
+
+    # the stream, killed after the bronze commit of its second micro-batch, then restarted
+    crashed = _config(tmp_path / "crashed", lake)
+    _ccs(["keys", "init"], crashed)
+    dead = _ccs(["stream", "--input", str(seg), "--once"], crashed, env={"CCS_STREAM_CRASH": "bronze:1"}, check=False)
+    assert dead.returncode == -signal.SIGKILL, dead.stderr[-3000:]
+    c = load_config(crashed)
+    # restarted (in this process: the replayed batch and the rest)
+    done = stream.run(spark, c, str(seg), once=True, log=lambda m: None)
+    assert done["batches"] >= 1 and done["tables"], done
+    # the same files by batch ingest and inference
+    (tmp_path / "batch").mkdir()
+    batch = load_config(write_config(tmp_path / "batch", mlflow=json.loads(json.dumps(load_config(crashed).raw["mlflow"]))))
+    ingest.run(spark, batch, str(seg))
+    infer.run(spark, batch, lake.lo, lake.lo)
+
+    silver_cols = [x for x in _table(spark, batch, "silver.connections").columns]
+    assertDataFrameEqual(_table(spark, c, "silver.connections").select(*silver_cols),
+                         _table(spark, batch, "silver.connections").select(*silver_cols))
+    keys = _table(spark, c, "gold.predictions").groupBy("conn_id").count()
+    assert keys.where("count > 1").count() == 0
+    pcols = ["conn_id", "node_id", "hour", "cc", "decision", "pred_net_type", "model_version"]
+    assertDataFrameEqual(_table(spark, c, "gold.predictions").select(*pcols),
+                         _table(spark, batch, "gold.predictions").select(*pcols))
+    qcols = ["stream", "node_id", "hour", "source_file", "line_no", "raw", "reason"]
+    q = _table(spark, c, "bronze.quarantine").select(*qcols)
+    assertDataFrameEqual(q, _table(spark, batch, "bronze.quarantine").select(*qcols))
+    assert {r["reason"] for r in q.collect()} == {"bad_json"}, "the batch path's reason"
+    for name in ("bronze.transport", "bronze.access", "bronze.qoe"):
+        b = _table(spark, c, name).select("source_file", "line_no", "status", "reason")
+        assert b.groupBy("source_file", "line_no").count().where("count > 1").count() == 0, name
+        assertDataFrameEqual(b, _table(spark, batch, name).select("source_file", "line_no", "status", "reason"))
+    audit = _table(spark, c, "gold.ingest_audit")
+    n_files = sum(1 for _, _, fs in os.walk(seg) for f in fs if f.endswith(".jsonl"))
+    assert audit.count() == n_files == audit.select("source_file").distinct().count()
+    assert audit.where("lines_read != accepted + quarantined").count() == 0
+    acols = ["stream", "node_id", "hour", "source_file", "lines_read", "accepted", "quarantined"]
+    assertDataFrameEqual(audit.select(*acols), _table(spark, batch, "gold.ingest_audit").select(*acols))
+
+    # an uninterrupted stream of the same files ends on the same table
+    clean = _config(tmp_path / "clean", lake)
+    _ccs(["keys", "init"], clean)
+    whole = stream.run(spark, load_config(clean), str(seg), once=True, log=lambda m: None)
+    window_c, entries_c, rows_c = _last_table(spark, c)
+    window_w, entries_w, rows_w = _last_table(spark, load_config(clean))
+    assert entries_c and entries_c == entries_w
+    assert (window_c["from_ms"], window_c["to_ms"]) == (window_w["from_ms"], window_w["to_ms"])
+    # every table: a boundary of 10 minutes of the data's clock, a 30-minute window, built from
+    # the champion's predictions
+    for r in rows_w:
+        h = json.loads(r["hours"])
+        assert h["to_ms"] % 600_000 == 0 and h["to_ms"] - h["from_ms"] == 1_800_000, h
+    assert len(whole["tables"]) == len(rows_w)
+    hour_end = max(_table(spark, batch, "silver.connections").agg(F.max("ts_end_ms")).first())
+    assert window_w["to_ms"] == hour_end // 600_000 * 600_000
