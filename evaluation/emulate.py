@@ -45,6 +45,20 @@ before the emulated range, or, for Pytheas, online from its own choices):
   (confidence below export.flow_min_leaf_permille): the flow first, the prefix's history where
   the flow says little. The tree is fitted on the training window's labelled connections (before the emulated hours), on the
   handshake features alone (`HANDSHAKE_FEATURES`), as it would ship.
+- `aliccs_stream` (issue 26): the streaming table — the same Algorithm 1 rebuilt every
+  `stream_trigger_minutes` over the model predictions of the connections that ended in the last
+  `stream_window_minutes` (a prediction exists once its connection has ended; its time is the
+  connection's `ts_end_ms`, from silver.connections), live `stream_delay_minutes` after its
+  boundary (processing and rotation). A session starting at t is decided by the table of boundary
+  b = floor((t − delay) / trigger)·trigger, longest-prefix matched as `aliccs`; a miss keeps the
+  default. A prefix whose type changes (ALICCS §3.3, Observation IV) is followed within about
+  trigger + delay, not the hour or two of the hourly export.
+- `aliccs_stream_fill`, `_combine`, `_flow`, `_prior`: the flow policies over the streaming table.
+- Any streaming policy at lag L minutes instead of the delay, as `<policy>@<L>`: the table of
+  b = floor((t − L) / trigger)·trigger (L = 0: the boundary just passed, built in no time).
+  `run(..., stream_lags=)` (`ccs emulate --stream-lags`) adds `aliccs_stream@L` and
+  `true_table_stream@L` per lag and the summary's `lag_curve`: per lag, the share of the true
+  type's truth gain and the rebuffer tail.
 - `configanator`: network classes (K-means over per-/24 mean features, Configanator §3.2), each
   class's best CC over the training hours, a decision tree from {the /24's features, its class}
   to that CC (the exploitation arm, §3.1), and an ε-bandit exploring a random CC (§3.1 arm 2).
@@ -61,8 +75,12 @@ before the emulated range, or, for Pytheas, online from its own choices):
   built from (`table_lag_hours` before, all nodes, as the hourly export), Wi-Fi → CUBIC, 4G/5G →
   BBR, a group without sessions then → the default. The bound of a prefix table with that lag:
   what the hour of lag costs even without a single misclassification.
-The truth is read for these two policies and for the `truth` check of the summary, never for
-anything a policy learns from.
+- `true_table_stream` (only with the truth): the same bound on the streaming table's timeline —
+  per prefix group, the majority true type of the sessions that ended in the window of the table
+  live at the session's start (same trigger, window and lag as `aliccs_stream`).
+The truth is read for these three policies and for the `truth` check of the summary (each
+policy's `share_of_true_type_gain`: its truth gain over all-CUBIC as a share of `true_type`'s),
+never for anything a policy learns from.
 """
 from __future__ import annotations
 
@@ -90,12 +108,18 @@ from models.configanator import choose_classes, network_class
 
 CCS = ("cubic", "bbr")
 POLICIES = ("cubic", "bbr", "oracle", "oracle_insample", "aliccs", "aliccs_fill", "aliccs_combine", "aliccs_flow",
-            "aliccs_prior",
-            "configanator", "disco", "pytheas", "true_type", "true_table")
+            "aliccs_prior", "aliccs_stream", "aliccs_stream_fill", "aliccs_stream_combine", "aliccs_stream_flow",
+            "aliccs_stream_prior",
+            "configanator", "disco", "pytheas", "true_type", "true_table", "true_table_stream")
 #: the policies of the table with its handshake tree, and the kernel's flow mode each emulates
-FLOW_POLICIES = {"aliccs_fill": "fill", "aliccs_combine": "combine", "aliccs_flow": "flow", "aliccs_prior": "prior"}
+FLOW_POLICIES = {"aliccs_fill": "fill", "aliccs_combine": "combine", "aliccs_flow": "flow", "aliccs_prior": "prior",
+                 "aliccs_stream_fill": "fill", "aliccs_stream_combine": "combine", "aliccs_stream_flow": "flow",
+                 "aliccs_stream_prior": "prior"}
+#: the policies of the streaming table (issue 26); each also runs at another lag as `<name>@<minutes>`
+STREAM_POLICIES = ("aliccs_stream", "aliccs_stream_fill", "aliccs_stream_combine", "aliccs_stream_flow",
+                   "aliccs_stream_prior", "true_table_stream")
 #: the policies that read the simulator's truth (only with --truth)
-TRUTH_POLICIES = ("true_type", "true_table")
+TRUTH_POLICIES = ("true_type", "true_table", "true_table_stream")
 LEVELS = ("observed", "window", "history", "node", "unestimated")
 PERCENTILES = (50, 85, 90, 95, 99)
 
@@ -103,6 +127,20 @@ PERCENTILES = (50, 85, 90, 95, 99)
 def hour_shift_col(hour: str, hours: int):
     """`hour_shift` as a column expression over the string column `hour`."""
     return F.date_format(F.to_timestamp(hour, SPARK_HOUR_FMT) + F.expr(f"INTERVAL {hours} HOURS"), SPARK_HOUR_FMT)
+
+
+def split_lag(name: str, p: EmulateSettings) -> tuple[str, int | None]:
+    """A policy name as (policy, lag in minutes): `aliccs_stream@15` → ("aliccs_stream", 15); a
+    streaming policy without `@` runs at `stream_delay_minutes`; any other policy has no lag (None).
+    Raises ValueError on a lag that is not a whole number of minutes ≥ 0, or one on a policy that
+    is not a streaming one."""
+    base, at, lag = name.partition("@")
+    if not at:
+        return base, (p.stream_delay_minutes if base in STREAM_POLICIES else None)
+    if base not in STREAM_POLICIES or not lag.isdigit():
+        raise ValueError(f"{name!r}: only the streaming policies ({', '.join(STREAM_POLICIES)}) take a lag, "
+                         f"as <policy>@<minutes>")
+    return base, int(lag)
 
 
 # ---- extract ------------------------------------------------------------------------------------
@@ -126,11 +164,15 @@ def extract(spark: SparkSession, cfg: Config, lo: str, hi: str, p: EmulateSettin
 # ---- transforms: outcomes and the estimator -----------------------------------------------------
 
 def sessions(conns: DataFrame, p: EmulateSettings) -> DataFrame:
-    """One row per playback session: keys, the observed outcome, network type, window and fold."""
+    """One row per playback session: keys, the observed outcome, network type, window, fold, and
+    the connection's start (`ts_start_ms`: when a policy decides) and end (`ts_end_ms`: when its
+    prediction exists, so when a streaming table can learn from it)."""
     label = F.lower(F.col("label"))
     typ = (F.when(label == "wifi", "wifi").when(label.isin("4g", "5g", "cell"), "cell")
            .when(F.col("pred_net_type").isNotNull(), F.col("pred_net_type")).otherwise("unknown"))
     wms = p.window_minutes * 60_000
+    # the streaming tables learn from a connection once it has ended (its end where the trace has one)
+    end = F.coalesce(F.col("ts_end_ms"), F.col("ts_start_ms")) if "ts_end_ms" in conns.columns else F.col("ts_start_ms")
     return conns.select(
         "conn_id", "node_id", "hour", "in_range", "client_ip", "ug_id", "cc", *FEATURES,
         F.coalesce(F.col("prefix24"), F.col("prefix48"), F.col("client_ip")).alias("prefix"),
@@ -140,7 +182,7 @@ def sessions(conns: DataFrame, p: EmulateSettings) -> DataFrame:
         F.when(F.col("data_segs_out") > 0, F.col("total_retrans") / F.col("data_segs_out"))
         .otherwise(0.0).alias("ret"),
         (F.crc32(F.col("conn_id")) % 2).cast("int").alias("fold"),
-        F.col("ts_start_ms"))
+        F.col("ts_start_ms"), end.cast("long").alias("ts_end_ms"))
 
 
 def _cell_stats(s: DataFrame, keys: list[str], suffix: str) -> DataFrame:
@@ -264,6 +306,61 @@ def true_table_policy(s: DataFrame, est: DataFrame, truth: DataFrame, p: Emulate
                     .otherwise(p.default_cc).alias("choice")))
 
 
+def true_stream_shares(s: DataFrame, truth: DataFrame, p: EmulateSettings) -> DataFrame:
+    """Per prefix group and streaming slot (`stream_slots`): the share of cellular sessions by the
+    true type among those whose connection ended in the slot's window (all nodes) — what a perfect
+    classifier's streaming table would see. Only the sessions of `s` count: the window reaches as
+    far back as `s` does (the range and its `train_hours`)."""
+    return (s.select("conn_id", "prefix", "ts_end_ms").join(truth.select("conn_id", "true_type"), "conn_id")
+            .withColumn("slot", F.explode(stream_slots("ts_end_ms", p)))
+            .groupBy("prefix", "slot").agg(F.avg((F.col("true_type") != "wifi").cast("double")).alias("_cell")))
+
+
+def true_table_stream_policy(est: DataFrame, shares: DataFrame, p: EmulateSettings, lag_minutes: int) -> DataFrame:
+    """`true_table_policy` on the streaming table's timeline: per session, its prefix group's
+    majority true type in the table live at its start with lag `lag_minutes` (`live_slot`;
+    `true_stream_shares`), a cellular majority → BBR, else CUBIC; no sessions there → default.
+    The bound of the streaming table: what its lag and window cost without a misclassification."""
+    return (est.select("conn_id", "prefix", live_slot("ts_start_ms", lag_minutes, p).alias("slot"))
+            .join(shares, ["prefix", "slot"], "left")
+            .select("conn_id", F.when(F.col("_cell") > 0.5, "bbr").when(F.col("_cell").isNotNull(), "cubic")
+                    .otherwise(p.default_cc).alias("choice")))
+
+
+def slot_entries(preds: DataFrame, settings) -> DataFrame:
+    """ALICCS Algorithm 1 (§3.3, Appendix F) once per table: `preds` are model predictions, each
+    already copied into every table it feeds (column `slot`: an hour, or a streaming table's
+    boundary index); → (slot, fam, level, key, `_ecc` its CC, `_pur` its purity in permille, as
+    the table carries it). The export's ladder and purity tiers (`settings`: export's PrefixLadder).
+
+    The weights are materialized first (`localCheckpoint`, which runs them): the ladder reads them
+    in three branches, and with the address parsing's plan under each Spark's optimizer alone took
+    about 40 s on a dozen predictions (tests/test_emulate_stream.py: the test went from about 90 s
+    to about 20 s on a loaded 2-core machine)."""
+    by = ("slot",)
+    weights = model_weights(address_decisions(preds, by), by).localCheckpoint()
+    return ladder_entries(weights, settings, by).select(
+        "slot", "fam", "level", "key", F.col("cc").alias("_ecc"),
+        F.floor(F.col("top_weight") * 1000 / F.col("weight")).cast("int").alias("_pur"))
+
+
+def match_entries(est: DataFrame, slot, entries: DataFrame, settings) -> DataFrame:
+    """Per session (conn_id): the entry of the table `slot` (a column over `est`: which table was
+    live when the session started) that its client address matches longest, as the kernel's LPM
+    trie does — `_ecc` and `_pur`, both null on a miss (or where `slot` is null)."""
+    conns = with_ip(est.select("conn_id", "client_ip", slot.alias("slot")), "client_ip").select(
+        "conn_id", "slot", F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"))
+    levels = None
+    for fam, lv in settings.ladder.items():
+        arr = F.array(*[F.lit(x) for x in lv])
+        levels = F.when(F.col("fam") == fam, arr) if levels is None else levels.when(F.col("fam") == fam, arr)
+    looked = (conns.withColumn("level", F.explode(levels)).withColumn("key", F.expr("substring(hex, 1, level div 4)"))
+              .join(entries, ["slot", "fam", "level", "key"], "left")
+              .groupBy("conn_id").agg(F.max(F.when(F.col("_ecc").isNotNull(), F.struct("level", "_ecc", "_pur"))).alias("_m")))
+    return (est.select("conn_id").join(looked, "conn_id", "left")
+            .select("conn_id", F.col("_m._ecc").alias("_ecc"), F.col("_m._pur").alias("_pur")))
+
+
 def table_lookup(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSettings,
                  counts: dict | None = None) -> DataFrame | None:
     """Per session (conn_id): the entry of the table the edge would have had live — the hourly
@@ -284,23 +381,68 @@ def table_lookup(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSet
                        .where(F.col("hour").isin(src_hours)).groupBy("decision").count().collect()})
     # a prediction of hour t goes into the tables of hours t .. t + n − 1 (pipeline.export_window_hours)
     preds = (spark.read.format("delta").load(pred_path).where(F.col("hour").isin(src_hours) & (F.col("decision") == "model"))
-             .withColumn("table_hour", F.explode(F.array(*[hour_shift_col("hour", k) for k in range(n_hours)]))))
-    by = ("table_hour",)
-    entries = ladder_entries(model_weights(address_decisions(preds, by), by), settings, by).select(
-        "table_hour", "fam", "level", "key", F.col("cc").alias("_ecc"),
-        F.floor(F.col("top_weight") * 1000 / F.col("weight")).cast("int").alias("_pur"))
-    conns = with_ip(est.select("conn_id", "client_ip", "hour"), "client_ip").select(
-        "conn_id", hour_shift_col("hour", -p.table_lag_hours).alias("table_hour"),
-        F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"))
-    levels = None
-    for fam, lv in settings.ladder.items():
-        arr = F.array(*[F.lit(x) for x in lv])
-        levels = F.when(F.col("fam") == fam, arr) if levels is None else levels.when(F.col("fam") == fam, arr)
-    looked = (conns.withColumn("level", F.explode(levels)).withColumn("key", F.expr("substring(hex, 1, level div 4)"))
-              .join(entries, ["table_hour", "fam", "level", "key"], "left")
-              .groupBy("conn_id").agg(F.max(F.when(F.col("_ecc").isNotNull(), F.struct("level", "_ecc", "_pur"))).alias("_m")))
-    return (est.select("conn_id").join(looked, "conn_id", "left")
-            .select("conn_id", F.col("_m._ecc").alias("_ecc"), F.col("_m._pur").alias("_pur")))
+             .withColumn("slot", F.explode(F.array(*[hour_shift_col("hour", k) for k in range(n_hours)]))))
+    return match_entries(est, hour_shift_col("hour", -p.table_lag_hours), slot_entries(preds, settings), settings)
+
+
+# ---- the streaming table (issue 26) -------------------------------------------------------------
+# Slot k is the table the streaming job builds at boundary b = k·trigger, from the model
+# predictions of the connections that ended in (b − window, b]. A session that starts at t with lag
+# L is decided by the table of the latest boundary b with b + L ≤ t: k = floor((t − L) / trigger).
+# The operating lag is `stream_delay_minutes` (processing and rotation); lag 0 is the table of the
+# boundary just passed, as if built and rotated in no time. Since a prediction exists only once its
+# connection ended (ts_end ≥ ts_start), no session is ever decided by its own prediction.
+
+def stream_slots(ts: str, p: EmulateSettings):
+    """The slots (a column to explode) whose window covers an event at `ts` (ms, column name):
+    the boundaries b = k·T with ts ≤ b < ts + W, i.e. k from ceil(ts / T) to ceil((ts + W) / T) − 1
+    (T trigger, W window): W/T slots when the trigger divides the window."""
+    t, w = p.stream_trigger_minutes * 60_000, p.stream_window_minutes * 60_000
+    return F.sequence(F.expr(f"({ts} + {t - 1}) div {t}"), F.expr(f"({ts} + {w + t - 1}) div {t} - 1"))
+
+
+def live_slot(ts: str, lag_minutes: int, p: EmulateSettings):
+    """The slot live at `ts` (ms, column name) with lag L minutes: floor((ts − L) / T)."""
+    t = p.stream_trigger_minutes * 60_000
+    return F.expr(f"({ts} - {lag_minutes * 60_000}) div {t}")
+
+
+def stream_lag_hours(p: EmulateSettings, max_lag_minutes: int) -> int:
+    """Hours before an emulated hour whose predictions can be in a table live in it: the oldest
+    table a session there uses is built at most max_lag + trigger before it, from `window` more;
+    and one hour more, for a connection filed under the hour it began in but ended after."""
+    return -(-(max_lag_minutes + p.stream_trigger_minutes + p.stream_window_minutes) // 60) + 1
+
+
+def extract_stream_predictions(spark: SparkSession, cfg: Config, lo: str, hi: str, p: EmulateSettings,
+                               max_lag_minutes: int) -> DataFrame | None:
+    """The model predictions (gold.predictions, decision == "model") a streaming table live in
+    hours lo..hi can hold, each with its connection's end (`ts_end_ms`, from silver.connections:
+    predictions carry the hour, not the time). None without gold.predictions."""
+    pred_path = table_path(cfg, "gold.predictions")
+    if not os.path.exists(pred_path):
+        return None
+    first = hour_shift(lo, -stream_lag_hours(p, max_lag_minutes))
+    span = F.col("hour").between(first, hi)
+    ends = (spark.read.format("delta").load(table_path(cfg, "silver.connections")).where(span)
+            .select("conn_id", "node_id", "hour", "ts_end_ms"))
+    return (spark.read.format("delta").load(pred_path).where(span & (F.col("decision") == "model"))
+            .join(ends, ["conn_id", "node_id", "hour"]).where(F.col("ts_end_ms").isNotNull()))
+
+
+def stream_entries(preds: DataFrame, settings, p: EmulateSettings) -> DataFrame:
+    """Every streaming table's entries (`slot_entries`), each prediction in the slots whose window
+    covers its connection's end (`stream_slots`). One pass for all the tables; persist it when
+    several lags read it."""
+    return slot_entries(preds.withColumn("slot", F.explode(stream_slots("ts_end_ms", p))), settings)
+
+
+def stream_lookup(est: DataFrame, entries: DataFrame | None, settings, p: EmulateSettings, lag_minutes: int) -> DataFrame:
+    """`table_lookup` for the streaming table: per session, the entry of the table live at its
+    start with lag `lag_minutes` (`live_slot`); `_ecc`, `_pur` null on a miss or without entries."""
+    if entries is None:
+        return est.select("conn_id", F.lit(None).cast("string").alias("_ecc"), F.lit(None).cast("int").alias("_pur"))
+    return match_entries(est, live_slot("ts_start_ms", lag_minutes, p), entries, settings)
 
 
 def aliccs_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSettings,
@@ -319,7 +461,13 @@ def flow_policy(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSett
     entry (`table_lookup`) and the session's handshake features go through the kernel's decision
     (table_format.decide, identical to ccs.bpf.c) in flow mode `mode`; a decision without a CC
     keeps the default."""
-    looked = table_lookup(spark, cfg, est, p)
+    return flow_decide(spark, est, p, tree, mode, table_lookup(spark, cfg, est, p))
+
+
+def flow_decide(spark: SparkSession, est: DataFrame, p: EmulateSettings, tree: tf.Tree, mode: str,
+                looked: DataFrame | None) -> tuple[DataFrame, dict]:
+    """`flow_policy` with the table's entries given: `looked` is (conn_id, _ecc, _pur) from
+    `table_lookup` or `stream_lookup`, None for no table (every session a miss)."""
     cols = ["conn_id", *[F.coalesce(F.col(f).cast("long"), F.lit(0)).alias(f) for f in HANDSHAKE_FEATURES]]
     base = est.select(*cols)
     base = base.join(looked, "conn_id", "left") if looked is not None else \
@@ -624,17 +772,33 @@ def truth_cells(truthful: DataFrame, p: EmulateSettings) -> DataFrame:
             .where(F.col("sessions") >= p.min_cell_sessions))
 
 
-def truth_check(truthful: DataFrame, cells: DataFrame, p: EmulateSettings) -> dict:
+def cubic_truth_qoe(est: DataFrame, truth: DataFrame, p: EmulateSettings) -> float | None:
+    """The expected QoE of all-CUBIC over `est`'s sessions by the simulator's truth: the base of
+    every policy's truth gain, whether or not `cubic` is among the policies run."""
+    r = (est.select("conn_id").join(truth, "conn_id")
+         .agg(F.avg("exp_rebuffer_cubic").alias("reb"), F.avg("retrans_cubic").alias("ret")).first())
+    return None if r is None or r["reb"] is None else 1 - p.alpha * r["reb"] - (1 - p.alpha) * r["ret"]
+
+
+def truth_check(truthful: DataFrame, cells: DataFrame, p: EmulateSettings, base: float | None = None) -> dict:
     """What each policy's choices would truly have delivered (`with_truth`'s sessions: the
     simulator's per-connection expectations under the chosen CC), against the estimate: how far
-    the emulator is off; and the tail percentiles of `cells` (truth_cells). Evaluation only."""
+    the emulator is off; and the tail percentiles of `cells` (truth_cells). Evaluation only.
+    `exp_qoe_gain_vs_cubic` is against `base` (`cubic_truth_qoe`; by default the `cubic`
+    policy's), and `share_of_true_type_gain` that gain over the `true_type` policy's: how much of
+    the per-session classifier bound a policy reaches."""
     rows = truthful.groupBy("policy").agg(F.count(F.lit(1)).alias("n"), F.avg("exp_rebuffer").alias("reb"),
                                           F.avg("exp_retrans").alias("ret")).collect()
     out = {r["policy"]: {"sessions": r["n"], "exp_rebuffer_rate": r["reb"], "exp_retrans_rate": r["ret"],
                          "exp_qoe": 1 - p.alpha * r["reb"] - (1 - p.alpha) * r["ret"]} for r in rows}
-    base = out.get("cubic", {}).get("exp_qoe")
+    if base is None:
+        base = out.get("cubic", {}).get("exp_qoe")
     for d in out.values():
         d["exp_qoe_gain_vs_cubic"] = d["exp_qoe"] - base if base is not None else None
+    top = out.get("true_type", {}).get("exp_qoe_gain_vs_cubic")
+    for d in out.values():
+        d["share_of_true_type_gain"] = (d["exp_qoe_gain_vs_cubic"] / top
+                                         if top is not None and top > 0 and d["exp_qoe_gain_vs_cubic"] is not None else None)
     for r in _tail_rows(cells):
         d = out.setdefault(r["policy"], {})
         d["exp_rebuffer_pct"] = _by_percentile(r["reb"])
@@ -652,19 +816,48 @@ def read_truth(spark: SparkSession, truth_dir: str) -> DataFrame:
 
 # ---- load and the job ---------------------------------------------------------------------------
 
+def lag_curve(summary: dict[str, Any], lags: tuple[int, ...], p: EmulateSettings) -> dict[str, Any]:
+    """Per lag L of the curve: `aliccs_stream@L`'s and `true_table_stream@L`'s estimated QoE and
+    rebuffer tail, and with the truth their share of the true type's truth gain and the rebuffer
+    tail in truth (the truth cells' percentiles) — how fast the table's worth decays with its age
+    (ALICCS §3.3, Observation IV)."""
+    points = []
+    for lag in lags:
+        row: dict[str, Any] = {"lag_minutes": lag}
+        for base in ("aliccs_stream", "true_table_stream"):
+            d = summary.get(f"{base}@{lag}")
+            if not d:
+                continue
+            t = d.get("truth") or {}
+            row[base] = {"qoe": d.get("qoe"), "rebuffer_pct": d.get("rebuffer_pct"),
+                         "share_of_true_type_gain": t.get("share_of_true_type_gain"),
+                         "exp_rebuffer_pct": t.get("exp_rebuffer_pct")}
+        points.append(row)
+    return {"trigger_minutes": p.stream_trigger_minutes, "window_minutes": p.stream_window_minutes,
+            "operating_delay_minutes": p.stream_delay_minutes, "points": points}
+
+
 def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str, ...] | None = None,
-        truth_dir: str | None = None, params: EmulateSettings | None = None) -> dict[str, Any]:
+        truth_dir: str | None = None, params: EmulateSettings | None = None,
+        stream_lags: tuple[int, ...] | None = None) -> dict[str, Any]:
     """Emulate hours lo..hi: gold.emulation and gold.emulation_cells for the range (replaced on a
-    re-run), and the summary."""
+    re-run), and the summary. `stream_lags` (minutes): the streaming table's lag curve — adds
+    `aliccs_stream@L` (and, with the truth, `true_table_stream@L`) for each L, and the summary's
+    `lag_curve`."""
     p = params or cfg.settings.emulate
     if not policies:     # by default every policy this lake can run: the flow ones need `ccs handshake`
         has_tree = load_handshake(cfg) is not None
         policies = tuple(x for x in POLICIES if (x not in TRUTH_POLICIES or truth_dir) and (x not in FLOW_POLICIES or has_tree))
     policies = tuple(policies)
-    unknown = set(policies) - set(POLICIES)
+    lags = tuple(stream_lags or ())
+    for lag in lags:
+        policies += tuple(x for x in (f"aliccs_stream@{lag}", f"true_table_stream@{lag}" if truth_dir else None)
+                          if x and x not in policies)
+    lag_of = {x: split_lag(x, p) for x in policies}
+    unknown = {x for x, (base, _) in lag_of.items() if base not in POLICIES}
     if unknown:
         raise ValueError(f"unknown policies {sorted(unknown)}; known: {', '.join(POLICIES)}")
-    needs = [x for x in policies if x in TRUTH_POLICIES]
+    needs = [x for x in policies if lag_of[x][0] in TRUTH_POLICIES]
     if needs and not truth_dir:
         raise ValueError(f"policies {', '.join(needs)} need --truth (the simulator's output folder)")
     # two policies and the truth check join it: read the parquet once
@@ -672,6 +865,8 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
     # the sessions feed five aggregations of the estimator and the baselines' training: read once
     s = sessions(extract(spark, cfg, lo, hi, p), p).persist()
     est_all = estimates(s).persist()
+    # the streaming tables (all slots) and the truth's shares per slot: every lag reads the same, built once
+    stream: dict[str, DataFrame | None] = {}
     try:
         est = est_all.where("in_range").persist()
         n = est.count()
@@ -681,8 +876,43 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
         choices: dict[str, DataFrame] = {}
         info: dict[str, Any] = {}
         flow_tree = None
+
+        def handshake_tree(name: str) -> tf.Tree:
+            nonlocal flow_tree
+            if flow_tree is None:
+                loaded = load_handshake(cfg)
+                if loaded is None:
+                    raise ValueError(f"policy {name} needs the handshake tree: run `ccs handshake` first")
+                ex = cfg.settings.export
+                flow_tree = table_tree(loaded[0], cfg.settings.infer, ex.flow_min_purity_permille,
+                                       ex.flow_min_leaf_permille)
+                info["flow_tree"] = {"model": loaded[1], "features": list(loaded[0].features),
+                                     "nodes": len(flow_tree.nodes), "depth": flow_tree.depth()}
+            return flow_tree
+
+        def stream_table(lag: int) -> DataFrame:
+            if "entries" not in stream:
+                max_lag = max(lg for b, lg in lag_of.values() if b in STREAM_POLICIES)
+                preds = extract_stream_predictions(spark, cfg, lo, hi, p, max_lag)
+                stream["entries"] = stream_entries(preds, cfg.settings.export, p).persist() if preds is not None else None
+                info["stream_table"] = {"trigger_minutes": p.stream_trigger_minutes, "window_minutes": p.stream_window_minutes,
+                                        "delay_minutes": p.stream_delay_minutes,
+                                        "source_hours": f"{hour_shift(lo, -stream_lag_hours(p, max_lag))}..{hi}"}
+            return stream_lookup(est, stream["entries"], cfg.settings.export, p, lag)
+
         for name in policies:
-            if name in CCS:
+            base, lag = lag_of[name]
+            if base == "aliccs_stream":
+                choices[name] = stream_table(lag).select(
+                    "conn_id", F.coalesce(F.col("_ecc"), F.lit(p.default_cc)).alias("choice"))
+            elif base == "true_table_stream":
+                if "truth" not in stream:
+                    stream["truth"] = true_stream_shares(s, truth, p).persist()
+                choices[name] = true_table_stream_policy(est, stream["truth"], p, lag)
+            elif base in STREAM_POLICIES:         # the streaming table with its handshake tree
+                choices[name], info[name] = flow_decide(spark, est, p, handshake_tree(name), FLOW_POLICIES[base],
+                                                        stream_table(lag))
+            elif name in CCS:
                 choices[name] = fixed_policy(est, name)
             elif name == "oracle":
                 choices[name] = oracle_crossfit(est, p)
@@ -692,16 +922,7 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
                 info[name] = {"source_decisions": {}}
                 choices[name] = aliccs_policy(spark, cfg, est, p, counts=info[name]["source_decisions"])
             elif name in FLOW_POLICIES:
-                if flow_tree is None:
-                    loaded = load_handshake(cfg)
-                    if loaded is None:
-                        raise ValueError(f"policy {name} needs the handshake tree: run `ccs handshake` first")
-                    ex = cfg.settings.export
-                    flow_tree = table_tree(loaded[0], cfg.settings.infer, ex.flow_min_purity_permille,
-                                           ex.flow_min_leaf_permille)
-                    info["flow_tree"] = {"model": loaded[1], "features": list(loaded[0].features),
-                                         "nodes": len(flow_tree.nodes), "depth": flow_tree.depth()}
-                choices[name], info[name] = flow_policy(spark, cfg, est, p, flow_tree, FLOW_POLICIES[name])
+                choices[name], info[name] = flow_policy(spark, cfg, est, p, handshake_tree(name), FLOW_POLICIES[name])
             elif name == "configanator":
                 choices[name], info[name] = configanator_policy(train, est, p)
             elif name == "disco":
@@ -720,9 +941,9 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
         windows = spark.read.format("delta").load(path_w).where(F.col("window") == rng)
         cells = spark.read.format("delta").load(path_c).where(F.col("window") == rng)
         cols = ["policy", "node_id", "window_ms", "prefix", "net_type", "sessions", "rebuffer_rate"]
-        # the tails against ALICCS's hourly table, and against each flow policy (issue 27: does the
-        # table with its handshake tree beat Disco's tail?)
-        flow_refs = [x for x in policies if x in FLOW_POLICIES]
+        # the tails against ALICCS's hourly table, against each flow policy (issue 27: does the
+        # table with its handshake tree beat Disco's tail?) and the streaming table (issue 26)
+        flow_refs = [x for x in policies if x in FLOW_POLICIES or x == "aliccs_stream"]
         est_cells = cells.where(F.col("sessions") >= p.min_cell_sessions).select(*cols).toPandas()
         contrasts = {"estimated": tail_contrasts(est_cells, p),
                      **{f"estimated, {r}": tail_contrasts(est_cells, p, reference=r) for r in flow_refs}}
@@ -731,7 +952,7 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
             # one join with the truth, one aggregation into cells: the check and the contrasts read both
             truthful = with_truth(scored, truth).persist()
             t_cells = truth_cells(truthful, p).persist()
-            checked = truth_check(truthful, t_cells, p)
+            checked = truth_check(truthful, t_cells, p, base=cubic_truth_qoe(est, truth, p))
             truth_pd = t_cells.select(*cols).toPandas()
             contrasts["truth"] = tail_contrasts(truth_pd, p)
             contrasts.update({f"truth, {r}": tail_contrasts(truth_pd, p, reference=r) for r in flow_refs})
@@ -740,10 +961,16 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
         summary = summarize(windows, cells, p, checked)
         scored.unpersist()
         est.unpersist()
-        return {"range": rng, "sessions": n, "train_hours": f"{hour_shift(lo, -p.train_hours)}..{hour_shift(lo, -1)}",
-                "window_minutes": p.window_minutes, "alpha": p.alpha, "rows": {"gold.emulation": n_w, "gold.emulation_cells": n_c},
-                "policies": summary, "tail_contrasts": contrasts, "baselines": info}
+        out = {"range": rng, "sessions": n, "train_hours": f"{hour_shift(lo, -p.train_hours)}..{hour_shift(lo, -1)}",
+               "window_minutes": p.window_minutes, "alpha": p.alpha, "rows": {"gold.emulation": n_w, "gold.emulation_cells": n_c},
+               "policies": summary, "tail_contrasts": contrasts, "baselines": info}
+        if lags:
+            out["lag_curve"] = lag_curve(summary, lags, p)
+        return out
     finally:
+        for frame in stream.values():
+            if frame is not None:
+                frame.unpersist()
         est_all.unpersist()
         s.unpersist()
         if truth is not None:
