@@ -60,6 +60,9 @@ def _say(msg: str) -> None:
 def run_cmd(config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
             hourly_hours: int = typer.Option(2, "--hourly-hours", min=1,
                                              help="hours after the training window run through ccs_hourly"),
+            stream_hours: int = typer.Option(1, "--stream-hours", min=0,
+                                             help="the fleet's last hours, as the agents' one-minute segments, "
+                                                  "through `ccs stream` after the hourly runs"),
             fresh: bool = typer.Option(False, "--fresh", help="redo the backfill and the training even when "
                                                               "what they learnt from is unchanged"),
             probe: bool = typer.Option(True, "--probe/--no-probe",
@@ -67,15 +70,15 @@ def run_cmd(config: Optional[str] = typer.Option(None, "--config", envvar="CCS_C
     """Run the main job: simulate, backfill, ccs_train and ccs_hourly through Airflow, the kernel
     enforcer when root, then a summary."""
     cfg = load_config(config)
-    res = main(cfg, hourly_hours=hourly_hours, fresh=fresh, probe=probe)
+    res = main(cfg, hourly_hours=hourly_hours, fresh=fresh, probe=probe, stream_hours=stream_hours)
     typer.echo(res["summary"])
     results.save(cfg, "main_job", res)
     if not res["ok"]:
         raise typer.Exit(1)
 
 
-def main(cfg: Config, hourly_hours: int = 2, fresh: bool = False, probe: bool = True) -> dict:
-    """The whole main job; returns {"ok", "summary", "train", "hourly", "probe", "reused"}."""
+def main(cfg: Config, hourly_hours: int = 2, fresh: bool = False, probe: bool = True, stream_hours: int = 0) -> dict:
+    """The whole main job; returns {"ok", "summary", "train", "hourly", "probe", "reused", "stream"}."""
     t0 = time.time()
     reused: list[str] = []
     manifest, fleet_reused = fleet(cfg)
@@ -83,10 +86,11 @@ def main(cfg: Config, hourly_hours: int = 2, fresh: bool = False, probe: bool = 
         reused.append("fleet")
     start = datetime.fromisoformat(manifest["params"]["start"]).replace(tzinfo=timezone.utc)
     hours = int(manifest["params"]["hours"])
-    if hours < hourly_hours + 2:
-        raise typer.BadParameter(f"the fleet has {hours} hours: need at least {hourly_hours + 2} "
-                                 f"(a training window of 2 or more, then {hourly_hours} hourly runs)")
-    window_hours = hours - hourly_hours
+    if hours < hourly_hours + stream_hours + 2:
+        raise typer.BadParameter(f"the fleet has {hours} hours: need at least {hourly_hours + stream_hours + 2} "
+                                 f"(a training window of 2 or more, then {hourly_hours} hourly runs and "
+                                 f"{stream_hours} streamed)")
+    window_hours = hours - hourly_hours - stream_hours
     lo, hi = start.strftime(HOUR_FMT), (start + timedelta(hours=window_hours - 1)).strftime(HOUR_FMT)
     state_path = os.path.join(cfg.data_root, "run", "state.json")
     state = {} if fresh or not os.path.exists(state_path) else json.load(open(state_path))
@@ -161,15 +165,23 @@ def main(cfg: Config, hourly_hours: int = 2, fresh: bool = False, probe: bool = 
     probed = None
     if deploy and probe:
         probed = _probe(cfg, fleet_obj)
+    # 5b. the stream over the hours after the hourly ones: fresh tables into the same fleet
+    streamed = None
+    if stream_hours:
+        first = train_at + timedelta(hours=hourly_hours)
+        streamed = _stream(spark, cfg, [(first + timedelta(hours=i)).strftime(HOUR_FMT) for i in range(stream_hours)],
+                           deploy, digest)
     # 6. the emulation of the last hourly hour
     last = (train_at + timedelta(hours=hourly_hours - 1)).strftime(HOUR_FMT)
     emulated = _emulate(spark, cfg, last, hourly_hours)
     ok = (train["state"] == "reused" or train["state"].endswith("success")) and len(hourly) == hourly_hours and \
         all(r["state"].endswith("success") for r in hourly) and "error" not in emulated and \
-        (probed is None or all(n["as_table"] == n["connections"] for n in probed["nodes"].values()))
-    summary = _summary(cfg, manifest, time.time() - t0, reused, why if not deploy else None, probed, emulated)
+        (probed is None or all(n["as_table"] == n["connections"] for n in probed["nodes"].values())) and \
+        (streamed is None or "error" not in streamed)
+    summary = _summary(cfg, manifest, time.time() - t0, reused, why if not deploy else None, probed, emulated,
+                       streamed)
     return {"ok": ok, "summary": summary, "train": train, "hourly": hourly, "probe": probed,
-            "emulation": emulated, "reused": reused}
+            "emulation": emulated, "reused": reused, "stream": streamed}
 
 
 # ---- steps --------------------------------------------------------------------------------------
@@ -297,6 +309,45 @@ def _probe(cfg: Config, fleet_obj) -> dict | None:
     return res
 
 
+def _stream(spark, cfg: Config, hours: list[str], deploy: bool, digest: str) -> dict:
+    """`ccs stream` over `hours` of the simulated fleet, cut into the agents' one-minute segments
+    (sim/replay.py) under <data_root>/stream/raw: a quarter hour of segments per micro-batch, so
+    the hour yields a table per `stream.table_minutes` boundary the batches pass. A second run
+    finds no new segment (the checkpoint has them) and emits nothing."""
+    from jobs import stream
+    from sim import replay
+    raw = os.path.join(cfg.data_root, "stream", "raw")
+    marker = os.path.join(cfg.data_root, "stream", "raw.json")
+    want = {"hours": hours, "fleet": digest}
+    if not os.path.exists(marker) or json.load(open(marker)) != want:
+        paths = replay.write_all(cfg.settings.pipeline.raw_dir, raw, hours)
+        _save(marker, want)
+        _say(f"stream: {', '.join(hours)} as {len(paths):,} one-minute segments in {raw}")
+    _say(f"stream: ccs stream over them (Spark Structured Streaming; a table every "
+         f"{cfg.settings.stream.table_minutes} min of traffic over the last {cfg.settings.stream.window_minutes})")
+    try:
+        res = stream.run(spark, cfg, raw, once=True, deploy=deploy, max_files=nodes * 3 * 15, log=lambda m: None)
+    except Exception as e:  # noqa: BLE001 — reported in the summary, and the run is not ok
+        return {"error": f"{type(e).__name__}: {e}"}
+    return {"hours": hours, **res}
+
+
+def _stream_lines(res: dict | None) -> list[str]:
+    if not res:
+        return []
+    if "error" in res:
+        return [f"stream          : failed: {res['error']}"]
+    lines = [f"stream          : {', '.join(res['hours'])}: {res['files']:,} segments, {res['lines_read']:,} lines in "
+             f"{res['batches']} micro-batches; {len(res['tables'])} tables (gold.cc_tables, with their window)"]
+    for t in res["tables"]:
+        ro = t.get("rollout") or {}
+        state = ("deployed to " + ", ".join(ro["nodes"])) if ro.get("deployed") else \
+            ro.get("why") or ro.get("refused") or ro.get("failed") or "?"
+        lines.append(f"  v{t['version']}: window to {datetime.fromtimestamp(t['boundary'] / 1000, timezone.utc):%H:%M}Z, "
+                     f"{t['entries']} entries, {t['changed']:.1%} of traffic changed CC; {state}")
+    return lines
+
+
 # ---- the summary --------------------------------------------------------------------------------
 
 def _emulate(spark, cfg: Config, hour: str, hourly_hours: int) -> dict:
@@ -323,8 +374,8 @@ def _emulation_lines(res: dict | None) -> list[str]:
              f"  {'policy':16s}{'QoE':>9s}{'rebuffer':>10s}{'retrans':>9s}{'reb p85':>9s}{'gap closed':>12s}"
              f"{'truth gain':>12s}"]
     for name in ("cubic", "bbr", "oracle", "aliccs", "aliccs_fill", "aliccs_combine", "aliccs_flow", "aliccs_prior",
-                 "configanator",
-                 "disco", "pytheas", "true_type", "true_table"):
+                 "aliccs_stream", "aliccs_stream_prior", "configanator",
+                 "disco", "pytheas", "true_type", "true_table", "true_table_stream"):
         d = pol.get(name)
         if not d or "qoe" not in d:
             continue
@@ -338,7 +389,7 @@ def _emulation_lines(res: dict | None) -> list[str]:
 
 
 def _summary(cfg: Config, manifest: dict, seconds: float, reused: list[str], no_deploy: str | None,
-             probed: dict | None, emulated: dict | None = None) -> str:
+             probed: dict | None, emulated: dict | None = None, streamed: dict | None = None) -> str:
     from models import registry
     p = manifest["params"]
     lines = ["", "=" * 78, f"ccselect main job: done in {seconds / 60:.1f} min"
@@ -358,6 +409,7 @@ def _summary(cfg: Config, manifest: dict, seconds: float, reused: list[str], no_
     lines += _table_lines(cfg)
     lines += _fleet_lines(cfg, no_deploy, probed)
     lines += _emulation_lines(emulated)
+    lines += _stream_lines(streamed)
     lines += ["", "look further:",
               "  make mlflow      MLflow UI: runs, per-node tables, registered models (http://localhost:5000)",
               "  make airflow     Airflow UI: the three DAGs and these runs (http://localhost:8080)",

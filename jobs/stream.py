@@ -164,6 +164,10 @@ class StreamJob:
                 info["table"] = self.table_step(int(info["max_ts_end_ms"]))
                 lap("table")
         info["stages_s"] = stage
+        mtimes = [os.stat(f.path).st_mtime for f in files if os.path.exists(f.path)]
+        if mtimes:      # how long the batch's segments waited for their rows to be in the lake
+            info["lag_s"] = {"newest": round(time.time() - max(mtimes), 3), "oldest": round(time.time() - min(mtimes), 3)}
+        info["ended_unix"] = round(time.time(), 3)
         info["seconds"] = round(time.time() - t0, 3)
         self.batches.append(info)
         self.log("stream: " + json.dumps(info, default=str))
@@ -296,14 +300,15 @@ class StreamJob:
 
 
 def run(spark: SparkSession, cfg: Config, input_dir: str, once: bool = False, deploy: bool | None = None,
-        timeout_s: float | None = None, log: Callable[[str], None] = print) -> dict:
+        timeout_s: float | None = None, log: Callable[[str], None] = print, max_files: int | None = None) -> dict:
     """Run the stream over `input_dir` until stopped (SIGTERM/SIGINT), `timeout_s`, or — with
-    `once` — until every segment there now is processed (Trigger.AvailableNow)."""
+    `once` — until every segment there now is processed (Trigger.AvailableNow). `max_files`:
+    segments per micro-batch (default `stream.max_files_per_trigger`)."""
     s = cfg.settings.stream
     ckpt = checkpoint_dir(cfg)
     os.makedirs(os.path.dirname(ckpt), exist_ok=True)
     job = StreamJob(spark, cfg, input_dir, ckpt, deploy, log)
-    writer = (source(spark, input_dir, s.max_files_per_trigger).writeStream
+    writer = (source(spark, input_dir, max_files or s.max_files_per_trigger).writeStream
               .foreachBatch(job.process).option("checkpointLocation", ckpt).queryName("ccs_stream"))
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{s.trigger_seconds} seconds")
     query = writer.start()

@@ -92,34 +92,8 @@ def quick_champion(spark, cfg, lake: SmallLake) -> str:
 
 def write_segments(src: str, dst: Path, nodes: list[str], hours: list[str], rotate_minutes: int = 1,
                    minutes: int = 60) -> list[Path]:
-    """The hourly files of `nodes` and `hours` under `src` cut into the agent's rotated segments
-    under `dst` (ccselect.contract.segment_file_name by each record's ts_end_ms or ts_ms), written
-    minute by minute across streams with increasing modification times, as an edge would leave
-    them; only records of each hour's first `minutes`. The IP reference is copied along. Returns
-    the segment paths in that order."""
-    import json
-    import os
-
-    from ccselect.contract import STREAMS, segment_file_name
-    segs: dict[tuple[str, str, str], list[str]] = {}
-    for stream in STREAMS:
-        for node in nodes:
-            for hour in hours:
-                with open(os.path.join(src, stream, node, f"{hour}.jsonl")) as fh:
-                    for line in fh:
-                        r = json.loads(line)
-                        ts = r["ts_end_ms"] if stream == "transport" else r["ts_ms"]
-                        if ts // 60_000 % 60 >= minutes:
-                            continue
-                        name = segment_file_name(ts, rotate_minutes)
-                        segs.setdefault((name, stream, node), []).append(line)
-    out = []
-    t0 = 1_700_000_000
-    for i, (name, stream, node) in enumerate(sorted(segs)):
-        path = Path(dst) / stream / node / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(segs[(name, stream, node)]))
-        os.utime(path, (t0 + i, t0 + i))
-        out.append(path)
-    shutil.copytree(Path(src) / "reference", Path(dst) / "reference", dirs_exist_ok=True)
-    return out
+    """The hourly files of `nodes` and `hours` under `src` as the agent's segments under `dst`
+    (sim.replay.write_all: minute by minute across streams, increasing modification times); only
+    each hour's first `minutes`. Returns the segment paths in that order."""
+    from sim import replay
+    return [Path(p) for p in replay.write_all(src, str(dst), hours, nodes, minutes, rotate_minutes)]

@@ -36,12 +36,13 @@ def setup(tmp_path_factory, spark, small_lake):
     seg = tmp_path_factory.mktemp("segments")
     paths = write_segments(small_lake.fleet_dir, seg, nodes, [small_lake.lo], minutes=30)
     bad = next(p for p in paths if p.parts[-3] == "transport")
+    garbage = next(p for p in paths if p.parts[-3] == "access")
+    times = {p: p.stat().st_mtime for p in (bad, garbage)}
     with open(bad, "a") as fh:
         fh.write('{"conn_id": "broken", "node_id": \n')
-    garbage = next(p for p in paths if p.parts[-3] == "access" and p != bad)
     garbage.write_bytes(b"\x00\x01 not json\n")
-    st = bad.stat()
-    os.utime(bad, (st.st_atime, st.st_mtime))
+    for p, t in times.items():      # where the file source takes them: in their minute
+        os.utime(p, (t, t))
     return seg, lake
 
 
@@ -139,3 +140,46 @@ def test_killed_stream_restarts_to_the_batch_result(spark, tmp_path, setup):
     assert len(whole["tables"]) == len(rows_w)
     hour_end = max(_table(spark, batch, "silver.connections").agg(F.max("ts_end_ms")).first())
     assert window_w["to_ms"] == hour_end // 600_000 * 600_000
+
+
+def test_stream_follows_a_new_champion_without_restart(spark, tmp_path, setup):
+    """The champion is resolved at every micro-batch: a version promoted while the stream runs
+    scores its next batch."""
+    from ccselect.config import load_config
+    from jobs.stream import StreamJob
+    seg, lake = setup
+    cfg = lake.cfg()
+    job = StreamJob(spark, cfg, str(seg), str(tmp_path / "ckpt"), log=lambda m: None)
+    before = job.champion()
+    newer = quick_champion(spark, cfg, lake)
+    after = job.champion()
+    assert str(after.version) == str(newer) != str(before.version)
+    assert job.champion() is after, "loaded once per version"
+    assert load_config(lake.cfg_path).settings.stream.table_minutes == 5
+
+
+def test_window_predictions_decay(spark, small_lake, tmp_path):
+    """The sliding window holds the predictions of connections closed in (from, to]; with a half
+    life, each one's requests are scaled by 2^(−age/half-life), rounded up."""
+    import math
+
+    from ccselect.config import load_config
+    from ccselect.lake import table_path
+    from export.tables import aggregate
+    lake = copy_lake(small_lake, tmp_path)
+    cfg = load_config(lake.cfg_path)
+    conns = spark.read.format("delta").load(table_path(cfg, "silver.connections")).where(F.col("hour") == lake.lo)
+    # predictions stand-in: silver's own columns in gold.predictions' place (what the window reads)
+    preds = conns.select("conn_id", "client_ip", "requests", "node_id", "hour",
+                         F.lit("model").alias("decision"), F.lit("bbr").alias("cc"))
+    preds.write.format("delta").partitionBy("node_id", "hour").save(table_path(cfg, "gold.predictions"))
+    ts = {r["conn_id"]: (r["ts_end_ms"], r["requests"]) for r in conns.select("conn_id", "ts_end_ms", "requests").collect()}
+    lo = min(t for t, _ in ts.values()) // 600_000 * 600_000 + 600_000
+    hi = lo + 1_200_000
+    plain = {r["conn_id"]: r["requests"] for r in aggregate.window_predictions(spark, cfg, lo, hi).collect()}
+    assert set(plain) == {c for c, (t, _) in ts.items() if lo < t <= hi} and plain
+    decayed = {r["conn_id"]: r["requests"] for r in aggregate.window_predictions(spark, cfg, lo, hi, 10).collect()}
+    assert set(decayed) == set(plain)
+    for c, req in decayed.items():
+        t, r = ts[c]
+        assert req == math.ceil(r * 2 ** (-(hi - t) / 600_000)), (c, req, r, t)

@@ -1,0 +1,322 @@
+"""Freshness and throughput of the stream on the real path (issue 26): writes
+bench/results/freshness.json and prints it.
+
+A simulated fleet (default: the default emulation fleet's rate, 12 nodes × 1,500 connections an
+hour, seed 7) is simulated for `--hours`; all but the last hour are batch-ingested, a champion is
+trained on them (app.pipeline: training set, train, promote) and they are scored, as the hourly
+DAG would have left the lake. Then the last hour is replayed into the agent's rotated layout
+(one-minute segments, renamed into place when their minute is over) at `--speed` × real time,
+while `ccs stream` runs as a service (its own process) deploying every table it emits to a real
+enforcer (a one-node fleet: ccs-edge attached to its own cgroup; needs root and BPF). A thread
+polls the enforcer (`ccs-edge status`) and notes when each version became live in the kernel.
+
+Freshness of a connection: from the moment its record was logged (its close, on the replay's
+clock) to the moment the first table built from a window holding it, with an entry covering its
+address, was live in the kernel; p50/p90/p99 over the connections of `--minutes` of traffic
+(those closing after the last boundary the stream could still build are counted as censored).
+The goal scales with the replay: p99 ≤ 2 × trigger + 60 s, the trigger being `stream.table_minutes`
+of traffic, i.e. table_minutes × 60 / speed seconds of wall time.
+
+Throughput: a second replay at `--throughput-speed` (default 10× real time): rows a second the
+stream ingested, scored and aggregated, and each micro-batch's lag (segment written → its rows
+in the lake), from the stream's own per-batch log.
+
+Run (root): .venv/bin/python bench/freshness.py [--speed 3 --minutes 30]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import yaml  # noqa: E402
+
+
+
+def load_avg() -> list[float]:
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def pct(xs: list[float], q: float) -> float | None:
+    if not xs:
+        return None
+    xs = sorted(xs)
+    i = min(len(xs) - 1, max(0, int(round(q / 100 * (len(xs) - 1)))))
+    return round(xs[i], 3)
+
+
+def replay_segments(segs, out: str, t0_ms: int, speed: float, start: float, stop: threading.Event) -> None:
+    """Write each segment when its minute is over on the replay's clock, as the agent does."""
+    from sim import replay
+    for seg in segs:
+        due = start + (seg.due_ms - t0_ms) / 1000 / speed
+        while not stop.is_set() and time.time() < due:
+            time.sleep(min(0.05, max(0.0, due - time.time())))
+        if stop.is_set():
+            return
+        replay.write(seg, out)
+
+
+def poll_live(agent, seen: dict, stop: threading.Event) -> None:
+    while not stop.is_set():
+        try:
+            t = (agent.status().get("table") or {})
+            v = t.get("version")
+            if v is not None and v not in seen:
+                seen[int(v)] = time.time()
+        except Exception:  # noqa: BLE001 — not attached yet
+            pass
+        stop.wait(0.25)
+
+
+_INDEX: dict[int, dict] = {}
+
+
+def covers(table, ip: str) -> bool:
+    """Has `table` an entry covering `ip` (longest-prefix match finds one)? By the ladder's few
+    prefix lengths, indexed once per table."""
+    import ipaddress
+    idx = _INDEX.get(id(table))
+    if idx is None:
+        idx = _INDEX[id(table)] = {}
+        for e in table.entries:
+            idx.setdefault((e.family, e.prefix.prefixlen), set()).add(int(e.prefix.network_address))
+    a = ipaddress.ip_address(ip)
+    if a.version == 6 and a.ipv4_mapped is not None:
+        a = a.ipv4_mapped
+    bits = 32 if a.version == 4 else 128
+    n = int(a)
+    return any(n >> (bits - plen) << (bits - plen) in nets for (fam, plen), nets in idx.items() if fam == a.version)
+
+
+def start_stream(config: str, input_dir: str, log_path: str) -> subprocess.Popen:
+    """`ccs stream` as a service (its own process), deploying to the fleet; stderr is its log."""
+    err = open(log_path, "w")
+    return subprocess.Popen([sys.executable, "-m", "app.cli", "stream", "--input", input_dir, "--deploy"],
+                            cwd=REPO, env={**os.environ, "CCS_CONFIG": config}, stdout=subprocess.DEVNULL,
+                            stderr=err)
+
+
+def batches_of(log_path: str) -> list[dict]:
+    out = []
+    for line in open(log_path):
+        if line.startswith("stream: {"):
+            out.append(json.loads(line[len("stream: "):]))
+    return out
+
+
+def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, speed: float, work: Path,
+          agent, fresh: bool) -> dict:
+    from export.artifact import signing, table_format as tf
+    from export.delivery.publish import key_paths
+    from export.tables import aggregate
+    from ccselect.hours import hour_start_ms
+    from ccselect.spark import get_spark
+    from pyspark.sql import functions as F
+
+    inp = work / f"replay-{name}"
+    shutil.rmtree(inp, ignore_errors=True)
+    (inp).mkdir(parents=True)
+    shutil.copytree(os.path.join(fleet, "reference"), inp / "reference")
+    from sim import replay
+    segs = replay.segments(fleet, [hour], minutes=minutes)
+    t0_ms = hour_start_ms(hour)
+    table_s = cfg.settings.stream.table_minutes * 60 / speed
+    tail_s = table_s + 90             # the last boundary's table: built, signed, rolled out
+    log_path = str(work / f"stream-{name}.log")
+    proc = start_stream(cfg_path, str(inp), log_path)
+    time.sleep(25)                    # the service's Spark session starts before the traffic does
+    stop = threading.Event()
+    live: dict[int, float] = {}
+    poller = threading.Thread(target=poll_live, args=(agent, live, stop), daemon=True)
+    poller.start()
+    start = time.time() + 1
+    writer = threading.Thread(target=replay_segments, args=(segs, str(inp), t0_ms, speed, start, stop), daemon=True)
+    writer.start()
+    writer.join()
+    time.sleep(tail_s)
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    stop.set()
+    poller.join()
+    batches = batches_of(log_path)
+    rows = sum(b.get("lines_read", 0) for b in batches)
+    busy = sum(b.get("seconds", 0) for b in batches if b.get("files"))
+    lags = [b["lag_s"]["oldest"] for b in batches if "lag_s" in b]
+    out = {"speed": speed, "minutes": minutes, "segments": len(segs), "batches": len(batches),
+           "lines": rows, "busy_s": round(busy, 1),
+           "rows_per_s_busy": round(rows / busy) if busy else None,
+           "offered_rows_per_s": round(sum(len(x.lines) for x in segs) / (minutes * 60 / speed)),
+           "lag_s": {"p50": pct(lags, 50), "p99": pct(lags, 99), "max": max(lags) if lags else None},
+           "load_avg_end": load_avg()}
+    if not fresh:
+        return out
+    # freshness per connection: first live version whose window holds it and covers its address
+    spark = get_spark(cfg, "bench-freshness")
+    _, pub = key_paths(cfg)
+    tables = []
+    for r in aggregate.history(spark, cfg):
+        h = json.loads(r["hours"])
+        if "to_ms" in h and r["version"] in live:
+            _, t = signing.read_manifest(r["manifest_path"], signing.load_public_key(pub))
+            tables.append((h["to_ms"], live[r["version"]], t))
+    tables.sort(key=lambda x: x[0])
+    conns = (spark.read.format("delta").load(os.path.join(cfg.settings.lake.root, "silver", "connections"))
+             .where((F.col("hour") == hour) & (F.col("ts_end_ms") < t0_ms + minutes * 60_000))
+             .select("client_ip", "ts_end_ms").toPandas())
+    lat, censored, uncovered = [], 0, 0
+    for ip, ts in zip(conns["client_ip"], conns["ts_end_ms"]):
+        logged = start + (int(ts) - t0_ms) / 1000 / speed
+        cands = [(live_t, t) for to_ms, live_t, t in tables if to_ms >= ts]
+        if not cands:
+            censored += 1
+            continue
+        hit = next((live_t for live_t, t in cands if covers(t, ip)), None)
+        if hit is None:
+            uncovered += 1
+            continue
+        lat.append(hit - logged)
+    goal = 2 * table_s + 60
+    out.update({"connections": len(conns), "measured": len(lat), "censored_after_last_table": censored,
+                "never_covered": uncovered, "tables_live": len(tables),
+                "trigger_wall_s": round(table_s, 1),
+                "freshness_s": {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99), "max": pct(lat, 100)},
+                "goal_p99_s": round(goal, 1), "meets_goal": bool(lat) and pct(lat, 99) <= goal})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", type=int, default=12)
+    ap.add_argument("--conns-per-node-hour", type=int, default=1500)
+    ap.add_argument("--hours", type=int, default=3, help="simulated hours; the last one is replayed")
+    ap.add_argument("--minutes", type=int, default=30, help="minutes of the last hour replayed")
+    ap.add_argument("--speed", type=float, default=4.0)
+    ap.add_argument("--throughput-speed", type=float, default=10.0)
+    ap.add_argument("--throughput-minutes", type=int, default=20)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--workdir", default="/tmp/ccs-bench-freshness")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "freshness.json"))
+    ap.add_argument("--reuse", action="store_true", help="measure again on the workdir's fleet, lake and champion")
+    args = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        print("bench/freshness.py needs root (the enforcer is eBPF)", file=sys.stderr)
+        return 2
+    from app import pipeline
+    from ccselect.config import load_config
+    from export.delivery.publish import init_keys
+    from sim.fleet import simulate
+    from sim.params import SimParams
+
+    work = Path(args.workdir)
+    fleet = str(work / "fleet")
+    t = time.time()
+    done = work / "setup.json"
+    if args.reuse and done.exists():
+        setup = json.loads(done.read_text())
+        return measure(args, work, fleet, setup)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    simulate(SimParams(nodes=args.nodes, hours=args.hours, conns_per_node_hour=args.conns_per_node_hour,
+                                  seed=7), fleet, workers=2, progress=False)
+    raw = yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())
+    raw["data_root"] = str(work / "root")
+    tag = str(os.getpid())
+    fleet_path = work / "fleet.yaml"
+    fleet_path.write_text(yaml.safe_dump({"nodes": [{
+        "node_id": f"fresh-{tag}", "canary": True,
+        "agent": {"cgroup": f"/sys/fs/cgroup/unified/ccs-fresh-{tag}", "pin_dir": f"/sys/fs/bpf/ccs-fresh-{tag}",
+                  "sample_rate": 0.0, "services": [{"port": 443, "name": "video"}]}}]}))
+    raw["pipeline"].update({"raw_dir": fleet, "fleet": str(fleet_path), "deploy": True, "auto_promote": True,
+                            "epochs": args.epochs})
+    raw["model"]["gate"].update({"min_mean_accuracy": 0.0, "min_worst_accuracy": 0.0})
+    raw["export"]["rollout"] = {**raw["export"]["rollout"], "health_wait_s": 0.3}
+    raw["stream"] = {"trigger_seconds": 5}
+    cfg_path = work / "ccs.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(str(cfg_path))
+    init_keys(cfg)
+    from jobs.sources import discover
+    hours = sorted({f.hour for f in discover(fleet, streams=("transport",))})
+    train_lo, train_hi, replay_hour = hours[0], hours[-2], hours[-1]
+    from jobs import ingest
+    from ccselect.spark import get_spark
+    spark = get_spark(cfg, "bench-freshness")
+    ingest.run(spark, cfg, fleet, (train_lo, train_hi))
+    pipeline.training_set(train_lo, train_hi, cfg)
+    trained = pipeline.train(train_lo, train_hi, cfg)
+    pipeline.promote_if_configured(trained["version"], cfg, auto=True)
+    from models import infer
+    infer.run(spark, cfg, train_lo, train_hi)
+    spark.stop()
+    setup = {"setup_s": round(time.time() - t, 1), "replay_hour": replay_hour, "trained_on": f"{train_lo}..{train_hi}",
+             "model_version": trained["version"], "raw": raw}
+    done.write_text(json.dumps(setup))
+    return measure(args, work, fleet, setup)
+
+
+def measure(args, work: Path, fleet: str, setup: dict) -> int:
+    """The two replays on the lake `main` set up (the freshness replay's lake is copied first, so
+    that --reuse measures again from the same state)."""
+    from app.pipeline import _fleet_and_store_for
+    from ccselect.config import load_config
+    from export.edge.probe import ensure_attached, teardown
+    raw = setup["raw"]
+    replay_hour = setup["replay_hour"]
+    base = work / "root"
+    for name in ("lake-freshness", "lake-throughput", "stream", "export", "fleet"):
+        shutil.rmtree(base / name, ignore_errors=True)
+    shutil.copytree(base / "lake", base / "lake-freshness")
+    raw = json.loads(json.dumps(raw))
+    raw["lake"] = {"root": str(base / "lake-freshness")}
+    raw["export"] = {**raw["export"], "out": str(base / "export" / "tables"),
+                     "rollout": {**raw["export"]["rollout"], "store": str(base / "export" / "store")}}
+    cfg_path = work / "ccs-measure.yaml"
+    cfg_path.write_text(yaml.safe_dump(raw))
+    cfg = load_config(str(cfg_path))
+    fl, _ = _fleet_and_store_for(cfg)
+    teardown(fl, log=lambda m: None)
+    ensure_attached(fl, log=lambda m: None)   # as the agents' own service does on an edge
+    agent = fl.nodes[0].agent()
+    result = {"bench": "freshness", "load_avg_start": load_avg(), "setup_s": setup["setup_s"],
+              "fleet": {"nodes": args.nodes, "conns_per_node_hour": args.conns_per_node_hour, "seed": 7,
+                        "replayed_hour": replay_hour, "trained_on": setup["trained_on"],
+                        "model_version": setup["model_version"]},
+              "stream": cfg.settings.stream.to_dict()}
+    try:
+        result["freshness"] = phase("freshness", str(cfg_path), cfg, fleet, replay_hour, args.minutes, args.speed,
+                                    work, agent, fresh=True)
+        # the throughput run: the same hour again into a lake and checkpoint of its own (the same
+        # champion: MLflow stays where it is)
+        raw["lake"] = {"root": str(base / "lake-throughput")}
+        raw["stream"] = {"trigger_seconds": 5, "checkpoint": str(base / "stream" / "checkpoint-throughput")}
+        cfg_path.write_text(yaml.safe_dump(raw))
+        cfg = load_config(str(cfg_path))
+        result["throughput"] = phase("throughput", str(cfg_path), cfg, fleet, replay_hour, args.throughput_minutes,
+                                     args.throughput_speed, work, agent, fresh=False)
+        real_rate = args.nodes * args.conns_per_node_hour / 3600
+        result["throughput"]["fleet_realtime_conns_per_s"] = round(real_rate, 2)
+    finally:
+        teardown(fl)
+    result["load_avg_end"] = load_avg()
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as fh:
+        json.dump(result, fh, indent=2)
+    print(json.dumps(result, indent=2))
+    return 0
+
+if __name__ == "__main__":
+    sys.exit(main())
