@@ -314,9 +314,10 @@ def _stream(spark, cfg: Config, hours: list[str], deploy: bool, digest: str) -> 
     (sim/replay.py) under <data_root>/stream/raw: a quarter hour of segments per micro-batch, so
     the hour yields a table per `stream.table_minutes` boundary the batches pass. A second run
     finds no new segment (the checkpoint has them) and emits nothing."""
-    from jobs import stream
+    from app import stream
     from sim import replay
     raw = os.path.join(cfg.data_root, "stream", "raw")
+    nodes = int(cfg.settings.simulate.nodes)
     marker = os.path.join(cfg.data_root, "stream", "raw.json")
     want = {"hours": hours, "fleet": digest}
     if not os.path.exists(marker) or json.load(open(marker)) != want:
@@ -344,7 +345,8 @@ def _stream_lines(res: dict | None) -> list[str]:
         state = ("deployed to " + ", ".join(ro["nodes"])) if ro.get("deployed") else \
             ro.get("why") or ro.get("refused") or ro.get("failed") or "?"
         lines.append(f"  v{t['version']}: window to {datetime.fromtimestamp(t['boundary'] / 1000, timezone.utc):%H:%M}Z, "
-                     f"{t['entries']} entries, {t['changed']:.1%} of traffic changed CC; {state}")
+                     f"{t['entries']} entries, " + ("the stream's first table" if t.get("changed") is None else
+                                                    f"{t['changed']:.1%} of traffic changed CC") + f"; {state}")
     return lines
 
 

@@ -26,6 +26,7 @@ Run (root): .venv/bin/python bench/freshness.py [--speed 3 --minutes 30]
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import json
 import os
 import shutil
@@ -40,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import yaml  # noqa: E402
+# Imported inside the functions that use them (heavy, not needed to import this module): pyspark, and our modules that load it, torch or mlflow.
 
 
 
@@ -85,7 +87,6 @@ _INDEX: dict[int, dict] = {}
 def covers(table, ip: str) -> bool:
     """Has `table` an entry covering `ip` (longest-prefix match finds one)? By the ladder's few
     prefix lengths, indexed once per table."""
-    import ipaddress
     idx = _INDEX.get(id(table))
     if idx is None:
         idx = _INDEX[id(table)] = {}
@@ -156,9 +157,19 @@ def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, sp
     rows = sum(b.get("lines_read", 0) for b in batches)
     busy = sum(b.get("seconds", 0) for b in batches if b.get("files"))
     lags = [b["lag_s"]["oldest"] for b in batches if "lag_s" in b]
+    # the service's first micro-batch with data pays for its JVM's warm-up (JIT, first Delta
+    # snapshots); a long-lived service pays it once
+    data = [b for b in batches if b.get("files")]
+    warm_rows = sum(b.get("lines_read", 0) for b in data[1:])
+    warm_busy = sum(b.get("seconds", 0) for b in data[1:])
+    warm_since = data[0]["ended_unix"] if data else None
     out = {"speed": speed, "minutes": minutes, "segments": len(segs), "batches": len(batches),
            "lines": rows, "busy_s": round(busy, 1),
            "rows_per_s_busy": round(rows / busy) if busy else None,
+           "rows_per_s_busy_after_first_batch": round(warm_rows / warm_busy) if warm_busy else None,
+           "first_batch_s": data[0]["seconds"] if data else None,
+           "per_batch": [{k: b.get(k) for k in ("batch", "files", "lines_read", "seconds", "stages_s", "lag_s")}
+                         for b in data],
            "offered_rows_per_s": round(sum(len(x.lines) for x in segs) / (minutes * 60 / speed)),
            "lag_s": {"p50": pct(lags, 50), "p99": pct(lags, 99), "max": max(lags) if lags else None},
            "load_avg_end": load_avg()}
@@ -177,7 +188,7 @@ def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, sp
     conns = (spark.read.format("delta").load(os.path.join(cfg.settings.lake.root, "silver", "connections"))
              .where((F.col("hour") == hour) & (F.col("ts_end_ms") < t0_ms + minutes * 60_000))
              .select("client_ip", "ts_end_ms").toPandas())
-    lat, censored, uncovered = [], 0, 0
+    lat, lat_warm, censored, uncovered = [], [], 0, 0
     for ip, ts in zip(conns["client_ip"], conns["ts_end_ms"]):
         logged = start + (int(ts) - t0_ms) / 1000 / speed
         cands = [(live_t, t) for to_ms, live_t, t in tables if to_ms >= ts]
@@ -189,12 +200,17 @@ def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, sp
             uncovered += 1
             continue
         lat.append(hit - logged)
+        if warm_since is not None and logged >= warm_since:
+            lat_warm.append(hit - logged)
     goal = 2 * table_s + 60
     out.update({"connections": len(conns), "measured": len(lat), "censored_after_last_table": censored,
                 "never_covered": uncovered, "tables_live": len(tables),
                 "trigger_wall_s": round(table_s, 1),
                 "freshness_s": {"p50": pct(lat, 50), "p90": pct(lat, 90), "p99": pct(lat, 99), "max": pct(lat, 100)},
-                "goal_p99_s": round(goal, 1), "meets_goal": bool(lat) and pct(lat, 99) <= goal})
+                "freshness_s_after_first_batch": {"connections": len(lat_warm), "p50": pct(lat_warm, 50),
+                                                  "p99": pct(lat_warm, 99)},
+                "goal_p99_s": round(goal, 1), "meets_goal": bool(lat) and pct(lat, 99) <= goal,
+                "live_since_replay_start_s": {str(v): round(t - start, 1) for v, t in sorted(live.items())}})
     return out
 
 

@@ -440,7 +440,7 @@ class ExportSettings(PrefixLadder):
 
 @dataclass(frozen=True)
 class StreamSettings(_Section):
-    """`stream:` `ccs stream` (jobs/stream.py, issue 26): the edge's rotated log segments → bronze,
+    """`stream:` `ccs stream` (app/stream.py, issue 26): the edge's rotated log segments → bronze,
     silver and gold.predictions every `trigger_seconds`, and ALICCS Algorithm 1 over the
     connections that closed in the last `window_minutes`, rebuilt at every `table_minutes`
     boundary of the data's own clock (the newest ts_end_ms seen) and emitted as a signed version

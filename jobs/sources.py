@@ -107,7 +107,7 @@ def discover_all(input_dir: str, hours: tuple[str, str] | None = None,
 
 def classify(path: str, streams: tuple[str, ...] = STREAMS) -> SourceFile | Skipped:
     """One file by its path alone, as `discover_all` judges it inside its folder: the stream's
-    file source (jobs/stream.py) sees files one at a time."""
+    file source (app/stream.py) sees files one at a time."""
     ndir, name = os.path.split(os.path.abspath(path))
     sdir, node = os.path.split(ndir)
     stream = os.path.basename(sdir)
@@ -147,7 +147,7 @@ def read_lines(spark, files: list[SourceFile]):
 def explode_lines(files):
     """Whole files (a row per file: its text as `value`, and stream, node_id, hour, hour_start_ms,
     source_file) → one row per line with its 1-based line_no. Batch ingest (`read_lines`) and the
-    stream (jobs/stream.py) both cut lines here."""
+    stream (app/stream.py) both cut lines here."""
     body = F.regexp_replace(F.col("value"), r"\n\z", "")
     lines = F.when(F.col("value") == "", F.array().cast("array<string>")).otherwise(F.split(body, "\n", -1))
     return (files.select("stream", "node_id", "hour", "hour_start_ms", "source_file",

@@ -60,7 +60,7 @@ def stream_cmd(
     """Fresh tables: ingest, score and re-aggregate the edge's log segments as they arrive (Spark
     Structured Streaming; a long-lived service, infra/ccs-stream.service), emitting a signed table
     every `stream.table_minutes` of traffic when it changed enough; stop with SIGTERM."""
-    from jobs import stream
+    from app import stream
     cfg, spark = _session(config, "ccs-stream")
     with contextlib.redirect_stdout(sys.stderr):      # the rollout's guard lines are log, not the result
         result = stream.run(spark, cfg, input or cfg.settings.pipeline.raw_dir, once=once, deploy=deploy,

@@ -1,6 +1,7 @@
 """`ccs stream`: the edge's rotated log segments → bronze, quarantine, audit, silver and
 gold.predictions within a micro-batch of their arrival, and a signed prefix→CC table over a
-sliding window every few minutes of traffic (issue 26; ALICCS §3.3 and Observation IV: a prefix's
+sliding window every few minutes of traffic (an application step: it wires jobs, models and
+export, as ccs_hourly's tasks do) (issue 26; ALICCS §3.3 and Observation IV: a prefix's
 network type changes within hours, so an hour-old table is already partly wrong).
 
 One Spark Structured Streaming query, file source over the segments of the data contract
@@ -56,6 +57,7 @@ from jobs import silver as silver_job
 from jobs.ingest import AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, to_audit, to_bronze, to_quarantine
 from jobs.parse import imputable
 from jobs.sources import SourceFile, classify, explode_lines
+# Imported inside the functions that use them (heavy, not needed to import this module): mlflow, and our modules that load torch or mlflow (models, export, app.pipeline).
 
 #: the segments of every stream under the input folder (hourly files `…THH.jsonl` are not matched:
 #: an hourly file grows while its hour lasts, which a file source must not read)
@@ -277,8 +279,9 @@ class StreamJob:
             # what matters is traffic that would get another CC: the guards' flip share (request
             # weight of the window's addresses whose effective CC differs), not entries that merely
             # moved up or down the ladder
-            verdict["changed"] = round(flip_share(preds, entries, old), 6) if last is not None else 1.0
-            verdict["entries_changed"] = round(changed_share(entries, old), 6) if last is not None else 1.0
+            # None: the stream's first table, nothing to compare with
+            verdict["changed"] = round(flip_share(preds, entries, old), 6) if last is not None else None
+            verdict["entries_changed"] = round(changed_share(entries, old), 6) if last is not None else None
             verdict["entries"] = len(entries)
             return fresh_enough and verdict["changed"] < s.min_change
 
