@@ -15,7 +15,7 @@ def write_config(root: Path, **overrides) -> Path:
     raw = yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())
     raw["data_root"] = str(root)
     raw["spark"]["conf"].update({"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
-                                 "spark.driver.memory": "2g"})
+                                 "spark.driver.memory": "4g"})
     for k, v in overrides.items():
         raw[k] = v
     path = root / "ccs.yaml"
