@@ -137,6 +137,14 @@ class StreamJob:
     # ---- one micro-batch ---------------------------------------------------------------------
 
     def process(self, batch: DataFrame, batch_id: int) -> None:
+        # the batch's files are read once: for their paths, then by each stream's parse
+        batch = batch.persist()
+        try:
+            self._process(batch, batch_id)
+        finally:
+            batch.unpersist()
+
+    def _process(self, batch: DataFrame, batch_id: int) -> None:
         t0 = time.time()
         spark = self.spark
         uris = [r["uri"] for r in batch.select("uri").collect()]

@@ -118,7 +118,7 @@ def batches_of(log_path: str) -> list[dict]:
 
 def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, speed: float, work: Path,
           agent, fresh: bool) -> dict:
-    from export.artifact import signing, table_format as tf
+    from export.artifact import signing
     from export.delivery.publish import key_paths
     from export.tables import aggregate
     from ccselect.hours import hour_start_ms
