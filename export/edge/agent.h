@@ -7,7 +7,8 @@
  *   util.c      messages, clocks, files, JSON strings, pinned objects, link state, pin-dir lock
  *   attach.c    attach / detach / policy (the only user of the skeleton)
  *   manifest.c  signature over the manifest bytes, then the manifest's fields (cJSON)
- *   table.c     load (verify the .bin, build a trie, swap) and rollback
+ *   table.c     load (verify the .bin, build the lookup hash, swap) and rollback
+ *   routes.c    route CCs: the live table's CCs as routes (congctl), a head start for the program
  *   status.c    status [--json]
  *   translog.c  ring buffer -> JSONL transport log (rotated segments or hourly files), TTL
  *               watchdog (log, run)
@@ -43,6 +44,9 @@ struct config {
 	char log_dir[PATH_MAX];
 	int rotate_minutes;   /* transport log segments: a divisor of 60; 0 = hourly files */
 	double sample_rate;
+	char route_table[32];    /* route CCs (routes.c): the routing table; "" = off */
+	char route_spec[256];    /*   what each route says besides prefix, table, proto and congctl */
+	char route_within[1024]; /*   comma-separated prefixes the routes are confined to */
 	int n_services;
 	struct service services[MAX_SERVICES];
 };
@@ -78,6 +82,11 @@ struct link_state {
 
 /* config.c */
 int load_config(const char *path);
+
+/* routes.c */
+bool routes_enabled(void);
+int routes_sync(const struct ccs_table_entry *ents, size_t n);
+int routes_flush(void);
 int parse_fraction_option(const char *what, const char *v, double *out);
 int check_node_id(const char *v);
 

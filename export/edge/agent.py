@@ -45,7 +45,8 @@ class Service:
 
 
 FLOW_MODES = ("off", "fill", "combine", "flow", "prior")
-_STR_KEYS = ("node_id", "cgroup", "pin_dir", "public_key", "default_cc", "log_dir")
+_STR_KEYS = ("node_id", "cgroup", "pin_dir", "public_key", "default_cc", "log_dir", "route_table",
+             "route_spec", "route_within")
 _SERVICE_KEYS = {"port", "name", "ab", "caps", "flow_mode"}
 
 
@@ -69,6 +70,11 @@ class EdgeConfig:
     log_dir: str = ""
     # transport log segments every N minutes (a divisor of the hour); 0: hourly files, appended to
     rotate_minutes: int = 1
+    # route CCs (export/edge/routes.c, issue 29): the live table's CCs also as routes (congctl),
+    # in this routing table, each route saying route_spec, for entries inside route_within
+    route_table: str = ""
+    route_spec: str = ""
+    route_within: str = ""
     services: list[Service] = field(default_factory=list)
 
     def to_yaml(self) -> str:

@@ -151,7 +151,16 @@ static int open_and_load(struct ccs_bpf **skelp)
 		thresh = (__u64)(cfg.sample_rate * 4294967296.0);
 	skel->rodata->sample_thresh = thresh;
 	skel->rodata->default_cc_id = sysctl_cc_id();
+	skel->rodata->cc_routes = routes_enabled();
+	if (routes_enabled() && (skel->rodata->default_cc_id < 1 || skel->rodata->default_cc_id > CCS_CC_MAX)) {
+		/* the program puts the default back over a route's CC: it must be able to name it */
+		die_msg("route CCs (route_table) need net.ipv4.tcp_congestion_control to be cubic, bbr "
+			"or reno");
+		return -1;
+	}
 	err = ccs_bpf__load(skel);
+	if (!err && !routes_enabled())
+		routes_flush(); /* route CCs turned off: none of ours may outlive them */
 	if (err) {
 		die_msg("load BPF object: %s", strerror(-err));
 		return err;
@@ -302,8 +311,11 @@ int cmd_detach(bool purge)
 		pin_path(p, sizeof(p), "link");
 		unlink(p);
 	}
+	/* route CCs without the program would be enforcement without its checks: gone with it */
+	if (routes_flush())
+		err = 1;
 	if (!purge)
-		return 0;
+		return err;
 	d = opendir(cfg.pin_dir);
 	if (!d)
 		return errno == ENOENT ? 0 : 1;

@@ -6,7 +6,7 @@
  *   live table?  -> no: decision default
  *   expired?     -> decision stale (default CC kept)
  *   A/B service and CRC32(client address) even -> decision ab_control
- *   LPM lookup in the live trie (ccs_tables[slot]) -> miss (or, for an IPv4 client, an IPv6
+ *   longest-prefix lookup in the live hash (ccs_tables[slot], ccs.h) -> miss (or, for an IPv4 client, an IPv6
  *   entry covering ::ffff:0:0/96): default; keep/low-confidence: fallback;
  *   else bpf_setsockopt(TCP_CONGESTION) (+ caps when the service allows them): table.
  * With a flow tree in the live slot (ccs_flow, ccs_trees) and the service's flow_mode asking for
@@ -56,14 +56,24 @@ const volatile __u64 sample_thresh = 0;
  * whatever the socket runs. A stale value (sysctl changed since) costs a check, never a wrong CC.
  */
 const volatile __u8 default_cc_id = 0;
+/*
+ * Route CCs (issue 29, export/edge/README.md): the agent also writes the live table's CCs into
+ * routes (`congctl`), which the kernel applies when it creates the child socket, with no call
+ * from here. The program stays the authority: it reads the socket's CC before any switch (a route
+ * that agrees leaves nothing to do, the cost of bpf_setsockopt saved), and where it decides the
+ * default (no table, stale, A/B control, miss, keep, low confidence, an unserved port) it puts
+ * back the default over a route's CC. A missing, late or stale route costs a switch, never a
+ * wrong CC. Needs default_cc_id to be one of ours (the agent checks).
+ */
+const volatile __u8 cc_routes = 0;
 extern unsigned int CONFIG_HZ __kconfig __weak;
 
+/* the slot's lookup hash (ccs.h: entries and markers, searched by prefix length) */
 struct inner_trie {
-	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(key_size, sizeof(struct ccs_lpm_key));
 	__uint(value_size, sizeof(struct ccs_lpm_val));
 	__uint(max_entries, 1);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
 };
 
 struct {
@@ -322,6 +332,25 @@ static __always_inline int set_cc(struct bpf_sock_ops *skops, struct tcp_sock *t
 	return bpf_setsockopt(skops, SOL_TCP, TCP_CONGESTION, name.c, sizeof(name.c)) ?: 1;
 }
 
+/* route CCs: the default CC on a socket a route may have given another (cnt cc_reset if so) */
+static __always_inline void route_default(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	struct tcp_sock *tp;
+	int err;
+
+	if (!sk || !default_cc_id || default_cc_id > CCS_CC_MAX)
+		return;
+	tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return;
+	err = set_cc(skops, tp, default_cc_id);
+	if (err > 0)
+		cnt(CCS_CNT_CC_RESET);
+	else if (err < 0)
+		cnt(CCS_CNT_SETSOCKOPT_ERR);
+}
+
 static __always_inline void update_stats(struct ccs_conn *c, struct bpf_sock_ops *skops,
 					 struct tcp_sock *tp)
 {
@@ -411,6 +440,59 @@ static __always_inline void start_log(struct bpf_sock_ops *skops, struct bpf_soc
 				  BPF_SOCK_OPS_RTT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG);
 }
 
+/* a 32-bit word of an address cut to `bits` of it (0..32), in network order */
+static __always_inline __u32 cut_word(__u32 w, int bits)
+{
+	if (bits <= 0)
+		return 0;
+	if (bits >= 32)
+		return w;
+	return w & bpf_htonl(0xffffffffu << (32 - bits));
+}
+
+/*
+ * The longest entry covering the client (key: its address, family 4 or 6), by binary search on
+ * the family's prefix lengths in the slot's hash (ccs.h): at most CCS_LOOKUP_PROBES lookups,
+ * one per length probed. NULL: no entry covers it.
+ */
+static __always_inline struct ccs_lpm_val *lookup(void *map, const struct ccs_meta *meta,
+						   const struct ccs_lpm_key *client, __u8 family)
+{
+	struct ccs_lpm_val *v, *best = NULL;
+	struct ccs_lpm_key k;
+	int lo = 0, hi, mid, i, plen;
+	__u32 idx, base = family == 4 ? 0 : CCS_LEN4_MAX;
+	__u32 w0 = *(__u32 *)&client->addr[0], w1 = *(__u32 *)&client->addr[4];
+	__u32 w2 = *(__u32 *)&client->addr[8], w3 = *(__u32 *)&client->addr[12];
+
+	hi = (int)(family == 4 ? meta->n_len4 : meta->n_len6) - 1;
+	for (i = 0; i < CCS_LOOKUP_PROBES; i++) {
+		if (lo > hi)
+			break;
+		mid = (lo + hi) >> 1;
+		idx = (__u32)mid + base;
+		if (idx >= CCS_LEN4_MAX + CCS_LEN6_MAX)
+			break;
+		plen = meta->lens[idx];
+		k.prefixlen = plen;
+		*(__u32 *)&k.addr[0] = cut_word(w0, plen);
+		*(__u32 *)&k.addr[4] = cut_word(w1, plen - 32);
+		*(__u32 *)&k.addr[8] = cut_word(w2, plen - 64);
+		*(__u32 *)&k.addr[12] = cut_word(w3, plen - 96);
+		v = bpf_map_lookup_elem(map, &k);
+		if (!v) {
+			hi = mid - 1;
+			continue;
+		}
+		if (v->flags & CCS_VAL_ENTRY)
+			best = v;
+		if (!(v->flags & CCS_VAL_LONGER))
+			break;
+		lo = mid + 1;
+	}
+	return best;
+}
+
 static __always_inline int on_established(struct bpf_sock_ops *skops)
 {
 	struct ccs_lpm_key key = {};
@@ -423,7 +505,7 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	void *trie;
 	__u32 port = skops->local_port, zero = 0, slot;
 	__u64 version = 0;
-	__u8 family, decision = CCS_DEC_DEFAULT, has_table = 0, cc, table_cc = 0, mode;
+	__u8 family, decision = CCS_DEC_DEFAULT, has_table = 0, cc = 0, table_cc = 0, mode;
 	__u16 purity = 0;
 	bool looked_up = false;
 	__u32 a0, a1, a2;
@@ -432,6 +514,8 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	pol = bpf_map_lookup_elem(&ccs_policy, &port);
 	if (!pol || !pol->served) {
 		cnt(CCS_CNT_NOT_SERVED);
+		if (cc_routes)
+			route_default(skops);
 		return 1;
 	}
 	cnt(CCS_CNT_ESTABLISHED);
@@ -485,7 +569,7 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	}
 	cnt(CCS_CNT_LOOKUPS);
 	looked_up = true;
-	val = bpf_map_lookup_elem(trie, &key);
+	val = lookup(trie, meta, &key, family);
 	/* an IPv6 entry covering ::ffff:0:0/96 (e.g. ::/0) never decides for an IPv4 client */
 	if (!val || (family == 4 && (val->flags & CCS_VAL_FAMILY6))) {
 		val = NULL;
@@ -536,9 +620,11 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	}
 	if (!cc) /* default or fallback: the socket keeps the default CC */
 		goto out;
-	if (sk && !tp && (!default_cc_id || cc == default_cc_id))
+	if (sk && !tp && (cc_routes || !default_cc_id || cc == default_cc_id))
 		tp = bpf_skc_to_tcp_sock(sk);
-	err = set_cc(skops, (!default_cc_id || cc == default_cc_id) ? tp : NULL, cc);
+	err = set_cc(skops, (cc_routes || !default_cc_id || cc == default_cc_id) ? tp : NULL, cc);
+	if (err == 0 && cc_routes)
+		cnt(CCS_CNT_CC_PRESET);
 	if (err < 0) {
 		cnt(CCS_CNT_SETSOCKOPT_ERR);
 		decision = CCS_DEC_FALLBACK;
@@ -566,6 +652,9 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 		}
 	}
 out:
+	/* route CCs: the default where the program decided it (a table decision has set its CC) */
+	if (cc_routes && !cc)
+		route_default(skops);
 	if (looked_up)
 		fcnt(decision == CCS_DEC_TABLE ? CCS_FCNT_SRC_TABLE :
 		     decision == CCS_DEC_FLOW ? CCS_FCNT_SRC_FLOW :

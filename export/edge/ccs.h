@@ -10,27 +10,43 @@
 #define CCS_MODEL_VERSION_MAX 64 /* manifest model_version: at most 63 bytes + NUL */
 
 /*
- * LPM trie key: both families in one trie, IPv4 as ::ffff:a.b.c.d/(96+n). The address space rule
- * (ccs_table.h): an IPv6 entry may not lie inside ::ffff:0:0/96 (the agent refuses the table), and
- * an IPv6 entry that covers it (::/0, ::/8, ...) never decides for an IPv4 client: its trie value
- * carries CCS_VAL_FAMILY6 and the program treats such a hit for an IPv4 client as a miss. Every
- * IPv4 entry is longer (>= /96) than any IPv6 entry covering the mapped space (< /96), so the
- * longest match of an IPv4 client is an IPv4 entry whenever one matches.
+ * The lookup (issue 29): an exact-match hash per slot, searched by binary search on prefix
+ * lengths (Waldvogel, Varghese, Turner, Plattner, "Scalable high speed IP routing lookups",
+ * SIGCOMM '97), not an LPM trie walk. Keys are 16-byte addresses with a prefix length, both
+ * families in one map, IPv4 as ::ffff:a.b.c.d/(96+n). The distinct key lengths of each family are
+ * in the slot's meta (lens, ascending); a lookup probes the middle length of the range
+ * still open: a hit whose value says CCS_VAL_LONGER goes on among the longer lengths, any other
+ * hit ends the search, a miss goes on among the shorter ones. So that a longer match is never
+ * missed, every entry puts a marker on each length where the search towards its own length turns
+ * longer; a marker carries its best matching prefix (the longest entry of a length <= its own
+ * that covers it, copied with CCS_VAL_ENTRY) or none. At most ceil(log2(n + 1)) probes for n
+ * lengths: 2 for a table of /16, /24 and /32, the ALICCS ladder (Algorithm 1).
+ * The address space rule (ccs_table.h): an IPv6 entry may not lie inside ::ffff:0:0/96 (the agent
+ * refuses the table), so an IPv4 client (or an IPv4-mapped one) searches the IPv4 lengths only and
+ * an IPv6 client the IPv6 ones: the longest match an LPM trie holding both families would give,
+ * except that an IPv6 entry covering the mapped space (::/0, ::/8) never decides for an IPv4
+ * client (in the trie it needed CCS_VAL_FAMILY6 to become a miss; the flag is still set).
  */
 struct ccs_lpm_key {
 	__u32 prefixlen;
 	__u8 addr[16];
 };
 
-/* trie value */
+/* hash value: an entry, a marker (CCS_VAL_LONGER), or both */
 #define CCS_VAL_FAMILY6 0x80 /* ccs_lpm_val.flags: the entry is an IPv6 prefix (agent-set, not a table flag) */
+#define CCS_VAL_ENTRY 0x40   /* the value holds an entry: the key's own, or a marker's best match */
+#define CCS_VAL_LONGER 0x20  /* a marker: longer entries under this key, search the longer lengths */
 struct ccs_lpm_val {
 	__u8 cc;          /* enum ccs_cc_id */
-	__u8 flags;       /* CCS_ENTRY_LOW_CONF | CCS_VAL_FAMILY6 */
+	__u8 flags;       /* CCS_ENTRY_LOW_CONF | CCS_VAL_* */
 	__u16 purity_permille;
 	__u32 cwnd_clamp_segs;   /* 0 = none */
 	__u64 pacing_rate_bps;   /* 0 = none */
 };
+
+#define CCS_LEN4_MAX 33   /* IPv4 lengths /0../32 (keys 96..128) */
+#define CCS_LEN6_MAX 129  /* IPv6 lengths /0../128 */
+#define CCS_LOOKUP_PROBES 8 /* ceil(log2(129 + 1)): the search's loop bound */
 
 /* ccs_ctl[0]: which slot is live. Writing `live` (one 4-byte word) is the swap. */
 struct ccs_ctl {
@@ -40,9 +56,9 @@ struct ccs_ctl {
 
 /*
  * ccs_meta[slot]: what the slot holds. A load first writes valid = 0 to the idle slot, then
- * installs the trie, then writes the meta with valid = 1 and trie_id = the installed trie's map
+ * installs the lookup hash, then writes the meta with valid = 1 and trie_id = the installed map's
  * id, then flips ccs_ctl.live: a load interrupted at any point leaves the slot marked invalid
- * (never a trie under another table's metadata). The agent also checks trie_id against the map
+ * (never a hash under another table's metadata). The agent also checks trie_id against the map
  * id in ccs_tables[slot] before it trusts a slot (rollback, status).
  */
 struct ccs_meta {
@@ -54,8 +70,12 @@ struct ccs_meta {
 	__u32 n_v4;
 	__u32 n_v6;
 	__u32 valid;
-	__u32 trie_id;          /* map id of the trie in ccs_tables[slot] (0: written by an older agent) */
+	__u32 trie_id;          /* map id of the hash in ccs_tables[slot] (0: written by an older agent) */
 	__u8 sha256[32];
+	__u8 n_len4;            /* distinct IPv4 key lengths in the slot's hash (the lookup above) */
+	__u8 n_len6;
+	/* ascending key prefixlens: IPv4's (96 + n for /n) from 0, IPv6's from CCS_LEN4_MAX */
+	__u8 lens[CCS_LEN4_MAX + CCS_LEN6_MAX];
 };
 
 /*
@@ -165,6 +185,8 @@ enum ccs_counter {
 	CCS_CNT_LOG_DROPPED,     /* ring buffer full */
 	CCS_CNT_STORAGE_ERR,
 	CCS_CNT_NOT_SERVED,      /* passive connections on ports outside the policy */
+	CCS_CNT_CC_PRESET,       /* route CCs: the socket already ran the CC decided (no switch) */
+	CCS_CNT_CC_RESET,        /* route CCs: a route's CC the decision is not, put back to the default */
 	CCS_CNT__MAX,
 };
 
@@ -194,7 +216,7 @@ static const char *const ccs_counter_names[CCS_CNT__MAX] = {
 	"established", "no_table", "expired", "ab_control", "lookups", "miss", "hit_keep",
 	"hit_lowconf", "hit_cubic", "hit_bbr", "hit_reno", "setsockopt_err", "pacing_set",
 	"clamp_set", "caps_err", "log_sampled", "log_emitted", "log_dropped", "storage_err",
-	"not_served",
+	"not_served", "cc_preset", "cc_reset",
 };
 static const char *const ccs_decision_names[] = {
 	"table", "fallback", "default", "ab_control", "stale", "flow", "table+flow",

@@ -43,7 +43,7 @@ struct pos {
 
 static const char *const top_keys[] = {
 	"node_id", "cgroup", "pin_dir", "public_key", "default_cc", "sample_rate", "log_dir",
-	"rotate_minutes", "services", NULL,
+	"rotate_minutes", "route_table", "route_spec", "route_within", "services", NULL,
 };
 static const char *const service_keys[] = { "port", "name", "ab", "caps", "flow_mode", NULL };
 
@@ -355,6 +355,50 @@ static int set_str(const struct pos *p, const char *key, char *dst, size_t n, co
 	return 0;
 }
 
+/*
+ * route_table: a number or local / main; route_spec: words of [A-Za-z0-9._:/-] (ip's own syntax,
+ * checked by ip at the first load), none of table / proto / congctl (the agent's); route_within:
+ * prefixes, checked at the first load (routes.c). Each goes to ip as words on a line of
+ * `ip -batch` (no shell).
+ */
+static int parse_route_key(const struct pos *p, const char *key, const char *val)
+{
+	const char *c;
+
+	if (!strcmp(key, "route_table")) {
+		char *end;
+		unsigned long t = strtoul(val, &end, 10);
+
+		if (val[0] && strcmp(val, "local") && strcmp(val, "main") &&
+		    (*end || val[0] == '-' || t == 0 || t > 0xffffffffUL)) {
+			cfg_err(p, "route_table \"%s\": a table number (1..2^32-1), local or main", val);
+			return -1;
+		}
+		return set_str(p, key, cfg.route_table, sizeof(cfg.route_table), val);
+	}
+	for (c = val; *c; c++)
+		if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+		      strchr("._:/- ,", *c))) {
+			cfg_err(p, "%s: character '%c' not allowed", key, *c);
+			return -1;
+		}
+	if (!strcmp(key, "route_spec")) {
+		char buf[256], *tok, *save = NULL;
+
+		if (set_str(p, key, cfg.route_spec, sizeof(cfg.route_spec), val))
+			return -1;
+		strcpy(buf, val);
+		for (tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save))
+			if (!strcmp(tok, "table") || !strcmp(tok, "proto") || !strcmp(tok, "congctl") ||
+			    strchr(tok, ',')) {
+				cfg_err(p, "route_spec: \"%s\" is the agent's to write", tok);
+				return -1;
+			}
+		return 0;
+	}
+	return set_str(p, key, cfg.route_within, sizeof(cfg.route_within), val);
+}
+
 /* a top-level `key: value` line; *in_services says whether `- {...}` items may follow */
 static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *in_services)
 {
@@ -371,7 +415,8 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 	k = key_index(top_keys, key);
 	if (k < 0) {
 		cfg_err(p, "unknown key \"%s\" (known: node_id, cgroup, pin_dir, public_key, "
-			"default_cc, sample_rate, log_dir, rotate_minutes, services)", key);
+			"default_cc, sample_rate, log_dir, rotate_minutes, route_table, route_spec, "
+			"route_within, services)", key);
 		return -1;
 	}
 	if (seen[k]) {
@@ -407,6 +452,8 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 	}
 	if (!strcmp(key, "default_cc"))
 		return set_str(p, key, cfg.default_cc, sizeof(cfg.default_cc), val);
+	if (!strcmp(key, "route_table") || !strcmp(key, "route_spec") || !strcmp(key, "route_within"))
+		return parse_route_key(p, key, val);
 	if (!strcmp(key, "cgroup"))
 		return set_str(p, key, cfg.cgroup, sizeof(cfg.cgroup), val);
 	if (!strcmp(key, "pin_dir"))
@@ -490,5 +537,10 @@ int load_config(const char *path)
 	}
 	free(line);
 	fclose(f);
+	if (!err && (!cfg.route_table[0]) != (!cfg.route_within[0])) {
+		die_msg("config %s: route_table and route_within go together (route CCs: both, or "
+			"neither)", path);
+		err = -1;
+	}
 	return err;
 }

@@ -3,12 +3,13 @@
  * ccs-loadgen - connection accept-rate load for bench/kernel.py.
  *
  *   ccs-loadgen --cgroup PATH --enforced-port P1 --plain-port P2 [--seconds S] [--rounds R]
- *               [--net 127.N] [--batch B]
+ *               [--net N] [--plain-net N] [--batch B]
  *
  * Creates the P1 listener inside the cgroup (so the sock_ops enforcer runs on its connections)
  * and the P2 listener outside it, then alternates R rounds of S seconds of
  * connect/accept/close on each, from source addresses 127.N.x.y (x, y rotating; SO_LINGER 0 so
- * no TIME_WAIT piles up). Prints one JSON object: connections per second per round and side.
+ * no TIME_WAIT piles up); --plain-net gives the plain side sources of its own (127.M.x.y: a
+ * per-route CC on the enforced side's sources then leaves the plain side as it is). Prints one JSON object: connections per second per round and side.
  * Up to 512 rounds. --batch B interleaves the two sides within each round, B connections at a
  * time, each batch timed (so both sides see the same background load on a shared machine).
  */
@@ -111,8 +112,8 @@ static double run(int lfd, int port, int net, double secs, unsigned *ctr)
  * listeners (which side goes first alternates too) and time each batch, so that both sides see
  * the same background load; *a, *b: connections per second of side 1 and side 2.
  */
-static int run_interleaved(int lf1, int p1, int lf2, int p2, int net, double secs, int B,
-			   unsigned *ctr, double *a, double *b)
+static int run_interleaved(int lf1, int p1, int lf2, int p2, int net, int net2, double secs,
+			   int B, unsigned *ctr, double *a, double *b)
 {
 	double end = now_s() + secs, t1 = 0, t2 = 0, t;
 	long n1 = 0, n2 = 0;
@@ -123,7 +124,7 @@ static int run_interleaved(int lf1, int p1, int lf2, int p2, int net, double sec
 			int one = (k & 2) ? !j : j;	/* order: 1 2 2 1 1 2 2 1 ... */
 
 			t = now_s();
-			if (batch(one ? lf1 : lf2, one ? p1 : p2, net, B, ctr))
+			if (batch(one ? lf1 : lf2, one ? p1 : p2, one ? net : net2, B, ctr))
 				return -1;
 			t = now_s() - t;
 			if (one) {
@@ -143,7 +144,7 @@ static int run_interleaved(int lf1, int p1, int lf2, int p2, int net, double sec
 int main(int argc, char **argv)
 {
 	const char *cgroup = NULL;
-	int p1 = 0, p2 = 0, rounds = 3, net = 90, lf1, lf2, r, B = 0;
+	int p1 = 0, p2 = 0, rounds = 3, net = 90, pnet = -1, lf1, lf2, r, B = 0;
 	double secs = 2.0;
 	unsigned ctr = 0;
 	static const struct option opts[] = {
@@ -154,6 +155,7 @@ int main(int argc, char **argv)
 		{ "rounds", required_argument, NULL, 'r' },
 		{ "net", required_argument, NULL, 'n' },
 		{ "batch", required_argument, NULL, 'b' },
+		{ "plain-net", required_argument, NULL, 'm' },
 		{},
 	};
 	int c;
@@ -167,9 +169,12 @@ int main(int argc, char **argv)
 		case 'r': rounds = atoi(optarg); break;
 		case 'n': net = atoi(optarg); break;
 		case 'b': B = atoi(optarg); break;
+		case 'm': pnet = atoi(optarg); break;
 		default: return 2;
 		}
 	}
+	if (pnet < 0)
+		pnet = net;
 	if (!cgroup || !p1 || !p2) {
 		fprintf(stderr, "usage: ccs-loadgen --cgroup PATH --enforced-port P1 --plain-port P2\n");
 		return 2;
@@ -207,14 +212,14 @@ int main(int argc, char **argv)
 			double a, b;
 
 			if (B > 0) {
-				if (run_interleaved(lf1, p1, lf2, p2, net, secs, B, &ctr, &b, &a))
+				if (run_interleaved(lf1, p1, lf2, p2, net, pnet, secs, B, &ctr, &b, &a))
 					return 1;
 			} else if (r % 2) {
 				/* alternate which side goes first, so warm-up favours neither */
 				b = run(lf1, p1, net, secs, &ctr);
-				a = run(lf2, p2, net, secs, &ctr);
+				a = run(lf2, p2, pnet, secs, &ctr);
 			} else {
-				a = run(lf2, p2, net, secs, &ctr);
+				a = run(lf2, p2, pnet, secs, &ctr);
 				b = run(lf1, p1, net, secs, &ctr);
 			}
 

@@ -270,45 +270,221 @@ static int build_tree(const struct table *t)
 	return fd;
 }
 
-/* a new LPM trie holding the table (nothing is live yet): its fd, or -1 */
-static int build_trie(const struct table *t)
+/* one key of the lookup hash while it is built: an entry, a marker, or both (ccs.h) */
+struct rec {
+	struct ccs_lpm_key k;
+	struct ccs_lpm_val v;  /* the entry's, or (a marker) its best match's, when CCS_VAL_ENTRY */
+	size_t entry;          /* the table entry's index when it is one (duplicates name it) */
+};
+
+static int key_cmp(const struct ccs_lpm_key *a, const struct ccs_lpm_key *b)
 {
-	LIBBPF_OPTS(bpf_map_create_opts, mopts, .map_flags = BPF_F_NO_PREALLOC);
-	int fd;
+	if (a->prefixlen != b->prefixlen)
+		return a->prefixlen < b->prefixlen ? -1 : 1;
+	return memcmp(a->addr, b->addr, 16);
+}
+
+static int rec_cmp(const void *a, const void *b)
+{
+	const struct rec *x = a, *y = b;
+	int c = key_cmp(&x->k, &y->k);
+
+	if (c)
+		return c;
+	/* entries before markers of the same key, then table order */
+	if ((x->v.flags & CCS_VAL_ENTRY) != (y->v.flags & CCS_VAL_ENTRY))
+		return (x->v.flags & CCS_VAL_ENTRY) ? -1 : 1;
+	return x->entry < y->entry ? -1 : x->entry > y->entry;
+}
+
+/* the key cut to plen bits (the bits past it zero) */
+static void cut(struct ccs_lpm_key *k, const __u8 *addr, unsigned plen)
+{
+	unsigned i;
+
+	k->prefixlen = plen;
+	memset(k->addr, 0, 16);
+	for (i = 0; i < 16 && i * 8 < plen; i++)
+		k->addr[i] = plen >= (i + 1) * 8 ? addr[i] : addr[i] & (__u8)(0xff << (8 - (plen - i * 8)));
+}
+
+/* the distinct key lengths of one family (ascending) in lens: their count */
+static unsigned family_lengths(const struct ccs_lpm_key *keys, const struct table *t, __u8 family,
+			       __u8 *lens)
+{
+	bool seen[129] = {};
+	unsigned n = 0, p;
 	size_t i;
 
-	fd = bpf_map_create(BPF_MAP_TYPE_LPM_TRIE, "ccs_trie", sizeof(struct ccs_lpm_key),
-			    sizeof(struct ccs_lpm_val), t->n ? t->n : 1, &mopts);
-	if (fd < 0) {
-		die_msg("create trie: %s", strerror(errno));
-		return -1;
+	for (i = 0; i < t->n; i++)
+		if (t->ents[i].family == family)
+			seen[keys[i].prefixlen] = true;
+	for (p = 0; p <= 128; p++)
+		if (seen[p])
+			lens[n++] = (__u8)p;
+	return n;
+}
+
+/*
+ * The records of one family: each entry, and a marker on every length where the binary search
+ * towards the entry's length turns longer (ccs.h). Appended to out (room for n * 9 records).
+ */
+static size_t family_records(const struct ccs_lpm_key *keys, const struct ccs_lpm_val *vals,
+			     const struct table *t, __u8 family, const __u8 *lens, unsigned nl,
+			     struct rec *out)
+{
+	size_t i, m = 0;
+
+	for (i = 0; i < t->n; i++) {
+		int lo = 0, hi = (int)nl - 1, mid;
+
+		if (t->ents[i].family != family)
+			continue;
+		while (lo <= hi) {
+			mid = (lo + hi) / 2;
+			if (lens[mid] == keys[i].prefixlen) {
+				out[m].k = keys[i];
+				out[m].v = vals[i];
+				out[m].entry = i;
+				m++;
+				break;
+			}
+			if (lens[mid] < keys[i].prefixlen) {
+				cut(&out[m].k, keys[i].addr, lens[mid]);
+				memset(&out[m].v, 0, sizeof(out[m].v));
+				out[m].v.flags = CCS_VAL_LONGER;
+				out[m].entry = (size_t)-1;
+				m++;
+				lo = mid + 1;
+			} else {
+				hi = mid - 1;
+			}
+		}
+	}
+	return m;
+}
+
+/* the entry (a record with CCS_VAL_ENTRY of its own) with key k among the merged records */
+static const struct rec *find_entry(const struct rec *r, size_t n, const struct ccs_lpm_key *k)
+{
+	size_t lo = 0, hi = n;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		int c = key_cmp(&r[mid].k, k);
+
+		if (!c)
+			return r[mid].entry != (size_t)-1 ? &r[mid] : NULL;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return NULL;
+}
+
+/*
+ * A new lookup hash holding the table (nothing is live yet): its fd, or -1. meta gets the
+ * families' lengths (n_len4, n_len6, lens).
+ */
+static int build_index(const struct table *t, struct ccs_meta *meta)
+{
+	struct ccs_lpm_key *keys = NULL;
+	struct ccs_lpm_val *vals = NULL;
+	struct rec *r = NULL;
+	size_t i, j, m = 0, u = 0;
+	int fd = -1;
+	unsigned l;
+
+	keys = calloc(t->n ? t->n : 1, sizeof(*keys));
+	vals = calloc(t->n ? t->n : 1, sizeof(*vals));
+	/* each entry: itself and at most ceil(log2(129)) = 8 markers */
+	r = calloc(t->n ? t->n * 9 : 1, sizeof(*r));
+	if (!keys || !vals || !r) {
+		die_msg("build the lookup: out of memory");
+		goto out;
 	}
 	for (i = 0; i < t->n; i++) {
 		const struct ccs_table_entry *e = &t->ents[i];
-		struct ccs_lpm_key k = {};
-		struct ccs_lpm_val v = { .cc = e->cc,
-					 .flags = (e->flags & CCS_ENTRY_LOW_CONF) |
-						  (e->family == 6 ? CCS_VAL_FAMILY6 : 0),
-					 .purity_permille = e->purity_permille,
-					 .cwnd_clamp_segs = e->cwnd_clamp_segs,
-					 .pacing_rate_bps = e->pacing_rate_bps };
+		__u8 a[16] = {};
 
 		if (e->family == 4) {
-			k.prefixlen = 96 + e->prefix_len;
-			k.addr[10] = 0xff;
-			k.addr[11] = 0xff;
-			memcpy(&k.addr[12], e->addr, 4);
+			a[10] = 0xff;
+			a[11] = 0xff;
+			memcpy(&a[12], e->addr, 4);
+			cut(&keys[i], a, 96 + e->prefix_len);
 		} else {
-			k.prefixlen = e->prefix_len;
-			memcpy(k.addr, e->addr, 16);
+			cut(&keys[i], e->addr, e->prefix_len);
 		}
-		if (bpf_map_update_elem(fd, &k, &v, BPF_NOEXIST)) {
-			die_msg("refused: entry %zu: %s", i, errno == EEXIST ? "duplicate prefix" :
-				strerror(errno));
-			close(fd);
-			return -1;
+		vals[i] = (struct ccs_lpm_val){ .cc = e->cc,
+			.flags = (e->flags & CCS_ENTRY_LOW_CONF) | CCS_VAL_ENTRY |
+				 (e->family == 6 ? CCS_VAL_FAMILY6 : 0),
+			.purity_permille = e->purity_permille,
+			.cwnd_clamp_segs = e->cwnd_clamp_segs,
+			.pacing_rate_bps = e->pacing_rate_bps };
+	}
+	meta->n_len4 = (__u8)family_lengths(keys, t, 4, meta->lens);
+	meta->n_len6 = (__u8)family_lengths(keys, t, 6, (meta->lens + CCS_LEN4_MAX));
+	m = family_records(keys, vals, t, 4, meta->lens, meta->n_len4, r);
+	m += family_records(keys, vals, t, 6, (meta->lens + CCS_LEN4_MAX), meta->n_len6, r + m);
+	qsort(r, m, sizeof(*r), rec_cmp);
+	/* merge each key's records: an entry (the first) takes the markers' LONGER flag */
+	for (i = 0; i < m; i = j) {
+		r[u] = r[i];
+		for (j = i + 1; j < m && !key_cmp(&r[j].k, &r[i].k); j++) {
+			if (r[j].entry != (size_t)-1) {
+				die_msg("refused: entry %zu: duplicate prefix", r[j].entry);
+				goto out;
+			}
+			r[u].v.flags |= r[j].v.flags & CCS_VAL_LONGER;
+		}
+		u++;
+	}
+	/* a marker's best match: the longest entry of a shorter length of its family covering it */
+	for (i = 0; i < u; i++) {
+		const __u8 *lens;
+		unsigned nl;
+		bool v4;
+
+		if (r[i].entry != (size_t)-1)
+			continue;
+		v4 = r[i].k.prefixlen >= 96 && !memcmp(r[i].k.addr, "\0\0\0\0\0\0\0\0\0\0\xff\xff", 12);
+		lens = v4 ? meta->lens : (meta->lens + CCS_LEN4_MAX);
+		nl = v4 ? meta->n_len4 : meta->n_len6;
+		for (l = nl; l-- > 0;) {
+			struct ccs_lpm_key k;
+			const struct rec *e;
+
+			if (lens[l] >= r[i].k.prefixlen)
+				continue;
+			cut(&k, r[i].k.addr, lens[l]);
+			e = find_entry(r, u, &k);
+			if (e) {
+				r[i].v = e->v;
+				r[i].v.flags |= CCS_VAL_LONGER;
+				break;
+			}
 		}
 	}
+	fd = bpf_map_create(BPF_MAP_TYPE_HASH, "ccs_lookup", sizeof(struct ccs_lpm_key),
+			    sizeof(struct ccs_lpm_val), u ? (__u32)u : 1, NULL);
+	if (fd < 0) {
+		die_msg("create the lookup hash: %s", strerror(errno));
+		goto out;
+	}
+	for (i = 0; i < u; i++) {
+		if (bpf_map_update_elem(fd, &r[i].k, &r[i].v, BPF_NOEXIST)) {
+			die_msg("refused: %s %zu: %s", r[i].entry != (size_t)-1 ? "entry" : "marker",
+				r[i].entry != (size_t)-1 ? r[i].entry : i, strerror(errno));
+			close(fd);
+			fd = -1;
+			goto out;
+		}
+	}
+out:
+	free(keys);
+	free(vals);
+	free(r);
 	return fd;
 }
 
@@ -535,7 +711,8 @@ static __u64 expiry_mono_ns(__u64 expires_unix, time_t now)
  * status refuse to trust, and the next load overwrites.
  */
 static int swap_in(const struct slots *s, const struct state *st, const struct table *t,
-		   int trie_fd, int tree_fd, time_t now, bool override, __u32 *slotp)
+		   int trie_fd, const struct ccs_meta *lens, int tree_fd, time_t now, bool override,
+		   __u32 *slotp)
 {
 	struct ccs_flow flow = {};
 	struct bpf_map_info tinfo = {};
@@ -589,6 +766,9 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 	meta.valid = 1;
 	meta.trie_id = info.id;
 	memcpy(meta.sha256, t->sha256, 32);
+	meta.n_len4 = lens->n_len4;
+	meta.n_len6 = lens->n_len6;
+	memcpy(meta.lens, lens->lens, sizeof(meta.lens));
 	model.version = meta.version;
 	model.loaded_unix = meta.loaded_unix;
 	memcpy(model.model_version, t->man.model_version, sizeof(model.model_version));
@@ -629,8 +809,10 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 	struct slots s = { -1, -1, -1, -1, -1, -1, -1 };
 	struct state st;
 	struct table t = {};
-	__u64 t0, t1, t2, t3;
+	__u64 t0, t1, t2, t3, t4 = 0;
+	int n_routes = 0;
 	int trie_fd = -1, tree_fd = -1, lock_fd = -1, err = -1;
+	struct ccs_meta lens = {};
 	enum rule rule;
 	__u32 slot = 0;
 	time_t now = time(NULL);
@@ -664,6 +846,10 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 	if (rule == RULE_ALREADY_LIVE) {
 		slot = (__u32)live_slot(&st);
 		err = 0;
+		/* route CCs: the live table's routes written again (an agent restarted, or routes
+		 * turned on since it was loaded) */
+		if (routes_enabled())
+			routes_sync(t.ents, t.n);
 		if (json)
 			printf("{\"loaded\": true, \"unchanged\": true, \"version\": %llu, \"slot\": %u, "
 			       "\"entries\": {\"v4\": %u, \"v6\": %u}}\n", (unsigned long long)t.man.version,
@@ -673,8 +859,8 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 			       (unsigned long long)t.man.version, slot);
 		goto cleanup;
 	}
-	/* 5. build the new trie (nothing is live yet); 6. swap it in */
-	trie_fd = build_trie(&t);
+	/* 5. build the new lookup hash (nothing is live yet); 6. swap it in */
+	trie_fd = build_index(&t, &lens);
 	if (trie_fd < 0)
 		goto cleanup;
 	if (t.n_nodes) {
@@ -683,17 +869,25 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 			goto cleanup;
 	}
 	t2 = clock_ns(CLOCK_MONOTONIC);
-	if (swap_in(&s, &st, &t, trie_fd, tree_fd, now, rule == RULE_OVERRIDE, &slot))
+	if (swap_in(&s, &st, &t, trie_fd, &lens, tree_fd, now, rule == RULE_OVERRIDE, &slot))
 		goto cleanup;
 	t3 = clock_ns(CLOCK_MONOTONIC);
 	err = 0;
+	/* 7. route CCs for the new live table (routes.c): a head start only, so after the swap and
+	 * never fatal (a failed route costs a switch in the program) */
+	if (routes_enabled()) {
+		n_routes = routes_sync(t.ents, t.n);
+		t4 = clock_ns(CLOCK_MONOTONIC);
+	}
 	if (json)
 		printf("{\"loaded\": true, \"version\": %llu, \"slot\": %u, \"override\": %s, "
 		       "\"entries\": {\"v4\": %u, \"v6\": %u}, \"tree_nodes\": %zu, \"verify_ms\": %.3f, "
-		       "\"build_ms\": %.3f, \"swap_us\": %.3f, \"total_ms\": %.3f}\n",
+		       "\"build_ms\": %.3f, \"swap_us\": %.3f, \"total_ms\": %.3f, \"routes\": %d, "
+		       "\"routes_ms\": %.3f}\n",
 		       (unsigned long long)t.man.version, slot,
 		       rule == RULE_OVERRIDE ? "true" : "false", t.h->n_v4, t.h->n_v6, t.n_nodes, (t1 - t0) / 1e6,
-		       (t2 - t1) / 1e6, (t3 - t2) / 1e3, (t3 - t0) / 1e6);
+		       (t2 - t1) / 1e6, (t3 - t2) / 1e3, (t3 - t0) / 1e6, n_routes,
+		       t4 ? (t4 - t3) / 1e6 : 0.0);
 	else
 		printf("loaded table %llu (%u v4 + %u v6 entries) into slot %u\n",
 		       (unsigned long long)t.man.version, t.h->n_v4, t.h->n_v6, slot);
@@ -774,6 +968,10 @@ int cmd_rollback(void)
 		goto cleanup;
 	}
 	printf("rolled back to table %llu (slot %u)\n", (unsigned long long)m->version, prev);
+	/* route CCs: the table rolled back from is not in memory here: its routes go, and the
+	 * program switches every connection itself until the next load writes routes again */
+	if (routes_flush())
+		fprintf(stderr, "ccs-edge: rollback: route CCs not flushed (the program corrects them)\n");
 	err = record_version(&s, &st, m->version, m->sha256, live_before, m->version < st.floor,
 			     "rollback") ? 1 : 0;
 cleanup:

@@ -1,0 +1,205 @@
+// SPDX-License-Identifier: (LGPL-2.1 OR BSD-2-Clause)
+/*
+ * routes.c - route CCs (issue 29): the live table's CCs also as routes carrying `congctl`.
+ *
+ * The kernel gives a passive child socket the CC of the route to its client (RTAX_CC_ALGO,
+ * tcp_ca_openreq_child) when it creates it, with no call from the program; the program then finds
+ * the socket already on the CC it decides and skips bpf_setsockopt (ccs.bpf.c cc_routes), which is
+ * most of what a switch costs. The program stays the authority, so the routes are only ever a
+ * head start: a missing, late or stale route costs a switch, never a wrong CC.
+ *
+ * Config (config.c): route_table (a routing table: a number, or local / main), route_spec (what
+ * every route says besides its prefix, e.g. "via 192.0.2.1 dev eth0", or "type local dev lo" for
+ * clients on loopback; a leading "type T" goes before the prefix, as ip wants it), route_within (comma-separated prefixes: only entries inside one of them
+ * get a route, so a table can never reroute what lies outside them). Every route is written
+ * with protocol CCS_ROUTE_PROTO, so that ours, and only ours, are replaced and flushed.
+ *
+ * Sync (after a load's swap, so the program is already on the new table): flush ours from the
+ * table, then one `ip -batch` of `route replace` per entry with a CC (not keep, not low
+ * confidence) inside route_within. A rollback and a detach flush them, and so does an attach
+ * with route CCs off (a config that turned them off leaves none behind). Routes belong to the
+ * network namespace, not the cgroup: one agent per namespace may use them.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "agent.h"
+
+#define CCS_ROUTE_PROTO 204
+
+struct within {
+	int family;   /* 4 or 6 */
+	__u8 addr[16];
+	unsigned len;
+};
+
+static const char *const cc_names[] = { "", "cubic", "bbr", "reno" };
+
+bool routes_enabled(void)
+{
+	return cfg.route_table[0] != 0;
+}
+
+/* route_within -> w[], at most max; -1 on a malformed prefix (named) */
+static int parse_within(struct within *w, int max)
+{
+	char buf[sizeof(cfg.route_within)], *tok, *save = NULL;
+	int n = 0;
+
+	strcpy(buf, cfg.route_within);
+	for (tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+		char *slash = strchr(tok, '/'), *end;
+		long len;
+
+		if (n == max || !slash) {
+			die_msg("route_within: \"%s\": need prefixes as address/length (at most %d)", tok, max);
+			return -1;
+		}
+		*slash = 0;
+		len = strtol(slash + 1, &end, 10);
+		memset(&w[n], 0, sizeof(w[n]));
+		if (inet_pton(AF_INET, tok, w[n].addr) == 1)
+			w[n].family = 4;
+		else if (inet_pton(AF_INET6, tok, w[n].addr) == 1)
+			w[n].family = 6;
+		if (!w[n].family || *end || len < 0 || len > (w[n].family == 4 ? 32 : 128)) {
+			die_msg("route_within: \"%s/%s\" is not a prefix", tok, slash + 1);
+			return -1;
+		}
+		w[n].len = (unsigned)len;
+		n++;
+	}
+	return n;
+}
+
+/* whether prefix a/len lies inside w */
+static bool inside(const struct within *w, int family, const __u8 *a, unsigned len)
+{
+	unsigned i;
+
+	if (w->family != family || len < w->len)
+		return false;
+	for (i = 0; i < w->len; i++)
+		if (((a[i / 8] ^ w->addr[i / 8]) >> (7 - i % 8)) & 1)
+			return false;
+	return true;
+}
+
+/* run `ip -<family> -force -batch -` over the lines; its failures are counted, not fatal */
+static int ip_batch(int family, const char *lines, size_t n_lines)
+{
+	char cmd[64];
+	FILE *p;
+	int st;
+
+	snprintf(cmd, sizeof(cmd), "ip -%d -force -batch - >/dev/null 2>&1", family);
+	p = popen(cmd, "w");
+	if (!p) {
+		die_msg("route CCs: run ip: %s", strerror(errno));
+		return -1;
+	}
+	fputs(lines, p);
+	st = pclose(p);
+	if (st != 0 && n_lines) {
+		/* -force goes on after an error: some routes (those ip refused) are missing */
+		die_msg("route CCs: ip -batch exited %d (some of %zu routes refused; the program "
+			"switches their connections itself)", WIFEXITED(st) ? WEXITSTATUS(st) : -1, n_lines);
+		return -1;
+	}
+	return 0;
+}
+
+/* flush our routes of one family, from every table (a config that moved them leaves none) */
+static int flush_family(int family)
+{
+	char line[256];
+
+	snprintf(line, sizeof(line), "route flush table all proto %d\n", CCS_ROUTE_PROTO);
+	return ip_batch(family, line, 0);
+}
+
+/* every route of ours, whatever the config says now (routes are the network namespace's: one
+ * agent per namespace may use route CCs) */
+int routes_flush(void)
+{
+	return flush_family(4) | flush_family(6);
+}
+
+/*
+ * The routes of a table's entries (n of them): flushed, then written again. Returns the number of
+ * routes written, or -1 (a route ip refused; the others stand).
+ */
+int routes_sync(const struct ccs_table_entry *ents, size_t n)
+{
+	struct within w[64];
+	char type[32] = "";
+	const char *spec = cfg.route_spec;
+	int nw, fam, err = 0;
+	size_t i, k, count = 0;
+
+	if (!routes_enabled())
+		return 0;
+	nw = parse_within(w, 64);
+	if (nw < 0)
+		return -1;
+	/* "type T rest": ip takes the route type before the prefix */
+	if (!strncmp(cfg.route_spec, "type ", 5)) {
+		const char *sp = cfg.route_spec + 5;
+		size_t tl = strcspn(sp, " ");
+
+		snprintf(type, sizeof(type), "%.*s", (int)(tl < sizeof(type) ? tl : sizeof(type) - 1), sp);
+		spec = sp + tl + strspn(sp + tl, " ");
+	}
+	for (fam = 4; fam <= 6; fam += 2) {
+		size_t cap = 1 << 16, len = 0, lines = 0;
+		char *buf = malloc(cap);
+
+		if (!buf) {
+			die_msg("route CCs: out of memory");
+			return -1;
+		}
+		len += (size_t)snprintf(buf, cap, "route flush table %s proto %d\n", cfg.route_table,
+					CCS_ROUTE_PROTO);
+		for (i = 0; i < n; i++) {
+			const struct ccs_table_entry *e = &ents[i];
+			char a[INET6_ADDRSTRLEN], line[512];
+			int m;
+
+			if (e->family != fam || e->cc < 1 || e->cc > CCS_CC_MAX ||
+			    (e->flags & CCS_ENTRY_LOW_CONF))
+				continue;
+			for (k = 0; k < (size_t)nw; k++)
+				if (inside(&w[k], fam, e->addr, e->prefix_len))
+					break;
+			if (k == (size_t)nw)
+				continue;
+			inet_ntop(fam == 4 ? AF_INET : AF_INET6, e->addr, a, sizeof(a));
+			m = snprintf(line, sizeof(line), "route replace %s%s%s/%u table %s proto %d %s congctl %s\n",
+				     type, type[0] ? " " : "", a, e->prefix_len, cfg.route_table,
+				     CCS_ROUTE_PROTO, spec, cc_names[e->cc]);
+			if (len + (size_t)m + 1 > cap) {
+				char *nb = realloc(buf, cap * 2);
+
+				if (!nb) {
+					free(buf);
+					die_msg("route CCs: out of memory");
+					return -1;
+				}
+				buf = nb;
+				cap *= 2;
+			}
+			memcpy(buf + len, line, (size_t)m + 1);
+			len += (size_t)m;
+			lines++;
+		}
+		if (ip_batch(fam, buf, lines))
+			err = -1;
+		count += lines;
+		free(buf);
+	}
+	return err ? -1 : (int)count;
+}
