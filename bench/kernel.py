@@ -213,7 +213,7 @@ def accept_rate(agent, cgroup, ports, seconds, rounds, batch):
         "connections": b.get("established", 0) - a.get("established", 0),
         "counters": {k: b.get(k, 0) - a.get(k, 0)
                      for k in ("hit_cubic", "hit_reno", "miss", "setsockopt_err",
-                               "log_emitted", "log_dropped")},
+                               "log_emitted", "log_dropped", "cc_preset", "cc_reset")},
     }
 
 
@@ -446,7 +446,9 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024, flow_only: b
                 except OSError:
                     time.sleep(0.1)
             subprocess.run(["rm", "-rf", tmp])
-    return _write(result, "kernel.json")
+    # the goals and the medians first (the results page lists figures in the file's order)
+    first = {k: result[k] for k in ("goals", "median", "loadavg_start", "loadavg_end") if k in result}
+    return _write(first | result, "kernel.json")
 
 
 def _write(result: dict, name: str) -> dict:

@@ -126,6 +126,8 @@ class EdgeConfig:
             raise ValueError(f"{path}: rotate_minutes {rotate!r} does not divide the hour "
                              f"(one of {', '.join(map(str, ROTATE_MINUTES))}; or 0 for hourly files)")
         known = {k: ("" if d[k] is None else str(d[k])) for k in _STR_KEYS if k in d}
+        if bool(known.get("route_table")) != bool(known.get("route_within")):
+            raise ValueError(f"{path}: route_table and route_within go together (route CCs: both, or neither)")
         return cls(services=svcs, sample_rate=float(rate), rotate_minutes=rotate, **known)
 
 

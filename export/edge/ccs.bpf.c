@@ -67,6 +67,7 @@ const volatile __u8 default_cc_id = 0;
  */
 const volatile __u8 cc_routes = 0;
 extern unsigned int CONFIG_HZ __kconfig __weak;
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
 /* the slot's lookup hash (ccs.h: entries and markers, searched by prefix length) */
 struct inner_trie {
@@ -304,10 +305,12 @@ static __always_inline __u32 crc32_addr(const __u8 *p, int n)
  * icsk_ca_ops->name, compared as one word in memory order, equal the NUL-padded name): then the
  * call would change nothing (tcp_set_congestion_control returns early on the same ops) and is
  * skipped. The socket's own CC counts, not the sysctl default (a listener may have set another).
- * Checked only when tp is given (the caller passes it when cc is the default: default_cc_id).
+ * Checked only when `check` (the caller asks when cc is the default, default_cc_id, and always
+ * with route CCs), through a read-only cast of the socket (bpf_rdonly_cast: a verifier-inlined
+ * cast, no helper call; its loads are fault-safe) rather than bpf_skc_to_tcp_sock.
  * 1: set, 0: already that CC, <0: error.
  */
-static __always_inline int set_cc(struct bpf_sock_ops *skops, struct tcp_sock *tp, __u8 cc)
+static __always_inline int set_cc(struct bpf_sock_ops *skops, bool check, __u8 cc)
 {
 	union {
 		__u64 w;
@@ -323,7 +326,8 @@ static __always_inline int set_cc(struct bpf_sock_ops *skops, struct tcp_sock *t
 	} else {
 		return -1;
 	}
-	if (tp) {
+	if (check && skops->sk && CTX_U32(skops, is_fullsock)) {
+		struct tcp_sock *tp = bpf_rdonly_cast(skops->sk, bpf_core_type_id_kernel(struct tcp_sock));
 		const struct tcp_congestion_ops *ops = tp->inet_conn.icsk_ca_ops;
 
 		if (ops && *(__u64 *)ops->name == name.w)
@@ -335,16 +339,11 @@ static __always_inline int set_cc(struct bpf_sock_ops *skops, struct tcp_sock *t
 /* route CCs: the default CC on a socket a route may have given another (cnt cc_reset if so) */
 static __always_inline void route_default(struct bpf_sock_ops *skops)
 {
-	struct bpf_sock *sk = skops->sk;
-	struct tcp_sock *tp;
 	int err;
 
-	if (!sk || !default_cc_id || default_cc_id > CCS_CC_MAX)
+	if (!skops->sk || !default_cc_id || default_cc_id > CCS_CC_MAX)
 		return;
-	tp = bpf_skc_to_tcp_sock(sk);
-	if (!tp)
-		return;
-	err = set_cc(skops, tp, default_cc_id);
+	err = set_cc(skops, true, default_cc_id);
 	if (err > 0)
 		cnt(CCS_CNT_CC_RESET);
 	else if (err < 0)
@@ -620,9 +619,7 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	}
 	if (!cc) /* default or fallback: the socket keeps the default CC */
 		goto out;
-	if (sk && !tp && (cc_routes || !default_cc_id || cc == default_cc_id))
-		tp = bpf_skc_to_tcp_sock(sk);
-	err = set_cc(skops, (cc_routes || !default_cc_id || cc == default_cc_id) ? tp : NULL, cc);
+	err = set_cc(skops, cc_routes || !default_cc_id || cc == default_cc_id, cc);
 	if (err == 0 && cc_routes)
 		cnt(CCS_CNT_CC_PRESET);
 	if (err < 0) {
