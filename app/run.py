@@ -490,7 +490,7 @@ def _fleet_lines(cfg: Config, no_deploy: str | None, probed: dict | None) -> lis
         e = t.get("entries") or {}
         out.append(f"  {node.node_id:20s} {role:6s} table v{t.get('version')} "
                    f"{'enforced' if t.get('enforced') else 'NOT enforced'}, {e.get('v4', 0)} + {e.get('v6', 0)} entries "
-                   "in the kernel's tries")
+                   "in the kernel's lookup")
         shown = {k: v for k, v in sorted(c.items()) if v}
         out.append(f"    kernel counters: {json.dumps(shown) if shown else '(all zero)'}")
     if probed:

@@ -45,12 +45,18 @@ from models import configanator
 from models.crossnode import cross_node_split, per_node, seed_average, summary
 from models.dataset import window_name
 from models.grid import grid_search
-from models.train import VARIANTS, TrainParams, fit
+from models.invariance import node_probe
+from models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainParams, fit
 
 log = logging.getLogger(__name__)
 
 CONFIGANATOR = "configanator"
-ALL_VARIANTS = (*VARIANTS, CONFIGANATOR)
+#: the skeptic's baselines (issue 28): a network variant on features re-standardized per node over
+#: each node's own traffic in the window (Unlabelled.per_node_standardized)
+NODESTD = ("mlp_nodestd", "aliccs_nodestd")
+ALL_VARIANTS = (*VARIANTS, *NODESTD, CONFIGANATOR)
+#: rows a node of the window lends to the node-domain discriminator and to the invariance probe
+UNLABELLED_PER_NODE = 2000
 
 def _corr(a: pd.Series, b: pd.Series) -> float:
     if len(a) < 3 or a.std() == 0 or b.std() == 0:
@@ -87,9 +93,11 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
     window = window_name(lo, hi)
     t0 = time.time()
     stats, stats_path, _ = window_stats(spark, cfg, lo, hi)
-    sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k)
+    networks = [v for v in variants if v != CONFIGANATOR]
+    sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k,
+                          unlabelled_per_node=UNLABELLED_PER_NODE if networks else 0)
     tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
-    data, groups_info = sp.data, sp.groups_info
+    data, groups_info, unl = sp.data, sp.groups_info, sp.unlabelled
     say(f"{window}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
         f"{len(test_nodes)} nodes; prefix groups K(4G, Wi-Fi) = {data.n_groups}")
 
@@ -104,7 +112,13 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
         params = replace(params, lambda1=g.lambda1, lambda2=g.lambda2)
         out["grid"] = {"lambda1": g.lambda1, "lambda2": g.lambda2}
     out["params"] = params.to_dict()
-
+    if unl is not None:
+        # the probe's reference: the node read from the features themselves (every node's rows)
+        out["probe"] = {"features": node_probe(unl.x, unl.node, seed),
+                        "features_nodestd": node_probe(unl.per_node_standardized(unl.x, unl.node), unl.node, seed)}
+        say(f"probe (node from the features): {out['probe']['features']['balanced_accuracy']:.3f}, per-node "
+            f"standardized {out['probe']['features_nodestd']['balanced_accuracy']:.3f} "
+            f"(chance {out['probe']['features']['chance']:.3f}, {out['probe']['features']['nodes']} nodes)")
     # §5.1: nodes with < min_class_share of 4G or Wi-Fi rows are not scored in the summary
     cell_share = pd.Series(te.y == 0).groupby(te.node).mean()
     mcs = s.min_class_share
@@ -115,15 +129,27 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
     node_frames, summary_rows = [], []
     for v in variants:
         t1 = time.time()
+        probe = None
         if v == CONFIGANATOR:
             cp = cfg.settings.model.configanator
             model, info = configanator.fit(cp, tr.x, tr.y, tr.node, tr.prefix24)
             frames = [per_node(te.y, configanator.predict_proba(model, te.x, te.node, te.prefix24), te.node)]
             vparams = {**cp.__dict__, **info}
         else:
-            frames = [per_node(te.y, fit(replace(params, variant=v, seed=params.seed + i), data).predict_proba(te.x), te.node)
-                      for i in range(train_seeds)]
-            vparams = {**replace(params, variant=v).to_dict(), "train_seeds": train_seeds}
+            base = v[:-len("_nodestd")] if v in NODESTD else v
+            vdata, x_te, x_probe = data, te.x, (unl.x if unl is not None else None)
+            if v in NODESTD:
+                vdata = replace(data, x=unl.per_node_standardized(data.x, tr.node))
+                x_te = unl.per_node_standardized(te.x, te.node)
+                x_probe = unl.per_node_standardized(unl.x, unl.node)
+            frames = []
+            for i in range(train_seeds):
+                trainer = fit(replace(params, variant=base, seed=params.seed + i), vdata)
+                frames.append(per_node(te.y, trainer.predict_proba(x_te), te.node))
+                if i == 0 and x_probe is not None:  # G's output of the first seed's model
+                    probe = node_probe(trainer.represent(x_probe), unl.node, seed)
+            vparams = {**replace(params, variant=base).to_dict(), "train_seeds": train_seeds,
+                       **({"standardized": "per node"} if v in NODESTD else {})}
         per_seed = [summary(f[f["node_id"].map(included).astype(bool)]) for f in frames]
         pn = seed_average(frames)
         pn["included"] = pn["node_id"].map(included).astype(bool)
@@ -136,12 +162,15 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
                              for i, x in enumerate(per_seed)]
         inc = pn[pn["included"]]
         summ["acc_share_cell_corr"] = _corr(inc["accuracy"], inc["share_cell"])
+        summ["probe"] = probe
+        summ["probe_node"] = probe["balanced_accuracy"] if probe else math.nan
         summ["seconds"] = round(time.time() - t1, 1)
         out["variants"][v] = {**summ, "params": vparams, "per_node": pn.to_dict(orient="records")}
         sd = (f" (seed sd {summ['mean_sd']:.4f} / {summ['worst_sd']:.4f} / {summ['std_sd']:.4f} over "
               f"{summ['train_seeds']} seeds)" if summ["train_seeds"] > 1 else "")
-        say(f"{v:13s} mean {summ['mean']:.4f} worst {summ['worst']:.4f} std {summ['std']:.4f}{sd} "
-            f"over {summ['nodes']} nodes ({summ['seconds']:.0f}s)")
+        pr = f", probe {probe['balanced_accuracy']:.3f}" if probe else ""
+        say(f"{v:14s} mean {summ['mean']:.4f} worst {summ['worst']:.4f} std {summ['std']:.4f}{sd} "
+            f"over {summ['nodes']} nodes{pr} ({summ['seconds']:.0f}s)")
         node_frames.append(pn.assign(window=window, variant=v, seed=seed, share=float(share), evaluated_at=now))
         summary_rows.append({"window": window, "variant": v, "mean": summ["mean"], "worst": summ["worst"],
                              "std": summ["std"], "nodes": summ["nodes"],
@@ -150,7 +179,9 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
                              "train_nodes": ",".join(train_nodes), "test_nodes": ",".join(test_nodes),
                              "seed": seed, "share": float(share), "params": json.dumps(vparams, default=str),
                              "seconds": summ["seconds"], "evaluated_at": now, "train_seeds": summ["train_seeds"],
-                             "mean_sd": summ["mean_sd"], "worst_sd": summ["worst_sd"], "std_sd": summ["std_sd"]})
+                             "mean_sd": summ["mean_sd"], "worst_sd": summ["worst_sd"], "std_sd": summ["std_sd"],
+                             "probe_node": summ["probe_node"],
+                             "probe_chance": probe["chance"] if probe else math.nan})
     if write:
         out["tables"] = write_tables(spark, cfg, window, variants, pd.concat(node_frames, ignore_index=True),
                                      pd.DataFrame(summary_rows))
@@ -164,7 +195,8 @@ EVAL_SCHEMA = ("window string, variant string, node_id string, n long, accuracy 
 SUMMARY_SCHEMA = ("window string, variant string, mean double, worst double, std double, nodes long, "
                   "acc_share_cell_corr double, n_train long, n_test long, train_nodes string, "
                   "test_nodes string, seed long, share double, params string, seconds double, "
-                  "evaluated_at string, train_seeds long, mean_sd double, worst_sd double, std_sd double")
+                  "evaluated_at string, train_seeds long, mean_sd double, worst_sd double, std_sd double, "
+                  "probe_node double, probe_chance double")
 
 
 def _frame(spark, pdf: pd.DataFrame, schema: str):

@@ -6,13 +6,13 @@ per-node table with `included = false` but out of the summary."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterable
 
 import numpy as np
 import pandas as pd
 
-from models.dataset import load_labelled, to_train_data, window_name, window_nodes
+from models.dataset import Unlabelled, load_labelled, load_unlabelled, to_train_data, window_name, window_nodes
 from models.groups import compute_groups
 from models.train import TrainData, accuracy_report
 
@@ -76,9 +76,11 @@ class Split:
     data: TrainData
     groups: pd.DataFrame
     groups_info: dict
+    unlabelled: Unlabelled | None = None
 
 
-def cross_node_split(spark, cfg, lo: str, hi: str, stats, share: float, seed: int, k: int | None = None) -> Split:
+def cross_node_split(spark, cfg, lo: str, hi: str, stats, share: float, seed: int, k: int | None = None,
+                     unlabelled_per_node: int = 0) -> Split:
     """What `ccs evaluate` and `ccs train` share: labelled rows of lo..hi standardized with
     `stats`, split into training and held-out nodes (`share` of the window's nodes, drawn from
     those with labels), prefix groups of the training nodes. Training rows come from the
@@ -93,4 +95,10 @@ def cross_node_split(spark, cfg, lo: str, hi: str, stats, share: float, seed: in
     te = natural.of_nodes(test_nodes)
     groups_pd, groups_info = compute_groups(spark, cfg, lo, hi, stats, k, nodes=train_nodes)
     data, _ = to_train_data(tr, groups_pd)
-    return Split(tr, te, train_nodes, test_nodes, data, groups_pd, groups_info)
+    unl = None
+    if unlabelled_per_node > 0:
+        # every node's traffic, held-out nodes' too (their labels are never read): the node
+        # domains of the node-domain variants, and the per-node standardization's statistics
+        unl = load_unlabelled(spark, cfg, lo, hi, stats, unlabelled_per_node)
+        data = replace(data, x_unl=unl.x, node_unl=unl.node_index(unl.node), n_nodes=len(unl.nodes))
+    return Split(tr, te, train_nodes, test_nodes, data, groups_pd, groups_info, unl)

@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 import pandas as pd
-from pyspark.sql import DataFrame, SparkSession, functions as F
+from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
 from ccselect import delta_io
 from ccselect.config import Config
@@ -116,6 +116,57 @@ def load_labelled(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: Fea
     if nodes is not None:
         df = df.where(F.col("node_id").isin(*sorted(nodes)))
     return from_arrow(standardized(df, stats).toArrow(), tuple(stats.features))
+
+
+@dataclass
+class Unlabelled:
+    """Every node's connections of a window, labelled or not, standardized with the window's
+    stats: at most `per_node` rows a node (drawn by a hash of conn_id, so the same each run), and
+    per node the mean and standard deviation of its standardized features over *all* its rows
+    in the window (issue 28: node domains, and per-node standardization)."""
+
+    x: np.ndarray            # [N, F] float32
+    node: np.ndarray         # [N] node id (object)
+    nodes: list              # every node of the window, sorted
+    node_mean: dict          # node -> [F] mean of its standardized features
+    node_std: dict           # node -> [F] (population) std of them
+
+    def node_index(self, node: np.ndarray) -> np.ndarray:
+        """Index of each row's node in `nodes` (-1: not a node of the window)."""
+        pos = {n: i for i, n in enumerate(self.nodes)}
+        return np.array([pos.get(str(n), -1) for n in node], dtype=np.int64)
+
+    def per_node_standardized(self, x: np.ndarray, node: np.ndarray) -> np.ndarray:
+        """x re-standardized per node: (x − its node's mean) / its node's std (std 0 → 1); a
+        row of a node without statistics is left as it is."""
+        out = np.array(x, dtype=np.float32, copy=True)
+        for n in set(map(str, node)):
+            if n not in self.node_mean:
+                continue
+            m = np.asarray(node == n)
+            sd = np.where(self.node_std[n] > 0, self.node_std[n], 1.0)
+            out[m] = (x[m] - self.node_mean[n]) / sd
+        return out
+
+
+def load_unlabelled(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: FeatureStats,
+                    per_node: int = 3000) -> Unlabelled:
+    """The window's connections of every node (labelled or not) for node-domain training and
+    per-node standardization (`Unlabelled`). The labels are never read."""
+    feats = tuple(stats.features)
+    z = transform(connections_in(spark, cfg, lo, hi), stats)
+    zc = [F.col("z_" + f).cast("float").alias("z_" + f) for f in feats]
+    agg = z.groupBy("node_id").agg(*[F.avg("z_" + f).alias("m_" + f) for f in feats],
+                                   *[F.stddev_pop("z_" + f).alias("s_" + f) for f in feats]).collect()
+    node_mean = {r["node_id"]: np.array([r["m_" + f] for f in feats], dtype=np.float32) for r in agg}
+    node_std = {r["node_id"]: np.array([r["s_" + f] or 0.0 for f in feats], dtype=np.float32) for r in agg}
+    w = Window.partitionBy("node_id").orderBy(F.xxhash64("conn_id"), "conn_id")
+    sample = (z.select("node_id", "conn_id", *zc).withColumn("_r", F.row_number().over(w))
+              .where(F.col("_r") <= int(per_node)).drop("_r"))
+    pdf = sample.toArrow().to_pandas().sort_values(["node_id", "conn_id"], kind="stable")
+    x = pdf[["z_" + f for f in feats]].to_numpy(dtype=np.float32) if len(pdf) else np.zeros((0, len(feats)), np.float32)
+    return Unlabelled(np.ascontiguousarray(x), pdf["node_id"].astype(object).to_numpy(),
+                      sorted(node_mean), node_mean, node_std)
 
 
 # -- to the trainer's arrays ---------------------------------------------------------------------

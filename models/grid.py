@@ -29,7 +29,7 @@ class GridResult:
 
 
 def subset(data: TrainData, rows: np.ndarray) -> TrainData:
-    return TrainData(data.x[rows], data.y[rows], data.prefix[rows], data.group[rows], data.n_groups)
+    return replace(data, x=data.x[rows], y=data.y[rows], prefix=data.prefix[rows], group=data.group[rows])
 
 
 def node_folds(nodes: np.ndarray, n_folds: int, seed: int) -> list[list[str]]:

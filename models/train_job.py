@@ -35,10 +35,14 @@ from models import registry
 from models.crossnode import cross_node_split, per_node, summary
 from models.dataset import window_name
 from models.ood import fit_calibration, fit_guard, report
-from models.train import VARIANTS, TrainData, TrainParams, fit
+from models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainData, TrainParams, fit
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow.
 
 log = logging.getLogger(__name__)
+
+
+#: rows a node of the window lends to a node-domain variant's discriminator (as `ccs evaluate`)
+UNLABELLED_PER_NODE = 2000
 
 
 def calibration_split(data: TrainData, share: float, seed: int) -> tuple[TrainData, np.ndarray]:
@@ -52,7 +56,7 @@ def calibration_split(data: TrainData, share: float, seed: int) -> tuple[TrainDa
     held = np.random.default_rng(seed + 7919).choice(paths, size=min(k, len(paths) - 1), replace=False)
     mask = np.isin(data.prefix, held)
     keep = ~mask
-    return TrainData(data.x[keep], data.y[keep], data.prefix[keep], data.group[keep], data.n_groups), mask
+    return replace(data, x=data.x[keep], y=data.y[keep], prefix=data.prefix[keep], group=data.group[keep]), mask
 
 
 def heldout_calibration(p_wifi: np.ndarray, y: np.ndarray, node: np.ndarray, seed: int, ip):
@@ -89,7 +93,9 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
     t0 = time.time()
 
     stats, stats_path, fitted = window_stats(spark, cfg, lo, hi, save_fitted=True)
-    sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k)
+    # a node-domain variant learns from every node's unlabelled rows too (models/train.py)
+    sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k,
+                          unlabelled_per_node=UNLABELLED_PER_NODE if variant in NODE_DOMAIN_VARIANTS else 0)
     tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
     data, groups_pd, groups_info = sp.data, sp.groups, sp.groups_info
     params = params or TrainParams()

@@ -60,7 +60,7 @@ def groups_cmd(
 
 def evaluate_cmd(
     hours: str = typer.Option(..., "--hours", help="window FROM..TO (inclusive)"),
-    variants: Optional[str] = typer.Option(None, "--variants", help="comma-separated (default: all of models.train.VARIANTS and configanator)"),
+    variants: Optional[str] = typer.Option(None, "--variants", help="comma-separated (default: all of evaluation.evaluate.ALL_VARIANTS: models.train.VARIANTS, the per-node standardized baselines and configanator)"),
     share: Optional[float] = typer.Option(None, "--share", help="share of the window's nodes to train on, drawn from the labelled ones (default model.evaluate.share, 0.3)"),
     seed: Optional[int] = typer.Option(None, "--seed", help="node split and training seed (default model.evaluate.seed)"),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="training epochs (default: TrainParams)"),
@@ -85,7 +85,14 @@ def evaluate_cmd(
         return
     typer.echo(f"window {res['window']}: train nodes {res['train_nodes']} ({res['n_train']} rows), "
                f"{len(res['test_nodes'])} held out ({res['n_test']} rows); excluded {res['excluded_nodes']}")
-    typer.echo(f"{'variant':13s} {'mean':>7s} {'worst':>7s} {'std':>7s} {'nodes':>5s} {'seeds':>5s} {'worst sd':>8s}")
+    typer.echo(f"{'variant':14s} {'mean':>7s} {'worst':>7s} {'std':>7s} {'nodes':>5s} {'seeds':>5s} {'worst sd':>8s} "
+               f"{'probe':>6s}")
     for v, r in res["variants"].items():
         sd = f"{r['worst_sd']:8.4f}" if r.get("train_seeds", 1) > 1 else f"{'-':>8s}"
-        typer.echo(f"{v:13s} {r['mean']:7.4f} {r['worst']:7.4f} {r['std']:7.4f} {r['nodes']:5d} {r.get('train_seeds', 1):5d} {sd}")
+        pr = f"{r['probe']['balanced_accuracy']:6.3f}" if r.get("probe") else f"{'-':>6s}"
+        typer.echo(f"{v:14s} {r['mean']:7.4f} {r['worst']:7.4f} {r['std']:7.4f} {r['nodes']:5d} {r.get('train_seeds', 1):5d} {sd} {pr}")
+    if res.get("probe"):
+        f = res["probe"]["features"]
+        typer.echo(f"probe: balanced accuracy of a classifier reading the node from G's output (chance "
+                   f"{f['chance']:.3f}); from the features themselves {f['balanced_accuracy']:.3f}, per-node "
+                   f"standardized {res['probe']['features_nodestd']['balanced_accuracy']:.3f}")
