@@ -87,6 +87,7 @@ int load_config(const char *path);
 bool routes_enabled(void);
 int routes_sync(const struct ccs_table_entry *ents, size_t n);
 int routes_flush(void);
+long routes_count(void);
 int parse_fraction_option(const char *what, const char *v, double *out);
 int check_node_id(const char *v);
 

@@ -210,6 +210,16 @@ int cmd_status(bool json)
 		fprintf(o, "null");
 	fprintf(o, ", \"slot_state\": [\"%s\", \"%s\"], ", slot_state(&meta[0], trie_id[0]),
 		slot_state(&meta[1], trie_id[1]));
+	/* route CCs (routes.c): off, or the table, the prefixes and the routes of ours now */
+	if (routes_enabled()) {
+		fprintf(o, "\"route_ccs\": {\"table\": ");
+		json_str(o, cfg.route_table);
+		fprintf(o, ", \"within\": ");
+		json_str(o, cfg.route_within);
+		fprintf(o, ", \"routes\": %ld}, ", routes_count());
+	} else {
+		fprintf(o, "\"route_ccs\": null, ");
+	}
 	print_counters(o, cnt_fd, fcnt_fd, vals, ncpu);
 	fprintf(o, "}\n");
 	err = 0;

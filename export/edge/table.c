@@ -327,7 +327,7 @@ static unsigned family_lengths(const struct ccs_lpm_key *keys, const struct tabl
 
 /*
  * The records of one family: each entry, and a marker on every length where the binary search
- * towards the entry's length turns longer (ccs.h). Appended to out (room for n * 9 records).
+ * towards the entry's length turns longer (ccs.h). Appended to out; out NULL: only counted.
  */
 static size_t family_records(const struct ccs_lpm_key *keys, const struct ccs_lpm_val *vals,
 			     const struct table *t, __u8 family, const __u8 *lens, unsigned nl,
@@ -343,17 +343,21 @@ static size_t family_records(const struct ccs_lpm_key *keys, const struct ccs_lp
 		while (lo <= hi) {
 			mid = (lo + hi) / 2;
 			if (lens[mid] == keys[i].prefixlen) {
-				out[m].k = keys[i];
-				out[m].v = vals[i];
-				out[m].entry = i;
+				if (out) {
+					out[m].k = keys[i];
+					out[m].v = vals[i];
+					out[m].entry = i;
+				}
 				m++;
 				break;
 			}
 			if (lens[mid] < keys[i].prefixlen) {
-				cut(&out[m].k, keys[i].addr, lens[mid]);
-				memset(&out[m].v, 0, sizeof(out[m].v));
-				out[m].v.flags = CCS_VAL_LONGER;
-				out[m].entry = (size_t)-1;
+				if (out) {
+					cut(&out[m].k, keys[i].addr, lens[mid]);
+					memset(&out[m].v, 0, sizeof(out[m].v));
+					out[m].v.flags = CCS_VAL_LONGER;
+					out[m].entry = (size_t)-1;
+				}
 				m++;
 				lo = mid + 1;
 			} else {
@@ -398,9 +402,7 @@ static int build_index(const struct table *t, struct ccs_meta *meta)
 
 	keys = calloc(t->n ? t->n : 1, sizeof(*keys));
 	vals = calloc(t->n ? t->n : 1, sizeof(*vals));
-	/* each entry: itself and at most ceil(log2(129)) = 8 markers */
-	r = calloc(t->n ? t->n * 9 : 1, sizeof(*r));
-	if (!keys || !vals || !r) {
+	if (!keys || !vals) {
 		die_msg("build the lookup: out of memory");
 		goto out;
 	}
@@ -425,6 +427,14 @@ static int build_index(const struct table *t, struct ccs_meta *meta)
 	}
 	meta->n_len4 = (__u8)family_lengths(keys, t, 4, meta->lens);
 	meta->n_len6 = (__u8)family_lengths(keys, t, 6, (meta->lens + CCS_LEN4_MAX));
+	/* each entry: itself and at most ceil(log2(129)) = 8 markers; counted first */
+	m = family_records(keys, vals, t, 4, meta->lens, meta->n_len4, NULL);
+	m += family_records(keys, vals, t, 6, (meta->lens + CCS_LEN4_MAX), meta->n_len6, NULL);
+	r = calloc(m ? m : 1, sizeof(*r));
+	if (!r) {
+		die_msg("build the lookup: out of memory (%zu records)", m);
+		goto out;
+	}
 	m = family_records(keys, vals, t, 4, meta->lens, meta->n_len4, r);
 	m += family_records(keys, vals, t, 6, (meta->lens + CCS_LEN4_MAX), meta->n_len6, r + m);
 	qsort(r, m, sizeof(*r), rec_cmp);

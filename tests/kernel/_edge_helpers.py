@@ -40,6 +40,16 @@ def connect_accept(ls: socket.socket, src: str, make_client=None):
     return c, a, peer
 
 
+def cc_of(ls: socket.socket, src: str) -> str:
+    """The CC of the socket `ls` accepts for one connection from `src` (both closed after)."""
+    c, a, _ = connect_accept(ls, src)
+    try:
+        return sock_cc(a)
+    finally:
+        a.close()
+        c.close()
+
+
 def expected_cc(table_entries, ip: str, default: str) -> tuple[str, str]:
     """(cc, decision) the enforcer must give `ip` under a table (no A/B)."""
     from export.artifact import table_format as tf

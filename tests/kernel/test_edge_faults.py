@@ -23,7 +23,7 @@ import threading
 import time
 
 import pytest
-from _edge_helpers import client, connect_accept, expected_cc, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
+from _edge_helpers import cc_of, client, expected_cc, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
 
 from export.artifact import signing, table_format as tf
 from export.edge.agent import EdgeAgentError, Service
@@ -34,13 +34,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 UNIT = os.path.join(REPO, "infra", "edge", "ccs-edge.service")
 
 
-def _cc_of(ls, src):
-    c, a, _ = connect_accept(ls, src)
-    try:
-        return sock_cc(a)
-    finally:
-        a.close()
-        c.close()
 
 
 def _agent(edge, *args):
@@ -248,7 +241,7 @@ def test_load_killed_after_trie_install_rollback_tells_truth(edge, tmp_path):
                         *edge.agent._argv("load", tables[650].manifest)], capture_output=True, text=True)
     assert r.returncode == 0, f"traced load of 650: {r.stderr}"
     k = _install_index(_bpf_calls(log)) + 1
-    assert _cc_of(ls, src) == ccs[650], "650 live"
+    assert cc_of(ls, src) == ccs[650], "650 live"
     log = str(tmp_path / "load700.strace")
     r = subprocess.run(["strace", "-qq", "-e", "trace=bpf", "-e",
                         f"inject=bpf:error=EIO:signal=KILL:when={k}", "-o", log,
@@ -260,11 +253,11 @@ def test_load_killed_after_trie_install_rollback_tells_truth(edge, tmp_path):
         "the kill came right after the trie of 700 was installed"
     st = edge.agent.status()
     assert st["table"]["version"] == 650, f"the interrupted load did not swap: live {st['table']}"
-    assert _cc_of(ls, src) == ccs[650], "650 still enforced after the killed load"
+    assert cc_of(ls, src) == ccs[650], "650 still enforced after the killed load"
 
     rc, out, err = _agent(edge, "rollback")
     live = edge.agent.status()["table"]
-    got = _cc_of(ls, src)
+    got = cc_of(ls, src)
     if rc == 0:
         m = re.search(r"rolled back to table (\d+)", out)
         named = int(m.group(1)) if m else None
@@ -276,9 +269,9 @@ def test_load_killed_after_trie_install_rollback_tells_truth(edge, tmp_path):
         assert live["version"] == 650 and got == ccs[650], f"after the refusal: {live}, {got}"
     # the slot is usable again: 700 loads, and rollback goes back to 650, truthfully
     edge.agent.load(tables[700].manifest)
-    assert _cc_of(ls, src) == ccs[700], "700 enforced once loaded whole"
+    assert cc_of(ls, src) == ccs[700], "700 enforced once loaded whole"
     out = edge.agent.rollback()
-    assert "table 650" in out and _cc_of(ls, src) == ccs[650], f"rollback to 650: {out!r}"
+    assert "table 650" in out and cc_of(ls, src) == ccs[650], f"rollback to 650: {out!r}"
 
 
 def _meta_write_index(calls) -> int:
@@ -317,10 +310,10 @@ def test_metadata_write_failure_is_reported(edge, tmp_path):
     assert "ccs_meta" in r.stderr and "Input/output error" in r.stderr, \
         f"the failure is reported: stderr {r.stderr.strip()!r}"
     st = edge.agent.status()
-    assert st["table"]["version"] == 2 and _cc_of(ls, "127.57.0.1") == b, f"table 2 still live: {st['table']}"
+    assert st["table"]["version"] == 2 and cc_of(ls, "127.57.0.1") == b, f"table 2 still live: {st['table']}"
     rc, out, err = _agent(edge, "rollback")
     assert rc != 0 and "did not finish" in err, f"rollback to the half-written slot: {out!r} {err!r}"
-    assert _cc_of(ls, "127.57.0.2") == b, "still table 2"
+    assert cc_of(ls, "127.57.0.2") == b, "still table 2"
 
 
 # ---- 3. the web server's cgroup recreated; attach to another cgroup -----------------------------
@@ -338,14 +331,14 @@ def test_cgroup_recreated_status_and_attach_heal(edge):
             ls_other = edge.track(listener())
         edge.configure([Service(port, "video"), Service(ls_other.getsockname()[1], "other")])
         edge.agent.load(edge.table([tf.Entry("127.58.0.0/16", a)], 1).manifest)
-        assert _cc_of(ls, "127.58.0.1") == a, "enforced before the restart"
+        assert cc_of(ls, "127.58.0.1") == a, "enforced before the restart"
         # the web server restarts: its cgroup is removed and made again, a new listener in it
         ls.close()
         os.rmdir(edge.cgroup)
         os.mkdir(edge.cgroup)
         with in_cgroup(edge.cgroup):
             ls = edge.track(listener(port=port))
-        assert _cc_of(ls, "127.58.0.2") == default, "test setup: nothing enforces the new cgroup"
+        assert cc_of(ls, "127.58.0.2") == default, "test setup: nothing enforces the new cgroup"
         st = edge.agent.status()
         assert st["attached"] is False, f"status after the cgroup was recreated: attached {st['attached']}"
         # the kernel severs the link when it releases the removed cgroup (asynchronously): until
@@ -355,7 +348,7 @@ def test_cgroup_recreated_status_and_attach_heal(edge):
         # attach (the unit's ExecStartPre) heals it
         rc, out, err = _agent(edge, "attach")
         assert rc == 0, f"attach over a severed link: {rc} {err.strip()}"
-        assert _cc_of(ls, "127.58.0.3") == a, "enforced again after attach"
+        assert cc_of(ls, "127.58.0.3") == a, "enforced again after attach"
         st = edge.agent.status()
         assert st["attached"] and st["table"]["enforced"], f"status after the heal: {st}"
         assert st["cgroup_id"] == os.stat(edge.cgroup).st_ino, \
@@ -363,8 +356,8 @@ def test_cgroup_recreated_status_and_attach_heal(edge):
         # attach --cgroup OTHER while attached: the program moves there
         rc, out, err = _agent(edge, "attach", "--cgroup", other)
         assert rc == 0, f"attach --cgroup OTHER: {err.strip()}"
-        assert _cc_of(ls_other, "127.58.0.4") == a, "enforced in the other cgroup"
-        assert _cc_of(ls, "127.58.0.5") == default, "no longer in the first cgroup"
+        assert cc_of(ls_other, "127.58.0.4") == a, "enforced in the other cgroup"
+        assert cc_of(ls, "127.58.0.5") == default, "no longer in the first cgroup"
         rc, out, _ = _agent(edge, "status", "--json", "--cgroup", other)
         st = json.loads(out)
         assert st["attached"] and st["cgroup_id"] == os.stat(other).st_ino, f"status --cgroup OTHER: {st}"
@@ -400,13 +393,13 @@ def test_far_expiry_saturates(edge):
     st = edge.agent.status()
     assert st["table"]["version"] == 2 and not st["table"]["expired"], f"status {st['table']}"
     assert st["table"]["enforced"] and st["table"]["expires_in_s"] > 1e9, f"status {st['table']}"
-    assert _cc_of(ls, "127.59.0.1") == b, "a table 585 years from expiry is enforced"
+    assert cc_of(ls, "127.59.0.1") == b, "a table 585 years from expiry is enforced"
     assert st["counters"]["expired"] == 0, f"expired counter {st['counters']['expired']}"
     edge.agent.rollback()
-    assert _cc_of(ls, "127.59.0.2") == a, "the previous far-expiry table too"
+    assert cc_of(ls, "127.59.0.2") == a, "the previous far-expiry table too"
     top = edge.table([tf.Entry("127.59.0.0/16", b)], 3, expires_in=2**64 - 1 - now, created=now)
     edge.agent.load(top.manifest)
-    assert _cc_of(ls, "127.59.0.3") == b, "expiry 2^64-1 enforced"
+    assert cc_of(ls, "127.59.0.3") == b, "expiry 2^64-1 enforced"
     assert not edge.agent.status()["table"]["expired"], "expiry 2^64-1 not expired"
 
 
@@ -445,7 +438,7 @@ def test_v6_entries_never_decide_v4_clients(edge):
     edge.agent.load(edge.table(entries, 1).manifest)
     checks = []
     for src in ("127.60.0.1", "127.61.0.1", "127.0.0.1"):
-        checks.append((src, "v4", _cc_of(v4, src)))
+        checks.append((src, "v4", cc_of(v4, src)))
         c = client(src)
         c.connect(("127.0.0.1", dual.getsockname()[1]))
         acc, peer = dual.accept()
@@ -476,7 +469,7 @@ def test_v6_entries_never_decide_v4_clients(edge):
     with pytest.raises(EdgeAgentError) as err:
         edge.agent.load(path)
     assert "inside ::ffff:0:0/96" in err.value.stderr, f"refusal: {err.value.stderr.strip()!r}"
-    assert _cc_of(v4, "127.61.0.9") == default, "the mapped entry never reached the kernel"
+    assert cc_of(v4, "127.61.0.9") == default, "the mapped entry never reached the kernel"
     assert edge.agent.status()["table"]["version"] == 1, "table 1 still live"
 
 
@@ -496,7 +489,7 @@ def test_versions_only_go_forward(edge, tmp_path):
     with pytest.raises(EdgeAgentError) as err:
         edge.agent.load(t10.manifest)
     assert "versions only go forward" in err.value.stderr, f"replay refusal: {err.value.stderr.strip()!r}"
-    assert _cc_of(ls, "127.62.0.1") == b, "table 11 still enforced after the replay"
+    assert cc_of(ls, "127.62.0.1") == b, "table 11 still enforced after the replay"
     # the same version with other contents
     now = int(time.time())
     other11 = signing.write_table([tf.Entry("127.62.0.0/16", a)], 11, "m", now + 3600,
@@ -514,7 +507,7 @@ def test_versions_only_go_forward(edge, tmp_path):
     rc, out, err2 = _agent(edge, "load", t10.manifest, "--json", "--allow-downgrade", "10")
     assert rc == 0 and json.loads(out)["override"] is True, f"override load: {rc} {err2}"
     assert "version rule overridden" in err2 and "table 10" in err2, f"override logged: {err2!r}"
-    assert _cc_of(ls, "127.62.0.2") == a, "table 10 live through the override"
+    assert cc_of(ls, "127.62.0.2") == a, "table 10 live through the override"
     st = edge.agent.status()
     assert st["version_floor"] == 11, "the floor does not move down"
     assert st["overrides"]["count"] == 1 and st["overrides"]["last"]["from"] == 11 \
@@ -525,7 +518,7 @@ def test_versions_only_go_forward(edge, tmp_path):
     assert rc == 0 and "table 10" in out and "version rule overridden (rollback)" in err2, \
         f"rollback: {out!r} {err2!r}"
     assert edge.agent.status()["overrides"]["count"] == 2, "rollback counted as an override"
-    assert _cc_of(ls, "127.62.0.3") == a, "rolled back to table 10"
+    assert cc_of(ls, "127.62.0.3") == a, "rolled back to table 10"
 
 
 # ---- 8. the config: strict reader, JSON-escaped output -------------------------------------------
@@ -561,7 +554,7 @@ def test_config_rejects_what_it_does_not_understand(edge, tmp_path):
         assert r.returncode != 0, f"config {tail.splitlines()[-1]!r}: accepted (rc 0)"
         assert f"{path}:{line}:" in r.stderr and msg in r.stderr, \
             f"config {tail.splitlines()[-1][:40]!r}: message {r.stderr.strip()!r}, want line {line} and {msg!r}"
-    assert _cc_of(ls, "127.63.0.1") == a, "the refused configs changed nothing"
+    assert cc_of(ls, "127.63.0.1") == a, "the refused configs changed nothing"
     # strings the agent writes are JSON-escaped: a node_id with a quote and a backslash
     path = str(tmp_path / "quote.yaml")
     open(path, "w").write(head + f'node_id: edge"01\\x\nsample_rate: 1\nservices:\n  - {{port: {port}, name: video}}\n')
@@ -572,7 +565,7 @@ def test_config_rejects_what_it_does_not_understand(edge, tmp_path):
     except ValueError as exc:
         pytest.fail(f"status --json with a quote in node_id is not JSON: {exc}: {rc.stdout[:120]!r}")
     assert st["node_id"] == 'edge"01\\x', f"node_id {st['node_id']!r}"
-    _cc_of(ls, "127.63.0.2")
+    cc_of(ls, "127.63.0.2")
     time.sleep(0.1)
     r = subprocess.run([edge.agent.binary, "--config", path, "log", "--out", edge.logs, "--drain"],
                        capture_output=True, text=True)

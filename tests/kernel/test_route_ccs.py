@@ -10,7 +10,7 @@ import threading
 import time
 
 import pytest
-from _edge_helpers import client, connect_accept, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
+from _edge_helpers import cc_of, client, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
 
 from export.artifact import table_format as tf
 from export.edge.agent import Service
@@ -48,16 +48,10 @@ def test_routes_carry_the_table_and_the_program_stays_the_authority(edge):
     assert out["routes"] == 2, out
     routes = _our_routes()
     assert len(routes) == 2 and all("congctl" in r for r in routes), routes
+    assert edge.agent.status()["route_ccs"] == {"table": "local", "within": "127.60.0.0/16",
+                                                "routes": 2}
     assert any(r.startswith("local 127.60.1.0/24") and f"congctl {a}" in r for r in routes), routes
     assert any(r.startswith("local 127.60.2.0/24") and f"congctl {b}" in r for r in routes), routes
-
-    def cc_of(ls, src):
-        c, acc, _ = connect_accept(ls, src)
-        try:
-            return sock_cc(acc)
-        finally:
-            acc.close()
-            c.close()
 
     before = edge.agent.status()["counters"]
     # the route gave the CC: nothing to switch
