@@ -112,10 +112,11 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
         params = replace(params, lambda1=g.lambda1, lambda2=g.lambda2)
         out["grid"] = {"lambda1": g.lambda1, "lambda2": g.lambda2}
     out["params"] = params.to_dict()
+    x_unl_nodestd = unl.per_node_standardized(unl.x, unl.node) if unl is not None else None
     if unl is not None:
         # the probe's reference: the node read from the features themselves (every node's rows)
         out["probe"] = {"features": node_probe(unl.x, unl.node, seed),
-                        "features_nodestd": node_probe(unl.per_node_standardized(unl.x, unl.node), unl.node, seed)}
+                        "features_nodestd": node_probe(x_unl_nodestd, unl.node, seed)}
         say(f"probe (node from the features): {out['probe']['features']['balanced_accuracy']:.3f}, per-node "
             f"standardized {out['probe']['features_nodestd']['balanced_accuracy']:.3f} "
             f"(chance {out['probe']['features']['chance']:.3f}, {out['probe']['features']['nodes']} nodes)")
@@ -141,7 +142,7 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
             if v in NODESTD:
                 vdata = replace(data, x=unl.per_node_standardized(data.x, tr.node))
                 x_te = unl.per_node_standardized(te.x, te.node)
-                x_probe = unl.per_node_standardized(unl.x, unl.node)
+                x_probe = x_unl_nodestd
             frames = []
             for i in range(train_seeds):
                 trainer = fit(replace(params, variant=base, seed=params.seed + i), vdata)

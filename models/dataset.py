@@ -155,15 +155,19 @@ def load_unlabelled(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: F
     per-node standardization (`Unlabelled`). The labels are never read."""
     feats = tuple(stats.features)
     z = transform(connections_in(spark, cfg, lo, hi), stats)
-    zc = [F.col("z_" + f).cast("float").alias("z_" + f) for f in feats]
-    agg = z.groupBy("node_id").agg(*[F.avg("z_" + f).alias("m_" + f) for f in feats],
-                                   *[F.stddev_pop("z_" + f).alias("s_" + f) for f in feats]).collect()
-    node_mean = {r["node_id"]: np.array([r["m_" + f] for f in feats], dtype=np.float32) for r in agg}
-    node_std = {r["node_id"]: np.array([r["s_" + f] or 0.0 for f in feats], dtype=np.float32) for r in agg}
+    # one pass: each node's statistics over all its rows ride along on its sampled rows
+    whole = Window.partitionBy("node_id")
     w = Window.partitionBy("node_id").orderBy(F.xxhash64("conn_id"), "conn_id")
-    sample = (z.select("node_id", "conn_id", *zc).withColumn("_r", F.row_number().over(w))
+    sample = (z.select("node_id", "conn_id", *[F.col("z_" + f).cast("float").alias("z_" + f) for f in feats],
+                       *[F.avg("z_" + f).over(whole).alias("m_" + f) for f in feats],
+                       *[F.stddev_pop("z_" + f).over(whole).alias("s_" + f) for f in feats],
+                       F.row_number().over(w).alias("_r"))
               .where(F.col("_r") <= int(per_node)).drop("_r"))
     pdf = sample.toArrow().to_pandas().sort_values(["node_id", "conn_id"], kind="stable")
+    first = pdf.drop_duplicates("node_id")
+    node_mean = {r["node_id"]: np.array([r["m_" + f] for f in feats], dtype=np.float32) for _, r in first.iterrows()}
+    node_std = {r["node_id"]: np.nan_to_num(np.array([r["s_" + f] for f in feats], dtype=np.float32))
+                for _, r in first.iterrows()}
     x = pdf[["z_" + f for f in feats]].to_numpy(dtype=np.float32) if len(pdf) else np.zeros((0, len(feats)), np.float32)
     return Unlabelled(np.ascontiguousarray(x), pdf["node_id"].astype(object).to_numpy(),
                       sorted(node_mean), node_mean, node_std)

@@ -569,9 +569,9 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	cnt(CCS_CNT_LOOKUPS);
 	looked_up = true;
 	val = lookup(trie, meta, &key, family);
-	/* an IPv6 entry covering ::ffff:0:0/96 (e.g. ::/0) never decides for an IPv4 client */
-	if (!val || (family == 4 && (val->flags & CCS_VAL_FAMILY6))) {
-		val = NULL;
+	/* an IPv6 entry covering ::ffff:0:0/96 (e.g. ::/0) never decides for an IPv4 client: lookup
+	 * searches the IPv4 lengths only */
+	if (!val) {
 		cnt(CCS_CNT_MISS);
 	} else if (val->cc == CCS_CC_KEEP || val->cc > CCS_CC_MAX) {
 		cnt(CCS_CNT_HIT_KEEP);

@@ -25,7 +25,7 @@
  * refuses the table), so an IPv4 client (or an IPv4-mapped one) searches the IPv4 lengths only and
  * an IPv6 client the IPv6 ones: the longest match an LPM trie holding both families would give,
  * except that an IPv6 entry covering the mapped space (::/0, ::/8) never decides for an IPv4
- * client (in the trie it needed CCS_VAL_FAMILY6 to become a miss; the flag is still set).
+ * client (the search never reaches the IPv6 lengths).
  */
 struct ccs_lpm_key {
 	__u32 prefixlen;
@@ -33,7 +33,6 @@ struct ccs_lpm_key {
 };
 
 /* hash value: an entry, a marker (CCS_VAL_LONGER), or both */
-#define CCS_VAL_FAMILY6 0x80 /* ccs_lpm_val.flags: the entry is an IPv6 prefix (agent-set, not a table flag) */
 #define CCS_VAL_ENTRY 0x40   /* the value holds an entry: the key's own, or a marker's best match */
 #define CCS_VAL_LONGER 0x20  /* a marker: longer entries under this key, search the longer lengths */
 struct ccs_lpm_val {

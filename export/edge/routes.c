@@ -14,8 +14,8 @@
  * get a route, so a table can never reroute what lies outside them). Every route is written
  * with protocol CCS_ROUTE_PROTO, so that ours, and only ours, are replaced and flushed.
  *
- * Sync (after a load's swap, so the program is already on the new table): flush ours from the
- * table, then one `ip -batch` of `route replace` per entry with a CC (not keep, not low
+ * Sync (after a load's swap, so the program is already on the new table): flush ours (from
+ * every table), then one `ip -batch` of `route replace` per entry with a CC (not keep, not low
  * confidence) inside route_within. A rollback and a detach flush them, and so does an attach
  * with route CCs off (a config that turned them off leaves none behind). Routes belong to the
  * network namespace, not the cgroup: one agent per namespace may use them.
@@ -29,7 +29,7 @@
 
 #include "agent.h"
 
-#define CCS_ROUTE_PROTO 204 /* routes_count's command says it too */
+#define CCS_ROUTE_PROTO 204 /* FLUSH_LINE and routes_count's command say it too */
 
 struct within {
 	int family;   /* 4 or 6 */
@@ -113,20 +113,14 @@ static int ip_batch(int family, const char *lines, size_t n_lines)
 	return 0;
 }
 
-/* flush our routes of one family, from every table (a config that moved them leaves none) */
-static int flush_family(int family)
-{
-	char line[256];
-
-	snprintf(line, sizeof(line), "route flush table all proto %d\n", CCS_ROUTE_PROTO);
-	return ip_batch(family, line, 0);
-}
+/* every route of ours, from every table (a config that moved them leaves none) */
+#define FLUSH_LINE "route flush table all proto 204\n"
 
 /* every route of ours, whatever the config says now (routes are the network namespace's: one
  * agent per namespace may use route CCs) */
 int routes_flush(void)
 {
-	return flush_family(4) | flush_family(6);
+	return ip_batch(4, FLUSH_LINE, 0) | ip_batch(6, FLUSH_LINE, 0);
 }
 
 /*
@@ -162,8 +156,7 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n)
 			die_msg("route CCs: out of memory");
 			return -1;
 		}
-		len += (size_t)snprintf(buf, cap, "route flush table %s proto %d\n", cfg.route_table,
-					CCS_ROUTE_PROTO);
+		len += (size_t)snprintf(buf, cap, "%s", FLUSH_LINE);
 		for (i = 0; i < n; i++) {
 			const struct ccs_table_entry *e = &ents[i];
 			char a[INET6_ADDRSTRLEN], line[512];

@@ -419,8 +419,7 @@ static int build_index(const struct table *t, struct ccs_meta *meta)
 			cut(&keys[i], e->addr, e->prefix_len);
 		}
 		vals[i] = (struct ccs_lpm_val){ .cc = e->cc,
-			.flags = (e->flags & CCS_ENTRY_LOW_CONF) | CCS_VAL_ENTRY |
-				 (e->family == 6 ? CCS_VAL_FAMILY6 : 0),
+			.flags = (e->flags & CCS_ENTRY_LOW_CONF) | CCS_VAL_ENTRY,
 			.purity_permille = e->purity_permille,
 			.cwnd_clamp_segs = e->cwnd_clamp_segs,
 			.pacing_rate_bps = e->pacing_rate_bps };
