@@ -75,6 +75,7 @@ bench: setup
 	$(PY) bench/infer.py
 	$(PY) bench/export.py --rows $(BENCH_EXPORT_ROWS)
 	$(PY) bench/autoplex.py
+	$(PY) bench/invariance.py
 	$(PY) bench/freshness.py
 	$(PY) bench/report.py
 

@@ -163,7 +163,8 @@ def train(lo: str, hi: str, cfg: Config | None = None) -> dict:
     version and run its gate (challenger only when it passes)."""
     from models import train_job
     cfg = cfg or load_config()
-    res = train_job.run(_spark(cfg, "ccs-train"), cfg, lo, hi, epochs=cfg.settings.pipeline.epochs)
+    res = train_job.run(_spark(cfg, "ccs-train"), cfg, lo, hi, variant=cfg.settings.pipeline.variant,
+                        epochs=cfg.settings.pipeline.epochs)
     return {k: res[k] for k in ("window", "variant", "model_name", "version", "summary", "gate", "run_id")
             if k in res}
 

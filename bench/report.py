@@ -36,6 +36,8 @@ SOURCES = {
     "infer": ("Inference speed", "python bench/infer.py", ["bench/results/infer.json", "{data}/bench/infer.json"]),
     "export": ("Export: predictions to a signed table, Spark vs DuckDB", "python bench/export.py", ["bench/results/export.json"]),
     "autoplex": ("AutoPlex statistics, Spark vs DuckDB", "python bench/autoplex.py", ["bench/results/autoplex.json"]),
+    "invariance": ("Invariance across nodes: the default fleet and the strong-shift preset (issue 28)",
+                   "python bench/invariance.py", ["bench/results/invariance.json"]),
     "freshness": ("The stream: log record to enforced table, and throughput (issue 26)", "python bench/freshness.py",
                   ["bench/results/freshness.json"]),
 }

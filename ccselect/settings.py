@@ -476,12 +476,24 @@ class PipelineSettings(_Section):
     auto_promote: bool                # promote to @champion without a human (`ccs promote`)
     train_window_hours: int = 24      # hours of silver the daily training learns from
     export_window_hours: int = 1      # hours of decisions one hourly export aggregates
-    cellular_share: float = 0.5       # share of 4G/5G rows in the balanced training set (ALICCS: 50%)
+    # share of 4G/5G rows in the balanced training set (ALICCS trains on 50%); null: every labelled
+    # connection of the window, in the fleet's own mix (ALICCS §5.1 ties the balanced set's
+    # accuracy to the 4G share a node serves, Saerens et al. [39])
+    cellular_share: float | None = 0.5
     epochs: int | None = None         # training epochs (None: models.train.TrainParams' default)
+    # at least this many optimizer steps per training (models.train.effective_epochs): a window
+    # with few labelled rows gets more epochs, not an under-trained model
+    min_steps: int = 600
+    # the variant `ccs_train` trains (models.train.VARIANTS): ALICCS, or with node domains
+    variant: str = "aliccs"
 
     def __post_init__(self):
         if self.epochs is not None and self.epochs < 1:
             raise ValueError(f"pipeline.epochs must be at least 1 (or null), got {self.epochs}")
+        if self.cellular_share is not None and not 0.0 < self.cellular_share < 1.0:
+            raise ValueError(f"pipeline.cellular_share must be in (0, 1) or null, got {self.cellular_share}")
+        if self.min_steps < 0:
+            raise ValueError(f"pipeline.min_steps must be 0 or more, got {self.min_steps}")
 
 
 @dataclass(frozen=True)

@@ -68,9 +68,11 @@ def window_name(lo: str, hi: str) -> str:
 
 
 def training_frame(spark: SparkSession, cfg: Config, lo: str, hi: str, balanced: bool = True) -> DataFrame:
-    """gold.training_set's rows of window lo..hi, or the same set built from silver when that
-    window has never been written. With `balanced=False`: every labelled connection of the
-    window (from silver, nothing downsampled)."""
+    """gold.training_set's rows of window lo..hi (as `ccs_train` wrote them), or the same set
+    built from silver when that window has never been written: balanced to
+    `pipeline.cellular_share`, or every labelled connection when that is null. With
+    `balanced=False`: every labelled connection of the window (from silver, nothing
+    downsampled)."""
     if not balanced:
         return training_set(connections_in(spark, cfg, lo, hi), None)
     window = window_name(lo, hi)
@@ -79,7 +81,7 @@ def training_frame(spark: SparkSession, cfg: Config, lo: str, hi: str, balanced:
         df = spark.read.format("delta").load(path).where(F.col("window") == window)
         if df.limit(1).count():
             return df
-    return training_set(connections_in(spark, cfg, lo, hi), 0.5)
+    return training_set(connections_in(spark, cfg, lo, hi), cfg.settings.pipeline.cellular_share)
 
 
 def standardized(df: DataFrame, stats: FeatureStats) -> DataFrame:

@@ -14,7 +14,7 @@ with the classifier.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -45,6 +45,10 @@ class TrainParams:
     lambda2: float = 0.05      # weight of L_G = L_variance (eq. 7)
     lambda3: float = 0.3       # weight of the node confusion loss (node-domain variants)
     epochs: int = 12
+    #: at least this many optimizer steps: a small window's rows make few batches an epoch (the
+    #: make-run window's 1,755 rows: 4 batches, 48 steps in 12 epochs, an under-trained model);
+    #: `fit` then runs more epochs (`effective_epochs`). 0: exactly `epochs`
+    min_steps: int = 0
     batch_size: int = 512
     rows_per_prefix: int = 8   # batches hold runs of ≤8 rows of one /24, so eq. 3 has pairs
     lr: float = 2e-3
@@ -237,9 +241,18 @@ def accuracy_report(y: np.ndarray, pred: np.ndarray) -> dict[str, float]:
     }
 
 
+def effective_epochs(params: TrainParams, n_rows: int) -> int:
+    """`params.epochs`, or more when that many epochs of `n_rows` rows give fewer than
+    `params.min_steps` optimizer steps (one step per batch of `batch_size` rows)."""
+    per_epoch = max(1, math.ceil(n_rows / max(1, params.batch_size)))
+    return max(params.epochs, math.ceil(params.min_steps / per_epoch) if params.min_steps > 0 else 0)
+
+
 def fit(params: TrainParams, data: TrainData,
         on_epoch: Callable[[int, dict[str, float]], None] | None = None) -> Trainer:
-    """Train one variant; `on_epoch(epoch, metrics)` is called after each epoch (MLflow logging)."""
+    """Train one variant; `on_epoch(epoch, metrics)` is called after each epoch (MLflow logging).
+    The trainer's `p` holds the epochs it ran (`effective_epochs`)."""
+    params = replace(params, epochs=effective_epochs(params, len(data.y)))
     trainer = Trainer(params, data.x.shape[1], data.n_groups, data.n_nodes)
     for epoch in range(params.epochs):
         metrics = trainer.train_one_epoch(data, epoch)

@@ -35,7 +35,7 @@ from models import registry
 from models.crossnode import cross_node_split, per_node, summary
 from models.dataset import window_name
 from models.ood import fit_calibration, fit_guard, report
-from models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainData, TrainParams, fit
+from models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainData, TrainParams, effective_epochs, fit
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow.
 
 log = logging.getLogger(__name__)
@@ -98,11 +98,11 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
                           unlabelled_per_node=UNLABELLED_PER_NODE if variant in NODE_DOMAIN_VARIANTS else 0)
     tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
     data, groups_pd, groups_info = sp.data, sp.groups, sp.groups_info
-    params = params or TrainParams()
+    params = params or TrainParams(min_steps=cfg.settings.pipeline.min_steps)
     params = replace(params, variant=variant, seed=seed, **({"epochs": int(epochs)} if epochs is not None else {}))
     say(f"{window}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
         f"{len(test_nodes)} nodes; prefix groups K(4G, Wi-Fi) = {data.n_groups}; {variant}, "
-        f"{params.epochs} epochs")
+        f"{effective_epochs(params, len(data.y))} epochs (at least {params.min_steps} steps)")
 
     # §5.1: nodes with too few rows of either type stay in the table but out of the summary
     mcs = s.min_class_share
@@ -131,7 +131,7 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
         summ = summary(pn[pn["included"]])
         train_acc = float(((trainer.predict_proba(tr.x) >= 0.5) == tr.y.astype(bool)).mean())
         run_id, version = registry.log_training(
-            cfg, params, trainer, stats, pn, summ, window=window, train_nodes=train_nodes,
+            cfg, trainer.p, trainer, stats, pn, summ, window=window, train_nodes=train_nodes,
             test_nodes=test_nodes, input_example=te.x[:5] if len(te) else None,
             guard=guard, calibration=calibration,
             extra_params={"share": share, "n_train": len(tr), "n_test": len(te), "n_calibration": calibration.n if calibration else 0,
@@ -153,7 +153,7 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
         "train_nodes": train_nodes, "test_nodes": test_nodes, "n_train": int(len(tr)), "n_test": int(len(te)),
         "excluded_nodes": sorted(n for n, ok in included.items() if not ok),
         "feature_stats": {"path": stats_path, "fitted_now": fitted}, "groups": groups_info,
-        "params": params.to_dict(), "per_node": pn.replace({np.nan: None}).to_dict(orient="records"),
+        "params": trainer.p.to_dict(), "per_node": pn.replace({np.nan: None}).to_dict(orient="records"),
         "train_seconds": round(train_s, 1), "ood_threshold": guard.threshold,
         "temperature": calibration.temperature if calibration else 1.0,
         "calibration": json.loads(calibration.to_json()) if calibration else None}

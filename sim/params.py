@@ -132,6 +132,16 @@ class SimParams:
     mobile_gw_rtt_ms: float = 15.0
     #: share of nodes hosted in a large ISP's IDC next to its mobile gateway (World._gateways)
     in_carrier_node_share: float = 0.25
+    #: a node's base RTT to its clients' region: lognormal(ln node_rtt_median_ms, node_rtt_sigma), clipped to
+    #: 1.5..node_rtt_max_ms (our pick for a fleet inside China's provinces)
+    node_rtt_median_ms: float = 9.0
+    node_rtt_sigma: float = 0.75
+    node_rtt_max_ms: float = 90.0
+    #: share of nodes where a tunnel clamps the MSS on many paths (1360-1400, applied per prefix)
+    node_tunnel_share: float = 0.25
+    #: per-node multiplier of the bottleneck buffer depth, lognormal(0, node_buffer_sigma): ALICCS
+    #: §3.1 names "buffer sizes and the number of competing flows across CDN nodes"; 0: none
+    node_buffer_sigma: float = 0.0
 
     # --- monthly and daily cycles (ALICCS §5.1 Fig. 9, Observation III) ---
     #: the cellular share is multiplied by 1+amp at the month's start, 1-amp at its end.
@@ -189,13 +199,49 @@ class SimParams:
     fault_start_hour: int = 0
 
     extra: dict[str, Any] = field(default_factory=dict)
+    #: the named preset these knobs came from (PRESETS), or None
+    preset: str | None = None
 
     @classmethod
-    def from_settings(cls, s: SimulateSettings, **overrides: Any) -> "SimParams":
+    def from_settings(cls, s: SimulateSettings, preset: str | None = None, **overrides: Any) -> "SimParams":
         """The fleet of the configuration's `simulate:` section (its size, first hour and seed);
-        every other knob keeps its default here unless given in `overrides`."""
+        every other knob keeps its default here unless the named `preset` (PRESETS) or
+        `overrides` give it (overrides win)."""
+        if preset is not None and preset not in PRESETS:
+            raise ValueError(f"unknown simulator preset {preset!r}; one of {sorted(PRESETS)}")
         return cls(**{"nodes": s.nodes, "hours": s.hours, "start": s.start, "seed": s.seed,
-                      "conns_per_node_hour": s.conns_per_node_hour, **overrides})
+                      "conns_per_node_hour": s.conns_per_node_hour,
+                      **(PRESETS[preset] if preset else {}), "preset": preset, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: Named sets of knobs (`ccs simulate --preset NAME`); docs/simulator.md "Presets" gives each
+#: value's source. The default fleet is no preset.
+PRESETS: dict[str, dict[str, Any]] = {
+    # Nodes that differ as production's do (issue 28): a fleet reaching beyond one country's
+    # provinces (ALICCS §1 serves ~400 nodes "in China and Southeast Asia"), where what depends on
+    # the node's position and access plant varies far more than in the default fleet.
+    "strong_shift": {
+        # Configanator §5: p95 RTT 100-180 ms in the GlobalCDN, MAWI and Pantheon traces against
+        # ~60 ms in the US-based FCC and CAIDA ones: node RTT levels 2-3x apart, up to 180 ms, a
+        # median node farther from its clients than a provincial one (20 ms against 9)
+        "node_rtt_median_ms": 20.0,
+        "node_rtt_sigma": 1.2,
+        "node_rtt_max_ms": 180.0,
+        # ALICCS §3.1: buffer sizes differ across CDN nodes; lognormal σ 0.7 puts the extremes of
+        # 20 nodes ~4x apart (our pick)
+        "node_buffer_sigma": 0.7,
+        # tunnels and odd access plants on half the nodes and branches rather than a quarter to a
+        # third (ALICCS §3.1 "significant deviations in feature distribution"; our pick)
+        "node_tunnel_share": 0.5,
+        "odd_broadband_share": 0.5,
+        "odd_cellular_share": 0.5,
+        # the branch access-RTT spread of the default before its cap (σ 0.8; the cap against 5G
+        # keeps BBR-E2E §III's ordering: cellular slower than broadband in every branch)
+        "access_branch_sigma": 0.8,
+        # half the nodes in a carrier's IDC (regional CDNs rent carrier racks; our pick)
+        "in_carrier_node_share": 0.5,
+    },
+}

@@ -42,10 +42,11 @@ def draw_path(rng: np.random.Generator, cell: np.ndarray, is5g: np.ndarray, fam6
               capacity_factor: float, competing: int, path_jitter_ms: np.ndarray,
               police_p: float, police_rate: tuple[float, float], bbr_day_effect: np.ndarray,
               access_scale: np.ndarray, loss_mult: np.ndarray | float = 1.0,
-              fair_share_mbps: np.ndarray | float = np.inf) -> Path:
+              fair_share_mbps: np.ndarray | float = np.inf, buffer_mult: float = 1.0) -> Path:
     """`access_scale` [n, 2]: the access RTT multiplier of the client's provincial branch for
     broadband and cellular (world.World._access_plants). `loss_mult`, `fair_share_mbps`: the
-    aggregation's congestion in the connection's epoch (congestion.on_path)."""
+    aggregation's congestion in the connection's epoch (congestion.on_path). `buffer_mult`: the
+    node's bottleneck buffer depth relative to the fleet's (world.Node.buffer_mult)."""
     n = len(cell)
     ln = rng.lognormal
     med = ACCESS_MEDIAN_MS
@@ -60,7 +61,7 @@ def draw_path(rng: np.random.Generator, cell: np.ndarray, is5g: np.ndarray, fam6
     cap = np.where(cell, np.where(is5g, ln(np.log(60.0), 0.6, n), ln(np.log(11.0), 0.7, n)),
                    ln(np.log(24.0), 0.7, n))
     cap = np.clip(np.minimum(cap * cap_mult * capacity_factor / (1.0 + 0.12 * competing), fair_share_mbps), 0.1, 300.0)
-    buffer_ms = np.where(cell, ln(np.log(160.0), 0.5, n), ln(np.log(30.0), 0.6, n))
+    buffer_ms = np.where(cell, ln(np.log(160.0), 0.5, n), ln(np.log(30.0), 0.6, n)) * buffer_mult
     # cellular link layers retransmit locally (RLC ARQ), so end-to-end random loss stays low;
     # cellular/Wi-Fi mean retransmission ratio ≈2.1× on IPv4, ≈2.9× on IPv6 (ALICCS §4.2)
     loss = np.where(cell, ln(np.log(0.0010), 0.8, n) * np.where(fam6, 2.2, 1.0),

@@ -147,7 +147,7 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
                              ps.dist_rtt_ms[pref] + ps.gw_rtt_ms[pref][rows, pool],
                              ps.cap_mult[pref], node.capacity_factor, node.competing_flows,
                              ps.path_jitter_ms[pref] + ps.gw_jitter_ms[pref][rows, pool], police_p, p.police_rate_mbps, day_eff,
-                             ps.access_scale[pref], loss_mult, fair_share)
+                             ps.access_scale[pref], loss_mult, fair_share, node.buffer_mult)
     isp = ps.isp[pref]
     plant_bb, plant_cell = ps.plant_bb[pref], ps.plant_cell[pref]
     mss = _mss_profile(rng, isp, cell, plant_bb, plant_cell)

@@ -63,6 +63,8 @@ class Node:
     labelled: bool
     #: a node hosted in one large ISP's IDC, next to its mobile gateway (index into ISPS; -1: none)
     host_isp: int = -1
+    #: the node's bottleneck buffer depth relative to the fleet's (SimParams.node_buffer_sigma)
+    buffer_mult: float = 1.0
 
 
 @dataclass
@@ -204,6 +206,7 @@ class World:
         labelled[rng.permutation(n)[:k]] = True
         per_region: dict[int, int] = {}
         rng_host = np.random.default_rng([self.p.seed, 6])  # own stream: the other draws stay as they were
+        rng_buf = np.random.default_rng([self.p.seed, 8])   # likewise
         nodes = []
         for i in range(n):
             region = i % len(REGIONS)
@@ -213,14 +216,16 @@ class World:
                 idx=i,
                 node_id=f"edge-{REGIONS[region].name}-{per_region[region]:02d}",
                 region=region,
-                base_rtt_ms=float(np.clip(rng.lognormal(np.log(9.0), 0.75), 1.5, 90.0)),
+                base_rtt_ms=float(np.clip(rng.lognormal(np.log(self.p.node_rtt_median_ms), self.p.node_rtt_sigma), 1.5,
+                                          self.p.node_rtt_max_ms)),
                 capacity_factor=float(rng.lognormal(0.0, 0.35)),
                 competing_flows=competing,
                 jitter_ms=float(0.4 + 0.7 * competing * rng.lognormal(0.0, 0.4)),
                 # a tunnel on many of the node's paths clamping MSS (applied per prefix)
-                mss_clamp=int(rng.choice([1360, 1380, 1400])) if rng.random() < 0.25 else 65535,
+                mss_clamp=int(rng.choice([1360, 1380, 1400])) if rng.random() < self.p.node_tunnel_share else 65535,
                 labelled=bool(labelled[i]),
                 host_isp=int(rng_host.integers(0, 3)) if rng_host.random() < self.p.in_carrier_node_share else -1,
+                buffer_mult=float(rng_buf.lognormal(0.0, self.p.node_buffer_sigma)) if self.p.node_buffer_sigma > 0 else 1.0,
             ))
         return nodes
 

@@ -3,6 +3,7 @@ and the alternating optimiser leaving the frozen side unchanged."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -157,3 +158,17 @@ def test_experiment_split_and_scaler_use_training_nodes_only():
     for p in np.unique(prefix):
         assert len(set(group[prefix == p])) == 1
     assert group[0] == group[3] and group[0] != group[6]
+
+
+def test_a_small_window_trains_for_at_least_min_steps():
+    """`min_steps`: a window whose rows make few batches gets more epochs (the make-run window's
+    1,755 rows are 4 batches, 48 steps in 12 epochs); a large one keeps its epochs."""
+    from models.train import effective_epochs, fit
+    p = TrainParams(variant="mlp", epochs=3, batch_size=100, min_steps=30, device="cpu", seed=0)
+    assert effective_epochs(p, 250) == 10          # 3 batches an epoch: 10 epochs for 30 steps
+    assert effective_epochs(p, 5000) == 3          # 50 batches an epoch: 3 epochs are 150 steps
+    assert effective_epochs(replace(p, min_steps=0), 250) == 3
+    data = _tiny_data(n=250)
+    steps = []
+    t = fit(p, data, on_epoch=lambda e, m: steps.append(e))
+    assert t.p.epochs == 10 and len(steps) == 10

@@ -120,6 +120,12 @@ def test_a_missing_required_key_and_a_bad_range_fail(tmp_path):
         _load(tmp_path, infer={"precision": "fp8"})
     with pytest.raises(ConfigError, match="multiples of 4 ending at /32"):
         _load(tmp_path, export={**raw_section("export"), "ladder": {"v4": [16, 24], "v6": [32, 128]}})
+    with pytest.raises(ConfigError, match=r"pipeline\.cellular_share must be in \(0, 1\) or null"):
+        _load(tmp_path, pipeline={**raw_section("pipeline"), "cellular_share": 1.0})
+    with pytest.raises(ConfigError, match="pipeline.min_steps must be 0 or more"):
+        _load(tmp_path, pipeline={**raw_section("pipeline"), "min_steps": -1})
+    natural = _load(tmp_path, pipeline={**raw_section("pipeline"), "cellular_share": None}).settings.pipeline
+    assert natural.cellular_share is None
 
 
 def test_a_file_overrides_a_default_and_numbers_are_typed(tmp_path):

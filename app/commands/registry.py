@@ -32,7 +32,8 @@ def _emit(result, as_json: bool) -> None:
 
 def train_cmd(
     hours: str = typer.Option(..., "--hours", help="training window FROM..TO (inclusive), e.g. 2026-11-01T00..2026-11-01T23"),
-    variant: str = typer.Option("aliccs", "--variant", help="aliccs, no_gan, no_rsc, no_variance or mlp"),
+    variant: Optional[str] = typer.Option(None, "--variant", help="aliccs, no_gan, no_rsc, no_variance, mlp, aliccs_nodes "
+                                                                   "or dann_nodes (default pipeline.variant, aliccs)"),
     share: Optional[float] = typer.Option(None, "--share", help="share of nodes to train on (default model.evaluate.share)"),
     seed: Optional[int] = typer.Option(None, "--seed", help="seed of the node split and the training"),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="training epochs (default: models.train.TrainParams)"),
@@ -45,7 +46,7 @@ def train_cmd(
     cfg = load_config(config)
     spark = get_spark(cfg, "ccs-train")
     lo, hi = parse_hours(hours)
-    result = train_job.run(spark, cfg, lo, hi, variant=variant, share=share, seed=seed, epochs=epochs, k=k,
+    result = train_job.run(spark, cfg, lo, hi, variant=variant or cfg.settings.pipeline.variant, share=share, seed=seed, epochs=epochs, k=k,
                            progress=lambda m: typer.echo(m, err=True))
     if not as_json:
         result = {k: v for k, v in result.items() if k not in ("per_node", "groups", "params")}

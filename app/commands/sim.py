@@ -32,6 +32,8 @@ def simulate_cmd(
     rotate_minutes: Optional[int] = typer.Option(
         None, help="write the streams as the edge agent's rotated segments <YYYY-MM-DDTHHMM>.jsonl every N "
                    "minutes (1,2,3,4,5,6,10,12,15,20,30); 0: hourly files (default: simulate.rotate_minutes, 0)"),
+    preset: Optional[str] = typer.Option(None, help="a named set of knobs (sim/params.PRESETS, docs/simulator.md "
+                                                    "\"Presets\"), e.g. strong_shift; other options still apply"),
     workers: Optional[int] = typer.Option(None, help="worker processes (default: all cores)"),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG", help="configuration file"),
     as_json: bool = typer.Option(False, "--json", help="print the manifest as JSON"),
@@ -43,7 +45,7 @@ def simulate_cmd(
     s = load_config(config).settings.simulate
     given = {"nodes": nodes, "hours": hours, "start": start, "seed": seed, "conns_per_node_hour": conns}
     params = SimParams.from_settings(
-        s, **{k: v for k, v in given.items() if v is not None},
+        s, preset, **{k: v for k, v in given.items() if v is not None},
         cc_mode=cc_mode, table_path=table, table_ab=table_ab, fault_mss_prefix16=fault_mss_prefix16,
         fault_mss_bytes=fault_mss_bytes, fault_start_hour=fault_start_hour)
     out = out or s.out
