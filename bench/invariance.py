@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     out = {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "machine": f"{os.uname().nodename}, {os.cpu_count()} cores", "load_avg_start": list(os.getloadavg()),
            "train_seeds": a.seeds, "command": "python bench/invariance.py " + " ".join(argv or sys.argv[1:]),
-           "fleets": {}}
+           "goals": {}, "fleets": {}}
     for name in a.fleets.split(","):
         preset, nodes, hours = FLEETS[name]
         cfg, lo, hi, info = lake(Path(a.workdir) / name, preset, nodes, hours, a.conns_per_node_hour, a.seed, say)
@@ -139,13 +139,14 @@ def main(argv=None) -> int:
         t0 = time.time()
         res = run_evaluation(spark, cfg, lo, hi, variants=variants, train_seeds=a.seeds, progress=say)
         t = table(res)
+        out["goals"][name] = goals(name, t)
         out["fleets"][name] = {
             "fleet": info, "window": res["window"], "train_nodes": res["train_nodes"], "test_nodes": res["test_nodes"],
             "excluded_nodes": res["excluded_nodes"], "n_train": res["n_train"], "n_test": res["n_test"],
             "probe_features": res.get("probe", {}).get("features", {}).get("balanced_accuracy"),
             "probe_features_nodestd": res.get("probe", {}).get("features_nodestd", {}).get("balanced_accuracy"),
             "probe_chance": res.get("probe", {}).get("features", {}).get("chance"),
-            "variants (accuracy in points)": t, "goals": goals(name, t), "evaluate_s": round(time.time() - t0, 1)}
+            "variants (accuracy in points)": t, "evaluate_s": round(time.time() - t0, 1)}
     out["load_avg_end"] = list(os.getloadavg())
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(out, indent=1, default=str))

@@ -44,10 +44,13 @@ def simulate_cmd(
 
     s = load_config(config).settings.simulate
     given = {"nodes": nodes, "hours": hours, "start": start, "seed": seed, "conns_per_node_hour": conns}
-    params = SimParams.from_settings(
-        s, preset, **{k: v for k, v in given.items() if v is not None},
-        cc_mode=cc_mode, table_path=table, table_ab=table_ab, fault_mss_prefix16=fault_mss_prefix16,
-        fault_mss_bytes=fault_mss_bytes, fault_start_hour=fault_start_hour)
+    try:
+        params = SimParams.from_settings(
+            s, preset, **{k: v for k, v in given.items() if v is not None},
+            cc_mode=cc_mode, table_path=table, table_ab=table_ab, fault_mss_prefix16=fault_mss_prefix16,
+            fault_mss_bytes=fault_mss_bytes, fault_start_hour=fault_start_hour)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--preset") from exc
     out = out or s.out
     rotate = s.rotate_minutes if rotate_minutes is None else rotate_minutes
     if rotate and rotate not in ROTATE_MINUTES:
