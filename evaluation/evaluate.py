@@ -52,8 +52,9 @@ log = logging.getLogger(__name__)
 
 CONFIGANATOR = "configanator"
 #: the skeptic's baselines (issue 28): a network variant on features re-standardized per node over
-#: each node's own traffic in the window (Unlabelled.per_node_standardized)
-NODESTD = ("mlp_nodestd", "aliccs_nodestd")
+#: each node's own traffic in the window (Unlabelled.per_node_standardized); and node domains on
+#: such features (aliccs_nodes_nodestd: its discriminator reads the re-standardized unlabelled rows)
+NODESTD = ("mlp_nodestd", "aliccs_nodestd", "aliccs_nodes_nodestd")
 ALL_VARIANTS = (*VARIANTS, *NODESTD, CONFIGANATOR)
 #: rows a node of the window lends to the node-domain discriminator and to the invariance probe
 UNLABELLED_PER_NODE = 2000
@@ -140,7 +141,8 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
             base = v[:-len("_nodestd")] if v in NODESTD else v
             vdata, x_te, x_probe = data, te.x, (unl.x if unl is not None else None)
             if v in NODESTD:
-                vdata = replace(data, x=unl.per_node_standardized(data.x, tr.node))
+                vdata = replace(data, x=unl.per_node_standardized(data.x, tr.node),
+                                x_unl=x_unl_nodestd if data.x_unl is not None else None)
                 x_te = unl.per_node_standardized(te.x, te.node)
                 x_probe = x_unl_nodestd
             frames = []
