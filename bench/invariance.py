@@ -47,7 +47,8 @@ REFERENCES = ("mlp", "configanator", "mlp_nodestd", "aliccs_nodestd")
 
 
 def lake(root: Path, preset: str | None, nodes: int, hours: int, conns: int, seed: int, say) -> tuple:
-    """(cfg, lo, hi) of a lake holding the fleet, simulated and ingested unless already there."""
+    """(cfg, lo, hi, the fleet's info) of a lake holding the fleet, simulated and ingested unless
+    already there (its `ingested.json` names the same fleet)."""
     from ccselect.spark import get_spark
     from jobs import ingest
     from sim.fleet import simulate
@@ -91,7 +92,6 @@ def _pts(v):
 
 def goals(name: str, t: dict) -> dict:
     mlp = t["mlp"]
-    ours = {v: r for v, r in t.items() if v not in REFERENCES}
     if name == "strong_shift":
         per = {}
         for v, r in t.items():
@@ -109,7 +109,7 @@ def goals(name: str, t: dict) -> dict:
                 "met_by": sorted(v for v, g in per.items() if g["met"] and v not in REFERENCES),
                 "met_by_a_baseline": sorted(v for v, g in per.items() if g["met"] and v in REFERENCES)}
     worse = {v: {"mean": round(r["mean"] - mlp["mean"], 2), "worst": round(r["worst"] - mlp["worst"], 2)}
-             for v, r in ours.items()}
+             for v, r in t.items() if v not in REFERENCES}
     return {"vs_mlp (points)": worse,
             "below_mlp_by_more_than_0.3": sorted(v for v, d in worse.items() if d["mean"] < -0.3 or d["worst"] < -0.3)}
 
