@@ -77,6 +77,7 @@ bench: setup
 	$(PY) bench/autoplex.py
 	$(PY) bench/invariance.py
 	$(PY) bench/freshness.py
+	$(PY) bench/capacity.py
 	$(PY) bench/report.py
 
 results: python

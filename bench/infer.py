@@ -1,21 +1,29 @@
-"""bench/infer: network-type inference speed (issue 4 "Must show").
+"""bench/infer: network-type inference speed (issues 4 and 31).
 
-(a) model only: the NetTypeModel (G + C) in torch on CPU, 2 threads, no grad, large batches, in
-    fp32 and in bf16 (weights and activations cast; the CPU's AMX/AVX-512 bf16 paths), rows/s;
-    and bf16's accuracy change against fp32 on the labelled rows (goal: ≤ 0.1 point), plus how
-    many CC decisions change. Goal ≥ 10 M rows/s. Also the same network compiled by
-    torch.compile (`compiled_fp32`), for what the eager operators cost.
-(b) Spark-integrated: `ccs infer`'s job (jobs/infer.run) over a silver.connections of `--rows`
-    rows (the simulated fleet's silver replicated with fresh connection ids), local[2], writing
-    gold.predictions; with two floors that show what limits it: the same scan and Arrow UDF into
-    Spark's `noop` sink (no Delta write), and the scan alone. Goal ≥ 3 M rows/s. Peak memory of
-    the driver, its JVM and the Python workers.
+(a) Model only: the NetTypeModel (G + C) in torch on CPU, no grad, large batches, in fp32 and in
+    bf16 (weights and activations cast; the CPU's AVX-512 bf16 paths), rows/s, with the 2 cores
+    used two ways (`intra`: torch's intra-op pool; `split`: a Python thread per core, one intra-op
+    thread each, as the Arrow engine runs it); bf16's accuracy change against fp32 on the
+    labelled rows (goal ≤ 0.1 point) and how many CC decisions change. Goal ≥ 10 M rows/s. Also
+    the same network compiled by torch.compile (`compiled_fp32`).
+(b) End to end, Delta to Delta: `ccs infer` over a silver.connections of `--rows` rows (the
+    simulated fleet's silver replicated with fresh connection ids) into gold.predictions, with a
+    champion carrying an out-of-domain guard and a temperature, side by side:
+    - `spark`: the Spark job (models/infer.py, local[2], the model in an Arrow UDF), with two floors
+      that show what limits it: the same scan and UDF into Spark's `noop` sink (no Delta write),
+      and the scan alone;
+    - `arrow`: the driver-side engine (models/infer_arrow.py: Delta files → pyarrow → torch →
+      Parquet → one delta-rs commit), in bf16 and fp32, and whether its fp32 output has the same
+      decision, CC and predicted-type columns as the Spark job's (probabilities: largest
+      difference).
+    Goal ≥ 3 M rows/s. Peak memory of each: the driver's Python process and its JVM (with the
+    Spark job's Python workers).
 
 The model is trained here for a few epochs on a small simulated fleet (the architecture, not its
 accuracy, sets the speed; the bf16 check uses its labelled rows). Writes bench/results/infer.json
 and prints it.
 
-    .venv/bin/python bench/infer.py [--rows 600000] [--model-rows 4000000] [--workdir /tmp/ccs-bench-infer]
+    .venv/bin/python bench/infer.py [--rows 3000000] [--model-rows 4000000] [--workdir /tmp/ccs-bench-infer]
 """
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ import os
 import shutil
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -32,6 +41,7 @@ sys.path.insert(0, str(REPO))
 
 import numpy as np
 import pandas as pd
+import pyarrow.parquet as pq
 
 from bench.ingest import PeakRss, bench_config  # noqa: E402
 from ccselect.contract import FEATURES
@@ -41,30 +51,52 @@ from sim.params import SimParams
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
 
-def model_only(model, x_all, x_lab, y_lab, infer_params, rows: int, batches, threads: int = 2) -> dict:
+def _split_predict(model, x, prec: str, chunk: int, pool, workers: int) -> None:
+    """predict_wifi over x cut into `workers` contiguous parts, one Python thread each (torch
+    releases the GIL in its operators), each with one intra-op thread: how `ccs infer`'s Arrow
+    engine runs the model (one file per thread)."""
+    from models.infer import predict_wifi
+    bounds = np.linspace(0, len(x), workers + 1).astype(int)
+    list(pool.map(lambda i: predict_wifi(model, x[bounds[i]:bounds[i + 1]], prec, chunk=chunk), range(workers)))
+
+
+def model_only(model, x_all, x_lab, y_lab, infer_params, rows: int, batches, threads: int = 2,
+               compiled_batches=(8192, 16384, 32768)) -> dict:
+    """Rows/s of the model alone, per precision and batch size, two ways of using the cores:
+    `intra` (one call, torch's intra-op pool of `threads`) and `split` (`threads` Python threads
+    over parts of the rows, one intra-op thread each)."""
     import torch
 
     from models.infer import predict_wifi
-    torch.set_num_threads(threads)
     reps = int(np.ceil(rows / len(x_all)))
     x = np.ascontiguousarray(np.tile(x_all, (reps, 1))[:rows])
     out: dict = {"rows": rows, "threads": threads, "precisions": {}}
     models = {"fp32": model.float().eval(), "bf16": __import__("copy").deepcopy(model).to(torch.bfloat16).eval()}
     probs = {}
-    for prec, m in models.items():
-        res = {}
-        for b in batches:
-            predict_wifi(m, x[:b * 2], prec, chunk=b)  # warm-up (oneDNN primitives per shape)
-            best = float("inf")
-            for _ in range(3):
-                t0 = time.perf_counter()
-                predict_wifi(m, x, prec, chunk=b)
-                best = min(best, time.perf_counter() - t0)
-            res[str(b)] = round(rows / best)
-        probs[prec] = predict_wifi(m, x_lab, prec)
-        probs[prec + "_all"] = predict_wifi(m, x_all, prec)
-        out["precisions"][prec] = {"rows_per_s_by_batch": res, "best_rows_per_s": max(res.values())}
-    out["compiled_fp32"] = compiled_fp32(model, x, (8192, 16384, 32768))
+    with ThreadPoolExecutor(threads) as pool:
+        for prec, m in models.items():
+            res: dict = {"intra": {}, "split": {}}
+            for mode in ("intra", "split"):
+                torch.set_num_threads(threads if mode == "intra" else 1)
+                for b in batches:
+                    def once(n=len(x)):
+                        if mode == "intra":
+                            predict_wifi(m, x[:n], prec, chunk=b)
+                        else:
+                            _split_predict(m, x[:n], prec, b, pool, threads)
+                    once(b * 2 * threads)  # warm-up (oneDNN primitives per shape)
+                    best = float("inf")
+                    for _ in range(3):
+                        t0 = time.perf_counter()
+                        once()
+                        best = min(best, time.perf_counter() - t0)
+                    res[mode][str(b)] = round(rows / best)
+            torch.set_num_threads(threads)
+            probs[prec] = predict_wifi(m, x_lab, prec)
+            probs[prec + "_all"] = predict_wifi(m, x_all, prec)
+            out["precisions"][prec] = {"rows_per_s_by_batch": res,
+                                       "best_rows_per_s": max(v for r in res.values() for v in r.values())}
+    out["compiled_fp32"] = compiled_fp32(model, x, compiled_batches) if compiled_batches else {"skipped": True}
     acc = {p: float(((probs[p] >= 0.5) == y_lab.astype(bool)).mean()) for p in models}
 
     def cc(p):
@@ -154,9 +186,11 @@ def replicate_silver(spark, src_cfg, dst_cfg, lo, hi, rows: int) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--rows", type=int, default=600_000, help="silver rows for the Spark-integrated run")
+    ap.add_argument("--rows", type=int, default=3_000_000, help="silver rows for the end-to-end runs (Delta to Delta)")
     ap.add_argument("--model-rows", type=int, default=4_000_000, help="rows per model-only timing")
     ap.add_argument("--batches", default="16384,65536,262144", help="model-only batch sizes")
+    ap.add_argument("--compiled-batches", default="8192,16384,32768",
+                    help="batch sizes for torch.compile's figure ('' skips it: compiling takes minutes)")
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--hours", type=int, default=3)
     ap.add_argument("--conns-per-node-hour", type=int, default=1500)
@@ -205,22 +239,42 @@ def main(argv=None) -> int:
 
     say("model only ...")
     with PeakRss() as mem_model:
-        mo = model_only(model, x_all, lab.x, lab.y, p, args.model_rows, [int(b) for b in args.batches.split(",")])
+        mo = model_only(model, x_all, lab.x, lab.y, p, args.model_rows, [int(b) for b in args.batches.split(",")],
+                        compiled_batches=tuple(int(b) for b in args.compiled_batches.split(",") if b))
     mo["peak_rss_mb"] = round(mem_model.peak / 2 ** 20)
 
     say(f"replicating silver to {args.rows:,} rows ...")
     n_rows = replicate_silver(spark, cfg, bench_cfg, lo, hi, args.rows)
-    champion = Champion(model=model, stats=stats, name="bench", version="0", run_id="")
+    # the champion as `ccs train` registers it: with its out-of-domain guard and a temperature
+    from models.infer import predict_wifi
+    from models.ood import fit_calibration, fit_guard
+    guard = fit_guard(lab.x, stats.features, p.ood_quantile, p.ood_method, p.ood_margin)
+    calibration = fit_calibration(predict_wifi(model, lab.x), lab.y, rows="bench: all labelled rows")
+    champion = Champion(model=model, stats=stats, name="bench", version="0", run_id="", guard=guard,
+                        calibration=calibration)
+    pred_path = table_path(bench_cfg, "gold.predictions")
     spark_res: dict = {"silver_rows": n_rows, "partitions": len(hours) * args.nodes, "master": "local[2]"}
-    load_avg = {"start": os.getloadavg()[0]}
+    arrow_res: dict = {"silver_rows": n_rows, "workers": os.cpu_count()}
+    load_avg = {"start": round(os.getloadavg()[0], 2)}
+
+    def engine_runs(engine: str, prec: str, res: dict) -> None:
+        runs = []
+        for i in range(2):  # the first Spark run starts the Python workers (each imports torch)
+            r = infer.run(spark, bench_cfg, lo, hi, champion=champion, precision=prec, decisions=False, engine=engine)
+            assert r["engine"] == engine, r
+            runs.append({"seconds": r["seconds"], "rows": r["rows"], "rows_per_s": r["rows_per_s"]})
+            say(f"ccs infer --engine {engine} {prec} run {i + 1}: {r['rows']:,} rows in {r['seconds']:.1f} s")
+        res[f"infer_{prec}"] = {"cold": runs[0], "warm": runs[1]}
+
+    def table_now():
+        from deltalake import DeltaTable
+        t = pq.ParquetDataset(DeltaTable(pred_path).file_uris(), partitioning=None).read(
+            columns=["conn_id", "p_wifi", "decision", "cc", "pred_net_type"])
+        return t.sort_by("conn_id")
+
     with PeakRss() as mem:
-        for prec in ("fp32", "bf16"):
-            runs = []
-            for i in range(2):  # the first run starts the Python workers (each imports torch)
-                r = infer.run(spark, bench_cfg, lo, hi, champion=champion, precision=prec, decisions=False)
-                runs.append({"seconds": r["seconds"], "rows": r["rows"], "rows_per_s": r["rows_per_s"]})
-                say(f"ccs infer {prec} run {i + 1}: {r['rows']:,} rows in {r['seconds']:.1f} s")
-            spark_res[f"infer_{prec}"] = {"cold": runs[0], "warm": runs[1]}
+        engine_runs("spark", "fp32", spark_res)
+        spark_table = table_now()
         src = infer.extract(spark, bench_cfg, lo, hi)
         for name, df in (("score_noop_sink_fp32", infer.transform(src, champion, p)),
                          ("scan_noop_sink", src)):
@@ -230,12 +284,29 @@ def main(argv=None) -> int:
             s = time.perf_counter() - t0
             spark_res[name] = {"seconds": round(s, 2), "rows_per_s": round(n_rows / s)}
             say(f"{name}: {s:.1f} s")
-    load_avg["end"] = os.getloadavg()[0]
     spark_res["peak_rss_mb"] = {"total": round(mem.peak / 2 ** 20), "python_driver": round(mem.peak_python / 2 ** 20),
                                 "jvm_and_workers": round(mem.peak_jvm / 2 ** 20)}
-    written = spark.read.format("delta").load(table_path(bench_cfg, "gold.predictions"))
-    spark_res["written_rows"] = written.count()
-    spark_res["decisions"] = {f"{r['decision']}/{r['cc']}": r["count"] for r in
+    load_avg["arrow_start"] = round(os.getloadavg()[0], 2)
+    with PeakRss() as mem:
+        engine_runs("arrow", "bf16", arrow_res)
+        bf16_table = table_now()
+        engine_runs("arrow", "fp32", arrow_res)
+    # the driver's JVM idles meanwhile; the engine's own memory is the Python process's
+    arrow_res["peak_rss_mb"] = {"python_driver": round(mem.peak_python / 2 ** 20),
+                                "idle_jvm": round(mem.peak_jvm / 2 ** 20)}
+    load_avg["end"] = round(os.getloadavg()[0], 2)
+    arrow_table = table_now()
+    same = {c: arrow_table.column(c).equals(spark_table.column(c)) for c in ("conn_id", "decision", "cc", "pred_net_type")}
+    pw_a, pw_s = (t.column("p_wifi").to_numpy() for t in (arrow_table, spark_table))
+    arrow_res["vs_spark_fp32"] = {"rows": arrow_table.num_rows, "identical_columns": same,
+                                  "decisions_identical": all(same.values()),
+                                  "max_abs_p_wifi_diff": float(np.abs(pw_a - pw_s).max()) if len(pw_a) else 0.0}
+    arrow_res["bf16_vs_fp32"] = {
+        "cc_changed_rows": int(np.sum(np.asarray(bf16_table.column("cc")) != np.asarray(arrow_table.column("cc")))),
+        "max_abs_p_wifi_diff": float(np.abs(bf16_table.column("p_wifi").to_numpy() - pw_a).max()) if len(pw_a) else 0.0}
+    written = spark.read.format("delta").load(pred_path)
+    arrow_res["written_rows"] = written.count()
+    arrow_res["decisions"] = {f"{r['decision']}/{r['cc']}": r["count"] for r in
                               written.groupBy("decision", "cc").count().orderBy("decision", "cc").collect()}
     spark.stop()
 
@@ -246,12 +317,17 @@ def main(argv=None) -> int:
         pass
     best_model = max(v["best_rows_per_s"] for v in mo["precisions"].values())
     best_compiled = mo["compiled_fp32"].get("best_rows_per_s", 0)
-    best_spark = max(spark_res[f"infer_{p}"]["warm"]["rows_per_s"] or 0 for p in ("fp32", "bf16"))
+    spark_job = spark_res["infer_fp32"]["warm"]["rows_per_s"] or 0
+    arrow_fp32 = arrow_res["infer_fp32"]["warm"]["rows_per_s"] or 0
     out = {"bench": "infer", "cpu": cpu, "cores": os.cpu_count(), "features": len(FEATURES),
-           "load_average": load_avg, "model_only": mo, "spark": spark_res,
+           "load_average": load_avg, "model_only": mo, "spark": spark_res, "arrow": arrow_res,
            "goals": {"model_rows_per_s": 10_000_000, "model_met": best_model >= 10_000_000,
+                     "model_best_rows_per_s": best_model,
                      "model_compiled_met": best_compiled >= 10_000_000,
-                     "spark_rows_per_s": 3_000_000, "spark_met": best_spark >= 3_000_000,
+                     "infer_rows_per_s": 3_000_000, "infer_engine": "arrow", "infer_fp32_rows_per_s": arrow_fp32,
+                     "infer_met": arrow_fp32 >= 3_000_000 and arrow_res["vs_spark_fp32"]["decisions_identical"],
+                     "spark_job_rows_per_s": spark_job,
+                     "arrow_over_spark_job": round(arrow_fp32 / spark_job, 1) if spark_job else None,
                      "bf16_accuracy_points": 0.1,
                      "bf16_met": abs(mo["accuracy"]["change_points"]) <= 0.1},
            "seconds": round(time.perf_counter() - t_all, 1)}

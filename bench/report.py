@@ -38,6 +38,8 @@ SOURCES = {
     "autoplex": ("AutoPlex statistics, Spark vs DuckDB", "python bench/autoplex.py", ["bench/results/autoplex.json"]),
     "invariance": ("Invariance across nodes: the default fleet and the strong-shift preset (issue 28)",
                    "python bench/invariance.py", ["bench/results/invariance.json"]),
+    "capacity": ("Throughput goals and the capacity plan (issue 31)", "python bench/capacity.py",
+                 ["bench/results/capacity.json"]),
     "freshness": ("The stream: log record to enforced table, and throughput (issue 26)", "python bench/freshness.py",
                   ["bench/results/freshness.json"]),
 }
@@ -97,8 +99,10 @@ def render_page(name: str, title: str, command: str, src: Path | None, data: dic
         if key in data:
             lines.append(f"- {key.replace('_', ' ')}: `{_fmt(data[key])}`")
     lines.append("")
+    if isinstance(data.get("page_markdown"), str):  # a bench's own summary, rendered as it wrote it
+        lines += [data["page_markdown"].rstrip(), ""]
     rows, blocks = [], []
-    for path, v in flatten(data):
+    for path, v in flatten({k: v for k, v in data.items() if k != "page_markdown"}):
         text = _fmt(v)
         if isinstance(v, str) and ("\n" in v or len(v) > _LONG):
             blocks.append((path, v))

@@ -214,6 +214,7 @@ class ModelSettings(_Section):
 
 
 PRECISIONS = ("fp32", "bf16")
+INFER_ENGINES = ("auto", "arrow", "spark")
 OOD_METHODS = ("mahalanobis", "maxabs")
 
 
@@ -228,6 +229,10 @@ class InferSettings(_Section):
     cell_cc: str = "bbr"
     precision: str = "fp32"      # fp32 | bf16 (bench/infer.py measures bf16's accuracy change)
     batch_rows: int = 65536      # rows per Arrow batch handed to the model
+    # auto: the driver-side Arrow engine (models/infer_arrow.py: Delta files → torch → Delta, no
+    # Spark executors) where it can run (a local lake, reader protocol 1), else the Spark job
+    # (models/infer.py); arrow: that engine or an error; spark: always the Spark job
+    engine: str = "auto"
     # Out-of-domain guard (models/ood.py, fitted at training, registered with the model): a row
     # whose standardized features lie beyond the training rows' range by more than ood_margin (z
     # units), or whose distance score exceeds the ood_quantile of the training rows' scores, keeps
@@ -254,6 +259,8 @@ class InferSettings(_Section):
     def __post_init__(self):
         if self.precision not in PRECISIONS:
             raise ValueError(f"infer.precision must be one of {PRECISIONS}, not {self.precision!r}")
+        if self.engine not in INFER_ENGINES:
+            raise ValueError(f"infer.engine must be one of {INFER_ENGINES}, not {self.engine!r}")
         if self.ood_method not in OOD_METHODS:
             raise ValueError(f"infer.ood_method must be one of {OOD_METHODS}, not {self.ood_method!r}")
         if not 0.5 <= self.ood_quantile <= 1.0:

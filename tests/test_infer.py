@@ -142,3 +142,67 @@ def test_ccs_infer_without_champion_fails(tmp_path, small_lake):
     lake = copy_lake(small_lake, tmp_path / "lake")
     res = CliRunner().invoke(app, ["infer", "--hours", f"{lake.lo}..{lake.hi}", "--config", str(lake.cfg_path)])
     assert res.exit_code == 1 and "champion" in res.output
+
+
+def _sorted(df):
+    return df.toPandas().sort_values(["node_id", "hour", "conn_id"]).reset_index(drop=True)
+
+
+def test_arrow_engine_matches_the_spark_job(spark, lake_with_champion, monkeypatch):
+    """The driver-side engine (models/infer_arrow.py) and the Spark job on the same silver, with
+    the same champion, write the same gold.predictions: every column but the probabilities
+    bit-identical, the probabilities within 1e-5. Each replaces the other's files (one row per
+    connection after either), Spark reads the table the engine committed (also from a delta-rs
+    checkpoint), and a run that fails before its commit leaves the table as it was."""
+    from deltalake import DeltaTable
+
+    from ccselect.contract import PREDICTION_COLS
+    from ccselect.lake import table_path
+    from models import infer, infer_arrow, registry
+    lake, cfg, version = lake_with_champion
+    champ = registry.load_champion(cfg)
+    path = table_path(cfg, "gold.predictions")
+    by_spark = infer.run(spark, cfg, lake.lo, lake.hi, champion=champ, engine="spark")
+    spark_rows = _sorted(_predictions(spark, cfg))
+    by_arrow = infer.run(spark, cfg, lake.lo, lake.hi, champion=champ, engine="arrow")
+    arrow_rows = _sorted(_predictions(spark, cfg))
+    assert (by_spark["engine"], by_arrow["engine"]) == ("spark", "arrow")
+    assert by_arrow["rows"] == by_spark["rows"] == len(arrow_rows) == len(spark_rows) > 0
+    assert by_arrow["partitions"] == by_spark["partitions"]
+    exact = [c for c in PREDICTION_COLS if c not in ("p_wifi", "p_cell")]
+    pd.testing.assert_frame_equal(arrow_rows[exact], spark_rows[exact])
+    np.testing.assert_allclose(arrow_rows["p_wifi"], spark_rows["p_wifi"], rtol=0, atol=1e-5)
+    np.testing.assert_allclose(arrow_rows["p_cell"], spark_rows["p_cell"], rtol=0, atol=1e-5)
+    assert by_arrow["decisions"] == by_spark["decisions"] and len(by_arrow["decisions"]) >= 2
+    assert _predictions(spark, cfg).schema == spark.read.format("delta").load(path).schema
+
+    # a delta-rs checkpoint is read by Spark
+    DeltaTable(path).create_checkpoint()
+    assert _predictions(spark, cfg).count() == len(arrow_rows)
+
+    # a failure before the commit: the new files are written, the table is not changed
+    version_before = DeltaTable(path).version()
+
+    def fail(*a, **k):
+        raise OSError("killed before the commit")
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", fail)
+    with pytest.raises(OSError):
+        infer_arrow.run(table_path(cfg, "silver.connections"), path, lake.lo, lake.hi, champ, cfg.settings.infer, "fp32")
+    monkeypatch.undo()
+    assert DeltaTable(path).version() == version_before
+    pd.testing.assert_frame_equal(_sorted(_predictions(spark, cfg)), arrow_rows)
+
+    # and back: the Spark job replaces the engine's files
+    infer.run(spark, cfg, lake.lo, lake.hi, champion=champ, engine="spark")
+    pd.testing.assert_frame_equal(_sorted(_predictions(spark, cfg))[exact], spark_rows[exact])
+
+
+def test_arrow_engine_refuses_what_it_cannot_read():
+    from ccselect.settings import InferSettings
+    from models import infer_arrow
+    assert infer_arrow.usable("/data/lake/silver/connections") is None
+    assert "local filesystem" in infer_arrow.usable("s3a://bucket/lake/silver/connections")
+    with pytest.raises(infer_arrow.Unsupported):
+        infer_arrow.run("s3a://bucket/silver", "s3a://bucket/predictions", "a", "b", None, InferSettings(), "fp32")
+    with pytest.raises(ValueError, match="engine"):
+        InferSettings(engine="gpu")

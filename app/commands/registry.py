@@ -88,6 +88,8 @@ def models_cmd(
 def infer_cmd(
     hours: str = typer.Option(..., "--hours", help="HOUR or FROM..TO (inclusive) of silver.connections to score"),
     precision: Optional[str] = typer.Option(None, "--precision", help="fp32 or bf16 (default infer.precision)"),
+    engine: Optional[str] = typer.Option(None, "--engine",
+                                         help="auto, arrow (in this process) or spark (default infer.engine)"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
@@ -100,6 +102,9 @@ def infer_cmd(
     except LookupError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(1)
-    spark = get_spark(cfg, "ccs-infer")
+    from ccselect.settings import INFER_ENGINES
+    if engine is not None and engine not in INFER_ENGINES:
+        raise typer.BadParameter(f"one of {', '.join(INFER_ENGINES)}", param_hint="--engine")
     lo, hi = parse_hours(hours)
-    _emit(infer.run(spark, cfg, lo, hi, champion=champion, precision=precision), as_json)
+    # no Spark session here: infer.run starts one only when the Spark job runs
+    _emit(infer.run(None, cfg, lo, hi, champion=champion, precision=precision, engine=engine), as_json)

@@ -1,0 +1,282 @@
+"""`ccs infer`'s driver-side engine (issue 31): silver.connections → gold.predictions without
+Spark, over Arrow straight from the Delta files, in the job's own process.
+
+Why: the Spark job (models/infer.py) cannot pass about 120 k rows/s on 2 cores. Its scan of silver
+into a `noop` sink alone runs at about 860 k rows/s and the Python worker's Arrow round trip at
+about 280 k, while the model itself scores about 9 M rows/s. Twelve numeric Parquet columns decode
+at tens of millions of values a second per core, so this engine skips the executors:
+
+- **Read.** The table's Delta log (delta-rs, `deltalake`) names the live data files of the window's
+  (node_id, hour) partitions. Each file is read with pyarrow in batches of `infer.batch_rows`:
+  only the pass-through columns and the twelve Table 4 features.
+- **Score.** The same functions as the Spark job's Arrow UDF, so the probabilities and decisions
+  are the same: `models.infer.standardize`, `predict_wifi` and `models.ood.calibrate`; the champion's
+  out-of-domain guard (`DomainGuard.flags`); and ALICCS §4.2's fallback (`decide_arrays`, the
+  NumPy twin of `models.infer.decide`).
+- **Write.** One Parquet file per input file, under the same partition directory. Then one Delta
+  commit (delta-rs) that adds the new files and removes every live file of the replaced
+  partitions. A re-run replaces exactly the same keys. A process killed before the commit leaves
+  the table as it was: its files are not in the log.
+- **Parallelism.** A thread per core over the files. pyarrow, NumPy's large-array loops and torch
+  release the GIL; torch runs one intra-op thread per file meanwhile.
+
+When it cannot run, it raises `Unsupported` and `models.infer.run` falls back to the Spark job, saying
+why in its result: a lake on object storage (this engine reads local paths), a table whose
+protocol needs reader features (deletion vectors, column mapping), or a partition value that is
+not a plain path segment. The Spark job also stays the path that scales past one machine
+(README, "Scaling out").
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any
+from urllib.parse import unquote
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ccselect.contract import FEATURES, PREDICTION_COLS
+from ccselect.settings import InferSettings
+from models import infer as spark_job  # its scoring functions, called at run time (it imports this module)
+from models.ood import calibrate
+# Imported inside the functions that use them (heavy, not needed to import this module): deltalake, torch.
+
+PARTITION_COLS = ("node_id", "hour")
+_SEGMENT = re.compile(r"^[A-Za-z0-9._-]+$")
+#: the Delta (Spark) types of gold.predictions' data columns, as the Spark job writes them
+_TYPES = {"family": "int32", "requests": "int64", "p_wifi": "float64", "p_cell": "float64"}
+_DICTIONARY = [c for c in PREDICTION_COLS if c not in ("conn_id", "requests", "p_wifi", "p_cell", *PARTITION_COLS)]
+
+
+class Unsupported(RuntimeError):
+    """This engine cannot run on this lake; the Spark job can."""
+
+
+# ---- the decision (ALICCS §4.2), on arrays -------------------------------------------------------
+
+def decide_arrays(p_wifi: np.ndarray, ood: np.ndarray, p: InferSettings) -> dict[str, np.ndarray]:
+    """`models.infer.decide` on NumPy arrays: p_cell = 1 − p_wifi; the predicted type "wifi" at
+    p_wifi ≥ 0.5, else "cell"; a row is trusted when its type's probability reaches its threshold
+    (≥) and it is not out of domain; decision "ood" / "model" / "fallback"; the CC Wi-Fi → wifi_cc,
+    4G/5G → cell_cc, untrusted → default_cc. Codes index the `labels` lists (for dictionary arrays)."""
+    p_cell = 1.0 - p_wifi
+    wifi = p_wifi >= 0.5
+    trusted = np.where(wifi, p_wifi >= float(p.wifi_threshold), p_cell >= float(p.cell_threshold)) & ~ood
+    return {
+        "p_cell": p_cell,
+        "pred_net_type": np.where(wifi, 0, 1).astype(np.int8),          # wifi, cell
+        "decision": np.where(ood, 2, np.where(trusted, 0, 1)).astype(np.int8),  # model, fallback, ood
+        "cc": np.where(~trusted, 0, np.where(wifi, 1, 2)).astype(np.int8),      # default, wifi, cell CC
+    }
+
+
+# ---- the lake ------------------------------------------------------------------------------------
+
+def _local(path: str) -> str:
+    if "://" in path and not path.startswith("file://"):
+        raise Unsupported(f"{path} is not on the local filesystem (this engine reads local paths)")
+    return path[len("file://"):] if path.startswith("file://") else path
+
+
+def _check_protocol(dt) -> None:
+    proto = dt.protocol()
+    if proto.min_reader_version > 1 or (proto.reader_features or []):
+        raise Unsupported(f"{dt.table_uri} needs reader version {proto.min_reader_version} "
+                          f"(features {proto.reader_features}): read it with Spark")
+
+
+def live_files(path: str, lo: str, hi: str) -> list[tuple[str, str, str, int]]:
+    """(absolute path, node_id, hour, rows) of the live data files of silver's partitions with
+    lo ≤ hour ≤ hi, from the table's Delta log."""
+    from deltalake import DeltaTable
+    dt = DeltaTable(path)
+    _check_protocol(dt)
+    acts = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+    out = []
+    for i, rel in enumerate(acts["path"]):
+        node, hour = acts["partition.node_id"][i], acts["partition.hour"][i]
+        if hour is None or not lo <= hour <= hi:
+            continue
+        rows = acts["num_records"][i]
+        out.append((os.path.join(path, unquote(rel)), node, hour, -1 if rows is None else int(rows)))
+    return sorted(out, key=lambda f: (f[1], f[2], f[0]))
+
+
+def _schema():
+    return pa.schema([pa.field(c, getattr(pa, _TYPES.get(c, "string"))()) for c in PREDICTION_COLS
+                      if c not in PARTITION_COLS])
+
+
+def _ensure_table(path: str):
+    """gold.predictions as a DeltaTable, created empty (partitioned by node_id, hour, the schema
+    the Spark job writes) when missing; a table with another schema is refused."""
+    from deltalake import DeltaTable
+    schema = pa.schema(list(_schema()) + [pa.field(c, pa.string()) for c in PARTITION_COLS])
+    if not DeltaTable.is_deltatable(path):
+        return DeltaTable.create(path, schema, mode="ignore", partition_by=list(PARTITION_COLS))
+    dt = DeltaTable(path)
+    _check_protocol(dt)
+    have = [(f.name) for f in pa.schema(dt.schema())]
+    if have != list(PREDICTION_COLS) or list(dt.metadata().partition_columns) != list(PARTITION_COLS):
+        raise Unsupported(f"{path} has columns {have} partitioned by {dt.metadata().partition_columns}, "
+                          f"not gold.predictions' {list(PREDICTION_COLS)} by {list(PARTITION_COLS)}")
+    return dt
+
+
+# ---- scoring one file ----------------------------------------------------------------------------
+
+@contextmanager
+def _torch_threads(n: int):
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class _Scorer:
+    def __init__(self, champion, p: InferSettings, precision: str):
+        import torch
+        self.p, self.precision = p, precision
+        model = champion.model.eval()
+        # Module.to casts in place: the champion's own model stays fp32
+        self.model = copy.deepcopy(model).to(torch.bfloat16) if precision == "bf16" else model
+        if tuple(champion.stats.features) != tuple(FEATURES):
+            raise ValueError("the champion's feature statistics are not in contract.FEATURES order")
+        self.mean, self.std = tuple(champion.stats.mean), tuple(champion.stats.std)
+        self.temperature = float(getattr(champion, "temperature", 1.0)) if p.calibrate else 1.0
+        self.guard = getattr(champion, "guard", None) if p.ood_guard else None
+        self.labels = {"pred_net_type": ["wifi", "cell"], "decision": ["model", "fallback", "ood"],
+                       "cc": [p.default_cc, p.wifi_cc, p.cell_cc]}
+        self.constants = {"default_cc": p.default_cc, "model_name": champion.name,
+                          "model_version": str(champion.version)}
+        self.passthrough = [c for c in spark_job.PASS_THROUGH if c not in PARTITION_COLS]
+
+    def batch(self, rb):
+        """One Arrow record batch of silver → the batch of gold.predictions' data columns, and
+        its decision and CC codes."""
+        z = spark_job.standardize([rb.column(f).to_numpy(zero_copy_only=False) for f in FEATURES], self.mean, self.std)
+        p_wifi = calibrate(spark_job.predict_wifi(self.model, z, self.precision), self.temperature)
+        ood = self.guard.flags(z, self.p.ood_quantile) if self.guard is not None else np.zeros(len(z), bool)
+        d = decide_arrays(p_wifi, ood, self.p)
+        n = len(p_wifi)
+        cols = {c: rb.column(c) for c in self.passthrough}
+        cols["p_wifi"], cols["p_cell"] = pa.array(p_wifi, pa.float64()), pa.array(d["p_cell"], pa.float64())
+        for c, labels in self.labels.items():
+            cols[c] = pa.DictionaryArray.from_arrays(pa.array(d[c]), pa.array(labels)).cast(pa.string())
+        for c, v in self.constants.items():
+            cols[c] = pa.repeat(pa.scalar(v, pa.string()), n)
+        schema = _schema()
+        arrays = [cols[f.name] if cols[f.name].type == f.type else cols[f.name].cast(f.type) for f in schema]
+        return pa.RecordBatch.from_arrays(arrays, schema=schema), d
+
+    def file(self, src: str, node: str, hour: str, table: str) -> dict[str, Any]:
+        """Score one silver file into a new Parquet file of gold.predictions' partition (node,
+        hour); returns its add action's fields and its decision counts."""
+        rel = f"node_id={node}/hour={hour}/part-00000-{uuid.uuid4()}.c000.snappy.parquet"
+        dst = os.path.join(table, rel)
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        counts = np.zeros((3, 3), dtype=np.int64)  # decision code × cc code
+        rows = 0
+        reader = pq.ParquetFile(src)
+        columns = self.passthrough + list(FEATURES)
+        # dictionaries for the repeating columns only: trying one on the unique conn_id and the
+        # probabilities costs time and saves nothing (measured: ~12% less write time, smaller files)
+        with pq.ParquetWriter(dst, _schema(), compression="snappy", use_dictionary=_DICTIONARY) as w:
+            for rb in reader.iter_batches(batch_size=int(self.p.batch_rows), columns=columns, use_threads=False):
+                out, d = self.batch(rb)
+                w.write_batch(out)
+                counts += np.bincount(d["decision"] * 3 + d["cc"], minlength=9).reshape(3, 3)
+                rows += out.num_rows
+        st = os.stat(dst)
+        return {"path": rel, "size": st.st_size, "node_id": node, "hour": hour, "rows": rows,
+                "mtime_ms": int(st.st_mtime * 1000), "counts": counts}
+
+
+# ---- the job -------------------------------------------------------------------------------------
+
+def run(silver: str, predictions: str, lo: str, hi: str, champion, p: InferSettings, precision: str,
+        workers: int | None = None) -> dict[str, Any]:
+    """Score silver's hours lo..hi into gold.predictions, replacing exactly the (node_id, hour)
+    partitions that have silver rows, in one Delta commit. Raises Unsupported when it cannot."""
+    from deltalake import CommitProperties
+    from deltalake.transaction import AddAction, RemoveAction
+
+    silver, predictions = _local(silver), _local(predictions)
+    t0 = time.perf_counter()
+    files = [f for f in live_files(silver, lo, hi) if f[3] != 0]
+    for _, node, hour, _ in files:
+        if not (_SEGMENT.match(node) and _SEGMENT.match(hour)):
+            raise Unsupported(f"partition value {node!r}/{hour!r} is not a plain path segment")
+    keys = sorted({(f[1], f[2]) for f in files})
+    if not keys:
+        return {"rows": 0, "partitions": 0}
+    dt = _ensure_table(predictions)
+    scorer = _Scorer(champion, p, precision)
+    workers = max(1, workers or os.cpu_count() or 1)
+    with _torch_threads(1), ThreadPoolExecutor(workers) as pool:
+        written = list(pool.map(lambda f: scorer.file(f[0], f[1], f[2], predictions), files))
+    written = [w for w in written if w["rows"]]
+    keys = sorted({(w["node_id"], w["hour"]) for w in written})
+    adds = [AddAction(w["path"], w["size"], {"node_id": w["node_id"], "hour": w["hour"]}, w["mtime_ms"], True,
+                      json.dumps({"numRecords": w["rows"]})) for w in written]
+    dt.update_incremental()
+    replaced = _live_in(dt, set(keys))
+    now = int(time.time() * 1000)
+    removes = [RemoveAction(path, True, now, size, {"node_id": node, "hour": hour})
+               for path, size, node, hour in replaced]
+    dt.create_write_transaction(adds + removes, mode="append", schema=dt.schema(), partition_by=list(PARTITION_COLS),
+                                commit_properties=CommitProperties(custom_metadata={
+                                    "ccs.job": "ccs infer", "ccs.engine": "arrow",
+                                    "ccs.rows": str(sum(w["rows"] for w in written)),
+                                    "ccs.model": f"{champion.name}/{champion.version}"}))
+    seconds = time.perf_counter() - t0
+    counts = sum(w["counts"] for w in written)
+    decisions = {}
+    for di, dname in enumerate(scorer.labels["decision"]):
+        for ci, cname in enumerate(scorer.labels["cc"]):
+            if counts[di, ci]:
+                key = f"{dname}/{cname}"
+                decisions[key] = decisions.get(key, 0) + int(counts[di, ci])
+    rows = int(counts.sum())
+    return {"rows": rows, "partitions": len(keys), "files": len(written), "removed_files": len(removes),
+            "seconds": round(seconds, 3), "workers": workers, "decisions_written": dict(sorted(decisions.items()))}
+
+
+def _live_in(dt, keys: set[tuple[str, str]]) -> list[tuple[str, int, str, str]]:
+    """(path, size, node_id, hour) of the table's live files in the partitions `keys`."""
+    acts = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+    return [(path, int(acts["size_bytes"][i]), acts["partition.node_id"][i], acts["partition.hour"][i])
+            for i, path in enumerate(acts["path"])
+            if (acts["partition.node_id"][i], acts["partition.hour"][i]) in keys]
+
+
+def window_decisions(path: str, lo: str, hi: str) -> dict[str, int]:
+    """Rows per "decision/cc" of gold.predictions' hours lo..hi (what the Spark job reports)."""
+    counts: dict[str, int] = {}
+    for f, _, _, _ in live_files(path, lo, hi):
+        t = pq.read_table(f, columns=["decision", "cc"])
+        for row in t.group_by(["decision", "cc"]).aggregate([([], "count_all")]).to_pylist():
+            key = f"{row['decision']}/{row['cc']}"
+            counts[key] = counts.get(key, 0) + row["count_all"]
+    return dict(sorted(counts.items()))
+
+
+def usable(path: str) -> str | None:
+    """Why this engine cannot run on the lake at `path` (None when it can)."""
+    try:
+        _local(path)
+    except Unsupported as e:
+        return str(e)
+    return None
+
