@@ -7,6 +7,7 @@ columns they name, so they are tested on tiny inline frames.
 """
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -15,7 +16,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
 from ccselect import delta_io
-from ccselect.lake import connections_in, table_path, write_window
+from ccselect.lake import connections_in, table_path
 from ccselect.settings import AutoplexSettings, PolicySettings
 # Imported inside the functions that use them (heavy, not needed to import this module): matplotlib.
 
@@ -30,6 +31,8 @@ METRICS = {
     # goodput / srtt in Mbps per second, as AutoPlex Fig. 2 reports it
     "goodput_per_srtt": lambda: (F.col(GOODPUT) / 1e6) / (((F.col("min_srtt_us") + F.col("max_srtt_us")) / 2) / 1e6),
 }
+#: the silver columns each metric reads
+METRIC_INPUTS = {"retrans_ratio": ("retrans_ratio",), "goodput_per_srtt": (GOODPUT, "min_srtt_us", "max_srtt_us")}
 #: the band means of Algorithm 1 line 6: output name → silver column
 VALUES = {"goodput_bps": GOODPUT, "max_inflight_segs": "max_inflight_segs", "max_cwnd_segs": "max_cwnd_segs"}
 
@@ -95,58 +98,126 @@ def with_period(df: DataFrame, period_minutes: int) -> DataFrame:
     return df.withColumn("period_start_ms", (F.floor(F.col("ts_end_ms") / t) * t).cast("bigint"))
 
 
-def band(df: DataFrame, policy: Policy, group_cols: list[str]) -> DataFrame:
-    """Algorithm 1's Extract: per group and period, sort by the policy metric (ties broken by
-    conn_id, so the result is deterministic) and keep positions k (0-based, n sessions) with
-    lo·n/100 <= k < hi·n/100. Adds `n_sessions` (the group's count) to each kept row."""
+def _metric_col(metric: str) -> str:
+    return f"_m_{metric}"
+
+
+def with_metrics(df: DataFrame, metrics) -> DataFrame:
+    """Adds a column `_m_<metric>` for each of `metrics` (names of METRICS)."""
+    return df.withColumns({_metric_col(m): METRICS[m]() for m in sorted(set(metrics))})
+
+
+def _banded(df: DataFrame, bands: list[tuple[str, Policy]], group_cols: list[str]) -> DataFrame:
+    """Algorithm 1's Extract for bands that share one metric and direction, in one sort: per
+    group and period, sessions ordered by the metric (ties broken by conn_id, so the result is
+    deterministic; sessions without the metric last and not counted) take positions k (0-based,
+    n sessions with the metric); a session is in band (label, policy) when
+    lo·n/100 <= k < hi·n/100 — since hi <= 100, only sessions with the metric are. One row per
+    session and band it is in, with `_band` (the label), `_m` (the metric) and `n_sessions`.
+    `df` carries the `_m_<metric>` columns of `with_metrics`."""
+    metric, ascending = bands[0][1].metric, bands[0][1].ascending
+    assert all((p.metric, p.ascending) == (metric, ascending) for _, p in bands), bands
     keys = [*group_cols, "period_start_ms"]
-    metric = METRICS[policy.metric]()
-    order = (F.col("_m").asc_nulls_last() if policy.ascending else F.col("_m").desc_nulls_last(), F.col("conn_id"))
-    w = Window.partitionBy(*keys).orderBy(*order)
-    wn = Window.partitionBy(*keys)
-    ranked = (df.withColumn("_m", metric).where(F.col("_m").isNotNull())
-              .withColumn("_k", F.row_number().over(w) - 1)
-              .withColumn("n_sessions", F.count(F.lit(1)).over(wn)))
-    lo = F.col("n_sessions") * F.lit(policy.band_lo / 100.0)
-    hi = F.col("n_sessions") * F.lit(policy.band_hi / 100.0)
-    return ranked.where((F.col("_k") >= lo) & (F.col("_k") < hi)).drop("_k")
+    m = F.col(_metric_col(metric))
+    w = Window.partitionBy(*keys).orderBy(m.asc_nulls_last() if ascending else m.desc_nulls_last(), F.col("conn_id"))
+    # the count over the same ordered window (whole frame), so both come from one window operator
+    whole = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
+    ranked = df.withColumns({"_k": F.row_number().over(w) - 1, "n_sessions": F.count(m).over(whole)})
+    k, n = F.col("_k"), F.col("n_sessions")
+    member = {label: (k >= n * F.lit(p.band_lo / 100.0)) & (k < n * F.lit(p.band_hi / 100.0)) for label, p in bands}
+    if len(member) == 1:
+        (label, cond), = member.items()
+        out = ranked.where(cond).withColumn("_band", F.lit(label))
+    else:   # bands may overlap: a row per band the session is in (explode and when: compiled, no lambda)
+        any_band = functools.reduce(lambda a, b: a | b, member.values())
+        out = (ranked.where(any_band)
+               .withColumn("_band", F.explode(F.array(*[F.when(c, F.lit(label)) for label, c in member.items()])))
+               .where(F.col("_band").isNotNull()))
+    return out.withColumn("_m", m).drop("_k")
+
+
+def _orderings(bands: list[tuple[str, Policy]]) -> list[list[tuple[str, Policy]]]:
+    """`bands` grouped by (metric, direction): each group is ranked by one sort."""
+    by: dict[tuple[str, bool], list[tuple[str, Policy]]] = {}
+    for label, p in bands:
+        by.setdefault((p.metric, p.ascending), []).append((label, p))
+    return list(by.values())
+
+
+def band(df: DataFrame, policy: Policy, group_cols: list[str]) -> DataFrame:
+    """Algorithm 1's Extract for one policy: the rows of `df` in its band (see `_banded`), with
+    `n_sessions` (the group's count of sessions with the metric) and `_m` (the metric)."""
+    return _banded(with_metrics(df, [policy.metric]), [("", policy)], group_cols).drop("_band")
+
+
+def band_means(df: DataFrame, bands: list[tuple[str, Policy]], group_cols: list[str]) -> DataFrame:
+    """Algorithm 1 line 6 (§4.2, better-performed session extraction) for every band at once: per
+    group, period and band (`_band`, the label), `n_sessions`, `n_band` and the band means of
+    VALUES and of the metric; groups with fewer sessions than the band's policy asks get no row.
+
+    The bands of one metric and direction share one sort (the default policies and §3.4's two
+    bands need two sorts in all, not one per band); each band's means are summed in that sort's
+    order, the order a window per policy gives, so the floating-point means are the same bits.
+    A caller with several metrics caches `df` (run_parameters): each metric's sort reads it."""
+    keys = [*group_cols, "period_start_ms"]
+    base = with_metrics(df, [p.metric for _, p in bands])
+    min_sessions = F.create_map(*[F.lit(x) for label, p in bands for x in (label, p.min_sessions)])
+    res = None
+    for ordering in _orderings(bands):
+        agg = (_banded(base, ordering, group_cols)
+               .groupBy(*keys, "_band")
+               .agg(F.first("n_sessions").alias("n_sessions"), F.count(F.lit(1)).alias("n_band"),
+                    *[F.avg(src).alias(f"mean_{c}") for c, src in VALUES.items()],
+                    F.avg("_m").alias("mean_metric")))
+        res = agg if res is None else res.unionByName(agg)
+    assert res is not None
+    return res.where(F.col("n_sessions") >= min_sessions[F.col("_band")])
+
+
+def parameters_all(df: DataFrame, policies: list[Policy], group_cols: list[str], period_minutes: int) -> DataFrame:
+    """Algorithm 1 lines 5-8 per policy, group and period: mean goodput, max_inflight, max_cwnd of
+    the policy's band; pacing_rate_last = goodput; max_cwnd_last = (max_inflight + max_cwnd) / 2.
+    Groups below the policy's minimum session count get no row. `applies_from_ms` is the next
+    period. `df` has `period_start_ms` (`with_period`)."""
+    bands = [(str(i), p) for i, p in enumerate(policies)]   # labels by position: names may repeat
+    keys = [*group_cols, "period_start_ms"]
+
+    def lookup(f):
+        return F.create_map(*[F.lit(x) for label, p in bands for x in (label, f(p))])[F.col("_band")]
+    agg = band_means(df, bands, group_cols)
+    return agg.select(
+        *keys, "n_sessions", "n_band", *[f"mean_{c}" for c in VALUES], "mean_metric",
+        lookup(lambda p: p.name).alias("policy"), lookup(lambda p: p.metric).alias("metric"),
+        lookup(lambda p: float(p.band_lo)).alias("band_lo"), lookup(lambda p: float(p.band_hi)).alias("band_hi"),
+        F.col("mean_goodput_bps").alias("pacing_rate_last_bps"),
+        ((F.col("mean_max_inflight_segs") + F.col("mean_max_cwnd_segs")) / 2).alias("max_cwnd_last_segs"),
+        (F.col("period_start_ms") + F.lit(period_minutes * 60_000)).alias("applies_from_ms"))
 
 
 def parameters(df: DataFrame, policy: Policy, group_cols: list[str], period_minutes: int) -> DataFrame:
-    """Algorithm 1 lines 5-8 per group and period: mean goodput, max_inflight, max_cwnd of the
-    band; pacing_rate_last = goodput; max_cwnd_last = (max_inflight + max_cwnd) / 2. Groups
-    below the policy's minimum session count get no row. `applies_from_ms` is the next period."""
-    b = band(df, policy, group_cols)
-    keys = [*group_cols, "period_start_ms"]
-    agg = (b.groupBy(*keys).agg(F.first("n_sessions").alias("n_sessions"), F.count(F.lit(1)).alias("n_band"),
-                                *[F.avg(src).alias(f"mean_{c}") for c, src in VALUES.items()],
-                                F.avg("_m").alias("mean_metric"))
-           .where(F.col("n_sessions") >= policy.min_sessions))
-    return (agg.withColumn("policy", F.lit(policy.name)).withColumn("metric", F.lit(policy.metric))
-            .withColumn("band_lo", F.lit(float(policy.band_lo))).withColumn("band_hi", F.lit(float(policy.band_hi)))
-            .withColumn("pacing_rate_last_bps", F.col("mean_goodput_bps"))
-            .withColumn("max_cwnd_last_segs", (F.col("mean_max_inflight_segs") + F.col("mean_max_cwnd_segs")) / 2)
-            .withColumn("applies_from_ms", F.col("period_start_ms") + F.lit(period_minutes * 60_000)))
+    """`parameters_all` for one policy."""
+    return parameters_all(df, [policy], group_cols, period_minutes)
 
 
 def change_rates(df: DataFrame, group_cols: list[str], better: Policy, worse: Policy,
                  period_minutes: int) -> DataFrame:
     """AutoPlex §3.4: for the better and the worse band, the change rate |m_T − m_{T−1}| / m_{T−1}
-    of each band mean (goodput, max_cwnd, max_inflight) between adjacent periods of a group."""
-    out = []
-    for label, pol in (("better", better), ("worse", worse)):
-        p = parameters(df, pol, group_cols, period_minutes)
-        w = Window.partitionBy(*group_cols).orderBy("period_start_ms")
-        for c in VALUES:
-            prev = F.lag(f"mean_{c}").over(w)
-            prev_start = F.lag("period_start_ms").over(w)
-            out.append(p.select(*group_cols, "period_start_ms", F.lit(label).alias("band"), F.lit(c).alias("value"),
-                                F.when((prev > 0) & (F.col("period_start_ms") - prev_start == period_minutes * 60_000),
-                                       F.abs(F.col(f"mean_{c}") - prev) / prev).alias("change_rate")))
-    res = out[0]
-    for o in out[1:]:
-        res = res.unionByName(o)
-    return res.where(F.col("change_rate").isNotNull())
+    of each band mean (goodput, max_cwnd, max_inflight) between adjacent periods of a group.
+    Both bands' means come from one pass (`band_means`), and one window over (group, band) gives
+    every value's previous period."""
+    t = period_minutes * 60_000
+    means = band_means(df, [("better", better), ("worse", worse)], group_cols).withColumnRenamed("_band", "band")
+    w = Window.partitionBy(*group_cols, "band").orderBy("period_start_ms")
+    adjacent = F.col("period_start_ms") - F.lag("period_start_ms").over(w) == t
+    rates = []
+    for c in VALUES:
+        prev = F.lag(f"mean_{c}").over(w)
+        rates.append(F.struct(F.lit(c).alias("value"),
+                              F.when((prev > 0) & adjacent, F.abs(F.col(f"mean_{c}") - prev) / prev).alias("change_rate")))
+    # the window first, then the generator (Spark does not plan both in one projection)
+    return (means.select(*group_cols, "period_start_ms", "band", F.array(*rates).alias("_rates"))
+            .select(*group_cols, "period_start_ms", "band", F.inline("_rates"))
+            .where(F.col("change_rate").isNotNull()))
 
 
 def similarity_summary(rates: DataFrame) -> DataFrame:
@@ -174,14 +245,15 @@ def load_policies(s: AutoplexSettings) -> list[Policy]:
     return [Policy.from_settings(p) for p in s.policies]
 
 
+def inputs(silver: DataFrame, group_cols: list[str], metrics) -> DataFrame:
+    """The silver columns that the bands of `metrics` and their means read."""
+    cols = {"conn_id", "ts_end_ms", *VALUES.values(), *(c for m in metrics for c in METRIC_INPUTS[m])}
+    return silver.select(*group_cols, *sorted(cols - set(group_cols)))
+
+
 def run(silver: DataFrame, policies: list[Policy], group_cols: list[str], period_minutes: int) -> DataFrame:
-    df = with_period(silver, period_minutes)
-    res = None
-    for p in policies:
-        part = parameters(df, p, group_cols, period_minutes)
-        res = part if res is None else res.unionByName(part)
-    assert res is not None
-    return res
+    """gold.autoplex_params' rows (without `period`) for every policy, from one pass."""
+    return parameters_all(with_period(silver, period_minutes), policies, group_cols, period_minutes)
 
 
 # --- extract / load ----------------------------------------------------------------------------
@@ -215,13 +287,18 @@ def run_parameters(spark: SparkSession, cfg: Any, start_ms: int, periods: int) -
     t = period * 60_000
     start_ms -= start_ms % t
     end_ms = start_ms + periods * t
-    silver = extract(spark, cfg, start_ms, end_ms)
-    params = run(silver, policies, group_cols, period).withColumn("period", _period_label())
+    # the columns read, cached: each metric's sort reads them (one scan of silver's files, not one
+    # per metric)
+    silver = inputs(extract(spark, cfg, start_ms, end_ms), group_cols, {p.metric for p in policies}).cache()
+    # cached: a few thousand rows, counted (which fills the cache in parallel) and written without
+    # being computed again or read back; the write from one task, one file per period (each task
+    # of the shuffle would write its own)
+    params = run(silver, policies, group_cols, period).withColumn("period", _period_label()).cache()
+    counts = {r["policy"]: r["n"] for r in params.groupBy("policy").agg(F.count(F.lit(1)).alias("n")).collect()}
     labels = [_period_label_py(start_ms + i * t) for i in range(periods)]
-    delta_io.replace_partitions(params, table_path(cfg, "gold.autoplex_params"), {(p,) for p in labels}, ("period",))
-    written = (spark.read.format("delta").load(table_path(cfg, "gold.autoplex_params"))
-               .where(F.col("period").isin(labels)))
-    counts = {r["policy"]: r["n"] for r in written.groupBy("policy").agg(F.count(F.lit(1)).alias("n")).collect()}
+    delta_io.replace_partitions(params.coalesce(1), table_path(cfg, "gold.autoplex_params"),
+                                {(p,) for p in labels}, ("period",))
+    params.unpersist(), silver.unpersist()
     return {"periods": labels, "group_by": group_cols, "rows_per_policy": counts}
 
 
@@ -247,7 +324,11 @@ def run_similarity(spark: SparkSession, cfg: Any, start_ms: int, periods: int,
     df = with_period(extract(spark, cfg, start_ms, start_ms + periods * t), period)
     rates = change_rates(df, group_cols, better, worse, period).cache()
     window = f"{_period_label_py(start_ms)}..{_period_label_py(start_ms + (periods - 1) * t)}"
-    n = write_window(spark, cfg, rates, "gold.autoplex_similarity", window)
+    n = rates.count()
+    # the window's partition replaced in one commit, as lake.write_window does, from one task (one
+    # file); its row count from the cache rather than from the table read back
+    delta_io.replace_partitions(rates.coalesce(1).withColumn("window", F.lit(window)),
+                                table_path(cfg, "gold.autoplex_similarity"), {(window,)}, ("window",))
     summary = [r.asDict() for r in similarity_summary(rates).collect()]
     rates.unpersist()
     out = {"window": window, "rows": n, "summary": summary}

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from jobs.autoplex import Policy, PolicyError, band, change_rates, f_cap, parameters, prefix_caps, with_period
+from jobs.autoplex import (Policy, PolicyError, band, change_rates, f_cap, parameters, parameters_all, prefix_caps,
+                           with_period)
 
 SCHEMA = ("ug_id string, conn_id string, ts_end_ms long, retrans_ratio double, delivery_rate_bps double, "
           "min_srtt_us long, max_srtt_us long, max_inflight_segs long, max_cwnd_segs long")
@@ -109,3 +110,77 @@ def test_prefix_caps_map_groups_to_blocks(sessions, spark):
     got = prefix_caps(ref, params).select("cidr", "pacing_rate_bps", "cwnd_clamp_segs")
     assertDataFrameEqual(got, spark.createDataFrame([("58.14.0.0/16", 3_000_000, 17), ("240e:100::/32", 3_000_000, 17)],
                                                     "cidr string, pacing_rate_bps long, cwnd_clamp_segs int"))
+
+
+def _reference_rows():
+    """Two periods of three groups, with sessions whose metric is null (no retransmission ratio,
+    or no RTT) and ties: the edge rows of the one-pass ranking."""
+    rows = []
+    for period in (0, 1):
+        for i in range(40):
+            retrans = None if i % 13 == 0 else (i % 7) / 50
+            srtt = None if i % 11 == 0 else 10_000 + 1_000 * (i % 5)
+            rows.append(("henan-AS4134", f"h{period}-{i:02d}", period * P1 + i, retrans, 1e6 * (1 + i % 9) + period * 1e5,
+                         srtt, srtt, 10 + i % 6, 20 + i % 4))
+        for i in range(25):
+            rows.append(("qinghai-AS9808", f"q{period}-{i:02d}", period * P1 + i, 0.0, 2e6 + 1e4 * i * (period + 1),
+                         20_000, 30_000, i, 2 * i))
+        for i in range(4):
+            rows.append(("beijing-AS4837", f"b{period}-{i}", period * P1 + i, 0.1 * i, 1e6, 10_000, 10_000, 1, 1))
+    return rows
+
+
+def _duckdb_reference(rows, sql: str):
+    """`sql` run in DuckDB over `rows` as table `conns` (nulls stay nulls, as in Spark)."""
+    import duckdb
+    types = {"string": "VARCHAR", "long": "BIGINT", "double": "DOUBLE"}
+    cols = [c.split() for c in SCHEMA.split(", ")]
+    con = duckdb.connect()
+    con.execute("CREATE TABLE conns (" + ", ".join(f"{n} {types[t]}" for n, t in cols) + ")")
+    con.executemany(f"INSERT INTO conns VALUES ({', '.join('?' * len(cols))})", rows)
+    return con.execute(sql).fetchall()
+
+
+def test_all_policies_in_one_pass_match_duckdb(spark):
+    """parameters_all ranks bands of one metric in one sort and every metric from one shuffle: per
+    policy, the rows must be those of the single-policy SQL of bench/autoplex.py run in DuckDB,
+    with overlapping bands of one metric, two metrics, both directions and null metrics."""
+    from bench.autoplex import _BAND, _METRIC_SQL
+    policies = [Policy("low_retrans", "retrans_ratio", True, 5, 20, 5),
+                Policy("wide_retrans", "retrans_ratio", True, 0, 50, 5),
+                Policy("high_goodput_per_srtt", "goodput_per_srtt", False, 80, 95, 5),
+                Policy("low_goodput_per_srtt", "goodput_per_srtt", True, 10, 40, 30)]
+    rows = _reference_rows()
+    got = parameters_all(with_period(spark.createDataFrame(rows, SCHEMA), 30), policies, ["ug_id"], 30).select(
+        "policy", "ug_id", "period_start_ms", "n_sessions", "n_band", "mean_goodput_bps", "mean_max_inflight_segs",
+        "mean_max_cwnd_segs", "mean_metric")
+    want = []
+    for p in policies:
+        sql = _BAND.format(t=P1, metric=_METRIC_SQL[p.metric], dir="ASC" if p.ascending else "DESC", lo=p.band_lo,
+                           hi=p.band_hi, min_n=p.min_sessions)
+        want += [(p.name, *r) for r in _duckdb_reference(rows, sql)]
+    assert {r[0] for r in want} == {p.name for p in policies}, "every policy has rows to compare"
+    assertDataFrameEqual(got, spark.createDataFrame(want, got.schema))
+
+
+def test_change_rates_of_both_bands_match_duckdb(spark):
+    """change_rates computes the better and the worse band in one pass: the same rates as the
+    per-band SQL of bench/autoplex.py in DuckDB."""
+    from bench.autoplex import _BAND
+    better = Policy("better", "retrans_ratio", True, 5, 20, 5)
+    worse = Policy("worse", "retrans_ratio", True, 75, 90, 5)
+    rows = _reference_rows()
+    got = change_rates(with_period(spark.createDataFrame(rows, SCHEMA), 30), ["ug_id"], better, worse, 30)
+    want = []
+    for label, p in (("better", better), ("worse", worse)):
+        b = _BAND.format(t=P1, metric="retrans_ratio", dir="ASC", lo=p.band_lo, hi=p.band_hi, min_n=p.min_sessions)
+        for v in ("goodput_bps", "max_inflight_segs", "max_cwnd_segs"):
+            want += _duckdb_reference(rows, f"""
+                WITH b AS ({b}),
+                l AS (SELECT *, lag(mean_{v}) OVER w AS prev, lag(period_start_ms) OVER w AS prev_start FROM b
+                      WINDOW w AS (PARTITION BY ug_id ORDER BY period_start_ms))
+                SELECT ug_id, period_start_ms, '{label}', '{v}', abs(mean_{v} - prev) / prev FROM l
+                WHERE prev > 0 AND period_start_ms - prev_start = {P1}""")
+    assert {(r[2], r[3]) for r in want} == {(b, v) for b in ("better", "worse")
+                                             for v in ("goodput_bps", "max_inflight_segs", "max_cwnd_segs")}
+    assertDataFrameEqual(got, spark.createDataFrame(want, got.schema))
