@@ -29,14 +29,18 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ccselect.spark import conf_set, get_spark
-from export.artifact import signing
-from sim.params import SimParams
-from sim.world import World
-# Imported inside the functions that use them (heavy, not needed to import this module): bench, duckdb, polars, and our modules that load them.
-
+# the repository first: run as `bench/export.py`, this file's own name would shadow the export package
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from ccselect.spark import get_spark  # noqa: E402
+from export.artifact import signing  # noqa: E402
+from sim.params import SimParams  # noqa: E402
+from sim.world import World  # noqa: E402
+# Imported inside the functions that use them (heavy, not needed to import this module): bench, duckdb, polars, and our modules that load them.
+
+
+GOAL_RATIO = 2.0          # issue 31: Spark's seconds over DuckDB's, per case
 
 
 def fleet_decisions(hours: int, nodes: int | None = None):
@@ -213,9 +217,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
 
+    from bench.ingest import PeakRss
     from ccselect.lake import table_path
     from export.tables import aggregate as agg
 
+    load_start = os.getloadavg()
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -240,22 +246,24 @@ def main(argv=None) -> int:
         spark.read.parquet(src).write.format("delta").mode("overwrite").save(lake_path)
         setup_s = time.perf_counter() - t1
         load_spark = os.getloadavg()
-        t2 = time.perf_counter()
-        with conf_set(spark, agg.TREE_PARTITIONED):               # as run_export: one pass, two readers
+        with PeakRss() as spark_mem:                               # driver Python + its JVM
+            t2 = time.perf_counter()
+            # as run_export: one Spark job to the per-address decisions, read by both in the driver
             preds = spark.read.format("delta").load(lake_path)
-            decisions = agg.address_decisions(preds, settings=settings).persist()
+            decisions = agg.collect_decisions(agg.address_decisions(preds))
+            t_job = time.perf_counter()
             aggs = agg.spark_aggregate(decisions, settings)
             t_agg = time.perf_counter()
             metrics = agg.table_metrics(decisions, [a.entry() for a in aggs], aggs)
             t_metrics = time.perf_counter()
-            decisions.unpersist()
-        _sign(aggs, metrics, str(work / f"spark_{name}"), key, 1)
-        spark_s = time.perf_counter() - t2
+            _sign(aggs, metrics, str(work / f"spark_{name}"), key, 1)
+            spark_s = time.perf_counter() - t2
         load_duck = os.getloadavg()
-        t3 = time.perf_counter()
-        d_aggs, d_metrics, _ = run_duckdb(src, settings)
-        _sign(d_aggs, d_metrics, str(work / f"duck_{name}"), key, 1)
-        duck_s = time.perf_counter() - t3
+        with PeakRss() as duck_mem:                                # DuckDB runs in this process
+            t3 = time.perf_counter()
+            d_aggs, d_metrics, _ = run_duckdb(src, settings)
+            _sign(d_aggs, d_metrics, str(work / f"duck_{name}"), key, 1)
+            duck_s = time.perf_counter() - t3
         load_end = os.getloadavg()
         same = d_aggs == aggs
         results[name] = {
@@ -268,8 +276,17 @@ def main(argv=None) -> int:
             "coverage": round(metrics["coverage"], 5),
             "spark_seconds": round(spark_s, 2), "duckdb_seconds": round(duck_s, 2),
             "spark_over_duckdb": round(spark_s / duck_s, 2),
-            "spark_phases_seconds": {"aggregate": round(t_agg - t2, 2), "metrics": round(t_metrics - t_agg, 2),
-                                     "sign": round(t2 + spark_s - t_metrics, 2)},
+            "meets_goal": spark_s / duck_s <= GOAL_RATIO,
+            # aggregate: the Spark job that sums the decisions per address (spark_job) and the ladder
+            # over its rows in the driver
+            "spark_phases_seconds": {"aggregate": round(t_agg - t2, 2), "spark_job": round(t_job - t2, 2),
+                                     "metrics": round(t_metrics - t_agg, 2), "sign": round(t2 + spark_s - t_metrics, 2)},
+            # resident memory, sampled every 0.2 s (bench.ingest.PeakRss): this process and its
+            # children (the Spark driver JVM, idle during DuckDB's run)
+            "peak_rss_mb": {"spark": {"total": round(spark_mem.peak / 2 ** 20), "python": round(spark_mem.peak_python / 2 ** 20),
+                                      "jvm": round(spark_mem.peak_jvm / 2 ** 20)},
+                            "duckdb": {"total": round(duck_mem.peak / 2 ** 20), "python": round(duck_mem.peak_python / 2 ** 20),
+                                       "jvm": round(duck_mem.peak_jvm / 2 ** 20)}},
             "tables_identical": same,
             "duckdb_metrics_match": all(abs(d_metrics[k] - metrics[k]) < 1e-9 for k in
                                         ("coverage", "agreement", "agreement_ip_majority")),
@@ -285,7 +302,9 @@ def main(argv=None) -> int:
     results["default_fleet"]["why_not_614x"] = saving_by_window(fleet, settings)   # after the timings
     results["default_fleet"]["why_not_614x"]["seconds"] = round(time.perf_counter() - t4, 1)
     out = {
-        "bench": "export", "goal": "spark within 3x of duckdb; paper: 614x memory saving, no accuracy loss",
+        "bench": "export", "goal": "spark within 2x of duckdb", "goal_ratio": GOAL_RATIO,
+        "paper": "614x memory saving, no accuracy loss",
+        "load_average_start": [round(x, 2) for x in load_start],
         "cores": 2, "spark_master": "local[2]", "duckdb_threads": 2,
         "spark_conf": {k: cfg.settings.spark.conf[k] for k in ("spark.sql.shuffle.partitions", "spark.default.parallelism",
                                                                "spark.databricks.delta.snapshotPartitions")},

@@ -187,22 +187,19 @@ def _random_rows(seed, n):
     return [((v4 if rng.random() < 0.6 else v6)(), rng.choice(CCS), rng.randrange(0, 30)) for _ in range(n)]
 
 
-@pytest.mark.parametrize("seed,tree", [(1, False), (2, False), (1, True), (2, True)])
-def test_spark_job_matches_reference(spark, seed, tree):
-    """The job against the Python reference; `tree`: as run_export runs it — decisions
-    partitioned by ladder tree, persisted, under TREE_PARTITIONED's settings."""
-    from ccselect.spark import conf_set
+@pytest.mark.parametrize("seed,collected", [(1, False), (2, False), (1, True), (2, True)])
+def test_spark_job_matches_reference(spark, seed, collected):
+    """The job against the Python reference; `collected`: as run_export runs it — the decisions
+    collected to the driver once, read by both the aggregation and the metrics."""
     rows, fallbacks = _random_rows(seed, 400), _random_rows(seed + 100, 40)
     fallbacks.append(("9.9.9.9", "cubic", 5))        # an address no model decision covers
-    with conf_set(spark, agg.TREE_PARTITIONED if tree else {}):
-        preds = _pred_frame(spark, rows, fallbacks)
-        decisions = (agg.address_decisions(preds, settings=SETTINGS).persist() if tree
-                     else agg.address_decisions(preds))
-        got = agg.spark_aggregate(decisions, SETTINGS)
-        entries = [a.entry() for a in got]
-        m = agg.table_metrics(decisions, entries, got)
-        if tree:
-            decisions.unpersist()
+    preds = _pred_frame(spark, rows, fallbacks)
+    decisions = agg.address_decisions(preds)
+    if collected:
+        decisions = agg.collect_decisions(decisions)
+    got = agg.spark_aggregate(decisions, SETTINGS)
+    entries = [a.entry() for a in got]
+    m = agg.table_metrics(decisions, entries, got)
     want = agg.reference_aggregate(rows, SETTINGS)
     assert got == want
     table = tf.Table(1, 0, 1, tuple(entries))
@@ -246,6 +243,28 @@ def test_spark_job_on_algorithm_1_cases(spark, case):
     assert got == agg.reference_aggregate(rows, SETTINGS), case
 
 
+def _ladder_frame_entries(frame):
+    """`ladder_entries`' rows as Aggregated, sorted as the other versions return them."""
+    out = [agg.Aggregated(agg.key_network(r["fam"], r["level"], r["key"]), r["cc"], r["weight"], r["top_weight"],
+                          r["requests"], r["passed"]) for r in frame.collect()]
+    return sorted(out, key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_ladder_entries_per_table_match_reference(spark, seed):
+    """The DataFrame ladder (evaluation/emulate.py's, one table per `by` value in one pass)
+    against the reference, per value: two hours of different decisions."""
+    from pyspark.sql import functions as F
+    hours = {"h0": _random_rows(seed, 300), "h1": _random_rows(seed + 50, 200)}
+    frames = [_pred_frame(spark, rows).withColumn("hour", F.lit(h)) for h, rows in hours.items()]
+    preds = frames[0].unionByName(frames[1])
+    by = ("hour",)
+    table = agg.ladder_entries(agg.model_weights(agg.address_decisions(preds, by), by), SETTINGS, by)
+    for h, rows in hours.items():
+        got = _ladder_frame_entries(table.where(table["hour"] == h))
+        assert got == agg.reference_aggregate(rows, SETTINGS), h
+
+
 @pytest.mark.parametrize("extra", [[], [tf.Entry("9.9.8.0/22", "bbr")]], ids=["hex-keys", "bit-keys"])
 def test_lpm_longest_match_and_a_family_without_entries(spark, extra):
     """lpm against the table format's own lookup: overlapping entries (longest wins), an address
@@ -271,6 +290,11 @@ def test_lpm_longest_match_and_a_family_without_entries(spark, extra):
     assert [w[3] for w in want] == ["reno", "cubic", "bbr", "keep", None, None]   # the cases above
     assertDataFrameEqual(got, spark.createDataFrame(want, "fam int, hex string, ip string, t_cc string, "
                                                           "t_effective boolean"))
+    # the driver's lpm (table_metrics') on the same addresses
+    import numpy as np
+    import pyarrow as pa
+    idx = agg.lpm_index(pa.array([hx for _, hx, _ in rows]), np.array([fam for fam, _, _ in rows]), entries)
+    assert [entries[i].cc if i >= 0 else None for i in idx] == [w[3] for w in want]
 
 
 def test_with_caps_takes_each_entrys_main_user_group(spark, tmp_path):

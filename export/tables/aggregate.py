@@ -16,11 +16,16 @@ Only decisions with `decision == "model"` become entries; fallbacks and out-of-d
 count in the coverage, and the manifest gives each one's request-weighted share
 (`fallback_share`, `ood_share`).
 
-Two implementations of the same aggregation:
+Three implementations of the same aggregation:
 - `reference_aggregate(rows, settings)`: plain Python over (ip, cc, requests) rows; the property
-  tests and hand-made Algorithm 1 examples run against it, and it is checked against the Spark job.
-- `spark_aggregate(address_decisions(preds), settings)`: the Spark job (DataFrame ops only; the
-  per-address work is grouped in Spark and only the entries reach the driver).
+  tests and hand-made Algorithm 1 examples run against it, and both others are checked against it.
+- `spark_aggregate(address_decisions(preds), settings)`: the export job. Spark sums the
+  predictions per address and CC (`address_decisions`: 5 M decisions, 180 k rows in
+  bench/export), the rows come to the driver as Arrow (`collect_decisions`), and the ladder runs
+  there, vectorized with Arrow and numpy (`arrow_ladder`); `table_metrics` reads the same rows.
+  Every entry reaches the driver anyway, and a table has at most one entry per address.
+- `ladder_entries(model_weights(address_decisions(preds, by), by), settings, by)`: the ladder as
+  DataFrame ops, one table per value of the `by` columns in one pass (evaluation/emulate.py).
 Entries of one table never overlap: an entry's descendants are only considered when it failed,
 so every address resolves by longest-prefix match to exactly the entry at its first passing level.
 """
@@ -35,7 +40,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Iterable
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Window, functions as F
 
 from ccselect import delta_io
@@ -43,7 +50,6 @@ from ccselect.hours import hour_of_ms
 from ccselect.ipaddr import canonical, with_ip
 from ccselect.lake import table_path
 from ccselect.settings import BITS, FAMILIES, PrefixLadder
-from ccselect.spark import conf_set
 from distill.handshake import load_handshake
 from export.artifact import signing, table_format as tf
 from export.tables.flow import table_tree
@@ -144,17 +150,6 @@ def _weight_cols():
     return F.greatest(req, F.lit(1)).alias("w"), F.greatest(req, F.lit(0)).alias("r")
 
 
-#: Spark settings for the export job (`with ccselect.spark.conf_set(spark, TREE_PARTITIONED)`), so
-#: that the partitioning by ladder tree (`_by_root`) carries through: with adaptive execution the
-#: persisted decisions report an unknown partitioning (Spark may re-plan a cached plan's shuffles)
-#: and every aggregation and join after them shuffled again; and a join keyed by more columns than
-#: its inputs are partitioned by shuffles them unless co-partitioning on a subset of the keys is
-#: allowed. bench/export, 5 M predictions after the default fleet's run, four runs each: 17.9 s
-#: mean against 20.9 s without (the metrics 3.2-4.8 s against 4.2-5.7 s).
-TREE_PARTITIONED = {"spark.sql.adaptive.enabled": "false",
-                    "spark.sql.requireAllClusterKeysForCoPartition": "false"}
-
-
 def _by_family(values: dict[int, object], default):
     """A column that is `values[f]` on rows of family `f` (column `fam`), else `default`."""
     e = None
@@ -172,21 +167,17 @@ def _root_col(settings: PrefixLadder):
 
 def _by_root(df, settings: PrefixLadder, by: tuple[str, ...]):
     """`df` (fam, hex, ...) with its `root` column, shuffled once so that each (by, family, root)
-    — one ladder tree — is in one partition. Every later grouping and join of the aggregation and
-    its metrics is keyed by (by, fam, root, ...), which that partitioning satisfies (a hash
-    partitioning on a subset of the keys is clustered enough): one shuffle of the addresses
-    instead of one per aggregation and join (bench/export's event log: the ladder took eight
-    stages after the address parsing, one now)."""
+    — one ladder tree — is in one partition. Every later grouping and join of `ladder_entries` is
+    keyed by (by, fam, root, ...), which that partitioning satisfies (a hash partitioning on a
+    subset of the keys is clustered enough)."""
     return df.withColumn("root", _root_col(settings)).repartition(*by, "fam", "root")
 
 
-def address_decisions(preds, by: tuple[str, ...] = (), settings: PrefixLadder | None = None):
+def address_decisions(preds, by: tuple[str, ...] = ()):
     """gold.predictions summed per (family, address hex, cc, decision, default CC) — and per the
     `by` columns, one table's decisions per value of them (see `ladder_entries`): weight `w` and
-    requests `r`. The one pass over the predictions that the aggregation (`model_weights`) and its
-    metrics (`address_weights`) share: persist it when both run on it. With `settings`, the rows
-    also carry `root` and are partitioned by ladder tree (`_by_root`), so that neither the
-    aggregation nor the metrics shuffle them again (under `TREE_PARTITIONED`).
+    requests `r`. The one pass over the predictions that the aggregation and its metrics share
+    (`collect_decisions`).
 
     Summed per address text before the text is parsed: an address repeats over connections and
     hours (5 M decisions, 164 k addresses in bench/export), and parsing it (ccselect.ipaddr's regexes
@@ -200,30 +191,20 @@ def address_decisions(preds, by: tuple[str, ...] = (), settings: PrefixLadder | 
     d = with_ip(per_text, "client_ip")
     d = (d.select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), *keys, "w", "r")
          .where(F.col("fam").isNotNull()))
-    if settings is None:
-        return d.groupBy("fam", "hex", *keys).agg(*sums)
-    return _by_root(d, settings, tuple(by)).groupBy("fam", "root", "hex", *keys).agg(*sums)
+    return d.groupBy("fam", "hex", *keys).agg(*sums)
 
 
 def model_weights(decisions, by: tuple[str, ...] = ()):
-    """Model decisions (*by, fam, hex, cc, w, r — and `root` when `decisions` has it) from
-    `address_decisions`; an (address, cc) may repeat (one row per default CC): the aggregation
-    sums them per prefix anyway, so no shuffle here."""
-    root = ("root",) if "root" in decisions.columns else ()
-    return decisions.where(F.col("decision") == "model").select(*by, "fam", *root, "hex", "cc", "w", "r")
+    """Model decisions (*by, fam, hex, cc, w, r) from `address_decisions`; an (address, cc) may
+    repeat (one row per default CC): the aggregation sums them per prefix anyway, so no shuffle
+    here."""
+    return decisions.where(F.col("decision") == "model").select(*by, "fam", "hex", "cc", "w", "r")
 
 
 def spark_aggregate(decisions, settings: PrefixLadder) -> list[Aggregated]:
-    """Algorithm 1 as a Spark job over gold.predictions (as `address_decisions(preds)`); returns
-    the entries."""
-    # through Arrow, not Row objects: the driver's share of the job (bench/export, 98 k entries:
-    # collect() and Row access 2.5 s of 20 s; columns from Arrow ~0.3 s)
-    t = ladder_entries(model_weights(decisions), settings).toArrow()
-    cols = {c: t.column(c).to_pylist() for c in ("fam", "level", "key", "cc", "weight", "top_weight",
-                                                   "requests", "passed")}
-    out = [Aggregated(key_network(f, lv, k), cc, int(w), int(tw), int(rq), bool(ps))
-           for f, lv, k, cc, w, tw, rq, ps in zip(*cols.values())]
-    return sorted(out, key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))
+    """Algorithm 1 over gold.predictions as `address_decisions(preds)` (a DataFrame, or the
+    Arrow table `collect_decisions` made of it); returns the entries."""
+    return arrow_ladder(collect_decisions(decisions), settings)
 
 
 def ladder_entries(weights, settings: PrefixLadder, by: tuple[str, ...] = ()):
@@ -243,12 +224,10 @@ def ladder_entries(weights, settings: PrefixLadder, by: tuple[str, ...] = ()):
     per value of them, all in the same pass (evaluation/emulate.py builds every hour's table at once).
 
     Every grouping and join below is keyed by the ladder tree (`root`, the prefix at the family's
-    first level) as well: `weights` from `address_decisions(..., settings=)` are already
-    partitioned by it, other inputs are shuffled by it here (`_by_root`)."""
+    first level) as well: the weights are shuffled by it once here (`_by_root`)."""
     by = tuple(by)
     fam, level = F.col("fam"), F.col("level")
-    if "root" not in weights.columns:
-        weights = _by_root(weights, settings, by)
+    weights = _by_root(weights, settings, by)
     tree = (*by, "fam", "root")
     ladder = _by_family({f: F.array(*[F.lit(x) for x in lv]) for f, lv in settings.ladder.items()},
                        F.array().cast("array<int>"))
@@ -286,6 +265,79 @@ def ladder_entries(weights, settings: PrefixLadder, by: tuple[str, ...] = ()):
                .join(passed_above, [*tree, "_alevel", "_akey"], "left_semi")
                .select(*tree, "level", "key"))
     return candidates.join(covered, [*tree, "level", "key"], "left_anti").drop("_last", "root")
+
+
+# ---- Algorithm 1 in the driver, over the decisions summed per address ---------------------
+def collect_decisions(decisions) -> pa.Table:
+    """`address_decisions(preds)` in the driver: an Arrow table (fam, hex, cc, decision, w, r), one
+    Spark job. Through Arrow, not Row objects (bench/export, 98 k entries: collect() and Row access
+    2.5 s; columns from Arrow ~0.3 s). An Arrow table comes back as it is."""
+    if isinstance(decisions, pa.Table):
+        return decisions
+    return decisions.select("fam", "hex", "cc", "decision", "w", "r").toArrow()
+
+
+def _np(col) -> np.ndarray:
+    return col.to_numpy(zero_copy_only=False) if isinstance(col, pa.Array) else col.to_numpy()
+
+
+def _encode(strings) -> tuple[np.ndarray, pa.Array]:
+    """Group ids of `strings` (Arrow) and the distinct values, id-ordered."""
+    enc = pc.dictionary_encode(strings.combine_chunks() if isinstance(strings, pa.ChunkedArray) else strings)
+    return enc.indices.to_numpy(zero_copy_only=False).astype(np.int64), enc.dictionary
+
+
+def _sums(group: np.ndarray, n: int, values: np.ndarray) -> np.ndarray:
+    """Per-group sums, exact in int64 (bincount sums in float64)."""
+    out = np.zeros(n, np.int64)
+    np.add.at(out, group, values)
+    return out
+
+
+def _majority(group: np.ndarray, n: int, cc: np.ndarray, n_cc: int, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(CC index, its weight) of the heaviest CC per group, `cc` indexing the CC names in sorted
+    order: ties go to the name sorting last, as max((w, cc)) in the reference and max(struct(w,
+    cc)) in Spark."""
+    by_cc = _sums(group * n_cc + cc, n * n_cc, w).reshape(n, n_cc)
+    top = n_cc - 1 - np.argmax(by_cc[:, ::-1], axis=1)
+    return top, by_cc[np.arange(n), top]
+
+
+def _thresholds(settings: PrefixLadder, family: int, level: int, requests: np.ndarray) -> np.ndarray:
+    """`settings.threshold` per prefix."""
+    tiers = settings.purity[family].get(level, ((0, 0.0),))
+    need = np.full(len(requests), tiers[0][1])
+    for lo, p in tiers[1:]:
+        need = np.where(requests >= lo, p, need)
+    return need
+
+
+def arrow_ladder(decisions: pa.Table, settings: PrefixLadder) -> list[Aggregated]:
+    """Algorithm 1 over `collect_decisions`' rows, level by level as `reference_aggregate` runs it,
+    each level one vectorized grouping of the addresses still in play by their prefix."""
+    model = decisions.filter(pc.equal(decisions["decision"], "model"))
+    ccs = sorted(pc.unique(model["cc"]).to_pylist())
+    cc = _np(pc.index_in(model["cc"], value_set=pa.array(ccs, pa.string())))
+    fam, w, r = _np(model["fam"]), _np(model["w"]), _np(model["r"])
+    out: list[Aggregated] = []
+    for f, levels in settings.ladder.items():
+        rows = np.flatnonzero(fam == f)
+        hexes = model["hex"].take(rows).combine_chunks()
+        todo = np.arange(len(rows))                        # D, then D_expand
+        for level in levels:
+            if not len(todo):
+                break
+            group, keys = _encode(pc.utf8_slice_codeunits(hexes.take(todo), 0, level // 4))
+            n = len(keys)
+            weight, requests = _sums(group, n, w[rows[todo]]), _sums(group, n, r[rows[todo]])
+            top, top_w = _majority(group, n, cc[rows[todo]], len(ccs), w[rows[todo]])
+            passed = top_w / weight >= _thresholds(settings, f, level, requests)
+            entry = np.flatnonzero(passed | settings.is_last(f, level))
+            out += [Aggregated(key_network(f, level, k), ccs[t], wt, tw, rq, ps) for k, t, wt, tw, rq, ps in zip(
+                keys.take(entry).to_pylist(), top[entry].tolist(), weight[entry].tolist(), top_w[entry].tolist(),
+                requests[entry].tolist(), passed[entry].tolist())]
+            todo = todo[~passed[group]]
+    return sorted(out, key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))
 
 
 # ---- longest-prefix match of addresses against a table, in Spark -------------------------
@@ -362,21 +414,43 @@ def address_weights(decisions):
     weight, the majority model CC (ties: the CC name sorting last, as in the aggregation), and
     the default CC."""
     is_model = F.col("decision") == "model"
-    root = ("root",) if "root" in decisions.columns else ()   # keeps address_decisions' partitioning
-    per_cc = decisions.groupBy("fam", *root, "hex", "cc", "decision").agg(
+    per_cc = decisions.groupBy("fam", "hex", "cc", "decision").agg(
         F.sum("w").alias("w"), F.max("default_cc").alias("default_cc"))
-    return per_cc.groupBy("fam", *root, "hex").agg(
+    return per_cc.groupBy("fam", "hex").agg(
         F.sum("w").alias("w_all"),
         F.sum(F.when(is_model, F.col("w")).otherwise(0)).alias("w_model"),
         F.max(F.when(is_model, F.struct("w", "cc"))).alias("_top"),
         F.max("default_cc").alias("default_cc"),
-    ).select("fam", *root, "hex", "w_all", "w_model", F.col("_top.cc").alias("major_cc"),
+    ).select("fam", "hex", "w_all", "w_model", F.col("_top.cc").alias("major_cc"),
              F.col("_top.w").alias("major_w"), "default_cc")
+
+
+def lpm_index(hexes, families: np.ndarray, entries: list[tf.Entry]) -> np.ndarray:
+    """Longest-prefix match in the driver: per address (`hexes`, Arrow strings as `with_ip`
+    spells them, and their `families`), the position in `entries` of the entry it resolves to,
+    -1 for none. One lookup of the addresses' own prefixes per entry length, the longer lengths
+    last so that their matches win (the kernel's trie)."""
+    match = np.full(len(hexes), -1, np.int64)
+    keyed: dict[tuple[int, int], dict[str, int]] = defaultdict(dict)
+    for i, e in enumerate(entries):
+        n = e.prefix.prefixlen
+        digits = format(int(e.prefix.network_address), f"0{BITS[e.family] // 4}x")[:-(-n // 4)]
+        keyed[(e.family, n)][digits] = i
+    for (fam, n), found in sorted(keyed.items(), key=lambda kv: kv[0][1]):
+        rows = np.flatnonzero(families == fam)
+        own = pc.utf8_slice_codeunits(hexes.take(rows), 0, -(-n // 4))
+        if n % 4:           # a length inside a hex digit: the digit's low bits cleared
+            keep = (0xF << (4 - n % 4)) & 0xF
+            own = pa.array([h[:-1] + format(int(h[-1], 16) & keep, "x") for h in own.to_pylist()], pa.string())
+        pos = pc.index_in(own, value_set=pa.array(list(found), pa.string()))
+        hit = _np(pc.is_valid(pos))
+        match[rows[hit]] = np.array(list(found.values()), np.int64)[_np(pos.filter(hit))]
+    return match
 
 
 def table_metrics(decisions, entries: list[tf.Entry], n_aggregated: list[Aggregated]) -> dict:
     """Coverage, agreement and memory saving of a table over the predictions it was built from
-    (as `address_decisions(preds)`).
+    (as `address_decisions(preds)`, a DataFrame, or the Arrow table `collect_decisions` made of it).
 
     coverage: request-weighted share of all decisions (model, fallback, ood) whose address has an
       entry. agreement: request-weighted share of model decisions whose CC equals the table's
@@ -385,24 +459,39 @@ def table_metrics(decisions, entries: list[tf.Entry], n_aggregated: list[Aggrega
     weight_<decision> and <decision>_share (fallback, ood): request weight of the decisions of
       that kind and its share of all.
     """
-    aw = lpm(address_weights(decisions), entries, "t")
-    s = aw.agg(F.sum("w_all").alias("w_all"), F.sum("w_model").alias("w_model"),
-               F.sum(F.when(F.col("t_cc").isNotNull(), F.col("w_all")).otherwise(0)).alias("covered"),
-               F.sum(F.when(F.col("t_cc") == F.col("major_cc"), F.col("w_model")).otherwise(0)).alias("agree_ip"),
-               F.sum(F.when(F.col("w_model") > 0, 1).otherwise(0)).alias("n_ips_model"),
-               F.count(F.lit(1)).alias("n_ips")).first()
-    by_decision = {r["decision"]: int(r["w"] or 0)
-                   for r in decisions.groupBy("decision").agg(F.sum("w").alias("w")).collect()}
-    w_all, w_model = int(s["w_all"] or 0), int(s["w_model"] or 0)
+    d = collect_decisions(decisions)
+    # an address's hex has its family's length (8 or 32 digits), so the hex alone keys it
+    addr, hexes = _encode(d["hex"])
+    n = len(hexes)
+    fam = np.zeros(n, np.int64)
+    fam[addr] = _np(d["fam"])
+    w = _np(d["w"])
+    decision = d["decision"]
+    is_model = _np(pc.fill_null(pc.equal(decision, "model"), False))
+    w_addr = _sums(addr, n, w)
+    w_addr_model = _sums(addr[is_model], n, w[is_model])
+    ccs = sorted(pc.unique(d["cc"].filter(is_model)).to_pylist())
+    matched = lpm_index(hexes, fam, entries)
+    covered = matched >= 0
+    agree = np.zeros(n, bool)
+    if ccs:
+        cc = _np(pc.index_in(d["cc"].filter(is_model), value_set=pa.array(ccs, pa.string())))
+        major, _ = _majority(addr[is_model], n, cc, len(ccs), w[is_model])
+        entry_cc = np.array([ccs.index(e.cc) if e.cc in ccs else -1 for e in entries] + [-2], np.int64)
+        agree = entry_cc[matched] == major                 # matched -1: the sentinel -2, never a CC
+    by_decision = {}
+    for name in pc.unique(decision).to_pylist():
+        by_decision[name] = int(w[_np(pc.fill_null(pc.equal(decision, name), False))].sum())
+    w_all, w_model = int(w_addr.sum()), int(w_addr_model.sum())
+    n_ips_model = int((w_addr_model > 0).sum())
     top = sum(a.top_weight for a in n_aggregated)
-    n = max(len(entries), 1)
     return {
-        "coverage": (int(s["covered"] or 0) / w_all) if w_all else 0.0,
+        "coverage": (int(w_addr[covered].sum()) / w_all) if w_all else 0.0,
         "agreement": (top / w_model) if w_model else 0.0,
-        "agreement_ip_majority": (int(s["agree_ip"] or 0) / w_model) if w_model else 0.0,
-        "client_ips": int(s["n_ips"] or 0),
-        "client_ips_model": int(s["n_ips_model"] or 0),
-        "memory_saving": int(s["n_ips_model"] or 0) / n,
+        "agreement_ip_majority": (int(w_addr_model[agree].sum()) / w_model) if w_model else 0.0,
+        "client_ips": n,
+        "client_ips_model": n_ips_model,
+        "memory_saving": n_ips_model / max(len(entries), 1),
         "weight_model": w_model,
         "weight_all": w_all,
         **{f"weight_{d}": by_decision.get(d, 0) for d in ("fallback", "ood")},
@@ -541,16 +630,13 @@ def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None
 
     settings = cfg.settings.export
     preds = extract(spark, cfg, lo, hi) if preds is None else preds
-    with conf_set(spark, TREE_PARTITIONED):
-        decisions = address_decisions(preds, settings=settings).persist()   # read by the aggregation and the metrics
-        aggs = spark_aggregate(decisions, settings)
-        aggs, caps = with_caps(spark, cfg, preds, aggs)
-        entries = [a.entry() for a in aggs]
-        if unless is not None and unless(entries):
-            decisions.unpersist()
-            return None
-        metrics = table_metrics(decisions, entries, aggs)
-        decisions.unpersist()
+    decisions = collect_decisions(address_decisions(preds))   # read by the aggregation and the metrics
+    aggs = spark_aggregate(decisions, settings)
+    aggs, caps = with_caps(spark, cfg, preds, aggs)
+    entries = [a.entry() for a in aggs]
+    if unless is not None and unless(entries):
+        return None
+    metrics = table_metrics(decisions, entries, aggs)
     name, version_main, versions = model_versions(preds)
     now = int(time.time()) if now is None else int(now)
     expires = now + int(settings.expiry_hours * 3600)
