@@ -29,6 +29,8 @@ from sim.params import SimParams
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+#: the goal of issue 31: Spark's ingest within this factor of DuckDB's on the same files
+GOAL_RATIO = 2.0
 #: simulated connections per unit of `conns_per_node_hour` (measured: about 1.0 at 12 nodes x 24 h)
 SIM_YIELD = 1.0
 
@@ -174,6 +176,7 @@ def main(argv=None) -> int:
     from jobs import ingest
     from sim.fleet import simulate
 
+    load_start = os.getloadavg()
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     (work / "root").mkdir(parents=True)
@@ -214,8 +217,12 @@ def main(argv=None) -> int:
                   "parquet_files": files, "master": "local[2]", "driver_memory": "4g"},
         "duckdb": {**duck, "connections_per_s": round(conns / duck["seconds"]), "threads": 2},
         "spark_over_duckdb": round(spark_s / duck["seconds"], 2),
-        "goal": "spark within 3x of duckdb",
-        # Other work on the machine slows both sides: the 1-minute load as each side started.
+        "goal": f"spark within {GOAL_RATIO:g}x of duckdb",
+        "goal_ratio": GOAL_RATIO,
+        "meets_goal": spark_s / duck["seconds"] <= GOAL_RATIO,
+        # Other work on the machine slows both sides: the 1, 5 and 15-minute load averages as the
+        # bench started, and the 1-minute load as each side started.
+        "load_average_start": [round(x, 2) for x in load_start],
         "load_average_1m": {"spark_start": round(load_spark, 2), "duckdb_start": round(load_duck, 2),
                             "end": round(os.getloadavg()[0], 2)},
     }

@@ -207,3 +207,26 @@ def test_ip_parsing_matches_python_on_generated_texts(spark):
             want, "i int, family int, hex string, prefix16 string, prefix24 string, prefix48 string, "
                   "prefix64 string, crc bigint"))
     check()
+
+
+def test_bad_ip_rule_agrees_with_with_ip(spark):
+    """Property: parse's address rule (a regex for the plain forms, `with_ip` for the rest) accepts
+    exactly the texts `with_ip` gives a family, on the fixed cases and generated texts."""
+    from hypothesis import HealthCheck, given, settings, strategies as st
+
+    from jobs.parse import _has_ip
+
+    def compare(texts):
+        df = spark.createDataFrame(list(enumerate(texts)), "i int, t string")
+        got = _has_ip(df, F.col("t")).select("i", F.col("_has_ip").alias("ok"))
+        want = with_ip(df, "t").select("i", F.col("ip.family").isNotNull().alias("ok"))
+        assertDataFrameEqual(got, want)
+
+    compare(IPS + BAD + [None, "", "::", "1::", "::1", "1:2:3:4:5:6:7::", "1:2:3:4:5:6:7::8", "::ffff:1.2.3.4",
+                         "::FFFF:102:304", "0:0:0:0:0:ffff::", "fe80::1%eth0", "1.2.3.4 ", "01.2.3.4"])
+
+    @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.lists(_ip_texts(), min_size=50, max_size=50))
+    def check(texts):
+        compare(texts)
+    check()
