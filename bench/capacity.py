@@ -43,11 +43,6 @@ def _load(name: str) -> dict | None:
         return None
 
 
-def _mb(*vals) -> int | None:
-    vals = [v for v in vals if isinstance(v, (int, float))]
-    return round(sum(vals)) if vals else None
-
-
 def stages() -> tuple[list[dict], list[dict]]:
     """(goal rows, per-stage rates) from the benches' JSON; a bench not run yet is listed as such."""
     goals, rates = [], []
@@ -79,9 +74,9 @@ def stages() -> tuple[list[dict], list[dict]]:
     exp = _load("export")
     if exp and "rows" in exp:
         r = exp["rows"]
-        goal = r.get("goal_ratio", exp.get("goal_ratio", 2.0))
+        goal = exp.get("goal_ratio", 2.0)
         peak = r.get("peak_rss_mb")
-        peak = _mb(*(peak.values() if isinstance(peak, dict) else [peak]))
+        peak = peak["spark"]["total"] if isinstance(peak, dict) else peak
         goals.append({"stage": "export, predictions → signed table", "size": f"{r['predictions']:,} predictions",
                       "figure": r["spark_over_duckdb"], "unit": "× DuckDB", "goal": goal,
                       "met": r["spark_over_duckdb"] <= goal,
@@ -102,13 +97,24 @@ def stages() -> tuple[list[dict], list[dict]]:
                                  f"{g['spark_job_rows_per_s']:,} rows/s"),
                       "load_average_start": inf["load_average"].get("arrow_start", inf["load_average"]["start"]),
                       "peak_rss_mb": a["peak_rss_mb"]["python_driver"]})
-        goals.append({"stage": "the model alone", "size": f"{inf['model_only']['rows']:,} rows",
-                      "figure": g["model_best_rows_per_s"], "unit": "rows/s", "goal": g["model_rows_per_s"],
-                      "met": g["model_met"] and g.get("bf16_met", True),
-                      "detail": (f"bf16 accuracy change {inf['model_only']['accuracy']['change_points']} points "
-                                 f"(goal ≤ 0.1)"),
+        mo = inf["model_only"]
+        eager = {prec: v["best_rows_per_s"] for prec, v in mo["precisions"].items()}
+        compiled = mo.get("compiled_fp32", {}).get("best_rows_per_s", 0)
+        best_eager = max(eager, key=eager.get)
+        # fp32 (eager or compiled: the same weights and arithmetic, probabilities within
+        # max_abs_p_diff_vs_eager) keeps the accuracy; bf16 counts when its change is within 0.1 point
+        candidates = {"fp32, torch.compile": compiled, "fp32, eager": eager.get("fp32", 0)}
+        if g.get("bf16_met"):
+            candidates["bf16, eager"] = eager.get("bf16", 0)
+        how = max(candidates, key=candidates.get)
+        goals.append({"stage": "the model alone", "size": f"{mo['rows']:,} rows",
+                      "figure": candidates[how], "unit": "rows/s", "goal": g["model_rows_per_s"],
+                      "met": candidates[how] >= g["model_rows_per_s"],
+                      "detail": (f"{how}; eager best {eager[best_eager]:,} ({best_eager}); bf16 accuracy change "
+                                 f"{mo['accuracy']['change_points']} points (goal ≤ 0.1); compiled fp32 differs from "
+                                 f"eager by at most {mo.get('compiled_fp32', {}).get('max_abs_p_diff_vs_eager')} in P(Wi-Fi)"),
                       "load_average_start": inf["load_average"]["start"],
-                      "peak_rss_mb": inf["model_only"].get("peak_rss_mb")})
+                      "peak_rss_mb": mo.get("peak_rss_mb")})
         rates.append({"stage": "infer", "unit": "connections", "rows_per_s": g["infer_fp32_rows_per_s"],
                       "peak_rss_mb": a["peak_rss_mb"]["python_driver"]})
     else:
@@ -158,7 +164,9 @@ def markdown(goals: list[dict], plans: list[dict], args) -> str:
     lines += ["", "## Capacity plan", "",
               f"From the per-core rates above (2 cores each, assumed linear in cores); one request per "
               f"connection ({args.requests_per_connection}); hourly: an hour of peak traffic within "
-              f"{args.hourly_minutes:g} minutes; streaming: the peak rate sustained.", ""]
+              f"{args.hourly_minutes:g} minutes; streaming: the peak rate sustained. Memory per core is a bench's "
+              f"peak resident memory over its 2 cores, fixed JVM and Python footprints included, so it "
+              f"overstates what many cores need.", ""]
     for p in plans:
         lines += [f"### {p['nodes']:,} nodes × {args.node_rps:,.0f} requests/s ({p['connections_per_s']:,} connections/s)", "",
                   "| stage | rows/s per core | GB per core | hourly cores | hourly GB | streaming cores | streaming GB |",
