@@ -115,6 +115,9 @@ def live_files(path: str, lo: str, hi: str) -> list[tuple[str, str, str, int]]:
     return sorted(out, key=lambda f: (f[1], f[2], f[0]))
 
 
+_STATISTICS = [c for c, t in _TYPES.items()]
+
+
 def _schema():
     """gold.predictions' data columns as the Spark job writes them (its Delta schema)."""
     return pa.schema([pa.field(c, getattr(pa, _TYPES.get(c, "string"))()) for c in PREDICTION_COLS
@@ -204,9 +207,11 @@ class _Scorer:
         reader = pq.ParquetFile(src, read_dictionary=[c for c in self.passthrough if c in _DICTIONARY])
         columns = self.passthrough + list(FEATURES)
         # dictionaries for the repeating columns only: trying one on the unique conn_id and the
-        # probabilities costs time and saves nothing
+        # probabilities costs time and saves nothing. Min/max statistics for the numeric columns
+        # only: the strings' cost 40% of the write (measured, 212 → 125 ns a row) and no reader of
+        # gold.predictions filters on them (it is read by partition)
         with pq.ParquetWriter(dst, _file_schema(), compression="snappy", use_dictionary=_DICTIONARY,
-                              store_schema=False) as w:
+                              write_statistics=_STATISTICS, store_schema=False) as w:
             for rb in reader.iter_batches(batch_size=int(self.p.batch_rows), columns=columns, use_threads=False):
                 out, d = self.batch(rb)
                 w.write_batch(out)
