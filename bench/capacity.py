@@ -46,44 +46,37 @@ def _load(name: str) -> dict | None:
 def stages() -> tuple[list[dict], list[dict]]:
     """(goal rows, per-stage rates) from the benches' JSON; a bench not run yet is listed as such."""
     goals, rates = [], []
+    def ratio_stage(stage: str, rate_name: str, unit: str, size: str, ratio: float, goal: float, spark_s, duck_s,
+                    load, peak, rows_per_s) -> None:
+        goals.append({"stage": stage, "size": size, "figure": ratio, "unit": "× DuckDB", "goal": goal,
+                      "met": ratio <= goal, "detail": f"Spark {spark_s} s, DuckDB {duck_s} s",
+                      "load_average_start": load, "peak_rss_mb": peak})
+        rates.append({"stage": rate_name, "unit": unit, "rows_per_s": rows_per_s, "peak_rss_mb": peak})
+
     ing = _load("ingest")
     if ing:
-        goals.append({"stage": "ingest, files → silver", "size": f"{ing['connections']:,} connections",
-                      "figure": ing["spark_over_duckdb"], "unit": "× DuckDB", "goal": ing.get("goal_ratio", 2.0),
-                      "met": ing["spark_over_duckdb"] <= ing.get("goal_ratio", 2.0),
-                      "detail": f"Spark {ing['spark']['seconds']} s, DuckDB {ing['duckdb']['seconds']} s",
-                      "load_average_start": ing.get("load_average_start", [ing["load_average_1m"]["spark_start"]])[0],
-                      "peak_rss_mb": ing["spark"].get("peak_driver_rss_mb")})
-        rates.append({"stage": "ingest", "unit": "connections", "rows_per_s": ing["spark"]["connections_per_s"],
-                      "peak_rss_mb": ing["spark"].get("peak_driver_rss_mb")})
+        ratio_stage("ingest, files → silver", "ingest", "connections", f"{ing['connections']:,} connections",
+                    ing["spark_over_duckdb"], ing.get("goal_ratio", 2.0), ing["spark"]["seconds"], ing["duckdb"]["seconds"],
+                    ing.get("load_average_start", [ing["load_average_1m"]["spark_start"]])[0],
+                    ing["spark"].get("peak_driver_rss_mb"), ing["spark"]["connections_per_s"])
     else:
         goals.append({"stage": "ingest, files → silver", "missing": "python bench/ingest.py"})
     apx = _load("autoplex")
     if apx:
-        goal = apx.get("goal_ratio", 3.0)
-        goals.append({"stage": "AutoPlex, one day", "size": f"{apx['rows_in_window']:,} connections, {apx['nodes']} nodes",
-                      "figure": apx["spark_over_duckdb"], "unit": "× DuckDB", "goal": goal,
-                      "met": apx["spark_over_duckdb"] <= goal,
-                      "detail": f"Spark {apx['spark']['seconds']} s, DuckDB {apx['duckdb']['seconds']} s",
-                      "load_average_start": apx["load_average_1m"]["spark_start"],
-                      "peak_rss_mb": apx["spark"].get("peak_driver_rss_mb")})
-        rates.append({"stage": "autoplex", "unit": "connections", "rows_per_s": apx["spark"]["rows_per_s"],
-                      "peak_rss_mb": apx["spark"].get("peak_driver_rss_mb")})
+        ratio_stage("AutoPlex, one day", "autoplex", "connections",
+                    f"{apx['rows_in_window']:,} connections, {apx['nodes']} nodes", apx["spark_over_duckdb"],
+                    apx.get("goal_ratio", 3.0), apx["spark"]["seconds"], apx["duckdb"]["seconds"],
+                    apx["load_average_1m"]["spark_start"], apx["spark"].get("peak_driver_rss_mb"), apx["spark"]["rows_per_s"])
     else:
         goals.append({"stage": "AutoPlex, one day", "missing": "python bench/autoplex.py"})
     exp = _load("export")
     if exp and "rows" in exp:
         r = exp["rows"]
-        goal = exp.get("goal_ratio", 2.0)
         peak = r.get("peak_rss_mb")
-        peak = peak["spark"]["total"] if isinstance(peak, dict) else peak
-        goals.append({"stage": "export, predictions → signed table", "size": f"{r['predictions']:,} predictions",
-                      "figure": r["spark_over_duckdb"], "unit": "× DuckDB", "goal": goal,
-                      "met": r["spark_over_duckdb"] <= goal,
-                      "detail": f"Spark {r['spark_seconds']} s, DuckDB {r['duckdb_seconds']} s",
-                      "load_average_start": r["load_average"]["spark_start"][0], "peak_rss_mb": peak})
-        rates.append({"stage": "export", "unit": "predictions", "rows_per_s": round(r["predictions"] / r["spark_seconds"]),
-                      "peak_rss_mb": peak})
+        ratio_stage("export, predictions → signed table", "export", "predictions", f"{r['predictions']:,} predictions",
+                    r["spark_over_duckdb"], exp.get("goal_ratio", 2.0), r["spark_seconds"], r["duckdb_seconds"],
+                    r["load_average"]["spark_start"][0], peak["spark"]["total"] if isinstance(peak, dict) else peak,
+                    round(r["predictions"] / r["spark_seconds"]))
     else:
         goals.append({"stage": "export, predictions → signed table", "missing": "python bench/export.py"})
     inf = _load("infer")
