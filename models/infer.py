@@ -225,7 +225,7 @@ def run(spark: SparkSession | None, cfg: Config, lo: str, hi: str, champion=None
     fallback = None
     if engine in ("auto", "arrow"):
         try:
-            return _run_arrow(spark, cfg, lo, hi, champion, p, decisions)
+            return _run_arrow(cfg, lo, hi, champion, p, decisions)
         except infer_arrow.Unsupported as e:
             if engine == "arrow":
                 raise
@@ -247,7 +247,7 @@ def _summary(cfg: Config, lo: str, hi: str, champion, p: InferSettings) -> dict[
             "table": table_path(cfg, "gold.predictions")}
 
 
-def _run_arrow(spark, cfg: Config, lo: str, hi: str, champion, p: InferSettings, decisions: bool) -> dict[str, Any]:
+def _run_arrow(cfg: Config, lo: str, hi: str, champion, p: InferSettings, decisions: bool) -> dict[str, Any]:
     path = table_path(cfg, "gold.predictions")
     r = infer_arrow.run(table_path(cfg, "silver.connections"), path, lo, hi, champion, p, p.precision)
     result = {**_summary(cfg, lo, hi, champion, p), "engine": "arrow", "rows": r["rows"],

@@ -98,43 +98,37 @@ def _check_protocol(dt) -> None:
                           f"(features {proto.reader_features}): read it with Spark")
 
 
+def _actions(dt) -> list[tuple[str, int, int, str, str]]:
+    """(relative path, size, rows (−1 unknown), node_id, hour) of the table's live data files."""
+    acts = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+    return [(rel, int(acts["size_bytes"][i]), -1 if acts["num_records"][i] is None else int(acts["num_records"][i]),
+             acts["partition.node_id"][i], acts["partition.hour"][i]) for i, rel in enumerate(acts["path"])]
+
+
 def live_files(path: str, lo: str, hi: str) -> list[tuple[str, str, str, int]]:
-    """(absolute path, node_id, hour, rows) of the live data files of silver's partitions with
-    lo ≤ hour ≤ hi, from the table's Delta log."""
+    """(absolute path, node_id, hour, rows) of the live data files of the table's partitions with
+    lo ≤ hour ≤ hi, from its Delta log."""
     from deltalake import DeltaTable
     dt = DeltaTable(path)
     _check_protocol(dt)
-    acts = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
-    out = []
-    for i, rel in enumerate(acts["path"]):
-        node, hour = acts["partition.node_id"][i], acts["partition.hour"][i]
-        if hour is None or not lo <= hour <= hi:
-            continue
-        rows = acts["num_records"][i]
-        out.append((os.path.join(path, unquote(rel)), node, hour, -1 if rows is None else int(rows)))
-    return sorted(out, key=lambda f: (f[1], f[2], f[0]))
+    return sorted(((os.path.join(path, unquote(rel)), node, hour, rows) for rel, _, rows, node, hour in _actions(dt)
+                   if hour is not None and lo <= hour <= hi), key=lambda f: (f[1], f[2], f[0]))
 
 
-_STATISTICS = [c for c, t in _TYPES.items()]
-
-
-def _schema():
-    """gold.predictions' data columns as the Spark job writes them (its Delta schema)."""
-    return pa.schema([pa.field(c, getattr(pa, _TYPES.get(c, "string"))()) for c in PREDICTION_COLS
-                      if c not in PARTITION_COLS])
-
-
-def _file_schema():
-    """The same columns as this engine hands them to the Parquet writer."""
-    return pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in _DICTIONARY else f
-                      for f in _schema()])
+_STATISTICS = list(_TYPES)
+#: gold.predictions' data columns as the Spark job writes them (its Delta schema)
+_SCHEMA = pa.schema([pa.field(c, getattr(pa, _TYPES.get(c, "string"))()) for c in PREDICTION_COLS
+                     if c not in PARTITION_COLS])
+#: the same columns as this engine hands them to the Parquet writer
+_FILE_SCHEMA = pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), pa.string())) if f.name in _DICTIONARY else f
+                          for f in _SCHEMA])
 
 
 def _ensure_table(path: str):
     """gold.predictions as a DeltaTable, created empty (partitioned by node_id, hour, the schema
     the Spark job writes) when missing; a table with another schema is refused."""
     from deltalake import DeltaTable
-    schema = pa.schema(list(_schema()) + [pa.field(c, pa.string()) for c in PARTITION_COLS])
+    schema = pa.schema(list(_SCHEMA) + [pa.field(c, pa.string()) for c in PARTITION_COLS])
     if not DeltaTable.is_deltatable(path):
         return DeltaTable.create(path, schema, mode="ignore", partition_by=list(PARTITION_COLS))
     dt = DeltaTable(path)
@@ -192,9 +186,8 @@ class _Scorer:
         zeros = np.zeros(n, dtype=np.int32)
         for c, v in self.constants.items():
             cols[c] = pa.DictionaryArray.from_arrays(pa.array(zeros), pa.array([v], pa.string()))
-        schema = _file_schema()
-        arrays = [cols[f.name] if cols[f.name].type == f.type else cols[f.name].cast(f.type) for f in schema]
-        return pa.RecordBatch.from_arrays(arrays, schema=schema), d
+        arrays = [cols[f.name] if cols[f.name].type == f.type else cols[f.name].cast(f.type) for f in _FILE_SCHEMA]
+        return pa.RecordBatch.from_arrays(arrays, schema=_FILE_SCHEMA), d
 
     def file(self, src: str, node: str, hour: str, table: str) -> dict[str, Any]:
         """Score one silver file into a new Parquet file of gold.predictions' partition (node,
@@ -210,7 +203,7 @@ class _Scorer:
         # probabilities costs time and saves nothing. Min/max statistics for the numeric columns
         # only: the strings' cost 40% of the write (measured, 212 → 125 ns a row) and no reader of
         # gold.predictions filters on them (it is read by partition)
-        with pq.ParquetWriter(dst, _file_schema(), compression="snappy", use_dictionary=_DICTIONARY,
+        with pq.ParquetWriter(dst, _FILE_SCHEMA, compression="snappy", use_dictionary=_DICTIONARY,
                               write_statistics=_STATISTICS, store_schema=False) as w:
             for rb in reader.iter_batches(batch_size=int(self.p.batch_rows), columns=columns, use_threads=False):
                 out, d = self.batch(rb)
@@ -237,8 +230,7 @@ def run(silver: str, predictions: str, lo: str, hi: str, champion, p: InferSetti
     for _, node, hour, _ in files:
         if not (_SEGMENT.match(node) and _SEGMENT.match(hour)):
             raise Unsupported(f"partition value {node!r}/{hour!r} is not a plain path segment")
-    keys = sorted({(f[1], f[2]) for f in files})
-    if not keys:
+    if not files:
         return {"rows": 0, "partitions": 0}
     dt = _ensure_table(predictions)
     scorer = _Scorer(champion, p, precision)
@@ -248,14 +240,13 @@ def run(silver: str, predictions: str, lo: str, hi: str, champion, p: InferSetti
     with threadpool_limits(1), _torch_threads(1), ThreadPoolExecutor(workers) as pool:
         written = list(pool.map(lambda f: scorer.file(f[0], f[1], f[2], predictions), files))
     written = [w for w in written if w["rows"]]
-    keys = sorted({(w["node_id"], w["hour"]) for w in written})
+    keys = {(w["node_id"], w["hour"]) for w in written}
     adds = [AddAction(w["path"], w["size"], {"node_id": w["node_id"], "hour": w["hour"]}, w["mtime_ms"], True,
                       json.dumps({"numRecords": w["rows"]})) for w in written]
     dt.update_incremental()
-    replaced = _live_in(dt, set(keys))
     now = int(time.time() * 1000)
-    removes = [RemoveAction(path, True, now, size, {"node_id": node, "hour": hour})
-               for path, size, node, hour in replaced]
+    removes = [RemoveAction(rel, True, now, size, {"node_id": node, "hour": hour})
+               for rel, size, _, node, hour in _actions(dt) if (node, hour) in keys]
     dt.create_write_transaction(adds + removes, mode="append", schema=dt.schema(), partition_by=list(PARTITION_COLS),
                                 commit_properties=CommitProperties(custom_metadata={
                                     "ccs.job": "ccs infer", "ccs.engine": "arrow",
@@ -274,14 +265,6 @@ def run(silver: str, predictions: str, lo: str, hi: str, champion, p: InferSetti
             "seconds": round(seconds, 3), "workers": workers, "decisions_written": dict(sorted(decisions.items()))}
 
 
-def _live_in(dt, keys: set[tuple[str, str]]) -> list[tuple[str, int, str, str]]:
-    """(path, size, node_id, hour) of the table's live files in the partitions `keys`."""
-    acts = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
-    return [(path, int(acts["size_bytes"][i]), acts["partition.node_id"][i], acts["partition.hour"][i])
-            for i, path in enumerate(acts["path"])
-            if (acts["partition.node_id"][i], acts["partition.hour"][i]) in keys]
-
-
 def window_decisions(path: str, lo: str, hi: str) -> dict[str, int]:
     """Rows per "decision/cc" of gold.predictions' hours lo..hi (what the Spark job reports)."""
     counts: dict[str, int] = {}
@@ -291,13 +274,3 @@ def window_decisions(path: str, lo: str, hi: str) -> dict[str, int]:
             key = f"{row['decision']}/{row['cc']}"
             counts[key] = counts.get(key, 0) + row["count_all"]
     return dict(sorted(counts.items()))
-
-
-def usable(path: str) -> str | None:
-    """Why this engine cannot run on the lake at `path` (None when it can)."""
-    try:
-        _local(path)
-    except Unsupported as e:
-        return str(e)
-    return None
-

@@ -200,8 +200,9 @@ def test_arrow_engine_matches_the_spark_job(spark, lake_with_champion, monkeypat
 def test_arrow_engine_refuses_what_it_cannot_read():
     from ccselect.settings import InferSettings
     from models import infer_arrow
-    assert infer_arrow.usable("/data/lake/silver/connections") is None
-    assert "local filesystem" in infer_arrow.usable("s3a://bucket/lake/silver/connections")
+    assert infer_arrow._local("/data/lake/silver/connections") == "/data/lake/silver/connections"
+    with pytest.raises(infer_arrow.Unsupported, match="local filesystem"):
+        infer_arrow._local("s3a://bucket/lake/silver/connections")
     with pytest.raises(infer_arrow.Unsupported):
         infer_arrow.run("s3a://bucket/silver", "s3a://bucket/predictions", "a", "b", None, InferSettings(), "fp32")
     with pytest.raises(ValueError, match="engine"):
