@@ -268,7 +268,7 @@ def _ingested(spark, cfg: Config, lo: str, hi: str) -> bool:
     path = table_path(cfg, "gold.ingest_audit")
     if not is_delta(spark, path) or not is_delta(spark, table_path(cfg, "silver.connections")):
         return False
-    files = {(f.stream, f.node_id, f.hour, f.path) for f in discover(cfg.settings.pipeline.raw_dir, (lo, hi))}
+    files = {(f.stream, f.node_id, f.hour, f.path) for f in discover(cfg.settings.pipeline.raw_dir, (lo, hi), cfg=cfg)}
     done = {tuple(r) for r in spark.read.format("delta").load(path).where(F.col("hour").between(lo, hi))
             .select("stream", "node_id", "hour", "source_file").collect()}
     return bool(files) and files <= done

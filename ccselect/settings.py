@@ -56,16 +56,53 @@ class LakeSettings(_Section):
 
 @dataclass(frozen=True)
 class MlflowSettings(_Section):
-    """`mlflow:` tracking and registry store, artifact root, and the registered model's name."""
+    """`mlflow:` tracking and registry store, artifact root, and the registered model's name.
+
+    With a tracking server (`tracking_uri: http://...`), `backend_store_uri` is the server's own
+    database and `artifact_root` where the server keeps artifacts (it serves them to clients);
+    `ccs cluster up` starts that server from these keys."""
     tracking_uri: str
     artifact_root: str
     model_name: str = "ccs-nettype"
+    backend_store_uri: str | None = None                # the tracking server's database (postgresql://...)
 
 
 @dataclass(frozen=True)
 class AirflowSettings(_Section):
-    """`airflow:` AIRFLOW_HOME of the project's Airflow (app/airflow_env.py)."""
+    """`airflow:` AIRFLOW_HOME of the project's Airflow (app/airflow_env.py); its metadata database
+    (None: SQLite under the home, for `dag.test()`), executor, and the API server the scheduler's
+    task runners report to (None: no scheduler; the DAGs run through `dag.test()`)."""
     home: str
+    sql_alchemy_conn: str | None = None                 # postgresql+psycopg2://user@host:port/airflow
+    executor: str = "LocalExecutor"
+    api_url: str | None = None                          # http://host:port (Airflow 3's API server)
+
+
+@dataclass(frozen=True)
+class ObjectStoreSettings(_Section):
+    """`object_store:` the S3-compatible store the lake, MLflow's artifacts and the signed tables
+    live on when their paths are s3:// or s3a:// (None endpoint: AWS's own). Credentials never go
+    here: they come from the environment or the SDK's standard chain (AWS_ACCESS_KEY_ID...,
+    AWS_SHARED_CREDENTIALS_FILE and AWS_PROFILE)."""
+    endpoint: str | None = None                         # http://host:port of an S3-compatible server
+    region: str = "us-east-1"
+    path_style: bool = True                             # bucket in the path, not in the host name
+
+
+@dataclass(frozen=True)
+class ClusterSettings(_Section):
+    """`cluster:` what `ccs cluster up` starts on one machine besides the addresses the other
+    sections give (app/cluster/): the Spark standalone workers and the object store's server."""
+    home: str | None = None                             # the servers' data, logs and pid files
+    workers: int = 2
+    worker_cores: int = 1
+    worker_memory: str = "3g"
+    s3proxy_version: str = "4.1.0"                      # org.gaul:s3proxy from Maven Central
+    buckets: tuple[str, ...] = ()                       # created on the store at `up`
+
+    def __post_init__(self):
+        if self.workers < 1 or self.worker_cores < 1:
+            raise ValueError("cluster.workers and cluster.worker_cores must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -540,6 +577,8 @@ class Settings:
     handshake: HandshakeSettings = field(default_factory=HandshakeSettings)
     abtest: AbtestSettings = field(default_factory=AbtestSettings)
     stream: StreamSettings = field(default_factory=StreamSettings)
+    object_store: ObjectStoreSettings = field(default_factory=ObjectStoreSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
 
 
 #: top-level keys that are not sections (see ccselect/config.py)

@@ -2,6 +2,17 @@
 
 Delta's jars come from Maven Central via `spark.jars.packages` (delta-spark 4.4.0's
 `configure_spark_with_delta_pip`); `python -m ccselect.spark --warm` fetches them once.
+
+Object storage (s3a:// paths): `spark.extra_packages` names `org.apache.hadoop:hadoop-aws` at the
+version of the Hadoop client pyspark bundles (3.5.0 for pyspark 4.2). Maven gives hadoop-aws the
+AWS SDK v2 `bundle`, one 686 MB jar of every AWS service, which each executor would fetch from the
+driver; instead it is excluded and the two SDK modules S3A loads are named (`S3A_SDK_MODULES`, found
+by running: without s3-transfer-manager the first write fails with ClassNotFoundException
+software.amazon.awssdk.transfer.s3.model.ObjectTransfer), 18 MB in all. With
+`object_store.endpoint` set, S3A is pointed at it (path-style, region, TLS only for https).
+Credentials are never in the configuration: S3A's provider (`fs.s3a.aws.credentials.provider`, the
+SDK v2's default chain in the shipped files) finds them in the environment, a profile or the
+instance's role.
 """
 from __future__ import annotations
 
@@ -9,6 +20,7 @@ import argparse
 import contextlib
 import os
 import sys
+import tempfile
 from typing import TYPE_CHECKING
 
 from ccselect.config import Config, load_config
@@ -22,10 +34,63 @@ DELTA_EXTENSIONS = {
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
 }
 
+HADOOP_AWS = "org.apache.hadoop:hadoop-aws:"
+#: hadoop-aws version → the AWS SDK v2 version its pom names (hadoop-project's aws-java-sdk-v2.version)
+AWS_SDK_FOR_HADOOP = {"3.5.0": "2.35.4"}
+#: the SDK v2 modules S3A needs (their own dependencies come with them)
+S3A_SDK_MODULES = ("software.amazon.awssdk:s3", "software.amazon.awssdk:s3-transfer-manager")
+#: left out of the resolution when hadoop-aws is in: the SDK's all-services bundle; its Netty HTTP
+#: client and with it Netty 4.1 (S3A's clients use the Apache one; Spark ships Netty 4.2); a second
+#: Hadoop client (3.4.2, asked for by Delta's Unity Catalog module) beside the one pyspark ships
+S3A_EXCLUDES = ("software.amazon.awssdk:bundle", "software.amazon.awssdk:netty-nio-client",
+                "org.apache.hadoop:hadoop-client-api", "org.apache.hadoop:hadoop-client-runtime")
+#: S3A keys that would put a secret into the configuration
+S3A_SECRETS = ("fs.s3a.access.key", "fs.s3a.secret.key", "fs.s3a.session.token")
+
+
+def pyspark_hadoop_version() -> str:
+    """The version of the Hadoop client jars pyspark ships (hadoop-client-api-<v>.jar)."""
+    import pyspark
+    jars = os.path.join(os.path.dirname(pyspark.__file__), "jars")
+    for name in os.listdir(jars):
+        if name.startswith("hadoop-client-api-") and name.endswith(".jar"):
+            return name[len("hadoop-client-api-"):-len(".jar")]
+    raise RuntimeError(f"no hadoop-client-api jar in {jars}")
+
+
+def packages(extra: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """(Maven packages besides Delta's, exclusions) for `spark.extra_packages`: hadoop-aws gets
+    the SDK modules S3A needs instead of the SDK's bundle."""
+    extra = list(extra)
+    aws = [p for p in extra if p.startswith(HADOOP_AWS)]
+    if not aws:
+        return extra, []
+    version = aws[0][len(HADOOP_AWS):]
+    if version != (have := pyspark_hadoop_version()):
+        raise ValueError(f"spark.extra_packages names hadoop-aws {version}, but pyspark ships Hadoop {have}: "
+                         f"S3A must be the same version as the Hadoop client (use {HADOOP_AWS}{have})")
+    if version not in AWS_SDK_FOR_HADOOP:
+        raise ValueError(f"no AWS SDK version known for hadoop-aws {version} (known: {', '.join(AWS_SDK_FOR_HADOOP)})")
+    sdk = [f"{m}:{AWS_SDK_FOR_HADOOP[version]}" for m in S3A_SDK_MODULES]
+    return extra + [m for m in sdk if m not in extra], list(S3A_EXCLUDES)
+
+
+def object_store_conf(cfg: Config) -> dict[str, str]:
+    """S3A's settings for `object_store` (none without an endpoint: S3A's own defaults, AWS)."""
+    st = cfg.settings.object_store
+    if not st.endpoint:
+        return {}
+    return {"spark.hadoop.fs.s3a.endpoint": st.endpoint,
+            "spark.hadoop.fs.s3a.endpoint.region": st.region,
+            "spark.hadoop.fs.s3a.path.style.access": str(st.path_style).lower(),
+            "spark.hadoop.fs.s3a.connection.ssl.enabled": str(st.endpoint.startswith("https://")).lower()}
+
 
 def get_spark(cfg: Config | None = None, app_name: str | None = None,
-              overrides: dict[str, str] | None = None) -> "SparkSession":
-    """Build (or return the active) SparkSession for `cfg`, Delta Lake enabled."""
+              overrides: dict[str, str] | None = None, master: str | None = None) -> "SparkSession":
+    """Build (or return the active) SparkSession for `cfg` (on `master` instead of the configured
+    one when given), Delta Lake enabled; S3A set up for `object_store` (the file's own
+    `spark.conf` wins over what is derived from it)."""
     from delta import configure_spark_with_delta_pip
     from pyspark.sql import SparkSession
 
@@ -33,15 +98,23 @@ def get_spark(cfg: Config | None = None, app_name: str | None = None,
     sc = cfg.settings.spark
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    builder = SparkSession.builder.master(sc.master).appName(app_name or sc.app_name)
-    conf = {**DELTA_EXTENSIONS, **{k: str(v) for k, v in sc.conf.items()}, **(overrides or {})}
+    builder = SparkSession.builder.master(master or sc.master).appName(app_name or sc.app_name)
+    conf = {**DELTA_EXTENSIONS, **object_store_conf(cfg), **{k: str(v) for k, v in sc.conf.items()},
+            **(overrides or {})}
+    if secret := [k for k in conf if k.removeprefix("spark.hadoop.") in S3A_SECRETS]:
+        raise ValueError(f"{cfg.path}: {', '.join(secret)} would put a secret into the configuration; "
+                         "S3A's credentials provider finds them in the environment (AWS_ACCESS_KEY_ID, ...)")
     conf.setdefault("spark.sql.warehouse.dir", os.path.join(cfg.data_root, "spark-warehouse"))
-    derby = f"-Dderby.system.home={os.path.join(cfg.data_root, 'derby')}"
-    conf["spark.driver.extraJavaOptions"] = " ".join(
-        o for o in (derby, conf.get("spark.driver.extraJavaOptions", "")) if o)
+    if "://" not in cfg.data_root:  # Derby (a Hive metastore) only ever keeps local files
+        derby = f"-Dderby.system.home={os.path.join(cfg.data_root, 'derby')}"
+        conf["spark.driver.extraJavaOptions"] = " ".join(
+            o for o in (derby, conf.get("spark.driver.extraJavaOptions", "")) if o)
+    extra, excludes = packages(sc.extra_packages)
+    if excludes:
+        conf["spark.jars.excludes"] = ",".join(filter(None, (conf.get("spark.jars.excludes"), *excludes)))
     for key, value in conf.items():
         builder = builder.config(key, value)
-    builder = configure_spark_with_delta_pip(builder, extra_packages=list(sc.extra_packages))
+    builder = configure_spark_with_delta_pip(builder, extra_packages=extra)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
@@ -71,16 +144,36 @@ def session_for(config: str | None, app_name: str) -> tuple[Config, "SparkSessio
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Spark session factory utilities")
-    ap.add_argument("--warm", action="store_true", help="start a session once so Delta's jars are fetched")
+    ap.add_argument("--warm", action="store_true",
+                    help="start a session once so Delta's jars (and spark.extra_packages) are fetched")
     ap.add_argument("--config", default=None)
     args = ap.parse_args(argv)
     if args.warm:
-        spark = get_spark(load_config(args.config), app_name="ccs-warm")
-        spark.range(3).write.format("delta").mode("overwrite").save(
-            os.path.join(load_config(args.config).data_root, "tmp", "warm_delta"))
-        spark.stop()
+        warm(load_config(args.config))
         print("spark + delta ready")
     return 0
+
+
+def warm(cfg: Config) -> None:
+    """Fetch the configuration's jars into the local Ivy cache and check they load: a Delta table
+    written under a local data root; with a remote one (object storage, a cluster that may not be
+    up yet) a session of this machine alone writes it to a temporary folder, and S3A's file system
+    class must load when hadoop-aws is configured."""
+    if "://" not in cfg.data_root:
+        spark = get_spark(cfg, app_name="ccs-warm")
+        spark.range(3).write.format("delta").mode("overwrite").save(os.path.join(cfg.data_root, "tmp", "warm_delta"))
+        spark.stop()
+        return
+    with tempfile.TemporaryDirectory(prefix="ccs-warm-") as tmp:
+        spark = get_spark(cfg, app_name="ccs-warm", master="local[1]",
+                          overrides={"spark.sql.warehouse.dir": os.path.join(tmp, "warehouse")})
+        try:
+            spark.range(3).write.format("delta").mode("overwrite").save(os.path.join(tmp, "warm_delta"))
+            if any(p.startswith(HADOOP_AWS) for p in cfg.settings.spark.extra_packages):
+                jvm = spark.sparkContext._jvm
+                jvm.org.apache.hadoop.fs.FileSystem.getFileSystemClass("s3a", spark.sparkContext._jsc.hadoopConfiguration())
+        finally:
+            spark.stop()
 
 
 if __name__ == "__main__":

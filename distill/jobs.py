@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
+import tempfile
 from dataclasses import replace
 from datetime import datetime, timezone
 
 import numpy as np
 import pandas as pd
 
-from ccselect import delta_io
+from ccselect import delta_io, files
 from ccselect.lake import table_path
 from ccselect.contract import HANDSHAKE_FEATURES
 from ccselect.settings import HandshakeSettings
@@ -82,7 +84,10 @@ def run_diagnose(spark, cfg, hours: tuple[str, str] | None = None, prefix: str |
 
     now = datetime.now(timezone.utc)
     run = now.strftime("%Y%m%dT%H%M%SZ")
-    out_dir = os.path.join(cfg.data_root, "reports", "diagnose", run)
+    # the report goes under <data_root>/reports/diagnose/<run>/: written there on a local data root,
+    # written to a scratch folder and uploaded to the object store under an s3a:// one
+    dest = files.join(cfg.data_root, "reports", "diagnose", run)
+    out_dir = tempfile.mkdtemp(prefix=f"ccs-diagnose-{run}-") if files.is_remote(dest) else dest
     os.makedirs(out_dir, exist_ok=True)
     images = {"global": os.path.basename(report.global_summary_png(os.path.join(out_dir, "global_summary.png"),
                                                                    g_wifi, rows.raw[g_idx])),
@@ -115,6 +120,10 @@ def run_diagnose(spark, cfg, hours: tuple[str, str] | None = None, prefix: str |
     frame.to_csv(os.path.join(out_dir, "diagnostics.csv"), index=False)
     _write_diagnostics(spark, cfg, frame, run)
     mlflow_run = _log_mlflow(cfg, out_dir, meta, params, found) if log_mlflow else None
+    if out_dir != dest:
+        files.upload_dir(cfg, out_dir, dest)
+        shutil.rmtree(out_dir, ignore_errors=True)
+        html_path = files.join(dest, os.path.basename(html_path))
     return {"run": run, "report": html_path, "mlflow_run_id": mlflow_run, **{k: v for k, v in meta.items() if k != "run"},
             "subsets": [{k: v for k, v in s.items() if k != "profile"} for s in found],
             "global_top": dg.top_features(global_prof, params.top_features)}

@@ -26,6 +26,8 @@ def experiment_id(cfg, name: str) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
+    if cfg.settings.mlflow.tracking_uri.startswith(("http://", "https://")):
+        return mlflow.create_experiment(name)   # the tracking server's own artifact destination
     root = cfg.settings.mlflow.artifact_root
     location = root if "://" in root else os.path.join(root, name)
     return mlflow.create_experiment(name, artifact_location=location)

@@ -7,13 +7,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
 from pyspark.sql import DataFrame, functions as F
 
-from ccselect import delta_io
+from ccselect import delta_io, files
 from ccselect.contract import FEATURES
 from ccselect.lake import connections_in, table_path
 
@@ -73,7 +72,9 @@ def stats_frame(spark, stats: FeatureStats, fitted_at: str) -> DataFrame:
 
 
 def artifact_path(data_root: str, window: str) -> str:
-    return os.path.join(data_root, "artifacts", "feature_stats", f"{window.replace('..', '_')}.json")
+    """Where a window's statistics are kept: a folder under a local data root, or the object
+    store's under an s3a:// one (every host of a cluster reads what training wrote)."""
+    return files.join(data_root, "artifacts", "feature_stats", f"{window.replace('..', '_')}.json")
 
 
 def save(spark, cfg, stats: FeatureStats, fitted_at: str) -> str:
@@ -82,18 +83,17 @@ def save(spark, cfg, stats: FeatureStats, fitted_at: str) -> str:
     delta_io.replace_partitions(stats_frame(spark, stats, fitted_at), table_path(cfg, "gold.feature_stats"),
                                 {(stats.window,)}, ("window",))
     path = artifact_path(cfg.data_root, stats.window)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    for p in (path, os.path.join(os.path.dirname(path), "latest.json")):
-        tmp = p + ".tmp"
-        with open(tmp, "w") as fh:
-            fh.write(stats.to_json())
-        os.replace(tmp, p)
+    for p in (path, files.join(path.rsplit("/", 1)[0], "latest.json")):
+        files.write_text(cfg, p, stats.to_json())
     return path
 
 
-def load(path: str) -> FeatureStats:
-    with open(path) as fh:
-        return FeatureStats.from_json(fh.read())
+def load(path: str, cfg=None) -> FeatureStats:
+    """The statistics saved at `path` (a remote path needs the configuration's object store)."""
+    if cfg is None:
+        with open(path) as fh:
+            return FeatureStats.from_json(fh.read())
+    return FeatureStats.from_json(files.read_text(cfg, path))
 
 
 def window_stats(spark, cfg, lo: str, hi: str, save_fitted: bool = False) -> tuple[FeatureStats, str | None, bool]:
@@ -102,8 +102,8 @@ def window_stats(spark, cfg, lo: str, hi: str, save_fitted: bool = False) -> tup
     `save_fitted`, saved as `ccs features` would. Returns (stats, artifact path or None, fitted now)."""
     window = f"{lo}..{hi}"
     path = artifact_path(cfg.data_root, window)
-    if os.path.exists(path):
-        return load(path), path, False
+    if files.exists(cfg, path):
+        return load(path, cfg), path, False
     stats = fit(connections_in(spark, cfg, lo, hi), window=window)
     if not save_fitted:
         return stats, None, True

@@ -144,7 +144,7 @@ def summarize(audit: DataFrame) -> dict:
 def run(spark: SparkSession, cfg: Config, input_dir: str, hours: tuple[str, str] | None = None,
         silver: bool = True) -> dict:
     """The whole ingest for every node-hour file under `input_dir` (optionally an hour range)."""
-    files, skipped = discover_all(input_dir, hours)
+    files, skipped = discover_all(input_dir, hours, cfg=cfg)
     if not files:
         raise FileNotFoundError(f"no node-hour files under {input_dir}" + (f" for hours {hours}" if hours else "")
                                 + "".join(f"; not read: {s.path} ({s.why})" for s in skipped[:5]))

@@ -14,12 +14,12 @@ impute`); empty for a complete record.
 from __future__ import annotations
 
 import csv
+import io
 import ipaddress
-import os
 
 from pyspark.sql import DataFrame, SparkSession, functions as F
 
-from ccselect import delta_io
+from ccselect import delta_io, files as storage
 from ccselect.config import Config
 from ccselect.contract import FEATURES, NET_TYPES, TRANSPORT_FIELDS
 from ccselect.ipaddr import ab_bucket, canonical_text, with_ip
@@ -50,15 +50,22 @@ SILVER_CONSTRAINTS = {
 
 # ---- reference ----------------------------------------------------------------------------------
 
-def read_reference(path: str) -> list[tuple[int, str, str]]:
-    """(family, prefix bits, ug_id) per row of `reference/ip_asn_region.csv` (cidr,asn,isp,region)."""
-    rows = []
+def read_reference(path: str, cfg: Config | None = None) -> list[tuple[int, str, str]]:
+    """(family, prefix bits, ug_id) per row of `reference/ip_asn_region.csv` (cidr,asn,isp,region),
+    a local file or an object (s3a://, read with `cfg`'s object_store)."""
+    if storage.is_remote(path):
+        return _reference_rows(csv.DictReader(io.StringIO(storage.read_text(cfg, path), newline="")))
     with open(path, newline="") as fh:
-        for r in csv.DictReader(fh):
-            net = ipaddress.ip_network(r["cidr"].strip(), strict=False)
-            width = 32 if net.version == 4 else 128
-            bits = format(int(net.network_address), f"0{width}b")[: net.prefixlen]
-            rows.append((net.version, bits, f"{r['region'].strip()}-AS{int(r['asn'])}"))
+        return _reference_rows(csv.DictReader(fh))
+
+
+def _reference_rows(reader: csv.DictReader) -> list[tuple[int, str, str]]:
+    rows = []
+    for r in reader:
+        net = ipaddress.ip_network(r["cidr"].strip(), strict=False)
+        width = 32 if net.version == 4 else 128
+        bits = format(int(net.network_address), f"0{width}b")[: net.prefixlen]
+        rows.append((net.version, bits, f"{r['region'].strip()}-AS{int(r['asn'])}"))
     return rows
 
 
@@ -200,8 +207,8 @@ def run(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], input_dir:
     """Rebuild silver.connections for the (node_id, hour) partitions `keys`; returns its row count there."""
     if not keys:
         return 0
-    ref_path = os.path.join(input_dir, "reference", "ip_asn_region.csv")
-    rows = read_reference(ref_path) if os.path.exists(ref_path) else []
+    ref_path = storage.join(input_dir, "reference", "ip_asn_region.csv")
+    rows = read_reference(ref_path, cfg) if storage.exists(cfg, ref_path) else []
     transport, access, qoe = extract(spark, cfg, keys)
     conns = build_connections(transport, access, qoe, reference_frame(spark, rows))
     path = table_path(cfg, "silver.connections")

@@ -8,15 +8,24 @@ read, nor are hidden files (`.<name>.part`: a segment being written); everything
 not match the layout is reported by `discover_all` with the reason it is not read — and so is a
 node-hour that has both an hourly file and segments, or a file both as `.jsonl` and `.jsonl.gz`
 (neither is read: which one holds the records is not ours to guess).
+
+DIR is a local folder or, on a cluster, an object store prefix (`s3a://bucket/raw`): there the
+folders are what the keys imply, all found by one listing of the prefix (boto3 with the
+configuration's `object_store`, as ccselect/files.py: a request per 1,000 keys, where Hadoop's
+FileSystem through py4j would cost a JVM round trip per file, and a Spark session). The
+credentials are the ones Spark's S3A finds: the SDKs' standard chain.
 """
 from __future__ import annotations
 
 import os
 import re
 from dataclasses import dataclass
+from urllib.parse import urlparse
 
 from pyspark.sql import functions as F
 
+from ccselect import files as storage
+from ccselect.config import Config
 from ccselect.contract import FILE_NAME, STREAMS
 from ccselect.hours import hour_start_ms
 
@@ -44,45 +53,94 @@ class Skipped:
     why: str
 
 
+class _Folders:
+    """A local folder tree, read as it is walked."""
+
+    def __init__(self, root: str):
+        self.root = os.path.abspath(root)
+
+    isdir = staticmethod(os.path.isdir)
+    listdir = staticmethod(os.listdir)
+    join = staticmethod(os.path.join)
+
+
+class _Prefix:
+    """The folders the keys under an object store prefix imply (an empty folder has no key, and
+    so is not there), from one listing."""
+
+    def __init__(self, root: str, cfg: Config | None):
+        if cfg is None:
+            raise ValueError(f"listing {root} needs the configuration (its object_store)")
+        self.root = root.rstrip("/")
+        u = urlparse(self.root)
+        self.dirs: dict[str, set[str]] = {}
+        pages = storage.s3_client(cfg).get_paginator("list_objects_v2").paginate(
+            Bucket=u.netloc, Prefix=u.path.lstrip("/") + "/")
+        for page in pages:
+            for obj in page.get("Contents", []):
+                parts = obj["Key"][len(u.path.lstrip("/")) + 1:].split("/")
+                parent = self.root
+                for i, name in enumerate(parts):
+                    if not name:       # a folder marker ("a/b/") or an empty path segment
+                        break
+                    self.dirs.setdefault(parent, set()).add(name)
+                    parent = self.join(parent, name)
+                    if i < len(parts) - 1:
+                        self.dirs.setdefault(parent, set())
+
+    def isdir(self, path: str) -> bool:
+        return path in self.dirs
+
+    def listdir(self, path: str) -> list[str]:
+        return list(self.dirs[path])
+
+    @staticmethod
+    def join(*parts: str) -> str:
+        return "/".join(parts)
+
+
 def discover_all(input_dir: str, hours: tuple[str, str] | None = None,
-                 streams: tuple[str, ...] = STREAMS) -> tuple[list[SourceFile], list[Skipped]]:
+                 streams: tuple[str, ...] = STREAMS, cfg: Config | None = None
+                 ) -> tuple[list[SourceFile], list[Skipped]]:
     """(every node-hour file under `input_dir`, sorted, optionally limited to an hour range;
     every other entry of the folder with why it is not read). Files outside `hours` are neither:
-    they are left out on purpose."""
+    they are left out on purpose. An object store prefix (s3a://) is listed with `cfg`'s
+    `object_store`."""
     found: list[SourceFile] = []
     skipped: list[Skipped] = []
-    root = os.path.abspath(input_dir)
-    if not os.path.isdir(root):
+    fs = _Prefix(input_dir, cfg) if storage.is_remote(input_dir) else _Folders(input_dir)
+    root = fs.root
+    if not fs.isdir(root):
         return [], [Skipped(root, "not a folder")]
-    for top in sorted(os.listdir(root)):
+    for top in sorted(fs.listdir(root)):
         if top.startswith("_") or top in EXPECTED_TOP or top in streams:
             continue
         if top in STREAMS:
             continue          # a stream not asked for
-        skipped.append(Skipped(os.path.join(root, top), f"not a stream folder ({', '.join(STREAMS)})"))
+        skipped.append(Skipped(fs.join(root, top), f"not a stream folder ({', '.join(STREAMS)})"))
     for stream in streams:
-        sdir = os.path.join(root, stream)
-        if not os.path.isdir(sdir):
+        sdir = fs.join(root, stream)
+        if not fs.isdir(sdir):
             continue
-        for node in sorted(os.listdir(sdir)):
-            ndir = os.path.join(sdir, node)
+        for node in sorted(fs.listdir(sdir)):
+            ndir = fs.join(sdir, node)
             if node.startswith("_"):
                 continue
-            if not os.path.isdir(ndir):
+            if not fs.isdir(ndir):
                 skipped.append(Skipped(ndir, "not in a <stream>/<node_id>/ folder"))
                 continue
             if not _NODE.match(node):
                 skipped.append(Skipped(ndir, "node folder name not accepted"))
                 continue
             by_hour: dict[str, dict[str, list[str]]] = {}   # hour → file name without .gz → paths
-            for name in sorted(os.listdir(ndir)):
-                path = os.path.join(ndir, name)
+            for name in sorted(fs.listdir(ndir)):
+                path = fs.join(ndir, name)
                 m = FILE_NAME.match(name)
                 if name.startswith("."):
                     if name.endswith(".part"):
                         continue      # a segment the agent is still writing: it appears when renamed
                     skipped.append(Skipped(path, "hidden file"))
-                elif os.path.isdir(path):
+                elif fs.isdir(path):
                     skipped.append(Skipped(path, "not in a <stream>/<node_id>/ folder"))
                 elif not m:
                     skipped.append(Skipped(path, "file name is not <YYYY-MM-DDTHH>.jsonl, a segment "
@@ -108,7 +166,7 @@ def discover_all(input_dir: str, hours: tuple[str, str] | None = None,
 def classify(path: str, streams: tuple[str, ...] = STREAMS) -> SourceFile | Skipped:
     """One file by its path alone, as `discover_all` judges it inside its folder: the stream's
     file source (app/stream.py) sees files one at a time."""
-    ndir, name = os.path.split(os.path.abspath(path))
+    ndir, name = os.path.split(path if storage.is_remote(path) else os.path.abspath(path))
     sdir, node = os.path.split(ndir)
     stream = os.path.basename(sdir)
     m = FILE_NAME.match(name)
@@ -122,9 +180,9 @@ def classify(path: str, streams: tuple[str, ...] = STREAMS) -> SourceFile | Skip
 
 
 def discover(input_dir: str, hours: tuple[str, str] | None = None,
-             streams: tuple[str, ...] = STREAMS) -> list[SourceFile]:
+             streams: tuple[str, ...] = STREAMS, cfg: Config | None = None) -> list[SourceFile]:
     """Every node-hour file under `input_dir`, sorted, optionally limited to an hour range."""
-    return discover_all(input_dir, hours, streams)[0]
+    return discover_all(input_dir, hours, streams, cfg)[0]
 
 
 def read_lines(spark, files: list[SourceFile]):

@@ -98,6 +98,10 @@ def experiment_id(cfg: Config) -> str:
     exp = client.get_experiment_by_name(name)
     if exp is not None:
         return exp.experiment_id
+    if cfg.settings.mlflow.tracking_uri.startswith(("http://", "https://")):
+        # a tracking server keeps the artifacts where its own --artifacts-destination says
+        # (mlflow.artifact_root) and serves them: clients need no credentials of the store
+        return client.create_experiment(name)
     root = cfg.settings.mlflow.artifact_root
     if "://" not in root:
         os.makedirs(root, exist_ok=True)

@@ -80,7 +80,8 @@ def test_an_upward_import_breaks_the_contract(tree_copy, module, upward):
 
 #: libraries heavy enough to import only where used (docs/architecture.md, "Layers")
 HEAVY = {"torch", "pyspark", "shap", "mlflow", "airflow", "pendulum", "sklearn", "matplotlib", "duckdb",
-         "polars", "delta", "deltalake", "skops", "fsspec", "nbclient", "nbformat"}
+         "polars", "delta", "deltalake", "skops", "fsspec", "nbclient", "nbformat", "boto3", "botocore",
+         "psycopg2"}
 NOTE = "# Imported inside the functions that use them"
 
 

@@ -30,7 +30,7 @@ def test_environments_differ_where_they_should():
     local, cluster = (load_config(p).settings for p in SHIPPED)
     assert (local.model.gate.min_mean_accuracy, local.model.gate.min_worst_accuracy) == (0.75, 0.55)
     assert (cluster.model.gate.min_mean_accuracy, cluster.model.gate.min_worst_accuracy) == (0.9, 0.8)
-    assert cluster.spark.extra_packages == ("org.apache.hadoop:hadoop-aws:3.4.1",) and local.spark.extra_packages == ()
+    assert cluster.spark.extra_packages == ("org.apache.hadoop:hadoop-aws:3.5.0",) and local.spark.extra_packages == ()
     assert cluster.export.rollout.store == "s3://ccselect-artifacts/cc-tables"
     assert (local.simulate.nodes, cluster.simulate.nodes) == (12, 200)
 
