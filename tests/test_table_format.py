@@ -43,6 +43,22 @@ def test_encode_decode_roundtrip():
     assert [e.family for e in back.entries] == [4, 4, 4, 4, 6, 6, 6], "IPv4 entries first"
 
 
+def test_content_sha256_ignores_only_the_clock():
+    """Two exports of the same decisions at different times share the content digest (the cluster
+    test compares tables across runs with it); any other byte changes it."""
+    a = tf.encode(tf.Table(42, 1_700_000_000, 1_700_086_400, tuple(_entries())))
+    b = tf.encode(tf.Table(42, 1_800_000_000, 1_800_003_600, tuple(_entries())))
+    assert hashlib.sha256(a).hexdigest() != hashlib.sha256(b).hexdigest()
+    assert tf.content_sha256(a) == tf.content_sha256(b)
+    assert tf.content_sha256(a) != tf.content_sha256(tf.encode(tf.Table(43, 1_700_000_000, 1_700_086_400,
+                                                                        tuple(_entries()))))
+    flipped = bytearray(a)
+    flipped[-1] ^= 1
+    assert tf.content_sha256(bytes(flipped)) != tf.content_sha256(a)
+    with pytest.raises(tf.TableFormatError):
+        tf.content_sha256(a[:10])
+
+
 def test_entry_layout_bytes():
     blob = tf.encode_entry(tf.Entry("10.1.0.0/16", "bbr", purity_permille=900, requests=5,
                                     pacing_rate_bps=1 << 40, cwnd_clamp_segs=64,

@@ -21,6 +21,7 @@ handshake (ccs.bpf.c `on_established`), per flow mode (`FLOW_MODES`). Format 1 i
 """
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import struct
 import zlib
@@ -263,6 +264,18 @@ def encode(table: Table) -> bytes:
                       NODE_SIZE if nodes else 0, tree.min_purity_permille if tree is not None else 0,
                       tree.min_leaf_permille if tree is not None else 0, b"\0" * 8)
     return hdr + b"".join(encode_entry(e) for e in entries) + b"".join(encode_node(n) for n in nodes)
+
+
+def content_sha256(data: bytes) -> str:
+    """sha256 of a binary table without its two clock fields (created_unix, expires_unix): what two
+    exports of the same decisions share, wherever and whenever they ran (the manifest's `sha256`
+    covers the whole .bin, clock included, which is what the agent checks)."""
+    decode(data)                                   # only a well-formed table has a content
+    offs = dict(HEADER_FIELDS)
+    blob = bytearray(data)
+    for name in ("created_unix", "expires_unix"):
+        blob[offs[name]:offs[name] + 8] = bytes(8)
+    return hashlib.sha256(bytes(blob)).hexdigest()
 
 
 def decode(data: bytes) -> Table:

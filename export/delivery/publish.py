@@ -11,7 +11,7 @@ from ccselect.config import Config, project_root
 from export.artifact import signing
 from export.delivery import guards
 from export.delivery.rollout import Fleet, live_table, load_fleet
-from export.delivery.store import Store
+from export.delivery.store import Store, store_for
 from export.tables import aggregate
 
 PRIVATE_NAME = "table-signing.key.pem"
@@ -79,4 +79,4 @@ def publish(spark, cfg: Config, store: Store, version: int | None = None, log=pr
 
 def fleet_and_store(cfg: Config, fleet_path: str, store_url: str | None = None) -> tuple[Fleet, Store]:
     _, pub = key_paths(cfg)
-    return load_fleet(fleet_path, cfg, public_key=pub), Store(store_url or cfg.settings.export.rollout.store)
+    return load_fleet(fleet_path, cfg, public_key=pub), store_for(cfg, store_url)

@@ -10,21 +10,46 @@ A failed canary stops the rollout: every canary already loaded goes back to the 
 store's current version does not move. A failure among the rest rolls back every node loaded.
 
 A fleet file (infra/fleet.yaml) lists nodes; on one machine each node is its own agent with its
-own cgroup and pin dir (the way tests/kernel runs agents).
+own cgroup and pin dir (the way tests/kernel runs agents). A node with `netns:` stands for a remote
+host (infra/fleet-netns.yaml, app/cluster/edges.py): its agent's commands run in that network
+namespace, and it pulls the table itself, over its own link, from the store at `store_endpoint`
+(`python -m export.delivery.pull`), instead of the control process copying it.
 """
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import yaml
 
+from ccselect.config import project_root
 from ccselect.settings import Health  # cfg.settings.export.rollout.health
 from export.artifact import signing
-from export.delivery.store import Store
+from export.delivery.store import Store, StoreError
 from export.edge.agent import EdgeAgent, EdgeAgentError, EdgeConfig, Service
+
+
+def netns_argv(netns: str) -> list[str]:
+    """The prefix that runs a command in a node's network namespace. `nsenter --net` changes the
+    network namespace only; `ip netns exec` would also remount /sys, hiding the bpffs and cgroup2
+    mounts under it that the agent's pins and cgroup live on."""
+    return ["nsenter", f"--net=/run/netns/{netns}", "--"]
+
+
+class NetnsAgent(EdgeAgent):
+    """The agent of a node on its own network namespace: every command runs there (so its route
+    CCs, if on, go into the node's routing tables, and `run` sees the node's network)."""
+
+    def __init__(self, netns: str, **kw):
+        self.netns = netns
+        super().__init__(**kw)
+
+    def _argv(self, *args: str) -> list[str]:
+        return netns_argv(self.netns) + super()._argv(*args)
 
 
 @dataclass
@@ -34,9 +59,14 @@ class Node:
     config: EdgeConfig
     table_dir: str
     binary: str | None = None
+    netns: str | None = None           # the node's network namespace (a remote host), or None
+    address: str | None = None         # its address on the link to the host (CIDR), with netns
+    store_endpoint: str | None = None  # the store as the node reaches it (http://host:port)
 
     def agent(self) -> EdgeAgent:
         kw = {"binary": self.binary} if self.binary else {}
+        if self.netns:
+            return NetnsAgent(self.netns, config=self.config, **kw)
         return EdgeAgent(config=self.config, **kw)
 
 
@@ -57,9 +87,18 @@ def _expand(value: str, cfg) -> str:
     return str(value).replace("${data_root}", cfg.data_root)
 
 
+def host_dir(cfg, node_id: str) -> str:
+    """A node's own folder on the one-machine fleet (tables it pulled; for a namespaced edge host
+    also its agent's config and log): under `cluster.home` when set, else under the data root."""
+    if cfg.settings.cluster.home:
+        return os.path.join(cfg.settings.cluster.home, "edges", node_id)
+    return os.path.join(cfg.data_root, "fleet", node_id)
+
+
 def load_fleet(path: str, cfg, public_key: str | None = None) -> Fleet:
     """Nodes from a fleet file: each with `node_id`, `canary`, optional `table_dir`, and its agent
-    config either inline (`agent:` mapping, EdgeConfig fields) or as a file (`edge_config:`)."""
+    config either inline (`agent:` mapping, EdgeConfig fields) or as a file (`edge_config:`);
+    optionally `netns`, `address` and `store_endpoint` (a node on a host of its own)."""
     with open(path) as f:
         raw = yaml.safe_load(f) or {}
     base = os.path.dirname(os.path.abspath(path))
@@ -79,8 +118,12 @@ def load_fleet(path: str, cfg, public_key: str | None = None) -> Fleet:
         conf.node_id = conf.node_id if conf.node_id != "edge" else nid
         if public_key and not conf.public_key:
             conf.public_key = public_key
-        table_dir = _expand(d.get("table_dir") or os.path.join(cfg.data_root, "fleet", nid, "tables"), cfg)
-        nodes.append(Node(nid, bool(d.get("canary", False)), conf, table_dir, d.get("binary")))
+        netns = d.get("netns")
+        default_dir = (os.path.join(host_dir(cfg, nid), "tables") if netns
+                       else os.path.join(cfg.data_root, "fleet", nid, "tables"))
+        table_dir = _expand(d.get("table_dir") or default_dir, cfg)
+        nodes.append(Node(nid, bool(d.get("canary", False)), conf, table_dir, d.get("binary"),
+                          str(netns) if netns else None, d.get("address"), d.get("store_endpoint")))
     if not nodes:
         raise ValueError(f"{path}: no nodes")
     if not any(n.canary for n in nodes):
@@ -95,6 +138,21 @@ def _counters(st: dict) -> dict:
 def _live_version(st: dict):
     t = st.get("table")
     return t["version"] if t else None
+
+
+def pull(node: Node, store: Store, version: int, timeout: float = 120.0) -> str:
+    """The node takes `version` from the store itself, from inside its network namespace, at the
+    store's address as it sees it; → the manifest's path in the node's table dir."""
+    endpoint = node.store_endpoint or store.endpoint
+    cmd = (netns_argv(node.netns) + [sys.executable, "-m", "export.delivery.pull", "--store", store.url,
+                                     "--version", str(int(version)), "--dest", node.table_dir,
+                                     "--region", store.region or "us-east-1"]
+           + (["--endpoint", endpoint] if endpoint else []) + ([] if store.path_style else ["--virtual-host"]))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=str(project_root()))
+    if r.returncode != 0 or not r.stdout.strip():
+        raise StoreError(f"pull in {node.netns} from {endpoint} failed ({r.returncode}): "
+                         f"{(r.stderr or r.stdout).strip()}")
+    return r.stdout.strip().splitlines()[-1]
 
 
 def deploy_node(node: Node, store: Store, version: int, health: Health,
@@ -117,7 +175,17 @@ def deploy_node(node: Node, store: Store, version: int, health: Health,
         time.sleep(health.wait_s)
         s1 = agent.status()
         rate_before = (_counters(s1).get("established", 0) - _counters(s0).get("established", 0)) / (time.monotonic() - t0)
-        manifest = store.fetch(version, node.table_dir)
+        if node.netns:
+            t_pull = time.monotonic()
+            try:
+                manifest = pull(node, store, version)
+            except (StoreError, subprocess.TimeoutExpired) as exc:
+                rep["reasons"].append(f"pull failed: {exc}")
+                return rep
+            rep["pull"] = {"netns": node.netns, "endpoint": node.store_endpoint or store.endpoint,
+                           "s": round(time.monotonic() - t_pull, 3)}
+        else:
+            manifest = store.fetch(version, node.table_dir)
         older = version < int(s0.get("version_floor") or 0)
         if older and allow_older:
             log(f"{node.node_id}: version {version} is older than version {s0['version_floor']} "

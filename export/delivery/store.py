@@ -1,7 +1,9 @@
 """The artifact store the edge fleet pulls signed tables from.
 
-`export.rollout.store` is a directory (the default) or an fsspec URL (s3://, gs://, memory://...;
-the backend's own package, e.g. s3fs, must be installed for anything but local and memory).
+`export.rollout.store` is a directory (the default), an `s3://bucket/prefix` URL on the
+S3-compatible store of `object_store:` (boto3; the endpoint, region and addressing come from the
+configuration, the credentials from the environment or the SDK's standard chain only), or another
+fsspec URL (memory://...; its backend's own package must be installed).
 Layout under the store root:
   tables/table-V.bin, tables/table-V.manifest.json, tables/table-V.manifest.json.sig
   state.json   {"current": V or null, "history": [V1, V2, ...]}  (versions in publication order)
@@ -12,38 +14,127 @@ from __future__ import annotations
 import json
 import os
 import posixpath
+from urllib.parse import urlparse
 
 from export.artifact.signing import SIG_SUFFIX
-# Imported inside the functions that use them (heavy, not needed to import this module): fsspec.
+# Imported inside the functions that use them (heavy, not needed to import this module): fsspec, boto3.
 
 
 class StoreError(RuntimeError):
     pass
 
 
-class Store:
+class _Fsspec:
+    """A directory or an fsspec URL: state.json replaced by a rename of a temporary file."""
+
     def __init__(self, url: str):
         import fsspec
-        self.url = url
         self.fs, self.root = fsspec.core.url_to_fs(url)
         self.fs.makedirs(self._p("tables"), exist_ok=True)
 
-    def _p(self, *parts: str) -> str:
-        return posixpath.join(self.root, *parts)
+    def _p(self, key: str) -> str:
+        return posixpath.join(self.root, key)
+
+    def exists(self, key: str) -> bool:
+        return self.fs.exists(self._p(key))
+
+    def read(self, key: str) -> bytes | None:
+        p = self._p(key)
+        if not self.fs.exists(p):
+            return None
+        with self.fs.open(p, "rb") as f:
+            return f.read()
+
+    def replace(self, key: str, data: bytes) -> None:
+        tmp = self._p(key + ".tmp")
+        with self.fs.open(tmp, "wb") as f:
+            f.write(data)
+        self.fs.mv(tmp, self._p(key))
+
+    def put_file(self, local: str, key: str) -> None:
+        self.fs.put_file(local, self._p(key))
+
+    def get_file(self, key: str, local: str) -> None:
+        self.fs.get_file(self._p(key), local)
+
+
+class _S3:
+    """`s3://bucket/prefix` through boto3. A PUT replaces the whole object at once (S3 never shows a
+    half-written object), so state.json is written by one PUT, without a temporary key."""
+
+    def __init__(self, url: str, endpoint: str | None, region: str | None, path_style: bool):
+        import boto3
+        from botocore.config import Config as BotoConfig
+        u = urlparse(url)
+        if not u.netloc:
+            raise StoreError(f"{url}: no bucket (s3://bucket/prefix)")
+        self.bucket, self.prefix = u.netloc, u.path.strip("/")
+        # credentials: the environment or the SDK's standard chain, never the configuration; a
+        # session of its own, as boto3's default one keeps the first credentials it resolved
+        self.s3 = boto3.session.Session().client(
+            "s3", endpoint_url=endpoint, region_name=region,
+            config=BotoConfig(s3={"addressing_style": "path" if path_style else "auto"},
+                              connect_timeout=5, read_timeout=30,
+                              retries={"max_attempts": 3, "mode": "standard"}))
+
+    def _k(self, key: str) -> str:
+        return posixpath.join(self.prefix, key) if self.prefix else key
+
+    @staticmethod
+    def _missing(exc) -> bool:
+        return exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+        try:
+            self.s3.head_object(Bucket=self.bucket, Key=self._k(key))
+            return True
+        except ClientError as exc:
+            if self._missing(exc):
+                return False
+            raise
+
+    def read(self, key: str) -> bytes | None:
+        from botocore.exceptions import ClientError
+        try:
+            return self.s3.get_object(Bucket=self.bucket, Key=self._k(key))["Body"].read()
+        except ClientError as exc:
+            if self._missing(exc):
+                return None
+            raise
+
+    def replace(self, key: str, data: bytes) -> None:
+        self.s3.put_object(Bucket=self.bucket, Key=self._k(key), Body=data)
+
+    def put_file(self, local: str, key: str) -> None:
+        with open(local, "rb") as f:
+            self.s3.put_object(Bucket=self.bucket, Key=self._k(key), Body=f.read())
+
+    def get_file(self, key: str, local: str) -> None:
+        with open(local, "wb") as f:
+            f.write(self.s3.get_object(Bucket=self.bucket, Key=self._k(key))["Body"].read())
+
+
+class Store:
+    """`endpoint`, `region`, `path_style`: the S3-compatible server of an s3:// store
+    (`object_store:`; `store_for(cfg)` passes them); ignored for directories and other URLs."""
+
+    def __init__(self, url: str, endpoint: str | None = None, region: str | None = None,
+                 path_style: bool = True):
+        self.url = url
+        self.endpoint = endpoint
+        self.region = region
+        self.path_style = path_style
+        self.backend = (_S3(url, endpoint, region, path_style) if url.startswith("s3://")
+                        else _Fsspec(url))
 
     # -- state -----------------------------------------------------------------------------------
     def state(self) -> dict:
-        p = self._p("state.json")
-        if not self.fs.exists(p):
-            return {"current": None, "history": []}
-        with self.fs.open(p, "r") as f:
-            return json.load(f)
+        data = self.backend.read("state.json")
+        return {"current": None, "history": []} if data is None else json.loads(data)
 
     def _write_state(self, st: dict) -> None:
-        tmp = self._p("state.json.tmp")
-        with self.fs.open(tmp, "w") as f:
-            json.dump(st, f, indent=1)
-        self.fs.mv(tmp, self._p("state.json"))
+        self.backend.replace("state.json", json.dumps(st, indent=1).encode())
 
     def current(self) -> int | None:
         return self.state()["current"]
@@ -70,7 +161,7 @@ class Store:
         return f"table-{int(version)}.bin", m, m + SIG_SUFFIX
 
     def has(self, version: int) -> bool:
-        return all(self.fs.exists(self._p("tables", n)) for n in self.names(version))
+        return all(self.backend.exists(posixpath.join("tables", n)) for n in self.names(version))
 
     def publish(self, manifest_path: str) -> int:
         """Upload a signed table (its manifest, signature and .bin) under tables/; → version."""
@@ -86,18 +177,31 @@ class Store:
         # without its table
         b, m, s = self.names(version)
         for n in (b, s, m):
-            self.fs.put_file(os.path.join(src, n), self._p("tables", n))
+            self.backend.put_file(os.path.join(src, n), posixpath.join("tables", n))
         return version
 
     def fetch(self, version: int, dest_dir: str) -> str:
-        """Download version's files into dest_dir; → local manifest path."""
+        """Download version's files into dest_dir (each written beside, then renamed into place);
+        → local manifest path."""
         if not self.has(version):
             raise StoreError(f"version {version} is not in the store {self.url}")
         os.makedirs(dest_dir, exist_ok=True)
-        for n in self.names(version):
-            self.fs.get_file(self._p("tables", n), os.path.join(dest_dir, n))
-        return os.path.join(dest_dir, self.names(version)[1])
+        b, m, s = self.names(version)
+        for n in (b, s, m):
+            local = os.path.join(dest_dir, n)
+            self.backend.get_file(posixpath.join("tables", n), local + ".part")
+            os.replace(local + ".part", local)
+        return os.path.join(dest_dir, m)
 
     def manifest(self, version: int) -> dict:
-        with self.fs.open(self._p("tables", self.names(version)[1]), "r") as f:
-            return json.load(f)
+        data = self.backend.read(posixpath.join("tables", self.names(version)[1]))
+        if data is None:
+            raise StoreError(f"version {version} is not in the store {self.url}")
+        return json.loads(data)
+
+
+def store_for(cfg, url: str | None = None) -> Store:
+    """The store `url` names (default `export.rollout.store`), on the configuration's object store."""
+    st = cfg.settings.object_store
+    return Store(url or cfg.settings.export.rollout.store, endpoint=st.endpoint, region=st.region,
+                 path_style=st.path_style)
