@@ -7,10 +7,12 @@ PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 SYSSTAMP := $(VENV)/.sysdeps
 export CCS_HOME := $(CURDIR)
-# Debian packages the kernel side, the headless-browser tests and the agent need.
-DEB_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libssl-dev libcjson-dev pkg-config iproute2 chromium
+# Debian packages the kernel side, the headless-browser tests, the agent and the topology's Postgres need.
+DEB_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libssl-dev libcjson-dev pkg-config iproute2 chromium \
+            postgresql
 
-.PHONY: help setup run test bench results clean sysdeps python warm mlflow airflow notebooks
+.PHONY: help setup run test test-cluster bench results clean sysdeps python warm mlflow airflow notebooks \
+        cluster-up cluster-down cluster-status
 help:
 	@echo "make run    - set up, then run the main job on the embedded default (infra/conf/local.yaml)"
 	@echo "make test   - set up, then run the whole test suite"
@@ -18,6 +20,8 @@ help:
 	@echo "make results - render docs/results/ from the JSON the benches, make run and ccs evaluate/emulate wrote"
 	@echo "make setup  - install everything (.venv, Debian packages when root, Delta jars)"
 	@echo "make mlflow / make airflow / make notebooks - the MLflow UI (:5000), Airflow UI (:8080), JupyterLab (:8888)"
+	@echo "make cluster-up / cluster-down / cluster-status - the production topology on this machine (infra/conf/cluster-local.yaml)"
+	@echo "make test-cluster - the tests that bring that topology up (CI runs them after make test)"
 
 # The eBPF enforcer and the ccs-edge agent (export/edge/build.mk); built when root (needs clang/libbpf).
 -include export/edge/build.mk
@@ -58,7 +62,20 @@ run: setup
 	$(PY) -m app.cli run
 
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not cluster"
+
+# The production topology on one machine (app/cluster/): Spark standalone, s3proxy, Postgres,
+# the MLflow server, Airflow's scheduler. `ccs cluster status` exits 3 when a part is down.
+CLUSTER_CONF ?= infra/conf/cluster-local.yaml
+cluster-up: setup
+	$(PY) -m app.cli cluster up --config $(CLUSTER_CONF)
+cluster-down: python
+	$(PY) -m app.cli cluster down --config $(CLUSTER_CONF)
+cluster-status: python
+	$(PY) -m app.cli cluster status --config $(CLUSTER_CONF)
+
+test-cluster: setup
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m cluster
 
 # bench/ingest's issue figure is 5 million connections (hours at today's speed):
 # `make bench BENCH_INGEST_CONNS=5000000`.

@@ -28,6 +28,7 @@ COMMAND_MODULES = (
     "app.commands.registry",
     "app.commands.contract",
     "app.commands.relocate",
+    "app.commands.cluster",
 )
 
 

@@ -40,6 +40,18 @@ def _spark(cfg: Config, app: str):
     return get_spark(cfg, app)
 
 
+def asset_uri(name: str, cfg: Config | None = None) -> str:
+    """The URI of lake table `name` (<layer>.<table>) as an Airflow asset: its Delta folder, on
+    the object store or (file://) on a disk. The hourly DAG's tasks emit these assets, so a DAG or
+    a sensor can wait on a table instead of a clock."""
+    root = (cfg or load_config()).settings.lake.root.rstrip("/")
+    layer, _, table = name.partition(".")
+    if not layer or not table:
+        raise ValueError(f"a lake table is <layer>.<table>, not {name!r}")
+    path = f"{root}/{layer}/{table}"
+    return path if "://" in path else "file://" + path
+
+
 # ---- hourly -------------------------------------------------------------------------------------
 
 def ingest_hour(hour: str, cfg: Config | None = None) -> dict:
@@ -154,7 +166,7 @@ def prefix_groups(lo: str, hi: str, cfg: Config | None = None) -> dict:
     from models.groups import fit_groups
     cfg = cfg or load_config()
     spark = _spark(cfg, "ccs-train")
-    stats = scaling.load(scaling.artifact_path(cfg.data_root, f"{lo}..{hi}"))
+    stats = scaling.load(scaling.artifact_path(cfg.data_root, f"{lo}..{hi}"), cfg)
     return fit_groups(spark, cfg, lo, hi, stats)
 
 

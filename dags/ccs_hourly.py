@@ -6,11 +6,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pendulum
-from airflow.sdk import dag, task
+from airflow.sdk import Asset, dag, task
 
-from app.pipeline import TableRefused, export_hour, infer_hour, ingest_hour, report, rollout as do_rollout
+from app.pipeline import TableRefused, asset_uri, export_hour, infer_hour, ingest_hour, report, rollout as do_rollout
 from ccselect.hours import previous_hour
 # Imported inside the functions that use them (heavy, not needed to import this module): airflow.
+
+#: the tables each run updates, as Airflow assets (a consumer can be scheduled on them)
+SILVER, PREDICTIONS, TABLES = (Asset(name=t, uri=asset_uri(t), group="ccselect")
+                               for t in ("silver.connections", "gold.predictions", "gold.cc_tables"))
 
 DOC = """
 ### ccs_hourly
@@ -25,6 +29,10 @@ The run at HH:00 works on the hour (HH-1):00–HH:00 of every edge node.
 4. **rollout** — guards (gate, flip share, coverage, bogons), publish to the artifact store,
    canaries → health → the rest. A refused guard fails this task, never the ingest. The fleet
    step needs root; a run's conf may say `{"deploy": false}` to stop at the signed artifact.
+
+ingest, infer and export emit their table as an Airflow asset (`silver.connections`,
+`gold.predictions`, `gold.cc_tables`, each the URI of its Delta folder): a DAG scheduled on one
+runs when the hour's table is there, not at a guessed time.
 """
 
 
@@ -39,13 +47,13 @@ The run at HH:00 works on the hour (HH-1):00–HH:00 of every edge node.
     default_args={"retries": 2, "retry_delay": timedelta(minutes=3)},
 )
 def ccs_hourly():
-    @task
+    @task(outlets=[SILVER])
     def ingest(logical_date=None) -> str:
         hour = previous_hour(logical_date)
         report("ingest", ingest_hour(hour))
         return hour
 
-    @task
+    @task(outlets=[PREDICTIONS])
     def infer(hour: str) -> str:
         from airflow.exceptions import AirflowSkipException
 
@@ -55,7 +63,7 @@ def ccs_hourly():
             raise AirflowSkipException(str(e))
         return hour
 
-    @task(retries=1)
+    @task(retries=1, outlets=[TABLES])
     def export(hour: str) -> int:
         man = export_hour(hour)
         report("export", man)

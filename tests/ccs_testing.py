@@ -32,6 +32,38 @@ def raw_section(name: str) -> dict:
     return dict(yaml.safe_load((REPO / "infra" / "conf" / "local.yaml").read_text())[name])
 
 
+def write_cluster_config(root: Path, **overrides) -> Path:
+    """infra/conf/cluster-local.yaml with its local folders under `root` (the topology's servers'
+    data and logs, Airflow's home, the exported tables, the keys); its ports kept. `overrides`
+    replace whole sections."""
+    raw = yaml.safe_load((REPO / "infra" / "conf" / "cluster-local.yaml").read_text())
+    raw["cluster"]["home"] = str(root / "cluster")
+    raw["airflow"]["home"] = str(root / "cluster" / "airflow")
+    raw["export"]["out"] = str(root / "export")
+    raw["export"]["keys_dir"] = str(root / "keys")
+    raw.update(overrides)
+    path = root / "cluster-local.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def processes_naming(markers) -> list[str]:
+    """Live processes (not this one) whose command line holds one of `markers`: what a test's
+    servers, agents or jobs left behind."""
+    import os
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            try:
+                with open(f"/proc/{d}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if any(m in cmd for m in markers):
+                out.append(f"{d}: {cmd[:200]}")
+    return out
+
+
 @dataclass(frozen=True)
 class SmallLake:
     """What the `small_lake` fixture built (see tests/conftest.py)."""

@@ -225,6 +225,17 @@ def probe(fleet, table, per_cc: int = 2, log=print) -> dict:
     return result
 
 
+def remove_cgroup(cg: str | None, tries: int = 50) -> None:
+    """rmdir a node's cgroup, retrying while its last sockets and processes leave it."""
+    for _ in range(tries):
+        try:
+            if cg and os.path.isdir(cg):
+                os.rmdir(cg)
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
 def teardown(fleet, log=print) -> None:
     """Detach every node's agent (purging its pins) and remove its cgroup: for throwaway fleets."""
     for node in fleet.nodes:
@@ -237,11 +248,4 @@ def teardown(fleet, log=print) -> None:
             agent.close()
         if node.config.pin_dir and os.path.isdir(node.config.pin_dir):
             shutil.rmtree(node.config.pin_dir, ignore_errors=True)
-        cg = node.config.cgroup
-        for _ in range(50):
-            try:
-                if cg and os.path.isdir(cg):
-                    os.rmdir(cg)
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(node.config.cgroup)
