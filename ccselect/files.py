@@ -26,11 +26,13 @@ def join(base: str, *parts: str) -> str:
 
 
 def s3_client(cfg: Config):
-    """A boto3 S3 client for the configured object store."""
+    """A boto3 S3 client for the configured object store. Each client gets a session of its own:
+    boto3's default session keeps the first credentials it found for the life of the process,
+    so a key that changed since (rotated, another store) would be refused."""
     import boto3
     from botocore.config import Config as BotoConfig
     st = cfg.settings.object_store
-    return boto3.client("s3", endpoint_url=st.endpoint, region_name=st.region,
+    return boto3.session.Session().client("s3", endpoint_url=st.endpoint, region_name=st.region,
                         config=BotoConfig(s3={"addressing_style": "path" if st.path_style else "auto"},
                                           retries={"max_attempts": 5, "mode": "standard"}))
 
