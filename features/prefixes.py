@@ -7,7 +7,8 @@ numpy order of the keys, which K-means and `np.searchsorted` callers depend on:
 - one key array: the order of `np.unique` on it as given (pass `.astype(str)` for string order);
 - several: the sorted order of the keys joined with "|" as strings ("node|prefix"), the order of
   `models.dataset.path_ids`.
-Sums are `np.add.at` into float64, counts `np.bincount`, means = sums / counts.
+Sums are `np.add.at` into float64, counts `np.bincount`, means = sums / counts. In Spark the sums
+are exact (`features.scaling.exact_sum`): the same means on any partitioning of the rows.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, functions as F
+
+from features.scaling import exact_sum
 
 SEP = "|"
 
@@ -55,7 +58,11 @@ def prefix_means(x: np.ndarray, *keys: np.ndarray) -> PrefixMeans:
 
 
 def prefix_means_frame(df: DataFrame, keys, features, prefix: str = "z_") -> DataFrame:
-    """One row per `keys`: n_rows and `m_<feature>` = the mean of column `<prefix><feature>`."""
+    """One row per `keys`: n_rows and `m_<feature>` = the mean of column `<prefix><feature>` (its
+    exact sum rounded once, over its non-null count)."""
     keys = [keys] if isinstance(keys, str) else list(keys)
-    return df.groupBy(*keys).agg(F.count(F.lit(1)).alias("n_rows"),
-                                 *[F.avg(prefix + f).alias("m_" + f) for f in features])
+    agg = df.groupBy(*keys).agg(F.count(F.lit(1)).alias("n_rows"),
+                                *[F.count(prefix + f).alias("n_" + f) for f in features],
+                                *[exact_sum(prefix + f).alias("s_" + f) for f in features])
+    return agg.select(*keys, "n_rows", *[(F.col("s_" + f).cast("double") / F.col("n_" + f)).alias("m_" + f)
+                                         for f in features])

@@ -2,11 +2,20 @@
 
 Statistics are fitted once on a training window, stored (gold.feature_stats and a JSON artifact
 under the data root) and applied unchanged at training and inference time.
+
+Sums that feed a model are exact, so they do not depend on how Spark splits the rows (issue 30):
+a double sum is added in the order the partitions arrive, which differs between `local[*]` and a
+cluster's executors, and a last-bit difference in a mean grows through training into another
+model. `exact_sum` adds each row's value as decimal(38,18) (rounded once, per row, the same on
+any partitioning); decimal addition is exact and so order-free. `exact_moments` turns the count,
+the sum and the sum of squares into the mean and the population standard deviation in Python's
+decimal arithmetic, then rounds once to a float.
 """
 from __future__ import annotations
 
 import json
 import math
+from decimal import Decimal, localcontext
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
@@ -35,6 +44,36 @@ class FeatureStats:
         return cls(tuple(d["features"]), tuple(d["mean"]), tuple(d["std"]), int(d["n"]), d["window"])
 
 
+#: each row's value as an exact decimal: 20 integer digits (log1p of any counter, a z-score and
+#: its square on any window stay far below), 18 fractional (a row's rounding ≤ 5e-19)
+EXACT = "decimal(38,18)"
+
+
+def exact_sum(c):
+    """Σ c over the rows, exact and independent of the partitioning (null when all are null)."""
+    c = F.col(c) if isinstance(c, str) else c
+    return F.sum(c.cast(EXACT))
+
+
+def exact_square_sum(c):
+    """Σ c² over the rows, as `exact_sum` (each square computed in double, then made exact)."""
+    c = F.col(c) if isinstance(c, str) else c
+    return F.sum((c * c).cast(EXACT))
+
+
+def exact_moments(n, s, ss) -> tuple[float, float]:
+    """(mean, population std) from a count and `exact_sum`/`exact_square_sum` results, in exact
+    decimal arithmetic; (0.0, 0.0) when there are no values (then z = log1p(x) where one appears)."""
+    if not n or s is None:
+        return 0.0, 0.0
+    with localcontext() as ctx:
+        ctx.prec = 80
+        n, s, ss = Decimal(int(n)), Decimal(s), Decimal(ss)
+        mean = s / n
+        var = max(ss / n - mean * mean, Decimal(0))
+        return float(mean), float(var.sqrt())
+
+
 def _log1p(c: str):
     # Clip at 0: every feature is a non-negative counter or duration by contract. A missing
     # (imputed) feature stays null (`greatest` would make it 0): fit skips it, transform imputes.
@@ -43,14 +82,18 @@ def _log1p(c: str):
 
 
 def fit(df: DataFrame, window: str, features: tuple[str, ...] = FEATURES) -> FeatureStats:
+    """Mean and population std of each log1p(feature) over the rows (missing values skipped),
+    from exact sums: the same statistics however the rows are partitioned."""
     row = df.select(*[_log1p(f).alias(f) for f in features]).agg(
         F.count(F.lit(1)).alias("_n"),
-        *[F.avg(f).alias(f"m_{f}") for f in features],
-        *[F.stddev_pop(f).alias(f"s_{f}") for f in features]).collect()[0]
+        *[F.count(f).alias(f"n_{f}") for f in features],
+        *[exact_sum(f).alias(f"s_{f}") for f in features],
+        *[exact_square_sum(f).alias(f"q_{f}") for f in features]).collect()[0]
     if not row["_n"]:
         raise ValueError("cannot fit feature statistics on an empty window")
-    return FeatureStats(tuple(features), tuple(float(row[f"m_{f}"]) for f in features),
-                        tuple(float(row[f"s_{f}"] or 0.0) for f in features), int(row["_n"]), window)
+    moments = [exact_moments(row[f"n_{f}"], row[f"s_{f}"], row[f"q_{f}"]) for f in features]
+    return FeatureStats(tuple(features), tuple(m for m, _ in moments), tuple(sd for _, sd in moments),
+                        int(row["_n"]), window)
 
 
 def transform(df: DataFrame, stats: FeatureStats, prefix: str = "z_") -> DataFrame:

@@ -31,7 +31,7 @@ from ccselect.config import Config
 from ccselect.lake import connections_in, table_path
 from features.labels import training_set
 from features.prefixes import prefix_means
-from features.scaling import FeatureStats, transform
+from features.scaling import FeatureStats, exact_moments, exact_square_sum, exact_sum, transform
 from models.train import TrainData
 
 
@@ -158,18 +158,23 @@ def load_unlabelled(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: F
     feats = tuple(stats.features)
     z = transform(connections_in(spark, cfg, lo, hi), stats)
     # one pass: each node's statistics over all its rows ride along on its sampled rows
+    # (exact sums: the same statistics however Spark partitions the rows, features/scaling.py)
     whole = Window.partitionBy("node_id")
     w = Window.partitionBy("node_id").orderBy(F.xxhash64("conn_id"), "conn_id")
     sample = (z.select("node_id", "conn_id", *[F.col("z_" + f).cast("float").alias("z_" + f) for f in feats],
-                       *[F.avg("z_" + f).over(whole).alias("m_" + f) for f in feats],
-                       *[F.stddev_pop("z_" + f).over(whole).alias("s_" + f) for f in feats],
+                       F.count(F.lit(1)).over(whole).alias("_n"),
+                       *[exact_sum("z_" + f).over(whole).alias("s_" + f) for f in feats],
+                       *[exact_square_sum("z_" + f).over(whole).alias("q_" + f) for f in feats],
                        F.row_number().over(w).alias("_r"))
               .where(F.col("_r") <= int(per_node)).drop("_r"))
     pdf = sample.toArrow().to_pandas().sort_values(["node_id", "conn_id"], kind="stable")
     first = pdf.drop_duplicates("node_id")
-    node_mean = {r["node_id"]: np.array([r["m_" + f] for f in feats], dtype=np.float32) for _, r in first.iterrows()}
-    node_std = {r["node_id"]: np.nan_to_num(np.array([r["s_" + f] for f in feats], dtype=np.float32))
-                for _, r in first.iterrows()}
+    node_mean, node_std = {}, {}
+    for _, r in first.iterrows():
+        moments = [exact_moments(r["_n"], r["s_" + f], r["q_" + f]) for f in feats]
+        node_mean[r["node_id"]] = np.array([m for m, _ in moments], dtype=np.float32)
+        node_std[r["node_id"]] = np.array([sd for _, sd in moments], dtype=np.float32)
+    pdf = pdf.drop(columns=["_n", *["s_" + f for f in feats], *["q_" + f for f in feats]])
     x = pdf[["z_" + f for f in feats]].to_numpy(dtype=np.float32) if len(pdf) else np.zeros((0, len(feats)), np.float32)
     return Unlabelled(np.ascontiguousarray(x), pdf["node_id"].astype(object).to_numpy(),
                       sorted(node_mean), node_mean, node_std)

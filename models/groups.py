@@ -50,6 +50,10 @@ def cluster_type(means: DataFrame, n_prefixes: int, k: int | None, k_range, seed
     if n_prefixes < 2:          # nothing to split: one group
         info.update(k=1, chosen_by="single prefix" if n_prefixes else "no prefix")
         return means.select("label", "prefix24", F.lit(0).alias("group"), "n_rows"), info
+    # a few hundred /24 means: one partition, cached, so each K-means iteration is one small task;
+    # in the prefixes' order, so that k-means||'s seeded draws (per partition index) and Lloyd's
+    # sums see the same points in the same order on any cluster (issue 30)
+    means = means.repartition(1).sortWithinPartitions("label", "prefix24").cache()
     if k is not None:
         kk = max(1, min(int(k), n_prefixes))
         info.update(k=kk, chosen_by="config" if kk == int(k) else f"config {k} capped at the prefix count")
@@ -60,8 +64,6 @@ def cluster_type(means: DataFrame, n_prefixes: int, k: int | None, k_range, seed
         ev = ClusteringEvaluator(featuresCol="vec", predictionCol="group", metricName="silhouette",
                                  distanceMeasure="squaredEuclidean")
         scores, models = {}, {}
-        # a few hundred /24 means: one partition, cached, so each K-means iteration is one small task
-        means = means.coalesce(1).cache()
         for c in cands:
             models[c] = _kmeans(means, c, seed)
             # silhouette is undefined when K-means left a single non-empty cluster

@@ -31,3 +31,40 @@ def test_constant_feature_and_negative_values(spark):
     got = scaling.transform(df, stats).select("z_a", "z_b")
     # a is constant: std 0 is replaced by 1; b is clipped at 0 before log1p.
     assertDataFrameEqual(got, spark.createDataFrame([(0.0, 0.0), (0.0, 0.0)], got.schema))
+
+
+def _two_partitionings(spark, pdf):
+    """The same rows as one partition in one order, and as seven hash partitions in the reverse
+    order: how `local[*]` and a cluster's executors can each see one table (issue 30)."""
+    one = spark.createDataFrame(pdf).repartition(1)
+    seven = spark.createDataFrame(pdf.iloc[::-1].reset_index(drop=True)).repartition(7, "k")
+    return one, seven
+
+
+def test_statistics_do_not_depend_on_the_partitioning(spark):
+    import numpy as np
+    import pandas as pd
+
+    from models.dataset import Unlabelled  # noqa: F401  (the per-node statistics use the same sums)
+    rng = np.random.default_rng(3)
+    n = 20_000
+    pdf = pd.DataFrame({f: rng.lognormal(5, 2.5, n) for f in FEATURES[:4]})
+    pdf["k"] = rng.integers(0, 50, n)
+    pdf.loc[rng.random(n) < 0.05, FEATURES[1]] = None          # missing (imputed) values are skipped
+    one, seven = _two_partitionings(spark, pdf)
+    a = scaling.fit(one, "w", FEATURES[:4])
+    b = scaling.fit(seven, "w", FEATURES[:4])
+    assert a == b                                                # to the last bit
+    # and the exact sums give the statistics numpy computes in float64 (to rounding)
+    for i, f in enumerate(FEATURES[:4]):
+        v = np.log1p(pdf[f].dropna().to_numpy())
+        assert abs(a.mean[i] - v.mean()) < 1e-12 * max(1.0, abs(v.mean()))
+        assert abs(a.std[i] - v.std()) < 1e-9 * v.std()
+
+
+def test_exact_moments():
+    from decimal import Decimal
+    m, sd = scaling.exact_moments(4, Decimal("10"), Decimal("30"))    # 1, 2, 3, 4
+    assert m == 2.5 and abs(sd - 1.118033988749895) < 1e-15
+    assert scaling.exact_moments(0, None, None) == (0.0, 0.0)
+    assert scaling.exact_moments(3, Decimal("3"), Decimal("3")) == (1.0, 0.0)   # constant

@@ -89,3 +89,28 @@ def test_spark_frame_matches_numpy(spark):
     assert list(one.index) == list(pm1.keys[0])
     np.testing.assert_array_equal(one["m_a"].to_numpy(), pm1.means[:, 0])
     np.testing.assert_array_equal(one["n_rows"].to_numpy(), pm1.counts)
+
+
+def test_spark_means_and_groups_do_not_depend_on_the_partitioning(spark):
+    """The same rows split two ways (one partition; seven, reversed) give the same per-prefix
+    means and the same K-means groups, bit for bit (issue 30: local mode and a cluster)."""
+    import pandas as pd
+
+    from models.groups import cluster_type, prefix_vectors
+    rng = np.random.default_rng(5)
+    n = 6_000
+    pdf = pd.DataFrame({"label": rng.integers(0, 2, n).astype("int32"),
+                        "prefix24": [f"10.{i // 256}.{i % 256}" for i in rng.integers(0, 300, n)],
+                        **{f"z_{f}": rng.normal(0, 1, n) * (1 + i) for i, f in enumerate("abcd")}})
+    one = spark.createDataFrame(pdf).repartition(1)
+    seven = spark.createDataFrame(pdf.iloc[::-1].reset_index(drop=True)).repartition(7, "prefix24")
+    means = [prefix_vectors(df, tuple("abcd")) for df in (one, seven)]
+    got = [m.toPandas().sort_values(["label", "prefix24"]).reset_index(drop=True) for m in means]
+    np.testing.assert_array_equal(np.stack(got[0]["vec"].map(lambda v: v.toArray())),
+                                  np.stack(got[1]["vec"].map(lambda v: v.toArray())))
+    for label in (0, 1):
+        n_pfx = int((got[0]["label"] == label).sum())
+        groups = [cluster_type(m.where(f"label = {label}"), n_pfx, 4, (2, 6), 7)[0]
+                  .toPandas().sort_values("prefix24").reset_index(drop=True) for m in means]
+        pd.testing.assert_frame_equal(groups[0], groups[1])
+        assert groups[0]["group"].nunique() == 4
