@@ -322,7 +322,11 @@ def test_scheduler_runs_the_dags_on_the_topology(tmp_path, monkeypatch):
         # the model and its aliases in the tracking server, its artifacts on the object store
         client = MlflowClient(tracking_uri=cfg.settings.mlflow.tracking_uri)
         champ = client.get_model_version_by_alias(cfg.settings.mlflow.model_name, "champion")
-        assert "challenger" in client.get_registered_model(cfg.settings.mlflow.model_name).aliases
+        assert (champ.tags or {}).get("gate") == "passed", champ.tags
+        # auto-promoted: the version that passed the gate (@challenger) became @champion, and the
+        # promotion took @challenger off it, as in local mode
+        aliases = client.get_registered_model(cfg.settings.mlflow.model_name).aliases
+        assert aliases.get("champion") == champ.version and "challenger" not in aliases, aliases
         art = s3.list_objects_v2(Bucket="ccselect-mlflow").get("KeyCount", 0)
         assert art > 0, "no MLflow artifact on the object store"
 

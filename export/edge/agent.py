@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import tempfile
+import weakref
 from dataclasses import dataclass, field
 
 import yaml
@@ -131,6 +132,13 @@ class EdgeConfig:
         return cls(services=svcs, sample_rate=float(rate), rotate_minutes=rotate, **known)
 
 
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
 class EdgeAgent:
     def __init__(self, config: EdgeConfig | None = None, config_path: str | None = None,
                  binary: str = DEFAULT_BINARY, timeout: float = 60.0):
@@ -145,6 +153,8 @@ class EdgeAgent:
             self._tmp.write(config.to_yaml())
             self._tmp.close()
             config_path = self._tmp.name
+            # the file goes with the agent object even when nobody calls close()
+            self._cleanup = weakref.finalize(self, _unlink, config_path)
             self.config = config
         else:
             self.config = EdgeConfig.from_yaml(config_path)
@@ -158,10 +168,7 @@ class EdgeAgent:
 
     def close(self) -> None:
         if self._tmp is not None:
-            try:
-                os.unlink(self._tmp.name)
-            except FileNotFoundError:
-                pass
+            self._cleanup()
 
     # -- commands -----------------------------------------------------------------------------
     def _argv(self, *args: str) -> list[str]:
