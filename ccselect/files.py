@@ -25,16 +25,30 @@ def join(base: str, *parts: str) -> str:
     return "/".join([base.rstrip("/"), *parts]) if is_remote(base) else os.path.join(base, *parts)
 
 
-def s3_client(cfg: Config):
-    """A boto3 S3 client for the configured object store. Each client gets a session of its own:
-    boto3's default session keeps the first credentials it found for the life of the process,
-    so a key that changed since (rotated, another store) would be refused."""
+def make_s3_client(endpoint: str | None, region: str | None, path_style: bool = True,
+                   access_key: str | None = None, secret_key: str | None = None, **options):
+    """A boto3 S3 client for an S3-compatible server; `options` go to botocore's Config (timeouts).
+    Each client gets a session of its own: boto3's default session keeps the first credentials it
+    found for the life of the process, so a key that changed since (rotated, another store) would
+    be refused. Without a key pair, the environment or the SDK's standard chain gives it."""
     import boto3
     from botocore.config import Config as BotoConfig
+    return boto3.session.Session().client(
+        "s3", endpoint_url=endpoint, region_name=region, aws_access_key_id=access_key,
+        aws_secret_access_key=secret_key,
+        config=BotoConfig(s3={"addressing_style": "path" if path_style else "auto"},
+                          retries={"max_attempts": 5, "mode": "standard"}, **options))
+
+
+def s3_client(cfg: Config, access_key: str | None = None, secret_key: str | None = None):
+    """A boto3 S3 client for the configured object store (`make_s3_client`)."""
     st = cfg.settings.object_store
-    return boto3.session.Session().client("s3", endpoint_url=st.endpoint, region_name=st.region,
-                        config=BotoConfig(s3={"addressing_style": "path" if st.path_style else "auto"},
-                                          retries={"max_attempts": 5, "mode": "standard"}))
+    return make_s3_client(st.endpoint, st.region, st.path_style, access_key, secret_key)
+
+
+def is_missing(exc) -> bool:
+    """Whether a botocore ClientError says the object (or key) is not there."""
+    return exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
 
 def _bucket_key(path: str) -> tuple[str, str]:
@@ -51,7 +65,7 @@ def exists(cfg: Config, path: str) -> bool:
         s3_client(cfg).head_object(Bucket=bucket, Key=key)
         return True
     except ClientError as e:
-        if e.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+        if is_missing(e):
             return False
         raise
 

@@ -74,11 +74,12 @@ class _Prefix:
         self.root = root.rstrip("/")
         u = urlparse(self.root)
         self.dirs: dict[str, set[str]] = {}
-        pages = storage.s3_client(cfg).get_paginator("list_objects_v2").paginate(
-            Bucket=u.netloc, Prefix=u.path.lstrip("/") + "/")
+        base = u.path.strip("/")
+        prefix = base + "/" if base else ""          # s3a://bucket itself: every key
+        pages = storage.s3_client(cfg).get_paginator("list_objects_v2").paginate(Bucket=u.netloc, Prefix=prefix)
         for page in pages:
             for obj in page.get("Contents", []):
-                parts = obj["Key"][len(u.path.lstrip("/")) + 1:].split("/")
+                parts = obj["Key"][len(prefix):].split("/")
                 parent = self.root
                 for i, name in enumerate(parts):
                     if not name:       # a folder marker ("a/b/") or an empty path segment

@@ -122,27 +122,24 @@ class _Node:
 
     def cc_inside(self, src="127.70.1.2", dst="127.0.0.1") -> str:
         """A client inside the node (on its lo, from `src`) to the node's service at `dst`."""
-        from export.edge.probe import client, sock_cc
+        from export.edge.probe import client
         c = self.ns.call(client, src)
-        try:
-            self.ns.call(c.connect, (dst, self.ls.getsockname()[1]))
-            a, peer = self.ls.accept()
-            assert peer[0] == src, f"{self.node.node_id}: accepted {peer}, not {src}"
-            try:
-                return sock_cc(a)
-            finally:
-                a.close()
-        finally:
-            c.close()
+        return self._accepted_cc(c, lambda: self.ns.call(c.connect, (dst, self.ls.getsockname()[1])), src)
 
     def cc_over_veth(self) -> str:
         """A client on this machine (the veth's host side) to the node's address."""
-        from export.edge.probe import client, sock_cc
+        from export.edge.probe import client
         c = client(self.host_ip)
+        return self._accepted_cc(c, lambda: c.connect((self.ip, self.ls.getsockname()[1])), self.host_ip)
+
+    def _accepted_cc(self, c, connect, src: str) -> str:
+        """Connect client `c`, accept it on the node's listener (it must come from `src`), and
+        return the CC of the accepted socket; both sockets closed."""
+        from export.edge.probe import sock_cc
         try:
-            c.connect((self.ip, self.ls.getsockname()[1]))
+            connect()
             a, peer = self.ls.accept()
-            assert peer[0] == self.host_ip, f"{self.node.node_id}: accepted {peer} over the veth"
+            assert peer[0] == src, f"{self.node.node_id}: accepted {peer}, not {src}"
             try:
                 return sock_cc(a)
             finally:

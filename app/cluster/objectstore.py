@@ -20,11 +20,11 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+from ccselect import files
 from ccselect.config import Config
 
 from app.cluster import address, home
 from app.cluster.proc import ClusterError, Server, free_port
-# Imported inside the functions that use them (heavy, not needed to import this module): boto3, botocore.
 
 #: the jar with its dependencies of each s3proxy version we run, and its sha256
 JARS = {"4.1.0": "a4d025969aaf796616ed4b1e2491d87d455ce84bb28cb9db086b2e6aaa68b48d"}
@@ -102,16 +102,9 @@ def client_env(cfg: Config) -> dict[str, str]:
 
 
 def client(cfg: Config):
-    """A boto3 S3 client for the store (path-style addressing when configured)."""
-    import boto3
-    from botocore.config import Config as BotoConfig
-    st = cfg.settings.object_store
+    """A boto3 S3 client for the store, with the topology's key pair when it made one."""
     env = client_env(cfg)
-    return boto3.client("s3", endpoint_url=st.endpoint, region_name=st.region,
-                        aws_access_key_id=env.get("AWS_ACCESS_KEY_ID"),
-                        aws_secret_access_key=env.get("AWS_SECRET_ACCESS_KEY"),
-                        config=BotoConfig(s3={"addressing_style": "path" if st.path_style else "auto"},
-                                          retries={"max_attempts": 3, "mode": "standard"}))
+    return files.s3_client(cfg, env.get("AWS_ACCESS_KEY_ID"), env.get("AWS_SECRET_ACCESS_KEY"))
 
 
 def _properties(cfg: Config, port: int, cred: dict) -> Path:

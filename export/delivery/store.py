@@ -16,8 +16,9 @@ import os
 import posixpath
 from urllib.parse import urlparse
 
+from ccselect import files
 from export.artifact.signing import SIG_SUFFIX
-# Imported inside the functions that use them (heavy, not needed to import this module): fsspec, boto3.
+# Imported inside the functions that use them (heavy, not needed to import this module): fsspec, botocore.
 
 
 class StoreError(RuntimeError):
@@ -63,26 +64,15 @@ class _S3:
     half-written object), so state.json is written by one PUT, without a temporary key."""
 
     def __init__(self, url: str, endpoint: str | None, region: str | None, path_style: bool):
-        import boto3
-        from botocore.config import Config as BotoConfig
         u = urlparse(url)
         if not u.netloc:
             raise StoreError(f"{url}: no bucket (s3://bucket/prefix)")
         self.bucket, self.prefix = u.netloc, u.path.strip("/")
-        # credentials: the environment or the SDK's standard chain, never the configuration; a
-        # session of its own, as boto3's default one keeps the first credentials it resolved
-        self.s3 = boto3.session.Session().client(
-            "s3", endpoint_url=endpoint, region_name=region,
-            config=BotoConfig(s3={"addressing_style": "path" if path_style else "auto"},
-                              connect_timeout=5, read_timeout=30,
-                              retries={"max_attempts": 3, "mode": "standard"}))
+        # credentials: the environment or the SDK's standard chain, never the configuration
+        self.s3 = files.make_s3_client(endpoint, region, path_style, connect_timeout=5, read_timeout=30)
 
     def _k(self, key: str) -> str:
         return posixpath.join(self.prefix, key) if self.prefix else key
-
-    @staticmethod
-    def _missing(exc) -> bool:
-        return exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound")
 
     def exists(self, key: str) -> bool:
         from botocore.exceptions import ClientError
@@ -90,7 +80,7 @@ class _S3:
             self.s3.head_object(Bucket=self.bucket, Key=self._k(key))
             return True
         except ClientError as exc:
-            if self._missing(exc):
+            if files.is_missing(exc):
                 return False
             raise
 
@@ -99,7 +89,7 @@ class _S3:
         try:
             return self.s3.get_object(Bucket=self.bucket, Key=self._k(key))["Body"].read()
         except ClientError as exc:
-            if self._missing(exc):
+            if files.is_missing(exc):
                 return None
             raise
 
