@@ -85,11 +85,9 @@ def append_once(df: DataFrame, path: str, app_id: str, version: int, partition_b
     (Delta's idempotent writes: the commit records the pair, a replay is skipped)."""
     spark = df.sparkSession
     if not delta_io.is_delta(spark, path):
-        df.limit(0).write.format("delta").partitionBy(*partition_by).mode("append").save(path)
-        if properties:
-            props = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
-            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({props})")
-    if constraints:
+        if properties or constraints:
+            delta_io.create_table(spark, path, df.schema, partition_by, properties, constraints)
+    elif constraints:
         delta_io.ensure_constraints(spark, path, constraints)
     (df.write.format("delta").partitionBy(*partition_by).mode("append")
      .option("txnAppId", app_id).option("txnVersion", int(version)).save(path))

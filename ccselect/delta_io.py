@@ -3,8 +3,9 @@
 `replace_partitions` overwrites exactly the (node_id, hour) partitions named — also those that
 now have no rows — in one Delta commit: a writer killed before the commit leaves the table as it
 was (its half-written files are not referenced by the log), and a re-run replaces the same keys.
-A new table is first created empty with its CHECK constraints, so that adding them never scans
-data (Delta validates every later write against them as it is written).
+A new table with CHECK constraints or properties is first created empty with them, in one commit
+(`create_table`), so that adding them never scans data (Delta validates every later write against
+them as it is written); one with neither is created by its first write.
 """
 from __future__ import annotations
 
@@ -85,18 +86,49 @@ def replace_partitions(df: DataFrame, path: str, keys: Iterable[tuple[str, ...]]
     spark = df.sparkSession
     partition_by = tuple(cols if partition_by is None else partition_by)
     if not is_delta(spark, path):
-        df.limit(0).write.format("delta").partitionBy(*partition_by).mode("overwrite").save(path)
-        if properties:
-            props = ", ".join(f"'{k}' = '{v}'" for k, v in properties.items())
-            spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({props})")
-    elif partition_by != tuple(cols):
-        _ensure_partitioning(spark, path, partition_by)
-    if constraints:
-        ensure_constraints(spark, path, constraints)
+        if constraints or properties:
+            create_table(spark, path, df.schema, partition_by, properties, constraints)
+    else:
+        if partition_by != tuple(cols):
+            _ensure_partitioning(spark, path, partition_by)
+        if constraints:
+            ensure_constraints(spark, path, constraints)
     w = df.write.format("delta").partitionBy(*partition_by).mode("overwrite").option("replaceWhere", pred)
     if add_columns:
         w = w.option("mergeSchema", "true")
     w.save(path)
+
+
+def _nullable(t: dict) -> dict:
+    """A schema's JSON with every field, array element and map value nullable (as Delta stores a
+    table created by a DataFrame write)."""
+    if isinstance(t, dict):
+        t = {k: _nullable(v) for k, v in t.items()}
+        for key in ("nullable", "containsNull", "valueContainsNull"):
+            if key in t:
+                t[key] = True
+    elif isinstance(t, list):
+        t = [_nullable(v) for v in t]
+    return t
+
+
+def create_table(spark: SparkSession, path: str, schema, partition_by: tuple[str, ...],
+                 properties: dict[str, str] | None = None, constraints: dict[str, str] | None = None) -> None:
+    """Create an empty Delta table at `path` with its `properties` and CHECK `constraints` (name →
+    expression) in one commit. A CHECK constraint is the table property `delta.constraints.<name>`
+    (Delta's PROTOCOL.md, "Check Constraints"), what ALTER TABLE ADD CONSTRAINT writes, one commit
+    each; creating a fresh table as a limit(0) write, a property commit and a commit per
+    constraint cost about 1 s a commit on 2 cores (silver: six commits before its data)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import types as T
+    tune(spark)
+    b = (DeltaTable.createIfNotExists(spark).location(path)
+         .addColumns(T.StructType.fromJson(_nullable(schema.jsonValue()))).partitionedBy(*partition_by))
+    for k, v in (properties or {}).items():
+        b = b.property(k, str(v))
+    for name, expr in (constraints or {}).items():
+        b = b.property(f"delta.constraints.{name.lower()}", expr)
+    b.execute()
 
 
 def _ensure_partitioning(spark: SparkSession, path: str, partition_by: tuple[str, ...]) -> None:

@@ -35,3 +35,47 @@ def test_predicate_selects_exactly_the_keys(spark):
         got = {tuple(r) for r in df.where(partition_predicate(keys, cols)).collect()}
         assert got == keys, (partition_predicate(keys, cols), sorted(keys))
     check()
+
+
+def _history(spark, path):
+    from delta.tables import DeltaTable
+    return [r["operation"] for r in DeltaTable.forPath(spark, path).history().orderBy("version").collect()]
+
+
+def test_new_table_with_constraints_and_properties_is_one_commit_then_its_data(spark, tmp_path):
+    """A fresh table gets its properties and CHECK constraints in its creating commit (not a commit
+    each), the data in one more; the constraint is enforced and a refused write changes nothing;
+    columns are nullable, as a DataFrame write creates them."""
+    import pytest
+    from pyspark.sql import functions as F
+
+    from ccselect.delta_io import replace_partitions
+    path = str(tmp_path / "t")
+    df = spark.range(6).select(F.col("id"), (F.col("id") % 2).cast("string").alias("hour"),
+                               F.lit("n1").alias("node_id"))   # `id` comes non-nullable from range
+    keys = {("n1", "0"), ("n1", "1")}
+    replace_partitions(df, path, keys, constraints={"Id_Small": "id < 100"},
+                       properties={"delta.dataSkippingStatsColumns": "id"})
+    assert _history(spark, path) == ["CREATE TABLE", "WRITE"]
+    props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
+    assert props["delta.constraints.id_small"] == "id < 100"
+    assert props["delta.dataSkippingStatsColumns"] == "id"
+    table = spark.read.format("delta").load(path)
+    assert all(f.nullable for f in table.schema.fields)
+    assert sorted(r["id"] for r in table.collect()) == list(range(6))
+    with pytest.raises(Exception, match="DELTA_VIOLATE_CONSTRAINT|CHECK constraint"):
+        replace_partitions(df.withColumn("id", F.col("id") + 98), path, keys, constraints={"Id_Small": "id < 100"})
+    assert sorted(r["id"] for r in spark.read.format("delta").load(path).collect()) == list(range(6))
+    replace_partitions(df, path, keys, constraints={"Id_Small": "id < 100"})
+    assert _history(spark, path) == ["CREATE TABLE", "WRITE", "WRITE"]
+
+
+def test_new_table_without_constraints_is_created_by_its_write(spark, tmp_path):
+    from pyspark.sql import functions as F
+
+    from ccselect.delta_io import replace_partitions
+    path = str(tmp_path / "t")
+    df = spark.range(4).select(F.col("id"), F.lit("h").alias("hour"), F.lit("n").alias("node_id"))
+    replace_partitions(df, path, {("n", "h")})
+    assert _history(spark, path) == ["WRITE"]
+    assert spark.read.format("delta").load(path).count() == 4
