@@ -10,7 +10,8 @@ goal (Spark within 3x of DuckDB), the driver's peak memory, and the machine's lo
 The day's silver is built from the simulated transport and access logs through
 `jobs.silver.build_connections` (user groups, delivery rate — AutoPlex's goodput —, retransmission
 ratio) without the QoE beacons, which the AutoPlex jobs do not read (so QoE columns are null): the
-ingest has its own bench and is hours of work at this size. Writes bench/results/autoplex.json and prints it.
+ingest has its own bench and is hours of work at this size. Its layout is the one `ccs ingest`
+writes: one file per (node, hour) partition, 480 for the day. Writes bench/results/autoplex.json and prints it.
 
     .venv/bin/python bench/autoplex.py [--nodes 20] [--hours 24] [--workdir /tmp/ccs-bench-autoplex]
 """
@@ -95,17 +96,23 @@ def build_silver(spark, cfg, fleet: str) -> int:
     from ccselect import delta_io
     from ccselect.lake import table_path
     from jobs.parse import schema
-    from jobs.silver import SILVER_CONSTRAINTS, build_connections, read_reference, reference_frame
+    from ccselect.spark import conf_set
+    from jobs.silver import CO_PARTITIONED, SILVER_CONSTRAINTS, build_connections, read_reference, reference_frame
+    # keyed by (node_id, hour) as ingest's silver extract keys them (jobs/silver.py): one file per
+    # node-hour, the layout `ccs ingest` leaves (shuffled by the join keys instead, every node-hour
+    # was spread over each shuffle partition's file: 4 files per node-hour, 1,920 in all)
     def read(stream):
         return (spark.read.schema(schema(stream)).json(f"{fleet}/{stream}/*/*.jsonl")
-                .withColumn("hour", F.regexp_extract(F.input_file_name(), r"(\d{4}-\d\d-\d\dT\d\d)\.jsonl$", 1)))
+                .withColumn("hour", F.regexp_extract(F.input_file_name(), r"(\d{4}-\d\d-\d\dT\d\d)\.jsonl$", 1))
+                .repartition("node_id", "hour"))
     transport = read("transport")
     empty = lambda s: spark.createDataFrame([], schema(s)).withColumn("hour", F.lit(None).cast("string"))  # noqa: E731
     ref = reference_frame(spark, read_reference(f"{fleet}/reference/ip_asn_region.csv"))
     conns = build_connections(transport, read("access"), empty("qoe"), ref)
     keys = {(r["node_id"], r["hour"]) for r in transport.select("node_id", "hour").distinct().collect()}
     path = table_path(cfg, "silver.connections")
-    delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS)
+    with conf_set(spark, CO_PARTITIONED):
+        delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS)
     return spark.read.format("delta").load(path).count()
 
 
