@@ -2,7 +2,11 @@
 (`make results`). Every figure on a page comes from a JSON file named on that page; a source
 that is missing is listed as not measured, never filled from an older page.
 
-    .venv/bin/python bench/report.py [--data-root var] [--out docs/results]
+    .venv/bin/python bench/report.py [--data-root var] [--out docs/results] [--only PAGE[,PAGE...]]
+
+`--only` renders just the pages named (the benches re-run on this machine) and leaves the other
+pages and their JSON as they are: on a machine whose data root lacks a source, or holds an older
+one, a full render would mark that page not measured or put the older figures back.
 
 Sources: `bench/results/<bench>.json` (`make bench`), `<data_root>/bench/*.json` (benches that
 write under the data root), and `<data_root>/results/*.json` (`make run`'s main job,
@@ -122,13 +126,21 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-root", default=os.environ.get("CCS_DATA_ROOT", str(REPO / "var")))
     ap.add_argument("--out", default=str(REPO / "docs" / "results"))
+    ap.add_argument("--only", default="", help="comma-separated page names to render; the others are kept")
     a = ap.parse_args(argv)
     out, data_root = Path(a.out), Path(a.data_root).resolve()
+    only = {n for n in a.only.split(",") if n}
+    if only - set(SOURCES):
+        ap.error(f"--only: unknown page(s) {sorted(only - set(SOURCES))}; known: {sorted(SOURCES)}")
     (out / "data").mkdir(parents=True, exist_ok=True)
     index = ["# Generated results", "", "Each page is rendered by `bench/report.py` from the JSON it names "
              "(`make results`). See README.md in this folder for how to read them.", "",
              "| page | source | state |", "|---|---|---|"]
     for name, (title, command, candidates) in SOURCES.items():
+        if only and name not in only:   # kept as committed: its state is whether its JSON is there
+            state = "measured" if (out / "data" / f"{name}.json").exists() else "not measured yet"
+            index.append(f"| [{title}]({name}.md) | `{command}` | {state} |")
+            continue
         src = _find(candidates, data_root)
         data = None
         if src is not None:

@@ -30,3 +30,32 @@ def test_pages_show_the_json_they_name_and_nothing_for_missing_sources(tmp_path)
     index = (out / "index.md").read_text()
     assert "[The main job (`make run`)](main-job.md) | `make run` | measured |" in index, index
     assert "emulate.md) | `ccs emulate --hours FROM..TO --json` | not measured yet |" in index, index
+
+
+def test_only_renders_the_pages_named_and_keeps_the_others(tmp_path):
+    """`--only emulate` after a full render: the emulate page shows its new JSON; the main job's
+    page and JSON stay as rendered, although its source is gone from the data root."""
+    data_root, out = tmp_path / "var", tmp_path / "pages"
+    (data_root / "results").mkdir(parents=True)
+    main_json = data_root / "results" / "main_job.json"
+    main_json.write_text(json.dumps({"train": {"mean": 0.8481}}))
+
+    def report(*extra):
+        r = subprocess.run([sys.executable, str(REPO / "bench" / "report.py"), "--data-root", str(data_root),
+                            "--out", str(out), *extra], capture_output=True, text=True, timeout=120)
+        return r
+    assert report().returncode == 0
+    main_page = (out / "main-job.md").read_text()
+    main_json.unlink()
+    (data_root / "results" / "emulate.json").write_text(json.dumps({"policies": {"alics": 0.125}}))
+    r = report("--only", "emulate")
+    assert r.returncode == 0, r.stderr
+    assert "| `policies.alics` | 0.125 |" in (out / "emulate.md").read_text()
+    assert (out / "main-job.md").read_text() == main_page
+    assert json.loads((out / "data" / "main-job.json").read_text()) == {"train": {"mean": 0.8481}}
+    index = (out / "index.md").read_text()
+    assert "(main-job.md) | `make run` | measured |" in index, index
+    assert "emulate.md) | `ccs emulate --hours FROM..TO --json` | measured |" in index, index
+    assert "(evaluate.md) | `ccs evaluate --hours FROM..TO --json` | not measured yet |" in index, index
+    bad = report("--only", "nonsense")
+    assert bad.returncode != 0 and "unknown page" in bad.stderr
