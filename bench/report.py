@@ -122,6 +122,28 @@ def render_page(name: str, title: str, command: str, src: Path | None, data: dic
     return "\n".join(lines)
 
 
+def _render(name: str, title: str, command: str, src: Path | None, out: Path) -> bool:
+    """Write page `name` (and its JSON beside it) from `src`; whether it is measured. A page
+    without a source keeps no JSON of an older run."""
+    data = None
+    if src is not None:
+        try:
+            data = json.loads(src.read_text())
+        except ValueError as exc:
+            print(f"{src}: not JSON ({exc}); the page says not measured", file=sys.stderr)
+            src = None
+    if src is not None and not isinstance(data, dict):
+        data = {"value": data}
+    if src is not None:
+        shutil.copyfile(src, out / "data" / f"{name}.json")
+    else:
+        (out / "data" / f"{name}.json").unlink(missing_ok=True)
+    (out / f"{name}.md").write_text(render_page(name, title, command, src, data))
+    state = "measured" if src is not None else "not measured yet"
+    print(f"{name:9s} {state:16s} {src or ''}")
+    return src is not None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data-root", default=os.environ.get("CCS_DATA_ROOT", str(REPO / "var")))
@@ -130,33 +152,18 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     out, data_root = Path(a.out), Path(a.data_root).resolve()
     only = {n for n in a.only.split(",") if n}
-    if only - set(SOURCES):
-        ap.error(f"--only: unknown page(s) {sorted(only - set(SOURCES))}; known: {sorted(SOURCES)}")
+    if unknown := sorted(only - set(SOURCES)):
+        ap.error(f"--only: unknown page(s) {unknown}; known: {sorted(SOURCES)}")
     (out / "data").mkdir(parents=True, exist_ok=True)
     index = ["# Generated results", "", "Each page is rendered by `bench/report.py` from the JSON it names "
              "(`make results`). See README.md in this folder for how to read them.", "",
              "| page | source | state |", "|---|---|---|"]
     for name, (title, command, candidates) in SOURCES.items():
-        if only and name not in only:   # kept as committed: its state is whether its JSON is there
-            state = "measured" if (out / "data" / f"{name}.json").exists() else "not measured yet"
-            index.append(f"| [{title}]({name}.md) | `{command}` | {state} |")
-            continue
-        src = _find(candidates, data_root)
-        data = None
-        if src is not None:
-            try:
-                data = json.loads(src.read_text())
-            except ValueError as exc:
-                print(f"{src}: not JSON ({exc}); the page says not measured", file=sys.stderr)
-                src = None
-        if src is not None and not isinstance(data, dict):
-            data = {"value": data}
-        if src is not None:
-            shutil.copyfile(src, out / "data" / f"{name}.json")
-        (out / f"{name}.md").write_text(render_page(name, title, command, src, data))
-        state = "measured" if src is not None else "not measured yet"
-        index.append(f"| [{title}]({name}.md) | `{command}` | {state} |")
-        print(f"{name:9s} {state:16s} {src or ''}")
+        if only and name not in only:   # kept as committed: measured when its JSON is there
+            measured = (out / "data" / f"{name}.json").exists()
+        else:
+            measured = _render(name, title, command, _find(candidates, data_root), out)
+        index.append(f"| [{title}]({name}.md) | `{command}` | {'measured' if measured else 'not measured yet'} |")
     (out / "index.md").write_text("\n".join(index) + "\n")
     return 0
 
