@@ -18,9 +18,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import glob
 import os
+import shlex
+import subprocess
 import sys
 import tempfile
+import zipfile
 from typing import TYPE_CHECKING
 
 from ccselect.config import Config, load_config
@@ -46,6 +50,15 @@ S3A_EXCLUDES = ("software.amazon.awssdk:bundle", "software.amazon.awssdk:netty-n
                 "org.apache.hadoop:hadoop-client-api", "org.apache.hadoop:hadoop-client-runtime")
 #: S3A keys that would put a secret into the configuration
 S3A_SECRETS = ("fs.s3a.access.key", "fs.s3a.secret.key", "fs.s3a.session.token")
+
+#: Our JVM functions (jvm/src, Java against Spark's API): built into one jar by `udf_jar` and handed
+#: to spark-submit as `--jars` (`submit_args`): on the driver's classpath, and fetched from the
+#: driver by a cluster's executors like the Maven packages' jars
+JVM_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jvm", "src")
+JVM_JAR = os.path.join(os.path.dirname(JVM_SRC), "build", "ccselect-udf.jar")
+#: SQL name → (class, return type) of each function `register_udfs` declares
+JSON_PLAIN, PLAIN_IP = "ccs_json_plain", "ccs_plain_ip"
+UDFS = {JSON_PLAIN: ("ccselect.udf.JsonPlain", "int"), PLAIN_IP: ("ccselect.udf.PlainIp", "boolean")}
 
 
 def pyspark_hadoop_version() -> str:
@@ -73,6 +86,62 @@ def packages(extra: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
         raise ValueError(f"no AWS SDK version known for hadoop-aws {version} (known: {', '.join(AWS_SDK_FOR_HADOOP)})")
     sdk = [f"{m}:{AWS_SDK_FOR_HADOOP[version]}" for m in S3A_SDK_MODULES]
     return extra + [m for m in sdk if m not in extra], list(S3A_EXCLUDES)
+
+
+def udf_jar() -> str:
+    """The jar of jvm/src, compiled (javac, against the Spark API jar pyspark ships) when it is
+    missing or older than a source file; written to a temporary name and renamed, so a process
+    building it beside another never loads half a jar."""
+    import pyspark
+
+    sources = sorted(glob.glob(os.path.join(JVM_SRC, "**", "*.java"), recursive=True))
+    if not sources:
+        raise FileNotFoundError(f"no Java sources under {JVM_SRC}")
+    if os.path.exists(JVM_JAR) and os.path.getmtime(JVM_JAR) >= max(os.path.getmtime(s) for s in sources):
+        return JVM_JAR
+    api = glob.glob(os.path.join(os.path.dirname(pyspark.__file__), "jars", "spark-sql-api_*.jar"))
+    os.makedirs(os.path.dirname(JVM_JAR), exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ccs-jvm-", dir=os.path.dirname(JVM_JAR)) as tmp:
+        classes = os.path.join(tmp, "classes")
+        # (javac comes with the JDK: the Makefile's Debian packages name openjdk-17-jdk-headless)
+        done = subprocess.run(["javac", "--release", "17", "-nowarn", "-d", classes, "-cp", os.pathsep.join(api), *sources],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"javac failed building {JVM_JAR}:\n{done.stderr}")
+        part = os.path.join(tmp, "udf.jar")
+        with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as jar:
+            jar.writestr("META-INF/MANIFEST.MF", "Manifest-Version: 1.0\r\n\r\n")
+            for root, _, names in os.walk(classes):
+                for name in sorted(names):
+                    path = os.path.join(root, name)
+                    jar.write(path, os.path.relpath(path, classes))
+        os.replace(part, JVM_JAR)
+    return JVM_JAR
+
+
+def submit_args(current: str, jar: str) -> str:
+    """`PYSPARK_SUBMIT_ARGS` (`current`, pyspark's default "pyspark-shell" when unset) with `jar`
+    in its `--jars`. Not `spark.jars` in the session's conf: pyspark sets its conf on the
+    SparkContext after spark-submit has merged `spark.jars` with the jars `spark.jars.packages`
+    resolved, so a `spark.jars` there would drop Delta's jars from every executor."""
+    args = shlex.split(current or "pyspark-shell")
+    for i, a in enumerate(args):
+        if a == "--jars" and i + 1 < len(args):
+            if jar not in args[i + 1].split(","):
+                args[i + 1] = f"{args[i + 1]},{jar}"
+            return shlex.join(args)
+        if a.startswith("--jars="):
+            if jar not in a[len("--jars="):].split(","):
+                args[i] = f"{a},{jar}"
+            return shlex.join(args)
+    return shlex.join(["--jars", jar, *args])
+
+
+def register_udfs(spark: "SparkSession") -> None:
+    """Declare our JVM functions (`UDFS`) in `spark`'s session (temporary functions are per session;
+    declaring one again replaces it)."""
+    for name, (cls, returns) in UDFS.items():
+        spark.udf.registerJavaFunction(name, cls, returns)
 
 
 def object_store_conf(cfg: Config) -> dict[str, str]:
@@ -109,6 +178,8 @@ def get_spark(cfg: Config | None = None, app_name: str | None = None,
         derby = f"-Dderby.system.home={os.path.join(cfg.data_root, 'derby')}"
         conf["spark.driver.extraJavaOptions"] = " ".join(
             o for o in (derby, conf.get("spark.driver.extraJavaOptions", "")) if o)
+    # read when pyspark starts the JVM (the first session of a process)
+    os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args(os.environ.get("PYSPARK_SUBMIT_ARGS", ""), udf_jar())
     extra, excludes = packages(sc.extra_packages)
     if excludes:
         conf["spark.jars.excludes"] = ",".join(filter(None, (conf.get("spark.jars.excludes"), *excludes)))

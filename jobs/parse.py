@@ -7,7 +7,8 @@ line_no, raw). Output adds `record` (a struct of the contract's fields, typed), 
 
 Reasons, in the order they are checked:
   bad_json, bad_nginx_line                 the line is not one record (a key repeated in the
-                                           object is `bad_json`: which value counts is unknowable)
+                                           object is `bad_json`: which value counts is unknowable;
+                                           so is text after the object)
   missing_key:<f>[,<f>...]                 required fields absent or null, every one named
   wrong_type:<f>                           a field has the wrong JSON type (incl. non-int64 numbers)
                                            (of these two, the first field in contract order decides)
@@ -33,9 +34,14 @@ accepted with those fields null — silver lists them in `imputed`, training lea
 and inference standardizes them to the training mean (features/scaling.py). By default nothing is
 imputable and such a record is quarantined naming every missing field.
 
-Hot path: `from_json` with the typed schema. Only a suspicious line (a required field came back
-null, or a string field looks unquoted) pays for the exact diagnosis through `try_parse_json`
-and `schema_of_variant`.
+Hot path: `from_json` with the typed schema, and `ccs_json_plain` (jvm/src/ccselect/udf/
+JsonPlain.java, one pass over the line's characters) for what from_json does not say: that no
+top-level key is repeated and each field's value is of its JSON type. Only a suspicious line (not
+surely plain, or a required field came back null) pays for the exact diagnosis through
+`try_parse_json` and `schema_of_variant`. (The check was `json_object_keys` with a distinct count
+and a regex over the string fields' names: a second parse of every line. Measured on 999k
+transport lines parsed into a `noop` sink, warm: 17.0 s with them, 10.5 s with ccs_json_plain,
+9.0 s with neither; the reasons found were the same.)
 """
 from __future__ import annotations
 
@@ -43,8 +49,11 @@ from pyspark.sql import Column, DataFrame, Window, functions as F, types as T
 
 from ccselect.contract import CCS, DECISIONS, FEATURES, FIELDS, NET_TYPES, NULLABLE, RANGES
 from ccselect.ipaddr import with_ip
+from ccselect.spark import JSON_PLAIN, PLAIN_IP, register_udfs
 
 HOUR_MS = 3_600_000
+#: `ccs_json_plain`'s answers (jvm/src/ccselect/udf/JsonPlain.java)
+NOT_SURE, PLAIN, TEXT_AFTER = 0, 1, 2
 #: a transport record may start this long before the hour it closed in (contract: duration_us ≤ a day)
 MAX_CONN_MS = RANGES["duration_us"][1] // 1000
 BOM = "\ufeff"
@@ -76,17 +85,6 @@ ACCESS_EXTRA = {"client_port": int, "tcpinfo_rtt_us": int, "tcpinfo_rttvar_us": 
 #: Streams with a duplicate rule: the key that must be unique within a file.
 DEDUPLICATED = {"transport": "conn_id", "qoe": "session_id"}
 
-#: The address forms nearly every line carries, judged by one regex each (a dotted quad without
-#: leading zeros, octets up to 255; IPv6 as hex groups with at most one `::`, 8 groups without it
-#: and at most 7 with it). Each accepts only addresses `ccselect.ipaddr.with_ip` accepts too; any
-#: other text (a dotted-quad tail, a zone id, garbage) goes through `with_ip` itself (`_has_ip`).
-_V4_OCTET = r"(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-PLAIN_V4 = rf"^({_V4_OCTET}\.){{3}}{_V4_OCTET}$"
-_H = "[0-9a-fA-F]{1,4}"
-PLAIN_V6 = ("^(" + "|".join([rf"({_H}:){{7}}{_H}", rf"({_H}:){{1,7}}:"]
-                            + [rf"({_H}:){{{k}}}(:{_H}){{1,{7 - k}}}" for k in range(1, 7)]
-                            + [rf":((:{_H}){{1,7}}|:)"]) + ")$")
-
 _SPARK_TYPE = {int: T.LongType(), str: T.StringType()}
 _VARIANT_TYPE = {int: "BIGINT", str: "STRING"}
 
@@ -103,11 +101,14 @@ def required(stream: str) -> list[str]:
     return [k for k in FIELDS[stream] if k not in NULLABLE.get(stream, set())]
 
 
-def _json_diagnosis(raw: Column, stream: str, impute: tuple[str, ...] = ()) -> Column:
+def _json_diagnosis(raw: Column, stream: str, impute: tuple[str, ...] = (), text_after: Column | None = None) -> Column:
     """Exact reason for a suspicious JSON line (null when it turns out fine). `try_parse_json`
-    refuses a repeated key (spark.sql.variant.allowDuplicateKeys is false), so that is bad_json."""
+    refuses a repeated key (spark.sql.variant.allowDuplicateKeys is false), so that is bad_json;
+    so is `text_after` an object (which it, like from_json, reads no further than)."""
     v = F.call_function("try_parse_json", raw)
     is_object = F.ltrim(raw).startswith("{")
+    if text_after is not None:
+        is_object = is_object & ~text_after
     types = {name: F.call_function("schema_of_variant", F.call_function("variant_get", v, F.lit(f"$.{name}")))
              for name in FIELDS[stream]}
     absent = {name: t.isNull() | (t == "VOID") for name, t in types.items()}
@@ -125,9 +126,13 @@ def _json_diagnosis(raw: Column, stream: str, impute: tuple[str, ...] = ()) -> C
     return F.replace(chain, F.lit("missing_key:"), listed)
 
 
-def _string_fields_look_unquoted(raw: Column, stream: str) -> Column:
-    names = [k for k, t in FIELDS[stream].items() if t is str]
-    return raw.rlike('"(' + "|".join(names) + r')"\s*:\s*[-0-9tf\[{]')
+def _plainness(raw: Column, sch: T.StructType) -> Column:
+    """`ccs_json_plain` of the line for `sch`'s fields: PLAIN when `raw` is certainly the record
+    `from_json` reads with `sch`, key for key (one JSON object, no top-level key repeated, every field
+    of `sch` null or of its JSON type: a string, or an integer of at most 18 digits), TEXT_AFTER for
+    a whole object with more text after it, else NOT_SURE (module docstring)."""
+    spec = ",".join(f"{f.name}:{'s' if isinstance(f.dataType, T.StringType) else 'i'}" for f in sch)
+    return F.coalesce(F.call_function(JSON_PLAIN, raw, F.lit(spec)), F.lit(NOT_SURE))
 
 
 def _range_rules(rec: Column, stream: str) -> list[tuple[Column, str]]:
@@ -157,12 +162,15 @@ def _in_hour(ts: Column) -> Column:
 
 def _has_ip(df: DataFrame, text: Column) -> DataFrame:
     """Adds `_has_ip`: whether `text` is an address (`ccselect.ipaddr.with_ip`'s family is not
-    null; false for null). The plain forms are decided by a regex; only the rest pays for
-    `with_ip`'s full parse, whose array functions run interpreted (measured in CPU seconds of a
-    parse of 310k access lines: 7.4 s with `with_ip` on every line, 6.1 s so)."""
-    plain = text.rlike(PLAIN_V4) | text.rlike(PLAIN_V6)
-    df = with_ip(df.withColumn("_plain_ip", F.coalesce(plain, F.lit(False))),
-                 F.when(~F.col("_plain_ip"), text), "_ip_full")
+    null; false for null). The forms nearly every line carries (a dotted quad, IPv6 hex groups) are
+    decided by `ccs_plain_ip` (jvm/src/ccselect/udf/PlainIp.java, one pass over the text; it accepts
+    only addresses `with_ip` accepts too); only the rest pays for `with_ip`'s full parse, whose
+    array functions run interpreted (measured in CPU seconds of a parse of 310k access lines: 7.4 s
+    with `with_ip` on every line, 6.1 s with a regex per plain form; the regexes then took 2 s of a
+    17.5 s parse of 999k transport lines, warm, into a `noop` sink)."""
+    register_udfs(df.sparkSession)
+    plain = F.call_function(PLAIN_IP, text)
+    df = with_ip(df.withColumn("_plain_ip", plain), F.when(~F.col("_plain_ip"), text), "_ip_full")
     return (df.withColumn("_has_ip", F.col("_plain_ip") | F.col("_ip_full.family").isNotNull())
             .drop("_plain_ip", "_ip_full"))
 
@@ -202,6 +210,7 @@ def _parse_nginx(raw: Column) -> tuple[Column, Column]:
 def parse(lines: DataFrame, stream: str, impute: tuple[str, ...] = ()) -> DataFrame:
     """Lines of one stream → lines with `record`, `status` and `reason` (see module docstring).
     `impute`: the fields a record may miss and still be accepted (`imputable`)."""
+    register_udfs(lines.sparkSession)
     key = DEDUPLICATED.get(stream)
     if key:
         # The duplicate rule needs each file's lines together: shuffle once by (node, hour), before
@@ -218,10 +227,7 @@ def parse(lines: DataFrame, stream: str, impute: tuple[str, ...] = ()) -> DataFr
     raw = F.col("_text")
     sch = schema(stream)
     is_json = F.ltrim(raw).startswith("{")
-    lines = lines.withColumn("_json", F.from_json(raw, sch))
-    # a key repeated in the object: from_json keeps the last value silently (module docstring)
-    lines = lines.withColumn("_keys", F.when(is_json, F.json_object_keys(raw)))
-    repeated = F.size("_keys") != F.size(F.array_distinct("_keys"))
+    lines = lines.withColumn("_json", F.from_json(raw, sch)).withColumn("_plain", _plainness(raw, sch))
     parsed = F.col("_json")
     if stream == "access":
         # Field by field, not `withField`: Spark inlines the one-reference `_json` column before it
@@ -238,13 +244,15 @@ def parse(lines: DataFrame, stream: str, impute: tuple[str, ...] = ()) -> DataFr
     df = lines.withColumn("record", rec)
     r = F.col("record")
     json_required = [f for f in required(stream) if not (stream == "access" and f == "conn_id")]
-    suspicious = ~is_json | repeated | F.greatest(F.lit(False), *[r[f].isNull() for f in json_required]) \
-        | _string_fields_look_unquoted(raw, stream)
+    # a key repeated in the object (from_json keeps the last value silently), a number in a string
+    # field (read as its text) or a quoted number in a bigint one (read as null): not surely plain
+    suspicious = ~is_json | (F.col("_plain") != PLAIN) | F.greatest(F.lit(False), *[r[f].isNull() for f in json_required])
+    text_after = F.col("_plain") == TEXT_AFTER
     if stream == "access":
         suspicious = suspicious | r["conn_id"].isNull()
-        structural = F.when(looks_nginx, nginx_reason).when(suspicious, _json_diagnosis(raw, stream))
+        structural = F.when(looks_nginx, nginx_reason).when(suspicious, _json_diagnosis(raw, stream, (), text_after))
     else:
-        structural = F.when(suspicious, _json_diagnosis(raw, stream, impute))
+        structural = F.when(suspicious, _json_diagnosis(raw, stream, impute, text_after))
 
     df = _has_ip(df, r["client_ip"])
     # (a JSON line with a required field null is suspicious: the diagnosis above names every
@@ -280,4 +288,4 @@ def parse(lines: DataFrame, stream: str, impute: tuple[str, ...] = ()) -> DataFr
     # rewriting it here too tripled the generated code of this stage)
     return (df.withColumn("status", F.when(F.col("reason").isNull(), F.lit("ok")).otherwise(F.lit("quarantined")))
             .withColumn("record", F.when(F.col("reason").isNull(), F.col("record")))
-            .drop("_has_ip", "_json", "_keys", "_text"))
+            .drop("_has_ip", "_json", "_plain", "_text"))
