@@ -118,8 +118,11 @@ def ingest_bronze(spark: SparkSession, cfg: Config, files: list[SourceFile],
     apath = table_path(cfg, "gold.ingest_audit")
     # One row per file, partitioned by node and hour like every ingest table (the three streams'
     # rows of a node-hour share one file: a day of 12 nodes is 288 files, not 864 one-row files);
-    # the summary comes from the rows just written.
-    audit = to_audit(committed, files_frame(spark, files), ingest_time).persist()
+    # the summary comes from the rows just written. The rows are first gathered by (node, hour):
+    # after to_audit's join by file each task held rows of most partitions and wrote a file into
+    # each (measured: 672 files for that day's 288 partitions, the write 8.9 s; gathered, 288 files
+    # and 4.7 s).
+    audit = to_audit(committed, files_frame(spark, files), ingest_time).repartition("node_id", "hour").persist()
     try:
         delta_io.replace_partitions(audit, apath, pairs, qcols, AUDIT_CONSTRAINTS, partition_by=("node_id", "hour"))
         return summarize(audit)

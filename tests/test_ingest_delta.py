@@ -78,6 +78,9 @@ def test_audit_counts_every_line_and_balances(spark, fleet, ingested):
         want.append((path, n, n - q, q, q))
     assertDataFrameEqual(got, spark.createDataFrame(
         want, "source_file string, lines_read bigint, accepted bigint, quarantined bigint, by_reason_total bigint"))
+    # the three streams' rows of a node-hour share one file (jobs/ingest.ingest_bronze)
+    files = audit.select("node_id", "hour", F.col("_metadata.file_path").alias("f")).distinct()
+    assert files.count() == files.select("node_id", "hour").distinct().count()
 
 
 def test_quarantine_holds_each_bad_line_with_its_reason(spark, fleet, ingested):
