@@ -126,13 +126,11 @@ def submit_args(current: str, jar: str) -> str:
     resolved, so a `spark.jars` there would drop Delta's jars from every executor."""
     args = shlex.split(current or "pyspark-shell")
     for i, a in enumerate(args):
-        if a == "--jars" and i + 1 < len(args):
-            if jar not in args[i + 1].split(","):
-                args[i + 1] = f"{args[i + 1]},{jar}"
-            return shlex.join(args)
-        if a.startswith("--jars="):
-            if jar not in a[len("--jars="):].split(","):
-                args[i] = f"{a},{jar}"
+        # the list is the next argument (--jars a,b) or this one's value (--jars=a,b)
+        at, skip = (i + 1, 0) if a == "--jars" and i + 1 < len(args) else (i, len("--jars="))
+        if at > i or a.startswith("--jars="):
+            if jar not in args[at][skip:].split(","):
+                args[at] += f",{jar}"
             return shlex.join(args)
     return shlex.join(["--jars", jar, *args])
 
