@@ -126,7 +126,7 @@ def build_silver(spark, cfg, fleet: str) -> int:
     from ccselect.lake import table_path
     from jobs.parse import schema
     from ccselect.spark import conf_set
-    from jobs.silver import CO_PARTITIONED, SILVER_CONSTRAINTS, build_connections, read_reference, reference_frame
+    from jobs.silver import CO_PARTITIONED, SILVER_CONSTRAINTS, SILVER_PROPERTIES, build_connections, read_reference, reference_frame
     # keyed by (node_id, hour) as ingest's silver extract keys them (jobs/silver.py): one file per
     # node-hour, the layout `ccs ingest` leaves (shuffled by the join keys instead, every node-hour
     # was spread over each shuffle partition's file: 4 files per node-hour, 1,920 in all)
@@ -139,7 +139,7 @@ def build_silver(spark, cfg, fleet: str) -> int:
     keys = {(r["node_id"], r["hour"]) for r in transport.select("node_id", "hour").distinct().collect()}
     path = table_path(cfg, "silver.connections")
     with conf_set(spark, CO_PARTITIONED):
-        delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS)
+        delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS, properties=SILVER_PROPERTIES)
     return spark.read.format("delta").load(path).count()
 
 

@@ -79,7 +79,8 @@ def replace_partitions(df: DataFrame, path: str, keys: Iterable[tuple[str, ...]]
     """Overwrite the rows with keys `keys` (tuples over `cols`) of the Delta table at `path` with
     `df`, in one commit; `constraints` (name → CHECK expression) are added first where missing.
     With `add_columns`, columns `df` has and the table lacks are added (older rows read them as
-    null). `properties` (Delta table properties) are set when the table is created. The table is
+    null). `properties` (Delta table properties) are set when the table is created, and on an
+    existing table that lacks them or has other values (one commit, once). The table is
     partitioned by `partition_by` (default: `cols`, so that whole partitions are replaced); a
     table written with another partitioning is rewritten once with this one."""
     pred = partition_predicate(keys, cols)
@@ -93,6 +94,8 @@ def replace_partitions(df: DataFrame, path: str, keys: Iterable[tuple[str, ...]]
             _ensure_partitioning(spark, path, partition_by)
         if constraints:
             ensure_constraints(spark, path, constraints)
+        if properties:
+            ensure_properties(spark, path, properties)
     w = df.write.format("delta").partitionBy(*partition_by).mode("overwrite").option("replaceWhere", pred)
     if add_columns:
         w = w.option("mergeSchema", "true")
@@ -146,9 +149,23 @@ def overwrite(df: DataFrame, path: str, partition_cols: tuple[str, ...] = ()) ->
     w.save(path)
 
 
+def _properties(spark: SparkSession, path: str) -> dict[str, str]:
+    return {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
+
+
+def ensure_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:
+    """Set the Delta table properties that the table lacks or holds other values of (one commit;
+    none when all are there)."""
+    have = _properties(spark, path)
+    todo = {k: str(v) for k, v in properties.items() if have.get(k) != str(v)}
+    if todo:
+        sets = ", ".join(f"{_quote(k)} = {_quote(v)}" for k, v in sorted(todo.items()))
+        spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({sets})")
+
+
 def ensure_constraints(spark: SparkSession, path: str, constraints: dict[str, str]) -> None:
     """Add the named Delta CHECK constraints the table does not have yet."""
-    props = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
+    props = _properties(spark, path)
     for name, expr in constraints.items():
         if f"delta.constraints.{name.lower()}" not in props:
             spark.sql(f"ALTER TABLE delta.`{path}` ADD CONSTRAINT {name} CHECK ({expr})")

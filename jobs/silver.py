@@ -47,6 +47,13 @@ SILVER_CONSTRAINTS = {
                            "AND (rtt_var_norm IS NULL OR rtt_var_norm >= 0)",
 }
 
+#: Delta collects min/max statistics of a file's first 32 columns by default, for data skipping.
+#: silver is read by its (node_id, hour) partitions, which need no statistics; keep them for the
+#: time span and the connection id, which an analyst's query may select by. Fewer columns to
+#: summarise make the write cheaper (measured, a 1 M-connection day written as a new Delta table,
+#: three pairs in one JVM: 29.3 s on average with 32 columns, 26.9 s with one).
+SILVER_PROPERTIES = {"delta.dataSkippingStatsColumns": "conn_id,ts_start_ms,ts_end_ms"}
+
 
 # ---- reference ----------------------------------------------------------------------------------
 
@@ -214,5 +221,6 @@ def run(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], input_dir:
     path = table_path(cfg, "silver.connections")
     # add_columns: a silver table written before a column was added (delivery_rate_bps) gains it
     with conf_set(spark, CO_PARTITIONED):
-        delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS, add_columns=True)
+        delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS, add_columns=True,
+                                    properties=SILVER_PROPERTIES)
     return spark.read.format("delta").load(path).where(delta_io.partition_predicate(keys)).count()

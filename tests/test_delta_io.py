@@ -79,3 +79,21 @@ def test_new_table_without_constraints_is_created_by_its_write(spark, tmp_path):
     replace_partitions(df, path, {("n", "h")})
     assert _history(spark, path) == ["WRITE"]
     assert spark.read.format("delta").load(path).count() == 4
+
+
+def test_existing_table_gets_missing_properties_in_one_commit(spark, tmp_path):
+    """A table created before a property was asked for (an older lake) gets it with one commit
+    before the next write; a write that finds it already there commits nothing more."""
+    from pyspark.sql import functions as F
+
+    from ccselect.delta_io import replace_partitions
+    path = str(tmp_path / "t")
+    df = spark.range(4).select(F.col("id"), F.lit("h").alias("hour"), F.lit("n").alias("node_id"))
+    replace_partitions(df, path, {("n", "h")})
+    props = {"delta.dataSkippingStatsColumns": "id"}
+    replace_partitions(df, path, {("n", "h")}, properties=props)
+    replace_partitions(df, path, {("n", "h")}, properties=props)
+    assert _history(spark, path) == ["WRITE", "SET TBLPROPERTIES", "WRITE", "WRITE"]
+    have = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
+    assert have["delta.dataSkippingStatsColumns"] == "id"
+    assert sorted(r["id"] for r in spark.read.format("delta").load(path).collect()) == [0, 1, 2, 3]

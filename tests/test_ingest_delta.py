@@ -120,9 +120,12 @@ def test_silver_one_row_per_connection_with_labels(spark, fleet, ingested):
             want.append((r["node_id"], r["conn_id"], nt, {"wifi": 1, "4g": 0, "5g": 0}.get(nt)))
     got = silver.select("node_id", "conn_id", "net_type", "label")
     assertDataFrameEqual(got, spark.createDataFrame(want, "node_id string, conn_id string, net_type string, label int"))
-    constraints = [r["key"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{table_path(cfg, 'silver.connections')}`").collect()
-                   if r["key"].startswith("delta.constraints.")]
+    props = {r["key"]: r["value"] for r in
+             spark.sql(f"SHOW TBLPROPERTIES delta.`{table_path(cfg, 'silver.connections')}`").collect()}
+    constraints = [k for k in props if k.startswith("delta.constraints.")]
     assert len(constraints) == 4, constraints
+    # statistics only for the columns a query may skip files by (jobs/silver.py SILVER_PROPERTIES)
+    assert props["delta.dataSkippingStatsColumns"] == "conn_id,ts_start_ms,ts_end_ms"
 
 
 def test_reingest_leaves_every_table_unchanged(spark, fleet, ingested):
