@@ -92,10 +92,12 @@ def replace_partitions(df: DataFrame, path: str, keys: Iterable[tuple[str, ...]]
     else:
         if partition_by != tuple(cols):
             _ensure_partitioning(spark, path, partition_by)
+        # one read of the table's properties serves both checks
+        have = _properties(spark, path) if constraints or properties else {}
         if constraints:
-            ensure_constraints(spark, path, constraints)
+            ensure_constraints(spark, path, constraints, have)
         if properties:
-            ensure_properties(spark, path, properties)
+            ensure_properties(spark, path, properties, have)
     w = df.write.format("delta").partitionBy(*partition_by).mode("overwrite").option("replaceWhere", pred)
     if add_columns:
         w = w.option("mergeSchema", "true")
@@ -153,19 +155,22 @@ def _properties(spark: SparkSession, path: str) -> dict[str, str]:
     return {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
 
 
-def ensure_properties(spark: SparkSession, path: str, properties: dict[str, str]) -> None:
+def ensure_properties(spark: SparkSession, path: str, properties: dict[str, str],
+                      have: dict[str, str] | None = None) -> None:
     """Set the Delta table properties that the table lacks or holds other values of (one commit;
-    none when all are there)."""
-    have = _properties(spark, path)
+    none when all are there); `have`: the table's properties, when the caller has read them."""
+    have = _properties(spark, path) if have is None else have
     todo = {k: str(v) for k, v in properties.items() if have.get(k) != str(v)}
     if todo:
         sets = ", ".join(f"{_quote(k)} = {_quote(v)}" for k, v in sorted(todo.items()))
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({sets})")
 
 
-def ensure_constraints(spark: SparkSession, path: str, constraints: dict[str, str]) -> None:
-    """Add the named Delta CHECK constraints the table does not have yet."""
-    props = _properties(spark, path)
+def ensure_constraints(spark: SparkSession, path: str, constraints: dict[str, str],
+                       have: dict[str, str] | None = None) -> None:
+    """Add the named Delta CHECK constraints the table does not have yet; `have`: the table's
+    properties, when the caller has read them."""
+    props = _properties(spark, path) if have is None else have
     for name, expr in constraints.items():
         if f"delta.constraints.{name.lower()}" not in props:
             spark.sql(f"ALTER TABLE delta.`{path}` ADD CONSTRAINT {name} CHECK ({expr})")
