@@ -37,7 +37,6 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any
-from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -45,6 +44,9 @@ import pyarrow.parquet as pq
 from threadpoolctl import threadpool_limits
 
 from ccselect.contract import FEATURES, PREDICTION_COLS
+# the Delta log reading that jobs/autoplex_arrow.py shares (Unsupported: callers catch it from here)
+from ccselect.delta_arrow import Unsupported, actions as _actions, check_protocol as _check_protocol, live_files
+from ccselect.delta_arrow import local_path as _local
 from ccselect.settings import InferSettings
 from models import infer as spark_job  # its scoring functions, called at run time (it imports this module)
 from models.ood import calibrate
@@ -59,10 +61,6 @@ _TYPES = {"family": "int32", "requests": "int64", "p_wifi": "float64", "p_cell":
 #: (dictionary-encoded in the Parquet file, plain strings to every reader: no Arrow schema is stored)
 _DICTIONARY = [c for c in PREDICTION_COLS
                if c not in ("conn_id", "family", "requests", "p_wifi", "p_cell", *PARTITION_COLS)]
-
-
-class Unsupported(RuntimeError):
-    """This engine cannot run on this lake; the Spark job can."""
 
 
 # ---- the decision (ALICCS §4.2), on arrays -------------------------------------------------------
@@ -84,36 +82,6 @@ def decide_arrays(p_wifi: np.ndarray, ood: np.ndarray, p: InferSettings) -> dict
 
 
 # ---- the lake ------------------------------------------------------------------------------------
-
-def _local(path: str) -> str:
-    if "://" in path and not path.startswith("file://"):
-        raise Unsupported(f"{path} is not on the local filesystem (this engine reads local paths)")
-    return path[len("file://"):] if path.startswith("file://") else path
-
-
-def _check_protocol(dt) -> None:
-    proto = dt.protocol()
-    if proto.min_reader_version > 1 or (proto.reader_features or []):
-        raise Unsupported(f"{dt.table_uri} needs reader version {proto.min_reader_version} "
-                          f"(features {proto.reader_features}): read it with Spark")
-
-
-def _actions(dt) -> list[tuple[str, int, int, str, str]]:
-    """(relative path, size, rows (−1 unknown), node_id, hour) of the table's live data files."""
-    acts = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
-    return [(rel, int(acts["size_bytes"][i]), -1 if acts["num_records"][i] is None else int(acts["num_records"][i]),
-             acts["partition.node_id"][i], acts["partition.hour"][i]) for i, rel in enumerate(acts["path"])]
-
-
-def live_files(path: str, lo: str, hi: str) -> list[tuple[str, str, str, int]]:
-    """(absolute path, node_id, hour, rows) of the live data files of the table's partitions with
-    lo ≤ hour ≤ hi, from its Delta log."""
-    from deltalake import DeltaTable
-    dt = DeltaTable(path)
-    _check_protocol(dt)
-    return sorted(((os.path.join(path, unquote(rel)), node, hour, rows) for rel, _, rows, node, hour in _actions(dt)
-                   if hour is not None and lo <= hour <= hi), key=lambda f: (f[1], f[2], f[0]))
-
 
 _STATISTICS = list(_TYPES)
 #: gold.predictions' data columns as the Spark job writes them (its Delta schema)
