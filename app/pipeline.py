@@ -72,7 +72,8 @@ def autoplex_period(start: datetime, cfg: Config | None = None) -> dict:
     cfg = cfg or load_config()
     autoplex.load_policies(cfg.settings.autoplex)
     ms = int(start.astimezone(timezone.utc).timestamp() * 1000)
-    return autoplex.run_parameters(_spark(cfg, "ccs-autoplex"), cfg, ms, 1)
+    # no session unless the Spark engine runs (autoplex.engine: auto runs in this process on a local lake)
+    return autoplex.run_parameters(None, cfg, ms, 1)
 
 
 def infer_hour(hour: str, cfg: Config | None = None) -> dict:

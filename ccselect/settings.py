@@ -152,6 +152,10 @@ class PolicySettings(_Section):
     min_sessions: int = 20                              # groups with fewer sessions get no parameters
 
 
+#: where `ccs infer` and `ccs autoplex` run: see InferSettings.engine, AutoplexSettings.engine
+ENGINES = INFER_ENGINES = ("auto", "arrow", "spark")
+
+
 @dataclass(frozen=True)
 class AutoplexSettings(_Section):
     """`autoplex:` AutoPlex (autoplex-nai22.txt): period T, the user-group rule (ug_id = region +
@@ -165,11 +169,17 @@ class AutoplexSettings(_Section):
     )
     similarity_better_band: tuple[float, float] = (5.0, 20.0)   # retransmission-ratio percentiles
     similarity_worse_band: tuple[float, float] = (75.0, 90.0)
+    # auto: the driver-side Arrow engine (jobs/autoplex_arrow.py: Delta files → NumPy → Delta, no
+    # Spark) where it can run (a local lake, plain Delta tables), else the Spark job
+    # (jobs/autoplex.py); arrow: that engine or an error; spark: always the Spark job
+    engine: str = "auto"
 
     def __post_init__(self):
         p = self.period_minutes
         if p < 1 or (60 % p != 0 and p % 60 != 0):
             raise ValueError(f"autoplex.period_minutes must divide an hour or be whole hours, got {p}")
+        if self.engine not in ENGINES:
+            raise ValueError(f"autoplex.engine must be one of {ENGINES}, not {self.engine!r}")
 
 
 @dataclass(frozen=True)
@@ -251,7 +261,6 @@ class ModelSettings(_Section):
 
 
 PRECISIONS = ("fp32", "bf16")
-INFER_ENGINES = ("auto", "arrow", "spark")
 OOD_METHODS = ("mahalanobis", "maxabs")
 
 

@@ -18,6 +18,9 @@ from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 from ccselect import delta_io
 from ccselect.lake import connections_in, table_path
 from ccselect.settings import AutoplexSettings, PolicySettings
+from ccselect.spark import get_spark
+# the driver-side engine (same rows, in this process), called at run time (it imports this module)
+from jobs import autoplex_arrow
 # Imported inside the functions that use them (heavy, not needed to import this module): matplotlib.
 
 #: AutoPlex's goodput is the rate a session delivered at while sending: it becomes the next
@@ -280,8 +283,37 @@ def extract(spark: SparkSession, cfg: Any, start_ms: int, end_ms: int) -> DataFr
             .where((F.col("ts_end_ms") >= start_ms) & (F.col("ts_end_ms") < end_ms)))
 
 
-def run_parameters(spark: SparkSession, cfg: Any, start_ms: int, periods: int) -> dict[str, Any]:
-    """Compute gold.autoplex_params for `periods` periods from `start_ms` (replacing them)."""
+def _engine(cfg: Any, engine: str | None, arrow_job, spark_job, spark: SparkSession | None) -> dict[str, Any]:
+    """`arrow_job()` or `spark_job(spark)` by `engine` (default `autoplex.engine`): "arrow"
+    (jobs/autoplex_arrow.py, in this process), "spark", or "auto" (arrow where it can run, else
+    spark; the result says why). A Spark session is started only when the Spark job runs."""
+    engine = engine or cfg.settings.autoplex.engine
+    fallback = None
+    if engine in ("auto", "arrow"):
+        try:
+            return arrow_job()
+        except autoplex_arrow.Unsupported as e:
+            if engine == "arrow":
+                raise
+            fallback = str(e)
+    if spark is None:
+        spark = get_spark(cfg, "ccs-autoplex")
+    result = {**spark_job(spark), "engine": "spark"}
+    if fallback:
+        result["engine_fallback"] = fallback
+    return result
+
+
+def run_parameters(spark: SparkSession | None, cfg: Any, start_ms: int, periods: int,
+                   engine: str | None = None) -> dict[str, Any]:
+    """Compute gold.autoplex_params for `periods` periods from `start_ms` (replacing them), with
+    `engine` (see `_engine`; `spark` may be None)."""
+    load_policies(cfg.settings.autoplex)       # a bad policy is refused before either engine starts
+    return _engine(cfg, engine, lambda: autoplex_arrow.run_parameters(cfg, start_ms, periods),
+                   lambda sp: _run_parameters_spark(sp, cfg, start_ms, periods), spark)
+
+
+def _run_parameters_spark(spark: SparkSession, cfg: Any, start_ms: int, periods: int) -> dict[str, Any]:
     s = cfg.settings.autoplex
     policies, group_cols, period = load_policies(s), list(s.group_by), s.period_minutes
     t = period * 60_000
@@ -311,11 +343,17 @@ def similarity_bands(s: AutoplexSettings) -> tuple[Policy, Policy]:
     return better, worse
 
 
-def run_similarity(spark: SparkSession, cfg: Any, start_ms: int, periods: int,
-                   plot_dir: str | None = None) -> dict[str, Any]:
+def run_similarity(spark: SparkSession | None, cfg: Any, start_ms: int, periods: int,
+                   plot_dir: str | None = None, engine: str | None = None) -> dict[str, Any]:
     """AutoPlex §3.4 over `periods` periods: gold.autoplex_similarity (per group, period, band and
-    value) and the summary better/worse ratios, with a bar plot."""
+    value) and the summary better/worse ratios, with a bar plot; `engine` as `run_parameters`."""
+    similarity_bands(cfg.settings.autoplex)
+    return _engine(cfg, engine, lambda: autoplex_arrow.run_similarity(cfg, start_ms, periods, plot_dir),
+                   lambda sp: _run_similarity_spark(sp, cfg, start_ms, periods, plot_dir), spark)
 
+
+def _run_similarity_spark(spark: SparkSession, cfg: Any, start_ms: int, periods: int,
+                          plot_dir: str | None = None) -> dict[str, Any]:
     s = cfg.settings.autoplex
     group_cols, period = list(s.group_by), s.period_minutes
     better, worse = similarity_bands(s)

@@ -184,3 +184,79 @@ def test_change_rates_of_both_bands_match_duckdb(spark):
     assert {(r[2], r[3]) for r in want} == {(b, v) for b in ("better", "worse")
                                              for v in ("goodput_bps", "max_inflight_segs", "max_cwnd_segs")}
     assertDataFrameEqual(got, spark.createDataFrame(want, got.schema))
+
+
+# ---- the driver-side Arrow engine (jobs/autoplex_arrow.py) against the Spark job -------------------
+
+def _arrow_table(rows):
+    import pyarrow as pa
+    types = {"string": pa.string(), "long": pa.int64(), "double": pa.float64()}
+    cols = [c.split() for c in SCHEMA.split(", ")]
+    return pa.table({n: pa.array([r[i] for r in rows], types[t]) for i, (n, t) in enumerate(cols)})
+
+
+def _close(got: list[tuple], want: list[tuple], rel: float) -> None:
+    """Same rows in the same order (sorted by the caller); floats within `rel` (NumPy adds a band
+    pairwise, Spark in sort order), everything else exactly."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert len(g) == len(w)
+        for a, b in zip(g, w):
+            if isinstance(b, float) and a is not None:
+                assert a == pytest.approx(b, rel=rel), (g, w)
+            else:
+                assert a == b, (g, w)
+
+
+def test_arrow_engine_parameters_match_the_spark_job(spark):
+    """The Arrow engine's parameters_all, row for row: overlapping bands of one metric, both
+    directions, null metrics (no retransmission ratio, no RTT), ties broken by conn_id, groups
+    below min_sessions."""
+    from jobs import autoplex_arrow
+    policies = [Policy("low_retrans", "retrans_ratio", True, 5, 20, 5),
+                Policy("wide_retrans", "retrans_ratio", True, 0, 50, 5),
+                Policy("high_goodput_per_srtt", "goodput_per_srtt", False, 80, 95, 5),
+                Policy("low_goodput_per_srtt", "goodput_per_srtt", True, 10, 40, 30)]
+    rows = _reference_rows() + _rows()
+    cols = ["policy", "ug_id", "period_start_ms", "n_sessions", "n_band", "mean_goodput_bps", "mean_max_inflight_segs",
+            "mean_max_cwnd_segs", "mean_metric", "metric", "band_lo", "band_hi", "pacing_rate_last_bps",
+            "max_cwnd_last_segs", "applies_from_ms"]
+    want = parameters_all(with_period(spark.createDataFrame(rows, SCHEMA), 30), policies, ["ug_id"], 30).select(*cols)
+    want = sorted(tuple(r) for r in want.collect())
+    got = autoplex_arrow.parameters(_arrow_table(rows), policies, ["ug_id"], 30)
+    assert got.column_names == ["ug_id", *[c for c in cols if c not in ("policy", "ug_id")][:7], "policy",
+                                *cols[9:], "period"]
+    assert set(got.column("period").to_pylist()) == {"1970-01-01T00:00", "1970-01-01T00:30"}
+    got = sorted(tuple(r[c] for c in cols) for r in got.to_pylist())
+    assert {r[0] for r in got} == {p.name for p in policies}
+    _close(got, want, 1e-12)
+
+
+def test_arrow_engine_change_rates_match_the_spark_job(spark):
+    from jobs import autoplex_arrow
+    better = Policy("better", "retrans_ratio", True, 5, 20, 5)
+    worse = Policy("worse", "retrans_ratio", True, 75, 90, 5)
+    rows = _reference_rows()
+    want = change_rates(with_period(spark.createDataFrame(rows, SCHEMA), 30), ["ug_id"], better, worse, 30)
+    want = sorted(tuple(r) for r in want.collect())
+    got = autoplex_arrow.change_rates(_arrow_table(rows), ["ug_id"], better, worse, 30)
+    got = sorted(tuple(r.values()) for r in got.to_pylist())
+    assert {(r[2], r[3]) for r in got} == {(b, v) for b in ("better", "worse")
+                                           for v in ("goodput_bps", "max_inflight_segs", "max_cwnd_segs")}
+    _close(got, want, 1e-9)
+
+
+def test_arrow_engine_refuses_what_it_cannot_run():
+    """An object-store lake and a NaN metric (Spark orders NaN above every number) are left to the
+    Spark job."""
+    import math
+
+    from jobs import autoplex_arrow
+    with pytest.raises(autoplex_arrow.Unsupported, match="local filesystem"):
+        autoplex_arrow.read_window("s3a://bucket/lake/silver/connections", 0, 1, ["conn_id", "ts_end_ms"])
+    rows = [r if i else (*r[:3], math.nan, *r[4:]) for i, r in enumerate(_rows())]
+    with pytest.raises(autoplex_arrow.Unsupported, match="NaN"):
+        autoplex_arrow.parameters(_arrow_table(rows), [Policy("p", "retrans_ratio", True, 5, 20, 5)], ["ug_id"], 30)
+    from ccselect.settings import AutoplexSettings
+    with pytest.raises(ValueError, match="autoplex.engine"):
+        AutoplexSettings(caps_services={}, engine="gpu")

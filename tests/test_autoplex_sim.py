@@ -31,9 +31,10 @@ def test_better_sessions_change_less_than_worse(summary, value):
     assert r["better"] < r["worse"], f"{value}: better {r['better']:.3f} vs worse {r['worse']:.3f}"
 
 
-def test_parameters_rerun_replaces_the_same_periods(spark, small_lake, tmp_path_factory):
+@pytest.mark.parametrize("engine", ["arrow", "spark"])
+def test_parameters_rerun_replaces_the_same_periods(spark, small_lake, tmp_path_factory, engine):
     """run_parameters twice over the same periods: the second run replaces the first's rows (same
-    rows, none twice) and leaves other periods alone."""
+    rows, none twice) and leaves other periods alone, with either engine."""
     from pyspark.sql import functions as F
     from pyspark.testing import assertDataFrameEqual
 
@@ -43,12 +44,49 @@ def test_parameters_rerun_replaces_the_same_periods(spark, small_lake, tmp_path_
     cfg = lake.cfg()
     start = int(datetime.strptime(lake.lo, "%Y-%m-%dT%H").replace(tzinfo=timezone.utc).timestamp() * 1000)
     periods = 2 * len(lake.hours)
-    first = run_parameters(spark, cfg, start, periods)
+    first = run_parameters(spark, cfg, start, periods, engine=engine)
+    assert first["engine"] == engine
     path = table_path(cfg, "gold.autoplex_params")
     before = spark.read.format("delta").load(path).toPandas()
-    second = run_parameters(spark, cfg, start + 30 * 60_000, periods - 1)   # all but the first period again
+    second = run_parameters(spark, cfg, start + 30 * 60_000, periods - 1, engine=engine)   # all but the first again
     after = spark.read.format("delta").load(path)
     assert sum(first["rows_per_policy"].values()) == len(before) > 0
     assert after.groupBy("policy", "ug_id", "period").count().where(F.col("count") > 1).count() == 0
     assertDataFrameEqual(after, spark.createDataFrame(before, after.schema))
     assert set(second["periods"]) < set(first["periods"])
+
+
+def test_the_engines_write_the_same_tables(spark, small_lake, tmp_path_factory):
+    """The Spark job, then the Arrow engine (the default on a local lake) over the same periods and
+    window of one table: the Arrow engine's commit replaces the Spark job's rows with the same
+    rows (means to 1e-12: summed in another order), Spark reads them, and a Spark run after it
+    replaces them again without a duplicate."""
+    import pandas as pd
+
+    from ccselect.lake import table_path
+    from jobs.autoplex import run_parameters, run_similarity
+    lake = copy_lake(small_lake, tmp_path_factory.mktemp("autoplex_engines"))
+    cfg = lake.cfg()
+    start = int(datetime.strptime(lake.lo, "%Y-%m-%dT%H").replace(tzinfo=timezone.utc).timestamp() * 1000)
+    periods = 2 * len(lake.hours)
+    params, rates = table_path(cfg, "gold.autoplex_params"), table_path(cfg, "gold.autoplex_similarity")
+
+    def read(path, keys):
+        return spark.read.format("delta").load(path).toPandas().sort_values(keys).reset_index(drop=True)
+    pk, rk = ["policy", "ug_id", "period_start_ms"], ["band", "value", "ug_id", "period_start_ms"]
+    by_spark = run_parameters(spark, cfg, start, periods, engine="spark"), run_similarity(spark, cfg, start, periods, engine="spark")
+    spark_rows = read(params, pk), read(rates, rk)
+    by_arrow = run_parameters(None, cfg, start, periods), run_similarity(None, cfg, start, periods)
+    assert [r["engine"] for r in by_arrow] == ["arrow", "arrow"]
+    assert by_arrow[0]["rows_per_policy"] == by_spark[0]["rows_per_policy"] and by_arrow[1]["rows"] == by_spark[1]["rows"]
+    for (path, keys), want in zip(((params, pk), (rates, rk)), spark_rows):
+        got = read(path, keys)
+        assert list(got.columns) == list(want.columns) and len(got) == len(want) > 0
+        pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-9)
+    for a, b in zip(by_arrow[1]["summary"], by_spark[1]["summary"]):
+        assert a["value"] == b["value"] and a["better_over_worse"] == pytest.approx(b["better_over_worse"], rel=1e-9)
+    run_parameters(spark, cfg, start, periods, engine="spark")
+    assert len(read(params, pk)) == len(spark_rows[0])
+    # a window without silver rows: nothing to replace there, the other periods stay
+    assert run_parameters(None, cfg, start + 10 * 86_400_000, 2)["rows_per_policy"] == {}
+    assert len(read(params, pk)) == len(spark_rows[0])

@@ -9,13 +9,19 @@ from typing import Optional
 import typer
 
 from ccselect.config import load_config
-from ccselect.spark import get_spark
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
 
 def register(app: typer.Typer) -> None:
     app.command("autoplex")(autoplex_cmd)
     app.command("autoplex-similarity")(similarity_cmd)
+
+
+def _check_engine(engine: Optional[str]) -> Optional[str]:
+    from ccselect.settings import ENGINES
+    if engine is not None and engine not in ENGINES:
+        raise typer.BadParameter(f"one of {', '.join(ENGINES)}")
+    return engine
 
 
 def _start_ms(period: str) -> int:
@@ -28,20 +34,24 @@ def _start_ms(period: str) -> int:
 def autoplex_cmd(
     period: str = typer.Option(..., "--period", help="first period's start, ISO 8601 UTC, e.g. 2026-11-01T10:00"),
     periods: int = typer.Option(1, "--periods", min=1, help="number of consecutive periods"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="auto, arrow or spark (default: autoplex.engine)",
+                                         callback=_check_engine),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Per user group and period, the better-performed sessions' statistics → gold.autoplex_params
     (AutoPlex Algorithm 1; policies from `autoplex.policies` in the configuration)."""
     from jobs import autoplex
     cfg = load_config(config)
-    autoplex.load_policies(cfg.settings.autoplex)  # refuse a bad policy before starting Spark
-    spark = get_spark(cfg, "ccs-autoplex")
-    typer.echo(json.dumps(autoplex.run_parameters(spark, cfg, _start_ms(period), periods), indent=1))
+    autoplex.load_policies(cfg.settings.autoplex)  # refuse a bad policy before any work
+    # no Spark session here: the job starts one only when the Spark engine runs (autoplex.engine)
+    typer.echo(json.dumps(autoplex.run_parameters(None, cfg, _start_ms(period), periods, engine=engine), indent=1))
 
 
 def similarity_cmd(
     period: str = typer.Option(..., "--period", help="first period's start, ISO 8601 UTC"),
     periods: int = typer.Option(4, "--periods", min=2, help="number of consecutive periods"),
+    engine: Optional[str] = typer.Option(None, "--engine", help="auto, arrow or spark (default: autoplex.engine)",
+                                         callback=_check_engine),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """AutoPlex §3.4: how much better- and worse-performed sessions change between adjacent
@@ -49,6 +59,6 @@ def similarity_cmd(
     from jobs import autoplex
     cfg = load_config(config)
     autoplex.load_policies(cfg.settings.autoplex)
-    spark = get_spark(cfg, "ccs-autoplex")
-    res = autoplex.run_similarity(spark, cfg, _start_ms(period), periods, os.path.join(cfg.data_root, "reports"))
+    res = autoplex.run_similarity(None, cfg, _start_ms(period), periods, os.path.join(cfg.data_root, "reports"),
+                                  engine=engine)
     typer.echo(json.dumps(res, indent=1, default=str))
