@@ -39,7 +39,7 @@ SOURCES = {
     "train": ("Training speed", "python bench/train.py", ["{data}/bench/train.json", "bench/results/train.json"]),
     "infer": ("Inference speed", "python bench/infer.py", ["bench/results/infer.json", "{data}/bench/infer.json"]),
     "export": ("Export: predictions to a signed table, Spark vs DuckDB", "python bench/export.py", ["bench/results/export.json"]),
-    "autoplex": ("AutoPlex statistics, Spark vs DuckDB", "python bench/autoplex.py", ["bench/results/autoplex.json"]),
+    "autoplex": ("AutoPlex statistics, the Arrow engine and Spark vs DuckDB", "python bench/autoplex.py", ["bench/results/autoplex.json"]),
     "invariance": ("Invariance across nodes: the default fleet and the strong-shift preset (issue 28)",
                    "python bench/invariance.py", ["bench/results/invariance.json"]),
     "capacity": ("Throughput goals and the capacity plan (issue 31)", "python bench/capacity.py",

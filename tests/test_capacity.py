@@ -29,13 +29,16 @@ def test_plan_cores_and_the_bounding_stage():
 
 def test_goals_read_the_benches_and_name_the_missing(tmp_path, monkeypatch):
     (tmp_path / "autoplex.json").write_text(json.dumps({
-        "rows_in_window": 1000, "nodes": 2, "spark_over_duckdb": 4.0, "goal_ratio": 3.0,
+        "rows_in_window": 1000, "nodes": 2, "spark_over_duckdb": 4.0, "arrow_over_duckdb": 3.5, "goal_ratio": 3.0,
         "spark": {"seconds": 8.0, "rows_per_s": 125, "peak_driver_rss_mb": 100},
-        "duckdb": {"seconds": 2.0}, "load_average_1m": {"spark_start": 0.5}}))
+        "arrow": {"seconds": 7.0, "rows_per_s": 143, "peak_rss_mb": 50},
+        "duckdb": {"seconds": 2.0}, "load_average_1m": {"start": 0.4, "spark_start": 0.5}}))
     monkeypatch.setattr(capacity, "RESULTS", tmp_path)
     goals, rates = capacity.stages()
     by = {g["stage"]: g for g in goals}
-    assert by["AutoPlex, one day"]["met"] is False and by["AutoPlex, one day"]["figure"] == 4.0
+    # the goal row is the default (Arrow) engine's, with the Spark job's figure in its detail
+    assert by["AutoPlex, one day"]["met"] is False and by["AutoPlex, one day"]["figure"] == 3.5
+    assert "the Spark job 8.0 s (4.0×)" in by["AutoPlex, one day"]["detail"]
     assert "missing" in by["ingest, files → silver"] and "missing" in by["ccs infer"]
     assert rates == [{"stage": "autoplex", "unit": "connections", "rows_per_s": 125, "peak_rss_mb": 100}]
     page = capacity.markdown(goals, [capacity.plan(rates, 1, 10.0, 1.0, 15, None)],
