@@ -145,6 +145,16 @@ def build_silver(spark, cfg, fleet: str) -> int:
     return spark.read.format("delta").load(path).count()
 
 
+def time_jobs(spark, cfg, start_ms: int, periods: int, engine: str) -> tuple[dict, float, dict, float]:
+    """(result, seconds) of `run_parameters`, then of `run_similarity`, with `engine`."""
+    from jobs import autoplex
+    t0 = time.perf_counter()
+    params = autoplex.run_parameters(spark, cfg, start_ms, periods, engine=engine)
+    t1 = time.perf_counter()
+    sim = autoplex.run_similarity(spark, cfg, start_ms, periods, engine=engine)
+    return params, t1 - t0, sim, time.perf_counter() - t1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=20)
@@ -181,12 +191,7 @@ def main(argv=None) -> int:
         silver_s = time.perf_counter() - t0
         load_spark = os.getloadavg()[0]
         with PeakRss() as mem_jobs:     # the AutoPlex jobs alone (the JVM keeps the heap the build grew)
-            t0 = time.perf_counter()
-            params = autoplex.run_parameters(spark, cfg, start_ms, periods, engine="spark")
-            params_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            sim = autoplex.run_similarity(spark, cfg, start_ms, periods, engine="spark")
-            sim_sp_s = time.perf_counter() - t0
+            params, params_s, sim, sim_sp_s = time_jobs(spark, cfg, start_ms, periods, "spark")
     from ccselect.lake import table_path
     better, worse = autoplex.similarity_bands(cfg.settings.autoplex)
     load_ref = os.getloadavg()[0]     # (after the peaks above: its cache is not the jobs' memory)
@@ -201,12 +206,7 @@ def main(argv=None) -> int:
     # the Arrow engine in this process, after Spark's jobs and DuckDB (both tables replaced again)
     load_arrow = os.getloadavg()[0]
     with PeakRss() as mem_arrow:
-        t0 = time.perf_counter()
-        a_params = autoplex.run_parameters(None, cfg, start_ms, periods, engine="arrow")
-        a_params_s = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        a_sim = autoplex.run_similarity(None, cfg, start_ms, periods, engine="arrow")
-        a_sim_s = time.perf_counter() - t0
+        a_params, a_params_s, a_sim, a_sim_s = time_jobs(None, cfg, start_ms, periods, "arrow")
     rows = duck["rows"]
     spark_total = params_s + sim_sp_s
     arrow_total = a_params_s + a_sim_s

@@ -107,7 +107,9 @@ def metric_values(t: pa.Table, metric: str) -> tuple[np.ndarray, np.ndarray]:
         ok = g_ok & np.asarray(t.column("min_srtt_us").combine_chunks().is_valid()) \
             & np.asarray(t.column("max_srtt_us").combine_chunks().is_valid())
         denom = ((lo + hi) / 2) / 1e6
-        ok &= denom != 0                  # Spark's division by zero is null (silver keeps srtt > 0)
+        # silver keeps both srtt > 0 (its CHECK constraint); a zero sum would stop the Spark job
+        # (ANSI division by zero), here it is a session without the metric
+        ok &= denom != 0
         with np.errstate(divide="ignore", invalid="ignore"):
             m = np.where(ok, (g / 1e6) / np.where(denom != 0, denom, 1.0), 0.0)
     else:
