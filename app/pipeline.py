@@ -70,9 +70,9 @@ def autoplex_period(start: datetime, cfg: Config | None = None) -> dict:
     """AutoPlex Algorithm 1 for the period starting at `start` → gold.autoplex_params."""
     from jobs import autoplex
     cfg = cfg or load_config()
-    autoplex.load_policies(cfg.settings.autoplex)
     ms = int(start.astimezone(timezone.utc).timestamp() * 1000)
-    # no session unless the Spark engine runs (autoplex.engine: auto runs in this process on a local lake)
+    # run_parameters refuses a bad policy first; no session unless the Spark engine runs
+    # (autoplex.engine: auto runs in this process on a local lake)
     return autoplex.run_parameters(None, cfg, ms, 1)
 
 

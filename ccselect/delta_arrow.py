@@ -18,6 +18,24 @@ class Unsupported(RuntimeError):
     """A driver-side engine cannot run on this lake; the Spark job can."""
 
 
+def by_engine(engine: str, arrow_job, spark_job) -> dict:
+    """`arrow_job()` or `spark_job()` by `engine`: "arrow" (the driver-side engine, or its
+    Unsupported), "spark", or "auto" (arrow where it can run, else spark, the result's
+    `engine_fallback` saying why)."""
+    fallback = None
+    if engine in ("auto", "arrow"):
+        try:
+            return arrow_job()
+        except Unsupported as e:
+            if engine == "arrow":
+                raise
+            fallback = str(e)
+    result = spark_job()
+    if fallback:
+        result["engine_fallback"] = fallback
+    return result
+
+
 def local_path(path: str) -> str:
     """`path` as a local filesystem path; Unsupported for any other scheme."""
     if "://" in path and not path.startswith("file://"):

@@ -16,6 +16,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
 from ccselect import delta_io
+from ccselect.delta_arrow import by_engine
 from ccselect.lake import connections_in, table_path
 from ccselect.settings import AutoplexSettings, PolicySettings
 from ccselect.spark import get_spark
@@ -284,24 +285,10 @@ def extract(spark: SparkSession, cfg: Any, start_ms: int, end_ms: int) -> DataFr
 
 
 def _engine(cfg: Any, engine: str | None, arrow_job, spark_job, spark: SparkSession | None) -> dict[str, Any]:
-    """`arrow_job()` or `spark_job(spark)` by `engine` (default `autoplex.engine`): "arrow"
-    (jobs/autoplex_arrow.py, in this process), "spark", or "auto" (arrow where it can run, else
-    spark; the result says why). A Spark session is started only when the Spark job runs."""
-    engine = engine or cfg.settings.autoplex.engine
-    fallback = None
-    if engine in ("auto", "arrow"):
-        try:
-            return arrow_job()
-        except autoplex_arrow.Unsupported as e:
-            if engine == "arrow":
-                raise
-            fallback = str(e)
-    if spark is None:
-        spark = get_spark(cfg, "ccs-autoplex")
-    result = {**spark_job(spark), "engine": "spark"}
-    if fallback:
-        result["engine_fallback"] = fallback
-    return result
+    """`arrow_job()` or `spark_job(spark)` by `engine` (default `autoplex.engine`; see
+    `ccselect.delta_arrow.by_engine`). A Spark session is started only when the Spark job runs."""
+    return by_engine(engine or cfg.settings.autoplex.engine, arrow_job,
+                     lambda: {**spark_job(spark or get_spark(cfg, "ccs-autoplex")), "engine": "spark"})
 
 
 def run_parameters(spark: SparkSession | None, cfg: Any, start_ms: int, periods: int,

@@ -89,9 +89,9 @@ def read_window(silver: str, start_ms: int, end_ms: int, columns: list[str], wor
 
 # ---- the bands (Algorithm 1 lines 5-6) --------------------------------------------------------------
 
-def _floats(col) -> tuple[np.ndarray, np.ndarray]:
-    """(values as float64 with nulls 0, valid mask) of an Arrow column."""
-    arr = pc.cast(col, pa.float64()).combine_chunks() if isinstance(col, pa.ChunkedArray) else pc.cast(col, pa.float64())
+def _floats(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """(values as float64 with nulls 0, valid mask) of a table's column."""
+    arr = pc.cast(col, pa.float64()).combine_chunks()
     valid = np.ones(len(arr), bool) if arr.null_count == 0 else np.asarray(arr.is_valid())
     return np.asarray(arr.fill_null(0.0)), valid
 
@@ -101,11 +101,10 @@ def metric_values(t: pa.Table, metric: str) -> tuple[np.ndarray, np.ndarray]:
     if metric == "retrans_ratio":
         m, ok = _floats(t.column("retrans_ratio"))
     elif metric == "goodput_per_srtt":
-        g, g_ok = _floats(t.column(spark_job.GOODPUT))
-        lo = np.asarray(pc.cast(t.column("min_srtt_us"), pa.int64()).combine_chunks().fill_null(0))
-        hi = np.asarray(pc.cast(t.column("max_srtt_us"), pa.int64()).combine_chunks().fill_null(0))
-        ok = g_ok & np.asarray(t.column("min_srtt_us").combine_chunks().is_valid()) \
-            & np.asarray(t.column("max_srtt_us").combine_chunks().is_valid())
+        g, ok = _floats(t.column(spark_job.GOODPUT))
+        lo, hi = (pc.cast(t.column(c), pa.int64()).combine_chunks() for c in ("min_srtt_us", "max_srtt_us"))
+        ok = ok & np.asarray(lo.is_valid()) & np.asarray(hi.is_valid())
+        lo, hi = np.asarray(lo.fill_null(0)), np.asarray(hi.fill_null(0))
         denom = ((lo + hi) / 2) / 1e6
         # silver keeps both srtt > 0 (its CHECK constraint); a zero sum would stop the Spark job
         # (ANSI division by zero), here it is a session without the metric
@@ -177,13 +176,13 @@ def band_means(t: pa.Table, groups: Groups, period: np.ndarray, conn_rank: np.nd
             segs = bseg[bstarts]
             res = {"label": label, "policy": p, "code": code[starts[segs]], "period_start_ms": per[starts[segs]],
                    "n_sessions": n_seg[segs], "n_band": np.diff(np.append(bstarts, len(rows)))}
+            src = order[rows]
             for c, (v, v_ok) in values.items():
-                src = order[rows]
                 cnt = np.add.reduceat(v_ok[src].astype(np.int64), bstarts)
                 tot = np.add.reduceat(np.where(v_ok[src], v[src], 0.0), bstarts)
                 with np.errstate(divide="ignore", invalid="ignore"):
                     res[f"mean_{c}"] = np.where(cnt > 0, tot / np.maximum(cnt, 1), np.nan)
-            res["mean_metric"] = np.add.reduceat(m[order[rows]], bstarts) / res["n_band"]
+            res["mean_metric"] = np.add.reduceat(m[src], bstarts) / res["n_band"]
             keep = res["n_sessions"] >= p.min_sessions
             res = {k2: (v2[keep] if isinstance(v2, np.ndarray) else v2) for k2, v2 in res.items()}
             res["rows"] = int(keep.sum())

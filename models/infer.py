@@ -34,6 +34,7 @@ from threadpoolctl import threadpool_limits
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import FEATURES, PREDICTION_COLS
+from ccselect.delta_arrow import by_engine
 from ccselect.lake import connections_in, table_path
 from ccselect.settings import InferSettings
 from ccselect.spark import conf_set, get_spark
@@ -222,19 +223,8 @@ def run(spark: SparkSession | None, cfg: Config, lo: str, hi: str, champion=None
     p = replace(cfg.settings.infer, **({"precision": precision} if precision else {}))
     engine = engine or p.engine
     champion = champion or load_champion(cfg)
-    fallback = None
-    if engine in ("auto", "arrow"):
-        try:
-            return _run_arrow(cfg, lo, hi, champion, p, decisions)
-        except infer_arrow.Unsupported as e:
-            if engine == "arrow":
-                raise
-            fallback = str(e)
-    spark = spark or get_spark(cfg, "ccs-infer")
-    result = _run_spark(spark, cfg, lo, hi, champion, p, decisions)
-    if fallback:
-        result["engine_fallback"] = fallback
-    return result
+    return by_engine(engine, lambda: _run_arrow(cfg, lo, hi, champion, p, decisions),
+                     lambda: _run_spark(spark or get_spark(cfg, "ccs-infer"), cfg, lo, hi, champion, p, decisions))
 
 
 def _summary(cfg: Config, lo: str, hi: str, champion, p: InferSettings) -> dict[str, Any]:

@@ -42,8 +42,8 @@ def autoplex_cmd(
     (AutoPlex Algorithm 1; policies from `autoplex.policies` in the configuration)."""
     from jobs import autoplex
     cfg = load_config(config)
-    autoplex.load_policies(cfg.settings.autoplex)  # refuse a bad policy before any work
-    # no Spark session here: the job starts one only when the Spark engine runs (autoplex.engine)
+    # no Spark session here: run_parameters refuses a bad policy first, and starts a session only
+    # when the Spark engine runs (autoplex.engine)
     typer.echo(json.dumps(autoplex.run_parameters(None, cfg, _start_ms(period), periods, engine=engine), indent=1))
 
 
