@@ -163,11 +163,9 @@ def _in_hour(ts: Column) -> Column:
 def _has_ip(df: DataFrame, text: Column) -> DataFrame:
     """Adds `_has_ip`: whether `text` is an address (`ccselect.ipaddr.with_ip`'s family is not
     null; false for null). The forms nearly every line carries (a dotted quad, IPv6 hex groups) are
-    decided by `ccs_plain_ip` (jvm/src/ccselect/udf/PlainIp.java, one pass over the text; it accepts
-    only addresses `with_ip` accepts too); only the rest pays for `with_ip`'s full parse, whose
-    array functions run interpreted (measured in CPU seconds of a parse of 310k access lines: 7.4 s
-    with `with_ip` on every line, 6.1 s with a regex per plain form; the regexes then took 2 s of a
-    17.5 s parse of 999k transport lines, warm, into a `noop` sink)."""
+    decided by `ccs_plain_ip` (jvm/src/ccselect/udf/PlainIp.java, one pass over the text, no
+    allocation; it accepts only addresses `with_ip` accepts too); only the rest pays for
+    `with_ip`'s full parse, which builds the whole address struct (its bytes, hex and prefixes)."""
     register_udfs(df.sparkSession)
     plain = F.call_function(PLAIN_IP, text)
     df = with_ip(df.withColumn("_plain_ip", plain), F.when(~F.col("_plain_ip"), text), "_ip_full")

@@ -162,7 +162,7 @@ def build_connections(transport: DataFrame, access: DataFrame, qoe: DataFrame, r
     """Accepted transport/access/qoe records (flat, with node_id and hour) → silver.connections."""
     by_conn, by_socket = access_labels(access)
     # one address form (ccselect/ipaddr.py): a dual-stack listener's ::ffff:a.b.c.d is a.b.c.d
-    t = with_ip(transport.withColumn("client_ip", canonical_text(F.col("client_ip"))), "client_ip")
+    t = with_ip(transport, "client_ip").withColumn("client_ip", F.coalesce(F.col("ip.text"), F.col("client_ip")))
     t = t.select("*", F.col("ip.family").alias("family"), F.col("ip.hex").alias("_hex"),
                  *[F.col(f"ip.{p}").alias(p) for p in ("prefix16", "prefix24", "prefix48", "prefix64")],
                  ab_bucket(F.col("ip.packed")).alias("ab_bucket")).drop("ip")
