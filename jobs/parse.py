@@ -48,8 +48,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window, functions as F, types as T
 
 from ccselect.contract import CCS, DECISIONS, FEATURES, FIELDS, NET_TYPES, NULLABLE, RANGES
-from ccselect.ipaddr import with_ip
-from ccselect.spark import JSON_PLAIN, PLAIN_IP, register_udfs
+from ccselect.spark import IS_IP, JSON_PLAIN, register_udfs
 
 HOUR_MS = 3_600_000
 #: `ccs_json_plain`'s answers (jvm/src/ccselect/udf/JsonPlain.java)
@@ -101,16 +100,29 @@ def required(stream: str) -> list[str]:
     return [k for k in FIELDS[stream] if k not in NULLABLE.get(stream, set())]
 
 
+def _with_variant(df: DataFrame, raw: Column, stream: str, suspicious: Column) -> DataFrame:
+    """Adds `_variant` (a suspicious line parsed by `try_parse_json`, else null) and `_vtypes` (the
+    `schema_of_variant` of each contract field's value, in contract order) for `_json_diagnosis`.
+    Each is a column that the diagnosis reads many times, so Spark computes it once and keeps it
+    out of the expressions that read it: written inline, the parse was generated into the code 186
+    times, and the transport parse's whole-stage code passed the JVM's 64 KB a method."""
+    df = df.withColumn("_variant", F.when(suspicious, F.call_function("try_parse_json", raw)))
+    v = F.col("_variant")
+    return df.withColumn("_vtypes", F.when(suspicious, F.array(*[
+        F.call_function("schema_of_variant", F.call_function("variant_get", v, F.lit(f"$.{name}")))
+        for name in FIELDS[stream]])))
+
+
 def _json_diagnosis(raw: Column, stream: str, impute: tuple[str, ...] = (), text_after: Column | None = None) -> Column:
-    """Exact reason for a suspicious JSON line (null when it turns out fine). `try_parse_json`
-    refuses a repeated key (spark.sql.variant.allowDuplicateKeys is false), so that is bad_json;
-    so is `text_after` an object (which it, like from_json, reads no further than)."""
-    v = F.call_function("try_parse_json", raw)
+    """Exact reason for a suspicious JSON line (null when it turns out fine), from the columns of
+    `_with_variant`. `try_parse_json` refuses a repeated key (spark.sql.variant.allowDuplicateKeys
+    is false), so that is bad_json; so is `text_after` an object (which it, like from_json, reads
+    no further than)."""
+    v = F.col("_variant")
     is_object = F.ltrim(raw).startswith("{")
     if text_after is not None:
         is_object = is_object & ~text_after
-    types = {name: F.call_function("schema_of_variant", F.call_function("variant_get", v, F.lit(f"$.{name}")))
-             for name in FIELDS[stream]}
+    types = {name: F.col("_vtypes")[i] for i, name in enumerate(FIELDS[stream])}
     absent = {name: t.isNull() | (t == "VOID") for name, t in types.items()}
     need = [n for n in FIELDS[stream] if n not in NULLABLE.get(stream, set())]
     # The first field (contract order) with a problem says which kind. A missing imputable field is
@@ -162,15 +174,10 @@ def _in_hour(ts: Column) -> Column:
 
 def _has_ip(df: DataFrame, text: Column) -> DataFrame:
     """Adds `_has_ip`: whether `text` is an address (`ccselect.ipaddr.with_ip`'s family is not
-    null; false for null). The forms nearly every line carries (a dotted quad, IPv6 hex groups) are
-    decided by `ccs_plain_ip` (jvm/src/ccselect/udf/PlainIp.java, one pass over the text, no
-    allocation; it accepts only addresses `with_ip` accepts too); only the rest pays for
-    `with_ip`'s full parse, which builds the whole address struct (its bytes, hex and prefixes)."""
+    null; false for null), by `ccs_is_ip` (jvm/src/ccselect/udf/IsIp.java: with_ip's parse without
+    building its struct)."""
     register_udfs(df.sparkSession)
-    plain = F.call_function(PLAIN_IP, text)
-    df = with_ip(df.withColumn("_plain_ip", plain), F.when(~F.col("_plain_ip"), text), "_ip_full")
-    return (df.withColumn("_has_ip", F.col("_plain_ip") | F.col("_ip_full.family").isNotNull())
-            .drop("_plain_ip", "_ip_full"))
+    return df.withColumn("_has_ip", F.call_function(IS_IP, text))
 
 
 def _parse_nginx(raw: Column) -> tuple[Column, Column]:
@@ -248,6 +255,8 @@ def parse(lines: DataFrame, stream: str, impute: tuple[str, ...] = ()) -> DataFr
     text_after = F.col("_plain") == TEXT_AFTER
     if stream == "access":
         suspicious = suspicious | r["conn_id"].isNull()
+    df = _with_variant(df, raw, stream, suspicious & ~looks_nginx)
+    if stream == "access":
         structural = F.when(looks_nginx, nginx_reason).when(suspicious, _json_diagnosis(raw, stream, (), text_after))
     else:
         structural = F.when(suspicious, _json_diagnosis(raw, stream, impute, text_after))
@@ -286,4 +295,4 @@ def parse(lines: DataFrame, stream: str, impute: tuple[str, ...] = ()) -> DataFr
     # rewriting it here too tripled the generated code of this stage)
     return (df.withColumn("status", F.when(F.col("reason").isNull(), F.lit("ok")).otherwise(F.lit("quarantined")))
             .withColumn("record", F.when(F.col("reason").isNull(), F.col("record")))
-            .drop("_has_ip", "_json", "_plain", "_text"))
+            .drop("_has_ip", "_json", "_plain", "_text", "_variant", "_vtypes"))

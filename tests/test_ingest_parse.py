@@ -133,9 +133,11 @@ def test_qoe_rules(spark):
 
 
 IPS = ["0.0.0.0", "10.1.2.3", "255.255.255.255", "122.192.66.212", "::", "::1", "2408:833e:d113:0:a4c:7b5f:c63c:7ab9",
-       "2400:d45d:32b0:ca::", "2001:DB8:0:0:1::1", "::ffff:10.1.2.3", "2408:0:0:5::", "fe80::"]
+       "2400:d45d:32b0:ca::", "2001:DB8:0:0:1::1", "::ffff:10.1.2.3", "2408:0:0:5::", "fe80::", "::1.2.3.4",
+       "1:2:3:4:5:6:1.2.3.4", "0000:0000:0000:0000:0000:ffff:0a01:0203"]
 BAD = ["", "1.2.3", "01.2.3.4", "1.2.3.256", "1.2.3.4.5", "2001:db8::1::2", "12345::", "2001:db8:::1",
-       "1:2:3:4:5:6:7:8:9", ":1:2:3:4:5:6:7", "g::1", "fe80::1%eth0", "1.2.3.4 ", None]
+       "1:2:3:4:5:6:7:8:9", ":1:2:3:4:5:6:7", "g::1", "fe80::1%eth0", "1.2.3.4 ", None, ":1.2.3.4",
+       "1:2:3:4:5:6:7:1.2.3.4", "::ffff:01.2.3.4", "1::1.2.3", ":1::"]
 
 
 def py_ip(text):
@@ -210,8 +212,8 @@ def test_ip_parsing_matches_python_on_generated_texts(spark):
 
 
 def test_bad_ip_rule_agrees_with_with_ip(spark):
-    """Property: parse's address rule (a regex for the plain forms, `with_ip` for the rest) accepts
-    exactly the texts `with_ip` gives a family, on the fixed cases and generated texts."""
+    """Property: parse's address rule (`ccs_is_ip`) accepts exactly the texts `with_ip` (`ccs_ip`)
+    gives a family, on the fixed cases and generated texts."""
     from hypothesis import HealthCheck, given, settings, strategies as st
 
     from jobs.parse import _has_ip
