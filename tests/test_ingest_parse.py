@@ -132,6 +132,20 @@ def test_qoe_rules(spark):
     assertDataFrameEqual(reasons(spark, "qoe", [c[0] for c in cases]), expect(spark, [c[1] for c in cases]))
 
 
+@pytest.mark.parametrize("stream,impute", [("transport", ()), ("transport", FEATURES), ("access", ()), ("qoe", ())])
+def test_parse_compiles_to_whole_stage_code(spark, stream, impute):
+    """Each stream's parse compiles as Spark generates it: with `spark.sql.codegen.fallback` off, a
+    generated method past the JVM's 64 KB fails the query instead of quietly running the stage on
+    the interpreted path (what happened once the transport parse's stages fused; jobs/parse.py
+    `_with_variant`)."""
+    from ccselect.spark import conf_set
+    raws = {"transport": [json.dumps(transport()), "{not json"],
+            "access": ['{"conn_id": "c1"}', "1793491200.005 n1 10.1.2.3 40000 200 1000 0.010 video wifi - - - -"],
+            "qoe": ['{"session_id": "s1"}', "[]"]}[stream]
+    with conf_set(spark, {"spark.sql.codegen.fallback": "false"}):
+        parse(lines_df(spark, stream, raws), stream, impute).write.format("noop").mode("overwrite").save()
+
+
 IPS = ["0.0.0.0", "10.1.2.3", "255.255.255.255", "122.192.66.212", "::", "::1", "2408:833e:d113:0:a4c:7b5f:c63c:7ab9",
        "2400:d45d:32b0:ca::", "2001:DB8:0:0:1::1", "::ffff:10.1.2.3", "2408:0:0:5::", "fe80::", "::1.2.3.4",
        "1:2:3:4:5:6:1.2.3.4", "0000:0000:0000:0000:0000:ffff:0a01:0203"]
