@@ -180,10 +180,11 @@ def address_decisions(preds, by: tuple[str, ...] = ()):
     (`collect_decisions`).
 
     Summed per address text before the text is parsed: an address repeats over connections and
-    hours (5 M decisions, 164 k addresses in bench/export), and parsing it (ccselect.ipaddr's regexes
-    and IPv6 expansion) once per decision was most of the job's time. Only sums here: a max over
-    a string column (the default CC) made Spark sort the predictions (SortAggregate, about 3× the
-    CPU of the hash aggregation in bench/export's event log), so the default CC is a key instead."""
+    hours (5 M decisions, 164 k addresses in bench/export), and parsing it once per decision (then
+    ccselect.ipaddr's regexes and IPv6 expansion, now `ccs_ip`) was most of the job's time. Only
+    sums here: a max over a string column (the default CC) made Spark sort the predictions
+    (SortAggregate, about 3× the CPU of the hash aggregation in bench/export's event log), so the
+    default CC is a key instead."""
     w, r = _weight_cols()
     keys = (*by, "cc", "decision", "default_cc")
     sums = (F.sum("w").alias("w"), F.sum("r").alias("r"))
