@@ -140,22 +140,23 @@ public final class IpAddress implements UDF1<String, Row> {
             return null;
         }
         int lastColon = s.lastIndexOf(':');
-        int[] vals = new int[parts + 1];
-        int count = 0;
-        int end = n;
+        int end = n;              // the hex parts end here; a dotted quad after the last colon, if any
+        long quad = -1;
         if (s.indexOf('.', lastColon + 1) >= 0) {
-            long v4 = v4(s, lastColon + 1, n);
-            if (v4 < 0) {
+            quad = v4(s, lastColon + 1, n);
+            if (quad < 0) {
                 return null;
             }
-            end = lastColon;      // the parts before the quad, then the quad's two groups
+            end = lastColon;
         }
-        if (parts + (end < n ? 1 : 0) > 9) {
+        int total = parts + (quad >= 0 ? 1 : 0);
+        if (total > 9) {
             return null;
         }
+        int[] vals = new int[total];
+        int count = 0;
         int skip = -1;
         int start = 0;
-        int total = parts + (end < n ? 1 : 0);
         // walk the parts before `end` (all of them when there is no quad)
         for (int i = 0; i <= end; i++) {
             if (i == end || s.charAt(i) == ':') {
@@ -182,16 +183,11 @@ public final class IpAddress implements UDF1<String, Row> {
                 }
             }
         }
-        if (end < n) {
-            // the quad after the last colon: two groups
-            long v4 = v4(s, lastColon + 1, n);
-            vals[count++] = (int) (v4 >>> 16);
-            vals[count++] = (int) (v4 & 0xffff);
+        if (quad >= 0) {
+            vals[count++] = (int) (quad >>> 16);
+            vals[count++] = (int) (quad & 0xffff);
         }
-        // vals[0..count) are the parts; count == total
-        if (count != total) {
-            return null;
-        }
+        // vals[0..count) are the parts, count == total
         for (int i = 1; i < count - 1; i++) {
             if (vals[i] == -1) {
                 if (skip >= 0) {
