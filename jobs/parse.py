@@ -108,7 +108,8 @@ def _with_variant(df: DataFrame, raw: Column, stream: str, suspicious: Column) -
     times, and the transport parse's whole-stage code passed the JVM's 64 KB a method."""
     df = df.withColumn("_variant", F.when(suspicious, F.call_function("try_parse_json", raw)))
     v = F.col("_variant")
-    return df.withColumn("_vtypes", F.when(suspicious, F.array(*[
+    # (a null variant, not JSON or not suspicious, needs no types: the diagnosis says bad_json first)
+    return df.withColumn("_vtypes", F.when(v.isNotNull(), F.array(*[
         F.call_function("schema_of_variant", F.call_function("variant_get", v, F.lit(f"$.{name}")))
         for name in FIELDS[stream]])))
 
