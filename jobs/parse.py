@@ -34,14 +34,19 @@ accepted with those fields null — silver lists them in `imputed`, training lea
 and inference standardizes them to the training mean (features/scaling.py). By default nothing is
 imputable and such a record is quarantined naming every missing field.
 
-Hot path: `from_json` with the typed schema, and `ccs_json_plain` (jvm/src/ccselect/udf/
-JsonPlain.java, one pass over the line's characters) for what from_json does not say: that no
-top-level key is repeated and each field's value is of its JSON type. Only a suspicious line (not
-surely plain, or a required field came back null) pays for the exact diagnosis through
-`try_parse_json` and `schema_of_variant`. (The check was `json_object_keys` with a distinct count
-and a regex over the string fields' names: a second parse of every line. Measured on 999k
-transport lines parsed into a `noop` sink, warm: 17.0 s with them, 10.5 s with ccs_json_plain,
-9.0 s with neither; the reasons found were the same.)
+Hot path: `ccs_json_record_<stream>` (jvm/src/ccselect/udf/JsonRecord.java, one pass over the
+line's characters) says what from_json does not: that no top-level key is repeated and each
+field's value is of its JSON type (`ccs_json_plain`'s answer, JsonPlain.java); and for such a line
+whose values are all simple (strings without escapes, integers, true, false, null: what the agents
+write) it gives the record itself, exactly as from_json reads it. `from_json` with the typed schema
+reads only the other lines: it creates a parser and a reader with its own buffer per line, about a
+third of the access stream's parse-and-write time (measured on 3.08 M access lines parsed into a
+`noop` sink, warm: 8.9 s with from_json for every line, 4.7 s). Only a suspicious line (not surely
+plain, or a required field came back null) pays for the exact diagnosis through `try_parse_json`
+and `schema_of_variant`. (The check was `json_object_keys` with a distinct count and a regex over
+the string fields' names: a second parse of every line. Measured on 999k transport lines parsed
+into a `noop` sink, warm: 17.0 s with them, 10.5 s with ccs_json_plain, 9.0 s with neither; the
+reasons found were the same.)
 """
 from __future__ import annotations
 
@@ -139,13 +144,31 @@ def _json_diagnosis(raw: Column, stream: str, impute: tuple[str, ...] = (), text
     return F.replace(chain, F.lit("missing_key:"), listed)
 
 
+def _spec(sch: T.StructType) -> str:
+    """`sch`'s fields as ccs_json_plain and ccs_json_record take them: "name:s,name:i,..."."""
+    return ",".join(f"{f.name}:{'s' if isinstance(f.dataType, T.StringType) else 'i'}" for f in sch)
+
+
 def _plainness(raw: Column, sch: T.StructType) -> Column:
     """`ccs_json_plain` of the line for `sch`'s fields: PLAIN when `raw` is certainly the record
     `from_json` reads with `sch`, key for key (one JSON object, no top-level key repeated, every field
     of `sch` null or of its JSON type: a string, or an integer of at most 18 digits), TEXT_AFTER for
     a whole object with more text after it, else NOT_SURE (module docstring)."""
-    spec = ",".join(f"{f.name}:{'s' if isinstance(f.dataType, T.StringType) else 'i'}" for f in sch)
-    return F.coalesce(F.call_function(JSON_PLAIN, raw, F.lit(spec)), F.lit(NOT_SURE))
+    return F.coalesce(F.call_function(JSON_PLAIN, raw, F.lit(_spec(sch))), F.lit(NOT_SURE))
+
+
+def _with_record(df: DataFrame, raw: Column, stream: str, sch: T.StructType) -> DataFrame:
+    """Adds `_json` (the record from_json reads from `raw` with `sch`) and `_plain` (`_plainness`),
+    from one pass of `ccs_json_record_<stream>` (jvm/src/ccselect/udf/JsonRecord.java): it gives the
+    plainness and, for a plain line whose values are all simple (strings without escapes, integers,
+    null; what the agents write), the record itself; from_json reads only the other lines."""
+    name = f"ccs_json_record_{stream}"
+    df.sparkSession.udf.registerJavaFunction(name, "ccselect.udf.JsonRecord",
+                                             f"struct<plain:int,record:{sch.simpleString()}>")
+    df = df.withColumn("_scan", F.call_function(name, raw, F.lit(_spec(sch))))
+    return (df.withColumn("_plain", F.coalesce(F.col("_scan.plain"), F.lit(NOT_SURE)))
+            .withColumn("_json", F.coalesce(F.col("_scan.record"), F.from_json(raw, sch)))
+            .drop("_scan"))
 
 
 def _range_rules(rec: Column, stream: str) -> list[tuple[Column, str]]:
@@ -233,7 +256,7 @@ def parse(lines: DataFrame, stream: str, impute: tuple[str, ...] = ()) -> DataFr
     raw = F.col("_text")
     sch = schema(stream)
     is_json = F.ltrim(raw).startswith("{")
-    lines = lines.withColumn("_json", F.from_json(raw, sch)).withColumn("_plain", _plainness(raw, sch))
+    lines = _with_record(lines, raw, stream, sch)
     parsed = F.col("_json")
     if stream == "access":
         # Field by field, not `withField`: Spark inlines the one-reference `_json` column before it

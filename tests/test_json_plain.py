@@ -153,3 +153,57 @@ def test_the_jar_goes_to_spark_submit_beside_the_packages():
     assert submit_args("--jars=/a.jar pyspark-shell", "/r/u.jar") == "--jars=/a.jar,/r/u.jar pyspark-shell"
     once = submit_args("", "/r/my dir/u.jar")
     assert submit_args(once, "/r/my dir/u.jar") == once == "--jars '/r/my dir/u.jar' pyspark-shell"
+
+
+RECORD_FIELDS = ", ".join(f"{k} {'string' if v == 's' else 'bigint'}" for k, v in SPEC.items())
+RECORD_TYPE = ",".join(f"{k}:{'string' if v == 's' else 'bigint'}" for k, v in SPEC.items())
+
+
+def records(spark, texts: list[str | None]):
+    """(ccs_json_record's plain and record, from_json's record) per text, in order."""
+    df = spark.createDataFrame([(i, t) for i, t in enumerate(texts)], "i int, t string")
+    spark.udf.registerJavaFunction("ccs_json_record_test", "ccselect.udf.JsonRecord",
+                                   f"struct<plain:int,record:struct<{RECORD_TYPE}>>")
+    rows = df.select("i", F.call_function("ccs_json_record_test", "t", F.lit(SPEC_TEXT)).alias("r"),
+                     F.from_json("t", RECORD_FIELDS).alias("j")).collect()
+    return [(r["r"] and r["r"]["plain"], r["r"] and r["r"]["record"], r["j"]) for r in sorted(rows, key=lambda r: r["i"])]
+
+
+def test_record_cases(spark):
+    """ccs_json_record reads a plain line of simple values itself, exactly as from_json does, and
+    leaves every other line to from_json (record null); its plain answer is ccs_json_plain's."""
+    simple = ['{"conn_id": "c1", "cc": "bbr", "mss_bytes": 1448, "min_rtt_us": -5}', '{}',
+              '{"conn_id":"c1","mss_bytes":-0,"x":true,"y":false,"z":null,"w":"ü ✓","n":123}',
+              ' {"cc": null, "mss_bytes": 0} ', '{"conn_id": ""}']
+    not_simple = ['{"conn_id": "a\\"b"}', '{"conn_id": "a\\u0062"}', '{"x": 1.5, "cc": "bbr"}', '{"x": [1]}',
+                  '{"x": {"a": 1}}', '{"x": NaN}', '{"x": nullx, "cc": "a"}', '{"cc": nullx}', '{"x": tru}',
+                  '{"conn_id": "a\tb"}', '{"x\ty": 1}', '{"x": 1234567890123456789012}']
+    other = ['{"conn_id": "c1"} x', '{"cc": "a", "cc": "b"}', '{"mss_bytes": "1448"}', "{'cc': 'a'}", '[1]', '', None]
+    got = records(spark, simple + not_simple + other)
+    assert plain(spark, simple + not_simple + other) == [g[0] for g in got]
+    for text, (p, rec, j) in zip(simple, got):
+        assert p == 1 and rec is not None and rec.asDict() == j.asDict(), text
+    for text, (p, rec, j) in zip(not_simple + other, got[len(simple):]):
+        assert rec is None, text
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(texts=st.lists(lines(), min_size=20, max_size=20))
+def test_record_is_what_from_json_reads(spark, texts):
+    """Whenever ccs_json_record gives a record, it is field for field from_json's."""
+    for text, (p, rec, j) in zip(texts, records(spark, texts)):
+        if rec is not None:
+            assert p == 1 and j is not None and rec.asDict() == j.asDict(), text
+
+
+def test_agent_records_take_the_fast_path(spark):
+    """The records the agents write are read by ccs_json_record (the parse's `_with_record`), not
+    by from_json, and the parse's record is from_json's."""
+    from jobs.parse import _spec, _with_record, schema
+    sch = schema("transport")
+    texts = [json.dumps(transport(conn_id=f"c{i}")) for i in range(3)] + [json.dumps(transport(), separators=(",", ":"))]
+    df = spark.createDataFrame([(t,) for t in texts], "raw string")
+    scanned = _with_record(df, F.col("raw"), "transport", sch).select("_json").collect()
+    assert scanned == df.select(F.from_json("raw", sch).alias("_json")).collect()
+    fast = df.select(F.call_function("ccs_json_record_transport", "raw", F.lit(_spec(sch)))["record"].isNotNull())
+    assert [r[0] for r in fast.collect()] == [True] * 4

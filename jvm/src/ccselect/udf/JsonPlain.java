@@ -115,6 +115,32 @@ public final class JsonPlain implements UDF2<String, String, Integer> {
         return j;
     }
 
+    /** For `scan` with `out`: the value s[vs, ve) of field `f` (-1: a key not among the fields) into
+     * `out`, or `simple` false when the value is not simple. */
+    private void capture(String s, int vs, int ve, int f, Object[] out) {
+        char c = s.charAt(vs);
+        Object value = null;
+        if (c == '"') {
+            for (int j = vs + 1; j < ve - 1; j++) {
+                char d = s.charAt(j);
+                if (d == '\\' || d < ' ') {
+                    simple = false;
+                    return;
+                }
+            }
+            value = f >= 0 ? s.substring(vs + 1, ve - 1) : null;
+        } else if (isInteger(s, vs, ve)) {
+            value = f >= 0 ? Long.parseLong(s, vs, ve, 10) : null;
+        } else if (!(ve - vs == 4 && s.startsWith("null", vs))
+                   && !(f < 0 && (ve - vs == 4 && s.startsWith("true", vs) || ve - vs == 5 && s.startsWith("false", vs)))) {
+            simple = false;
+            return;
+        }
+        if (f >= 0) {
+            out[f] = value;
+        }
+    }
+
     private static boolean isInteger(String s, int from, int to) {
         int i = s.charAt(from) == '-' ? from + 1 : from;
         if (i >= to || to - i > 18 || (s.charAt(i) == '0' && to - i > 1)) {
@@ -131,13 +157,28 @@ public final class JsonPlain implements UDF2<String, String, Integer> {
 
     @Override
     public Integer call(String s, String spec) {
-        if (s == null) {
-            return null;
-        }
+        return s == null ? null : scan(s, spec, null);
+    }
+
+    /** The number of fields of the last `spec` scanned. */
+    int fieldCount(String spec) {
         String sp = spec == null ? "" : spec;
         if (!sp.equals(lastSpec)) {
             parseSpec(sp);
         }
+        return names.length;
+    }
+
+    /** Whether the last `scan` with `out` found a simple line (see JsonRecord): every value a string
+     * with no backslash or control character, an integer of at most 18 digits, true, false or null,
+     * and every key free of control characters. `out` then holds each field's value. */
+    transient boolean simple;
+
+    /** `call`'s answer for a non-null `s`; with `out` (one slot per field of `spec`), also the
+     * values of a simple line (`simple`). */
+    int scan(String s, String spec, Object[] out) {
+        fieldCount(spec);
+        simple = out != null;
         boolean[] seen = new boolean[names.length];
         int hint = 0;
         int n = s.length();
@@ -170,8 +211,12 @@ public final class JsonPlain implements UDF2<String, String, Integer> {
             int ks = i + 1;
             int ke = ks;
             while (ke < n && s.charAt(ke) != '"') {
-                if (s.charAt(ke) == '\\') {
+                char kc = s.charAt(ke);
+                if (kc == '\\') {
                     return NOT_SURE;
+                }
+                if (kc < ' ') {
+                    simple = false;
                 }
                 ke++;
             }
@@ -225,6 +270,9 @@ public final class JsonPlain implements UDF2<String, String, Integer> {
                 if (kinds[f] == 's' ? s.charAt(vs) != '"' : !isInteger(s, vs, i)) {
                     return NOT_SURE;
                 }
+            }
+            if (simple) {
+                capture(s, vs, i, f, out);
             }
             while (i < n && ws(s.charAt(i))) {
                 i++;
