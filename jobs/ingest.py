@@ -15,6 +15,7 @@ from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import STREAMS
 from ccselect.lake import table_path
+from ccselect.spark import conf_set
 from jobs import silver as silver_job
 from jobs.parse import imputable, parse
 from jobs.sources import SourceFile, discover_all, read_lines
@@ -25,6 +26,13 @@ QUARANTINE_COLS = ("stream", "node_id", "hour", "source_file", "line_no", "raw",
 #: Delta collects min/max statistics of a bronze file's first 32 columns by default: the raw
 #: line and the record's fields, which no query skips files by. Keep them for line_no and status.
 BRONZE_PROPERTIES = {"delta.dataSkippingStatsColumns": "line_no,status"}
+#: Parquet settings for the bronze, quarantine and audit writes: no dictionary encoding (the raw line,
+#: the widest column, is unique to its row) and no Parquet statistics (these tables are read by
+#: their (node, hour) partitions and by Delta's own file statistics, BRONZE_PROPERTIES, never by a
+#: Parquet file's min/max). Measured on 3.08 M access lines, parse and Delta write, warm, two runs
+#: each: 14.0–15.0 s with Parquet's defaults, 11.6–12.3 s with these.
+BRONZE_PARQUET = {"parquet.enable.dictionary": "false", "parquet.size.statistics.enabled": "false",
+                  "parquet.column.statistics.enabled": "false"}
 AUDIT_CONSTRAINTS = {
     "lines_balance": "lines_read = accepted + quarantined",
     "counts_nonnegative": "accepted >= 0 AND quarantined >= 0",
@@ -93,6 +101,11 @@ def ingest_bronze(spark: SparkSession, cfg: Config, files: list[SourceFile],
     bronze holds, and nothing is parsed twice.
     """
     ingest_time = ingest_time or datetime.now(timezone.utc).replace(tzinfo=None)
+    with conf_set(spark, BRONZE_PARQUET):
+        return _ingest_bronze(spark, cfg, files, ingest_time)
+
+
+def _ingest_bronze(spark: SparkSession, cfg: Config, files: list[SourceFile], ingest_time: datetime) -> dict:
     keys_by_stream = {}
     for stream in STREAMS:
         sfiles = [f for f in files if f.stream == stream]
