@@ -177,7 +177,8 @@ def test_record_cases(spark):
               ' {"cc": null, "mss_bytes": 0} ', '{"conn_id": ""}']
     not_simple = ['{"conn_id": "a\\"b"}', '{"conn_id": "a\\u0062"}', '{"x": 1.5, "cc": "bbr"}', '{"x": [1]}',
                   '{"x": {"a": 1}}', '{"x": NaN}', '{"x": nullx, "cc": "a"}', '{"cc": nullx}', '{"x": tru}',
-                  '{"conn_id": "a\tb"}', '{"x\ty": 1}', '{"x": 1234567890123456789012}']
+                  '{"conn_id": "a\tb"}', '{"x\ty": 1}', '{"x": 1234567890123456789012}',
+                  '{"%s": 1}' % ("k" * 1001), '{"conn_id": "%s"}' % ("v" * 1_000_001)]
     other = ['{"conn_id": "c1"} x', '{"cc": "a", "cc": "b"}', '{"mss_bytes": "1448"}', "{'cc': 'a'}", '[1]', '', None]
     got = records(spark, simple + not_simple + other)
     assert plain(spark, simple + not_simple + other) == [g[0] for g in got]

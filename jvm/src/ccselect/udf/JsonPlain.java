@@ -121,6 +121,10 @@ public final class JsonPlain implements UDF2<String, String, Integer> {
         char c = s.charAt(vs);
         Object value = null;
         if (c == '"') {
+            if (ve - vs - 2 > MAX_SIMPLE_STRING) {
+                simple = false;
+                return;
+            }
             for (int j = vs + 1; j < ve - 1; j++) {
                 char d = s.charAt(j);
                 if (d == '\\' || d < ' ') {
@@ -169,9 +173,14 @@ public final class JsonPlain implements UDF2<String, String, Integer> {
         return names.length;
     }
 
+    /** The longest key and string value of a simple line: far below Jackson's default limits (names of
+     * 50,000 characters, strings of 20,000,000), past which from_json fails where a scan would not. */
+    static final int MAX_SIMPLE_KEY = 1_000, MAX_SIMPLE_STRING = 1_000_000;
+
     /** Whether the last `scan` with `out` found a simple line (see JsonRecord): every value a string
      * with no backslash or control character, an integer of at most 18 digits, true, false or null,
-     * and every key free of control characters. `out` then holds each field's value. */
+     * and every key free of control characters; no key or string longer than MAX_SIMPLE_KEY or
+     * MAX_SIMPLE_STRING. `out` then holds each field's value. */
     transient boolean simple;
 
     /** `call`'s answer for a non-null `s`; with `out` (one slot per field of `spec`), also the
@@ -222,6 +231,9 @@ public final class JsonPlain implements UDF2<String, String, Integer> {
             }
             if (ke >= n) {
                 return NOT_SURE;
+            }
+            if (ke - ks > MAX_SIMPLE_KEY) {
+                simple = false;
             }
             int f = names.length == 0 ? -1 : field(s, ks, ke, hint);
             if (f >= 0) {
