@@ -144,6 +144,12 @@ def register_udfs(spark: "SparkSession") -> None:
         spark.udf.registerJavaFunction(name, cls, returns)
 
 
+def register_json_record(spark: "SparkSession", name: str, record_type: str) -> None:
+    """Declare `name` as `ccselect.udf.JsonRecord` returning struct<plain:int, record:`record_type`>
+    (a DDL struct type: its return type depends on the record's fields, so it is not in `UDFS`)."""
+    spark.udf.registerJavaFunction(name, "ccselect.udf.JsonRecord", f"struct<plain:int,record:{record_type}>")
+
+
 def object_store_conf(cfg: Config) -> dict[str, str]:
     """S3A's settings for `object_store` (none without an endpoint: S3A's own defaults, AWS)."""
     st = cfg.settings.object_store

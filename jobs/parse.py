@@ -53,7 +53,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window, functions as F, types as T
 
 from ccselect.contract import CCS, DECISIONS, FEATURES, FIELDS, NET_TYPES, NULLABLE, RANGES
-from ccselect.spark import IS_IP, JSON_PLAIN, register_udfs
+from ccselect.spark import IS_IP, register_json_record, register_udfs
 
 HOUR_MS = 3_600_000
 #: `ccs_json_plain`'s answers (jvm/src/ccselect/udf/JsonPlain.java)
@@ -149,22 +149,17 @@ def _spec(sch: T.StructType) -> str:
     return ",".join(f"{f.name}:{'s' if isinstance(f.dataType, T.StringType) else 'i'}" for f in sch)
 
 
-def _plainness(raw: Column, sch: T.StructType) -> Column:
-    """`ccs_json_plain` of the line for `sch`'s fields: PLAIN when `raw` is certainly the record
-    `from_json` reads with `sch`, key for key (one JSON object, no top-level key repeated, every field
-    of `sch` null or of its JSON type: a string, or an integer of at most 18 digits), TEXT_AFTER for
-    a whole object with more text after it, else NOT_SURE (module docstring)."""
-    return F.coalesce(F.call_function(JSON_PLAIN, raw, F.lit(_spec(sch))), F.lit(NOT_SURE))
-
-
 def _with_record(df: DataFrame, raw: Column, stream: str, sch: T.StructType) -> DataFrame:
-    """Adds `_json` (the record from_json reads from `raw` with `sch`) and `_plain` (`_plainness`),
-    from one pass of `ccs_json_record_<stream>` (jvm/src/ccselect/udf/JsonRecord.java): it gives the
-    plainness and, for a plain line whose values are all simple (strings without escapes, integers,
-    null; what the agents write), the record itself; from_json reads only the other lines."""
+    """Adds `_json` (the record from_json reads from `raw` with `sch`) and `_plain` (PLAIN when `raw`
+    is certainly that record, key for key: one JSON object, no top-level key repeated, every field
+    of `sch` null or of its JSON type, a string or an integer of at most 18 digits; TEXT_AFTER for a
+    whole object with more text after it; else NOT_SURE), from one pass of
+    `ccs_json_record_<stream>` (jvm/src/ccselect/udf/JsonRecord.java): it gives `ccs_json_plain`'s
+    answer and, for a plain line whose values are all simple (strings without escapes, integers,
+    true, false, null; what the agents write), the record itself; from_json reads only the other
+    lines (module docstring)."""
     name = f"ccs_json_record_{stream}"
-    df.sparkSession.udf.registerJavaFunction(name, "ccselect.udf.JsonRecord",
-                                             f"struct<plain:int,record:{sch.simpleString()}>")
+    register_json_record(df.sparkSession, name, sch.simpleString())
     df = df.withColumn("_scan", F.call_function(name, raw, F.lit(_spec(sch))))
     return (df.withColumn("_plain", F.coalesce(F.col("_scan.plain"), F.lit(NOT_SURE)))
             .withColumn("_json", F.coalesce(F.col("_scan.record"), F.from_json(raw, sch)))

@@ -13,12 +13,15 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from ccselect.contract import FEATURES
-from ccselect.spark import JSON_PLAIN, register_udfs
-from jobs.parse import imputable, parse
+from ccselect.spark import JSON_PLAIN, register_json_record, register_udfs
+from jobs.parse import PLAIN, _spec, _with_record, imputable, parse, schema
 from tests.test_ingest_parse import expect, lines_df, transport
 
 SPEC = {"conn_id": "s", "cc": "s", "mss_bytes": "i", "min_rtt_us": "i"}
 SPEC_TEXT = ",".join(f"{k}:{v}" for k, v in SPEC.items())
+#: SPEC's fields as a from_json schema and as a struct type
+RECORD_FIELDS = ", ".join(f"{k} {'string' if v == 's' else 'bigint'}" for k, v in SPEC.items())
+RECORD_TYPE = "struct<" + ",".join(f"{k}:{'string' if v == 's' else 'bigint'}" for k, v in SPEC.items()) + ">"
 
 
 def plain(spark, texts: list[str | None]) -> list[int | None]:
@@ -108,10 +111,9 @@ def test_never_plain_when_python_disagrees(spark, texts):
     null (the parse then diagnoses it: a required field is missing). "Not sure" of a fine line
     costs time, not correctness."""
     register_udfs(spark)
-    fields = ", ".join(f"{k} {'string' if v == 's' else 'bigint'}" for k, v in SPEC.items())
     df = spark.createDataFrame([(i, t) for i, t in enumerate(texts)], "i int, t string")
     rows = df.select("i", "t", F.call_function(JSON_PLAIN, "t", F.lit(SPEC_TEXT)).alias("p"),
-                     F.from_json("t", fields).alias("j")).collect()
+                     F.from_json("t", RECORD_FIELDS).alias("j")).collect()
     for r in rows:
         if r["p"] == 1:
             unread = r["j"] is None or all(v is None for v in r["j"])
@@ -120,10 +122,9 @@ def test_never_plain_when_python_disagrees(spark, texts):
 
 def test_agent_records_are_plain(spark):
     texts = [json.dumps(transport(conn_id=f"c{i}")) for i in range(3)] + [json.dumps(transport(), separators=(",", ":"))]
-    register_udfs(spark)
-    from jobs.parse import PLAIN, _plainness, schema
     df = spark.createDataFrame([(t,) for t in texts], "raw string")
-    assert [r[0] for r in df.select(_plainness(F.col("raw"), schema("transport"))).collect()] == [PLAIN] * 4
+    got = _with_record(df, F.col("raw"), "transport", schema("transport")).select("_plain").collect()
+    assert [r[0] for r in got] == [PLAIN] * 4
 
 
 def test_what_the_old_check_let_through(spark):
@@ -155,15 +156,11 @@ def test_the_jar_goes_to_spark_submit_beside_the_packages():
     assert submit_args(once, "/r/my dir/u.jar") == once == "--jars '/r/my dir/u.jar' pyspark-shell"
 
 
-RECORD_FIELDS = ", ".join(f"{k} {'string' if v == 's' else 'bigint'}" for k, v in SPEC.items())
-RECORD_TYPE = ",".join(f"{k}:{'string' if v == 's' else 'bigint'}" for k, v in SPEC.items())
-
 
 def records(spark, texts: list[str | None]):
     """(ccs_json_record's plain and record, from_json's record) per text, in order."""
     df = spark.createDataFrame([(i, t) for i, t in enumerate(texts)], "i int, t string")
-    spark.udf.registerJavaFunction("ccs_json_record_test", "ccselect.udf.JsonRecord",
-                                   f"struct<plain:int,record:struct<{RECORD_TYPE}>>")
+    register_json_record(spark, "ccs_json_record_test", RECORD_TYPE)
     rows = df.select("i", F.call_function("ccs_json_record_test", "t", F.lit(SPEC_TEXT)).alias("r"),
                      F.from_json("t", RECORD_FIELDS).alias("j")).collect()
     return [(r["r"] and r["r"]["plain"], r["r"] and r["r"]["record"], r["j"]) for r in sorted(rows, key=lambda r: r["i"])]
@@ -200,7 +197,6 @@ def test_record_is_what_from_json_reads(spark, texts):
 def test_agent_records_take_the_fast_path(spark):
     """The records the agents write are read by ccs_json_record (the parse's `_with_record`), not
     by from_json, and the parse's record is from_json's."""
-    from jobs.parse import _spec, _with_record, schema
     sch = schema("transport")
     texts = [json.dumps(transport(conn_id=f"c{i}")) for i in range(3)] + [json.dumps(transport(), separators=(",", ":"))]
     df = spark.createDataFrame([(t,) for t in texts], "raw string")
