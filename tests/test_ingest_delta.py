@@ -11,12 +11,14 @@ import subprocess
 import sys
 import time
 
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from ccselect.config import load_config
 from ccselect.lake import table_path
+from jobs.silver import DICTIONARY_COLUMNS
 from tests.ccs_testing import REPO, write_config
 
 TABLES = ("bronze.transport", "bronze.access", "bronze.qoe", "bronze.quarantine", "gold.ingest_audit",
@@ -126,6 +128,38 @@ def test_silver_one_row_per_connection_with_labels(spark, fleet, ingested):
     assert len(constraints) == 4, constraints
     # statistics only for the columns a query may skip files by (jobs/silver.py SILVER_PROPERTIES)
     assert props["delta.dataSkippingStatsColumns"] == "conn_id,ts_start_ms,ts_end_ms"
+
+
+def test_silver_parquet_dictionaries_only_for_repeated_values(ingested):
+    """jobs/silver.silver_parquet: a measurement column is written plain, a repeated one with its
+    dictionary, and no column carries Parquet min/max statistics; bronze has neither
+    (jobs/ingest.BRONZE_PARQUET)."""
+    cfg, _ = ingested
+
+    def chunks(table):
+        files = glob.glob(os.path.join(table_path(cfg, table), "**", "*.parquet"), recursive=True)
+        assert files, table
+        for f in files:
+            meta = pq.ParquetFile(f).metadata
+            for g in range(meta.num_row_groups):
+                for i in range(meta.num_columns):
+                    yield meta.row_group(g).column(i)
+
+    def dictionary(col):
+        return any("DICTIONARY" in e for e in col.encodings)
+
+    seen = set()
+    for col in chunks("silver.connections"):
+        name = col.path_in_schema.split(".")[0]
+        seen.add(name)
+        assert not (col.is_stats_set and col.statistics.has_min_max), name
+        if name in ("conn_id", "ts_end_ms", "min_rtt_us", "goodput_bps"):
+            assert not dictionary(col), name
+        if name in ("cc", "decision", "ug_id"):
+            assert name in DICTIONARY_COLUMNS and dictionary(col), name
+    assert {"conn_id", "cc", "goodput_bps"} <= seen
+    for col in chunks("bronze.transport"):
+        assert not dictionary(col) and not (col.is_stats_set and col.statistics.has_min_max), col.path_in_schema
 
 
 def test_reingest_leaves_every_table_unchanged(spark, fleet, ingested):
