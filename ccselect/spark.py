@@ -57,8 +57,9 @@ S3A_SECRETS = ("fs.s3a.access.key", "fs.s3a.secret.key", "fs.s3a.session.token")
 JVM_SRC = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "jvm", "src")
 JVM_JAR = os.path.join(os.path.dirname(JVM_SRC), "build", "ccselect-udf.jar")
 #: SQL name → (class, return type) of each function `register_udfs` declares
-JSON_PLAIN, IS_IP, IP = "ccs_json_plain", "ccs_is_ip", "ccs_ip"
+JSON_PLAIN, IS_IP, IP, SPLIT_LINES = "ccs_json_plain", "ccs_is_ip", "ccs_ip", "ccs_split_lines"
 UDFS = {JSON_PLAIN: ("ccselect.udf.JsonPlain", "int"), IS_IP: ("ccselect.udf.IsIp", "boolean"),
+        SPLIT_LINES: ("ccselect.udf.SplitLines", "array<binary>"),
         IP: ("ccselect.udf.IpAddress", "struct<family:int,text:string,packed:binary,hex:string,v4_int:bigint,"
                                        "prefix16:string,prefix24:string,prefix48:string,prefix64:string>")}
 

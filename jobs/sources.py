@@ -28,6 +28,7 @@ from ccselect import files as storage
 from ccselect.config import Config
 from ccselect.contract import FILE_NAME, STREAMS
 from ccselect.hours import hour_start_ms
+from ccselect.spark import SPLIT_LINES, register_udfs
 
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 #: Top-level entries of an input folder that are expected and not logs (the IP→ASN/region
@@ -206,10 +207,12 @@ def read_lines(spark, files: list[SourceFile]):
 def explode_lines(files):
     """Whole files (a row per file: its text as `value`, and stream, node_id, hour, hour_start_ms,
     source_file) → one row per line with its 1-based line_no. Batch ingest (`read_lines`) and the
-    stream (app/stream.py) both cut lines here."""
-    body = F.regexp_replace(F.col("value"), r"\n\z", "")
-    lines = F.when(F.col("value") == "", F.array().cast("array<string>")).otherwise(F.split(body, "\n", -1))
+    stream (app/stream.py) both cut lines here, with `ccs_split_lines` (jvm/src/ccselect/udf/
+    SplitLines.java: the file's bytes cut at each newline, without decoding the text into a Java
+    string; jobs/README.md gives the measurement)."""
+    register_udfs(files.sparkSession)
+    lines = F.call_function(SPLIT_LINES, F.col("value").cast("binary"))
     return (files.select("stream", "node_id", "hour", "hour_start_ms", "source_file",
                          F.posexplode(lines).alias("pos", "raw"))
             .select("stream", "node_id", "hour", "hour_start_ms", "source_file",
-                    (F.col("pos") + 1).alias("line_no"), "raw"))
+                    (F.col("pos") + 1).alias("line_no"), F.col("raw").cast("string").alias("raw")))
