@@ -50,6 +50,14 @@ BRONZE_SHUFFLE = {"spark.sql.adaptive.enabled": "true",
                   "spark.sql.adaptive.coalescePartitions.enabled": "true",
                   "spark.sql.adaptive.coalescePartitions.initialPartitionNum": "200",
                   "spark.sql.adaptive.advisoryPartitionSizeInBytes": "16m"}
+#: The access log has no duplicate rule and so no shuffle: a task holds several whole files, each one
+#: (node, hour), and Delta's writer sorted all of the task's rows by (node, hour) before writing
+#: them. With concurrent writers a task writes each (node, hour) as its rows come, a Parquet writer
+#: open for each (past 16 in a task, the rest are sorted as before). Transport and QoE rows come out
+#: of the duplicate rule's window already in that order, and are not sorted either way. Measured on
+#: 6.16 M access lines, parse and bronze write, warm, same sitting: 50.3 and 54.9 s sorted, 42.3
+#: and 40.8 s with concurrent writers.
+BRONZE_WRITERS = {"spark.sql.maxConcurrentOutputFileWriters": "16"}
 AUDIT_CONSTRAINTS = {
     "lines_balance": "lines_read = accepted + quarantined",
     "counts_nonnegative": "accepted >= 0 AND quarantined >= 0",
@@ -135,7 +143,7 @@ def _ingest_bronze(spark: SparkSession, cfg: Config, files: list[SourceFile], in
         keys = {(f.node_id, f.hour) for f in sfiles}
         impute = imputable(cfg.settings.ingest.missing_features, stream)
         bronze = to_bronze(read_lines(spark, sfiles), stream, ingest_time, impute)
-        with conf_set(spark, BRONZE_SHUFFLE):
+        with conf_set(spark, {**BRONZE_SHUFFLE, **BRONZE_WRITERS}):
             delta_io.replace_partitions(bronze, table_path(cfg, f"bronze.{stream}"), keys,
                                         properties=BRONZE_PROPERTIES)
         keys_by_stream[stream] = keys
