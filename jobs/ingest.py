@@ -34,9 +34,10 @@ BRONZE_PROPERTIES = {"delta.dataSkippingStatsColumns": "line_no,status"}
 #: a file repeats, which the audit and silver read back (the source file's path is one value for
 #: its thousands of lines); on 6.16 M access lines, bronze, quarantine and audit, warm, 55.0 and
 #: 55.4 s without them, 51.9 and 54.3 s with them (within the noise).
+BRONZE_DICTIONARY_COLUMNS = ("stream", "source_file", "status", "reason")
 BRONZE_PARQUET = {"parquet.enable.dictionary": "false", "parquet.size.statistics.enabled": "false",
                   "parquet.column.statistics.enabled": "false",
-                  **{f"parquet.enable.dictionary#{c}": "true" for c in ("stream", "source_file", "status", "reason")}}
+                  **{f"parquet.enable.dictionary#{c}": "true" for c in BRONZE_DICTIONARY_COLUMNS}}
 #: Shuffle sizing for the streams' bronze writes: the duplicate rule's window sorts each shuffle
 #: partition's lines, gathered by (node, hour), with their parsed records. With the session's few
 #: shuffle partitions (4 on the benches' 2 cores) each sort held a quarter of a day's transport

@@ -37,12 +37,14 @@ def expected_lines(data: bytes) -> list[str]:
     return (text[:-1] if text.endswith("\n") else text).split("\n")
 
 
-def string_function_lines(spark, path: str) -> list[str]:
-    """The lines as the Spark string functions cut them before ccs_split_lines (jobs/sources.py)."""
+def string_function_lines(spark, paths: list[str]) -> dict[str, list[str]]:
+    """Path → its lines as the Spark string functions cut them before ccs_split_lines
+    (jobs/sources.py), all files in one read (an empty file: the text source gives no row)."""
     body = F.regexp_replace("value", r"\n\z", "")
     lines = F.when(F.col("value") == "", F.array().cast("array<string>")).otherwise(F.split(body, "\n", -1))
-    row = spark.read.text(path, wholetext=True).select(lines.alias("l")).first()
-    return row["l"] if row else []       # (an empty file: the text source gives no row)
+    rows = spark.read.text(paths, wholetext=True).select(
+        F.regexp_replace("_metadata.file_path", "^file:(//)?", "").alias("path"), lines.alias("l")).collect()
+    return {r["path"]: r["l"] for r in rows}
 
 
 def test_lines_numbered_from_one_with_the_files_bytes_decoded(spark, tmp_path):
@@ -55,9 +57,10 @@ def test_lines_numbered_from_one_with_the_files_bytes_decoded(spark, tmp_path):
     got = {}
     for r in read_lines(spark, files).collect():
         got.setdefault(r["node_id"], []).append((r["line_no"], r["raw"]))
+    before = string_function_lines(spark, [f.path for f in files])
     for i, (name, data) in enumerate(FILES.items()):
         lines = sorted(got.get(f"n{i}", []))
-        assert lines == list(enumerate(string_function_lines(spark, files[i].path), 1)), name
+        assert lines == list(enumerate(before.get(files[i].path, []), 1)), name
         if name not in JAVA_DECODES_OTHERWISE:
             assert lines == list(enumerate(expected_lines(data), 1)), name
     assert sum(len(expected_lines(d)) for d in FILES.values()) == sum(len(v) for v in got.values())
