@@ -208,8 +208,27 @@ def build_connections(transport: DataFrame, access: DataFrame, qoe: DataFrame, r
 
 # ---- extract / load -----------------------------------------------------------------------------
 
+#: Tasks per core for silver's join-and-write: its inputs are hash-partitioned by (node_id, hour)
+#: into this many tasks per unit of the session's default parallelism (`spark.default.parallelism`:
+#: its cores unless the configuration sets it; `silver_tasks`), never more than there are keys.
+#: A task joins and writes whole (node, hour) partitions, and Delta's writer first sorts all of a
+#: task's rows by (node, hour). With the session's shuffle partitions (4 on the benches' 2 cores)
+#: each task held 72 of a day's 288 keys, its sort spilled (1.8 GB in memory, 0.8 GB on disk), and
+#: the 4 tasks shared 2 cores unevenly (in a whole 5 M-connection ingest the stage took 107.5 s for
+#: 173 CPU-s). With 8 per core (16 tasks of about 18 keys) a task's rows sort in memory and the
+#: cores stay busy to the end. Measured: silver alone over the 288 keys of 5 M connections, one JVM,
+#: alternating, 116.7 and 102.9 s with 4 tasks, 101.3 and 93.6 s with 16 (jobs/README.md).
+SILVER_TASKS_PER_CORE = 8
+
+
+def silver_tasks(spark: SparkSession, n_keys: int) -> int:
+    """How many tasks silver's inputs are partitioned into for `n_keys` (node, hour) keys."""
+    return max(1, min(n_keys, SILVER_TASKS_PER_CORE * spark.sparkContext.defaultParallelism))
+
+
 def extract(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]]) -> tuple[DataFrame, DataFrame, DataFrame]:
     pred = delta_io.partition_predicate(keys)
+    tasks = silver_tasks(spark, len(keys))
 
     def accepted(stream: str) -> DataFrame:
         path = table_path(cfg, f"bronze.{stream}")
@@ -218,7 +237,7 @@ def extract(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]]) -> tup
         # Every input keyed by (node, hour) alike: the aggregates and joins of build_connections
         # then need no further shuffle, and each silver partition is written as one file.
         return (spark.read.format("delta").load(path).where(pred).filter(F.col("status") == "ok")
-                .select("hour", "record.*").repartition(*KEYS))
+                .select("hour", "record.*").repartition(tasks, *KEYS))
     return accepted("transport"), accepted("access"), accepted("qoe")
 
 

@@ -19,7 +19,7 @@ from pyspark.testing import assertDataFrameEqual
 from ccselect.config import load_config
 from ccselect.lake import table_path
 from jobs.ingest import BRONZE_DICTIONARY_COLUMNS
-from jobs.silver import DICTIONARY_COLUMNS
+from jobs.silver import DICTIONARY_COLUMNS, SILVER_TASKS_PER_CORE, silver_tasks
 from tests.ccs_testing import REPO, write_config
 
 TABLES = ("bronze.transport", "bronze.access", "bronze.qoe", "bronze.quarantine", "gold.ingest_audit",
@@ -129,6 +129,19 @@ def test_silver_one_row_per_connection_with_labels(spark, fleet, ingested):
     assert len(constraints) == 4, constraints
     # statistics only for the columns a query may skip files by (jobs/silver.py SILVER_PROPERTIES)
     assert props["delta.dataSkippingStatsColumns"] == "conn_id,ts_start_ms,ts_end_ms"
+
+
+def test_silver_tasks_and_one_file_per_partition(spark, ingested):
+    """jobs/silver.silver_tasks: 8 tasks per unit of the default parallelism, never more than the
+    keys; whatever the tasks, every (node, hour) of silver is one data file."""
+    cfg, _ = ingested
+    most = SILVER_TASKS_PER_CORE * spark.sparkContext.defaultParallelism
+    assert [silver_tasks(spark, n) for n in (0, 1, 3, most, most + 1, 10_000)] == [1, 1, 3, most, most, most]
+    silver = spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+    keys = {(r["node_id"], r["hour"]) for r in silver.select("node_id", "hour").distinct().collect()}
+    files = silver.inputFiles()
+    assert len(keys) == 4 and len(files) == len(keys), files
+    assert {tuple(part.split("=", 1)[1] for part in f.split("/")[-3:-1]) for f in files} == keys
 
 
 def test_silver_parquet_dictionaries_only_for_repeated_values(ingested):
