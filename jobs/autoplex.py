@@ -111,24 +111,46 @@ def with_metrics(df: DataFrame, metrics) -> DataFrame:
     return df.withColumns({_metric_col(m): METRICS[m]() for m in sorted(set(metrics))})
 
 
+def _sort_entry(i: int, p: Policy):
+    """One ordering's sort key, as a struct: `_o` (the ordering's index), `_f` and `_key` (sorted
+    ascending, nulls last, they give the policy's order of its metric) and `_m` (the metric). A
+    descending metric sorts as -m, with `_f` putting NaN (which Spark orders above every number)
+    first, as `desc_nulls_last` does; -0.0 and 0.0 compare equal either way, so ties still fall to
+    conn_id."""
+    m = F.col(_metric_col(p.metric))
+    flag, key = (F.lit(0), m) if p.ascending else (F.when(F.isnan(m), F.lit(0)).otherwise(F.lit(1)), -m)
+    return F.struct(F.lit(i).alias("_o"), flag.alias("_f"), key.alias("_key"), m.alias("_m"))
+
+
 def _banded(df: DataFrame, bands: list[tuple[str, Policy]], group_cols: list[str]) -> DataFrame:
-    """Algorithm 1's Extract for bands that share one metric and direction, in one sort: per
-    group and period, sessions ordered by the metric (ties broken by conn_id, so the result is
-    deterministic; sessions without the metric last and not counted) take positions k (0-based,
+    """Algorithm 1's Extract for any bands, in one sort: per group, period and ordering (metric and
+    direction, `_orderings`), sessions ordered by the metric (ties broken by conn_id, so the result
+    is deterministic; sessions without the metric last and not counted) take positions k (0-based,
     n sessions with the metric); a session is in band (label, policy) when
     lo·n/100 <= k < hi·n/100 — since hi <= 100, only sessions with the metric are. One row per
-    session and band it is in, with `_band` (the label), `_m` (the metric) and `n_sessions`.
-    `df` carries the `_m_<metric>` columns of `with_metrics`."""
-    metric, ascending = bands[0][1].metric, bands[0][1].ascending
-    assert all((p.metric, p.ascending) == (metric, ascending) for _, p in bands), bands
+    session and band it is in, with `_band` (the label), `_m` (the band's metric) and `n_sessions`.
+    `df` carries the `_m_<metric>` columns of `with_metrics`.
+
+    With several orderings each session becomes one row per ordering (an explode of their sort
+    keys, `_sort_entry`) and a single window over (ordering, group, period) ranks them all: one
+    scan and one shuffle of the input rather than a cached input and a shuffle and sort per
+    ordering (measured in jobs/README, AutoPlex)."""
+    orderings = _orderings(bands)
     keys = [*group_cols, "period_start_ms"]
-    m = F.col(_metric_col(metric))
-    w = Window.partitionBy(*keys).orderBy(m.asc_nulls_last() if ascending else m.desc_nulls_last(), F.col("conn_id"))
+    sort_cols = ("_o", "_f", "_key", "_m")
+    if len(orderings) == 1:
+        e = _sort_entry(0, orderings[0][0][1])
+        stacked = df.withColumns({c: e[c] for c in sort_cols})
+    else:
+        stacked = df.withColumn("_e", F.explode(F.array(*[_sort_entry(i, o[0][1]) for i, o in enumerate(orderings)])))
+        stacked = stacked.withColumns({c: F.col("_e")[c] for c in sort_cols}).drop("_e")
+    w = Window.partitionBy("_o", *keys).orderBy(F.col("_f"), F.col("_key").asc_nulls_last(), F.col("conn_id"))
     # the count over the same ordered window (whole frame), so both come from one window operator
     whole = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
-    ranked = df.withColumns({"_k": F.row_number().over(w) - 1, "n_sessions": F.count(m).over(whole)})
-    k, n = F.col("_k"), F.col("n_sessions")
-    member = {label: (k >= n * F.lit(p.band_lo / 100.0)) & (k < n * F.lit(p.band_hi / 100.0)) for label, p in bands}
+    ranked = stacked.withColumns({"_k": F.row_number().over(w) - 1, "n_sessions": F.count("_key").over(whole)})
+    k, n, o = F.col("_k"), F.col("n_sessions"), F.col("_o")
+    member = {label: (o == i) & (k >= n * F.lit(p.band_lo / 100.0)) & (k < n * F.lit(p.band_hi / 100.0))
+              for i, ordering in enumerate(orderings) for label, p in ordering}
     if len(member) == 1:
         (label, cond), = member.items()
         out = ranked.where(cond).withColumn("_band", F.lit(label))
@@ -137,11 +159,11 @@ def _banded(df: DataFrame, bands: list[tuple[str, Policy]], group_cols: list[str
         out = (ranked.where(any_band)
                .withColumn("_band", F.explode(F.array(*[F.when(c, F.lit(label)) for label, c in member.items()])))
                .where(F.col("_band").isNotNull()))
-    return out.withColumn("_m", m).drop("_k")
+    return out.drop("_o", "_f", "_key", "_k")
 
 
 def _orderings(bands: list[tuple[str, Policy]]) -> list[list[tuple[str, Policy]]]:
-    """`bands` grouped by (metric, direction): each group is ranked by one sort."""
+    """`bands` grouped by (metric, direction): each group is ranked by one sort order."""
     by: dict[tuple[str, bool], list[tuple[str, Policy]]] = {}
     for label, p in bands:
         by.setdefault((p.metric, p.ascending), []).append((label, p))
@@ -159,23 +181,17 @@ def band_means(df: DataFrame, bands: list[tuple[str, Policy]], group_cols: list[
     group, period and band (`_band`, the label), `n_sessions`, `n_band` and the band means of
     VALUES and of the metric; groups with fewer sessions than the band's policy asks get no row.
 
-    The bands of one metric and direction share one sort (the default policies and §3.4's two
-    bands need two sorts in all, not one per band); each band's means are summed in that sort's
-    order, the order a window per policy gives, so the floating-point means are the same bits.
-    A caller with several metrics caches `df` (run_parameters): each metric's sort reads it."""
+    Every band comes from one window (`_banded`: the default policies and §3.4's two bands are one
+    sort each); each band's means are summed in that sort's order, the order a window per policy
+    gives, so the floating-point means are the same bits."""
     keys = [*group_cols, "period_start_ms"]
-    base = with_metrics(df, [p.metric for _, p in bands])
     min_sessions = F.create_map(*[F.lit(x) for label, p in bands for x in (label, p.min_sessions)])
-    res = None
-    for ordering in _orderings(bands):
-        agg = (_banded(base, ordering, group_cols)
-               .groupBy(*keys, "_band")
-               .agg(F.first("n_sessions").alias("n_sessions"), F.count(F.lit(1)).alias("n_band"),
-                    *[F.avg(src).alias(f"mean_{c}") for c, src in VALUES.items()],
-                    F.avg("_m").alias("mean_metric")))
-        res = agg if res is None else res.unionByName(agg)
-    assert res is not None
-    return res.where(F.col("n_sessions") >= min_sessions[F.col("_band")])
+    agg = (_banded(with_metrics(df, [p.metric for _, p in bands]), bands, group_cols)
+           .groupBy(*keys, "_band")
+           .agg(F.first("n_sessions").alias("n_sessions"), F.count(F.lit(1)).alias("n_band"),
+                *[F.avg(src).alias(f"mean_{c}") for c, src in VALUES.items()],
+                F.avg("_m").alias("mean_metric")))
+    return agg.where(F.col("n_sessions") >= min_sessions[F.col("_band")])
 
 
 def parameters_all(df: DataFrame, policies: list[Policy], group_cols: list[str], period_minutes: int) -> DataFrame:
@@ -306,18 +322,14 @@ def _run_parameters_spark(spark: SparkSession, cfg: Any, start_ms: int, periods:
     t = period * 60_000
     start_ms -= start_ms % t
     end_ms = start_ms + periods * t
-    # the columns read, cached: each metric's sort reads them (one scan of silver's files, not one
-    # per metric)
-    silver = inputs(extract(spark, cfg, start_ms, end_ms), group_cols, {p.metric for p in policies}).cache()
-    # cached: a few thousand rows, counted (which fills the cache in parallel) and written without
-    # being computed again or read back; the write from one task, one file per period (each task
-    # of the shuffle would write its own)
+    # the columns read, once: every policy's band comes from one window over them (`_banded`)
+    silver = inputs(extract(spark, cfg, start_ms, end_ms), group_cols, {p.metric for p in policies})
     params = run(silver, policies, group_cols, period).withColumn("period", _period_label()).cache()
     counts = {r["policy"]: r["n"] for r in params.groupBy("policy").agg(F.count(F.lit(1)).alias("n")).collect()}
     labels = [_period_label_py(start_ms + i * t) for i in range(periods)]
     delta_io.replace_partitions(params.coalesce(1), table_path(cfg, "gold.autoplex_params"),
                                 {(p,) for p in labels}, ("period",))
-    params.unpersist(), silver.unpersist()
+    params.unpersist()
     return {"periods": labels, "group_by": group_cols, "rows_per_policy": counts}
 
 

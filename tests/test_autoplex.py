@@ -186,6 +186,48 @@ def test_change_rates_of_both_bands_match_duckdb(spark):
     assertDataFrameEqual(got, spark.createDataFrame(want, got.schema))
 
 
+def test_one_window_over_every_ordering_is_a_window_per_policy(spark):
+    """band_means ranks both directions of both metrics in one window over stacked sort keys: per
+    policy, the same rows and the same bits as a window of its own over the metric (asc or desc,
+    nulls last, ties by conn_id), with NaN metrics (Spark orders NaN above every number), -0.0
+    next to 0.0, nulls and ties."""
+    from pyspark.sql import Window, functions as F
+
+    from jobs.autoplex import METRICS, VALUES, band_means
+    rows = _reference_rows()
+    for i in range(30):      # one more group: NaN, -0.0, 0.0 and ties in both metrics
+        rr = [float("nan"), -0.0, 0.0, 0.02, None][i % 5]
+        rate = [float("nan"), 3e6, 0.0, -0.0, 5e6, None][i % 6]
+        rows.append(("gansu-AS4134", f"g{29 - i:02d}", i, rr, rate, 10_000, 10_000, i, i % 3))
+    df = with_period(spark.createDataFrame(rows, SCHEMA), 30)
+    policies = [Policy("low_retrans", "retrans_ratio", True, 5, 20, 5),
+                Policy("wide_retrans", "retrans_ratio", True, 0, 50, 5),
+                Policy("high_retrans", "retrans_ratio", False, 0, 40, 5),
+                Policy("high_goodput_per_srtt", "goodput_per_srtt", False, 10, 95, 5),
+                Policy("low_goodput_per_srtt", "goodput_per_srtt", True, 10, 40, 5)]
+    cols = ["ug_id", "period_start_ms", "_band", "n_sessions", "n_band", *[f"mean_{c}" for c in VALUES], "mean_metric"]
+    got = band_means(df, [(p.name, p) for p in policies], ["ug_id"]).select(*cols).collect()
+    want = []
+    for p in policies:
+        m = METRICS[p.metric]()
+        w = Window.partitionBy("ug_id", "period_start_ms").orderBy(m.asc_nulls_last() if p.ascending
+                                                                   else m.desc_nulls_last(), F.col("conn_id"))
+        ranked = df.withColumns({"_m": m, "_k": F.row_number().over(w) - 1,
+                                 "n_sessions": F.count(m).over(w.rowsBetween(Window.unboundedPreceding,
+                                                                             Window.unboundedFollowing))})
+        k, n = F.col("_k"), F.col("n_sessions")
+        want += (ranked.where((k >= n * F.lit(p.band_lo / 100.0)) & (k < n * F.lit(p.band_hi / 100.0)))
+                 .groupBy("ug_id", "period_start_ms")
+                 .agg(F.first("n_sessions").alias("n_sessions"), F.count(F.lit(1)).alias("n_band"),
+                      *[F.avg(src).alias(f"mean_{c}") for c, src in VALUES.items()], F.avg("_m").alias("mean_metric"))
+                 .where(n >= p.min_sessions).withColumn("_band", F.lit(p.name)).select(*cols).collect())
+    assert {r["_band"] for r in want if r["ug_id"] == "gansu-AS4134"} == {p.name for p in policies}
+    key = lambda r: (r["ug_id"], r["period_start_ms"], r["_band"])   # noqa: E731
+    # the same bits: NaN compared as equal to NaN, everything else exactly
+    norm = lambda r: tuple("nan" if isinstance(x, float) and x != x else x for x in r)   # noqa: E731
+    assert [norm(r) for r in sorted(got, key=key)] == [norm(r) for r in sorted(want, key=key)]
+
+
 # ---- the driver-side Arrow engine (jobs/autoplex_arrow.py) against the Spark job -------------------
 
 def _arrow_table(rows):
