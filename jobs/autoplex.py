@@ -137,13 +137,10 @@ def _banded(df: DataFrame, bands: list[tuple[str, Policy]], group_cols: list[str
     ordering (measured in jobs/README, AutoPlex)."""
     orderings = _orderings(bands)
     keys = [*group_cols, "period_start_ms"]
-    sort_cols = ("_o", "_f", "_key", "_m")
-    if len(orderings) == 1:
-        e = _sort_entry(0, orderings[0][0][1])
-        stacked = df.withColumns({c: e[c] for c in sort_cols})
-    else:
-        stacked = df.withColumn("_e", F.explode(F.array(*[_sort_entry(i, o[0][1]) for i, o in enumerate(orderings)])))
-        stacked = stacked.withColumns({c: F.col("_e")[c] for c in sort_cols}).drop("_e")
+    entries = [_sort_entry(i, o[0][1]) for i, o in enumerate(orderings)]
+    # one ordering needs no explode (§3.4's two bands share one)
+    stacked = df.withColumn("_e", entries[0] if len(entries) == 1 else F.explode(F.array(*entries)))
+    stacked = stacked.withColumns({c: F.col("_e")[c] for c in ("_o", "_f", "_key", "_m")}).drop("_e")
     w = Window.partitionBy("_o", *keys).orderBy(F.col("_f"), F.col("_key").asc_nulls_last(), F.col("conn_id"))
     # the count over the same ordered window (whole frame), so both come from one window operator
     whole = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
