@@ -81,14 +81,22 @@ def test_spark_session_has_delta(spark, tmp_path):
 
 
 def test_every_command_has_help():
+    """`ccs --help` as a process (the entry point), then every command's help through Click in
+    this process (the same parsing and rendering, without a Python start per command)."""
     from typer.main import get_command
+    from typer.testing import CliRunner
 
     from app.cli import app
+    res = subprocess.run([sys.executable, "-m", "app.cli", "--help"], capture_output=True, text=True)
+    assert res.returncode == 0 and "Usage" in res.stdout, f"ccs --help failed: {res.stderr[-400:]}"
     names = sorted(get_command(app).commands)
     assert "simulate" in names and "run" in names
+    assert all(n in res.stdout for n in names), "every command listed by ccs --help"
+    runner = CliRunner()
     for name in names:
-        res = subprocess.run([sys.executable, "-m", "app.cli", name, "--help"], capture_output=True, text=True)
-        assert res.returncode == 0 and "Usage" in res.stdout, f"ccs {name} --help failed: {res.stderr[-400:]}"
+        out = runner.invoke(app, [name, "--help"], prog_name="ccs")
+        assert out.exit_code == 0 and "Usage" in out.output, f"ccs {name} --help failed: {out.output[-400:]}"
+        assert f"ccs {name}" in out.output, out.output[:200]
 
 
 def test_simulate_command_end_to_end(tmp_path):
