@@ -324,10 +324,10 @@ def _run_parameters_spark(spark: SparkSession, cfg: Any, start_ms: int, periods:
     params = run(silver, policies, group_cols, period).withColumn("period", _period_label()).cache()
     counts = {r["policy"]: r["n"] for r in params.groupBy("policy").agg(F.count(F.lit(1)).alias("n")).collect()}
     labels = [_period_label_py(start_ms + i * t) for i in range(periods)]
-    # one writer per core, each writing whole periods (one file per period): from one task, the 48
-    # files of a day were written one after another (measured on bench/autoplex.py's day, one JVM,
-    # three alternating pairs: the job 7.40-8.16 s with one writer, 6.72-7.60 s with two)
-    writers = max(1, spark.sparkContext.defaultParallelism)
+    # `spark.default.parallelism` writers (no more than there are periods), each writing whole
+    # periods, so still one file per period; from one task a day's 48 files were written one after
+    # another (jobs/README.md, "Bench": the job 7.40-8.16 s with one writer, 6.72-7.60 s with two)
+    writers = min(spark.sparkContext.defaultParallelism, periods)
     delta_io.replace_partitions(params.repartition(writers, "period"), table_path(cfg, "gold.autoplex_params"),
                                 {(p,) for p in labels}, ("period",))
     params.unpersist()

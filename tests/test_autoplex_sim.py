@@ -54,6 +54,8 @@ def test_parameters_rerun_replaces_the_same_periods(spark, small_lake, tmp_path_
     assert after.groupBy("policy", "ug_id", "period").count().where(F.col("count") > 1).count() == 0
     assertDataFrameEqual(after, spark.createDataFrame(before, after.schema))
     assert set(second["periods"]) < set(first["periods"])
+    files = after.select("period", F.input_file_name().alias("f")).distinct().groupBy("period").count()
+    assert files.where(F.col("count") != 1).count() == 0, "one file per period partition"
 
 
 def test_the_engines_write_the_same_tables(spark, small_lake, tmp_path_factory):
