@@ -209,11 +209,15 @@ def test_true_table_is_the_previous_hours_majority_true_type_per_prefix(spark):
 
 def test_tail_contrasts_bootstrap_over_nodes():
     """Known answers: a policy whose every cell is 0.01 above the reference's is 0.01 worse at every
-    percentile in every resample; two policies equal cell for cell differ by nothing; a cell with
+    percentile in every resample; two policies equal cell for cell differ by nothing, also when
+    their means differ in the last bits (the same sessions summed in another order); a cell with
     fewer than min_cell_sessions sessions is left out of both."""
     rng = np.random.default_rng(0)
     ref = [list(rng.uniform(0, 0.05, 40)) for _ in range(8)]
-    cells = _cells({"aliccs": ref, "worse": [[v + 0.01 for v in n] for n in ref], "same": ref})
+    # each cell's mean summed in another order: equal, or a few ulps apart
+    noisy = [[float(np.sum(np.array([v / 3, v / 3, v - 2 * (v / 3)])[::-1])) for v in n] for n in ref]
+    assert any(a != b for n, m in zip(ref, noisy) for a, b in zip(n, m))
+    cells = _cells({"aliccs": ref, "worse": [[v + 0.01 for v in n] for n in ref], "same": ref, "same_bits_apart": noisy})
     cells.loc[len(cells)] = ("aliccs", "n0", 0, "10.9.9.0/24", "wifi", 2, 0.9)      # too few sessions: ignored
     out = emulate.tail_contrasts(cells, EmulateSettings(bootstrap_reps=50))
     assert out["nodes"] == 8 and out["cells"] == 8 * 40 and out["reps"] == 50
@@ -222,6 +226,8 @@ def test_tail_contrasts_bootstrap_over_nodes():
         assert w["diff"] == pytest.approx(-0.01) and w["lo"] == pytest.approx(-0.01) and w["hi"] == pytest.approx(-0.01)
         assert w["p_lower"] == 1.0
         assert s["diff"] == s["lo"] == s["hi"] == 0.0 and s["p_lower"] == 0.0
+        b = out["vs"]["same_bits_apart"][q]
+        assert abs(b["diff"]) < 1e-15 and b["p_lower"] == 0.0, b
 
 
 def test_tail_contrasts_interval_covers_a_difference_carried_by_one_node():
