@@ -159,42 +159,38 @@ def time_jobs(spark, cfg, start_ms: int, periods: int, engine: str) -> tuple[dic
 
 def spark_floor(spark, cfg, start_ms: int, periods: int) -> dict:
     """What the two Spark jobs cost without their computation, in the session they ran in: a
-    `noop` read of the silver columns each job reads (`scan_*`), and each job's table write as the
-    job does it (`write_*`: `delta_io.replace_partitions`, the same partitions, writers and files)
-    from the rows it wrote, read back and cached first. Run after the jobs, so that both tables
-    exist, as on a re-run."""
+    `noop` read of the silver columns each job reads (`scan_*`, `autoplex.inputs`), and each job's
+    table write (`write_*`: `autoplex.write_parameters` / `write_similarity`) from the rows it
+    wrote, read back and cached first. Run after the jobs, so that both tables exist, as on a
+    re-run."""
     from pyspark.sql import functions as F
 
-    from ccselect import delta_io
     from ccselect.lake import table_path
     from jobs import autoplex
     s = cfg.settings.autoplex
     policies, group_cols, period = autoplex.load_policies(s), list(s.group_by), s.period_minutes
-    t = period * 60_000
-    end_ms = start_ms + periods * t
-    labels = [autoplex._period_label_py(start_ms + i * t) for i in range(periods)]
-    window = f"{labels[0]}..{labels[-1]}"
-    silver = autoplex.extract(spark, cfg, start_ms, end_ms)
-    scans = {"scan_parameters": autoplex.inputs(silver, group_cols, {p.metric for p in policies}),
-             "scan_similarity": autoplex.with_period(silver, period).select(
-                 *group_cols, "period_start_ms", "conn_id", "retrans_ratio", *autoplex.VALUES.values())}
+    better, _ = autoplex.similarity_bands(s)
+    silver = autoplex.extract(spark, cfg, start_ms, start_ms + periods * period * 60_000)
+    labels = autoplex.period_labels(start_ms, periods, period)
+    window = autoplex.similarity_window(start_ms, periods, period)
     out = {}
-    for name, df in scans.items():
+
+    def timed(name: str, f) -> None:
         t0 = time.perf_counter()
-        df.write.format("noop").mode("overwrite").save()
+        f()
         out[name] = round(time.perf_counter() - t0, 2)
-    params_path, sim_path = table_path(cfg, "gold.autoplex_params"), table_path(cfg, "gold.autoplex_similarity")
-    params = spark.read.format("delta").load(params_path).where(F.col("period").isin(labels)).cache()
-    sim = spark.read.format("delta").load(sim_path).where(F.col("window") == window).drop("window").cache()
-    params.count(), sim.count()
-    writers = min(spark.sparkContext.defaultParallelism, periods)
-    t0 = time.perf_counter()
-    delta_io.replace_partitions(params.repartition(writers, "period"), params_path, {(x,) for x in labels}, ("period",))
-    out["write_parameters"] = round(time.perf_counter() - t0, 2)
-    t0 = time.perf_counter()
-    delta_io.replace_partitions(sim.coalesce(1).withColumn("window", F.lit(window)), sim_path, {(window,)}, ("window",))
-    out["write_similarity"] = round(time.perf_counter() - t0, 2)
-    params.unpersist(), sim.unpersist()
+    for name, metrics in (("scan_parameters", {p.metric for p in policies}), ("scan_similarity", {better.metric})):
+        timed(name, autoplex.inputs(silver, group_cols, metrics).write.format("noop").mode("overwrite").save)
+    params = (spark.read.format("delta").load(table_path(cfg, "gold.autoplex_params"))
+              .where(F.col("period").isin(labels)).cache())
+    sim = (spark.read.format("delta").load(table_path(cfg, "gold.autoplex_similarity"))
+           .where(F.col("window") == window).drop("window").cache())
+    params.count()
+    sim.count()
+    timed("write_parameters", lambda: autoplex.write_parameters(cfg, params, labels))
+    timed("write_similarity", lambda: autoplex.write_similarity(cfg, sim, window))
+    params.unpersist()
+    sim.unpersist()
     out["seconds"] = round(sum(out.values()), 2)
     return out
 

@@ -495,15 +495,16 @@ def flow_decide_local(spark: SparkSession, t: pa.Table, p: EmulateSettings, tree
                       mode: str) -> tuple[DataFrame, dict]:
     """`flow_decide` over `flow_inputs`' table: the kernel's decision (table_format.decide) per
     session in flow mode `mode`; a decision without a CC keeps the default."""
-    ecc = np.asarray(t.column("_ecc").to_pylist(), dtype=object)
-    hit = ecc != None  # noqa: E711 - elementwise
-    cc_id = np.array([tf.CC_IDS.get(c, 0) if c is not None else 0 for c in ecc], dtype=np.int64)
+    ecc = t.column("_ecc").to_pandas()
+    hit = ecc.notna().to_numpy()
+    cc_id = ecc.map(tf.CC_IDS).fillna(0).to_numpy(np.int64)     # a miss (or an unknown name): 0
     purity = np.nan_to_num(t.column("_pur").to_numpy(zero_copy_only=False).astype(float), nan=0).astype(np.int64)
     x = np.stack([t.column(f).to_numpy() for f in HANDSHAKE_FEATURES], axis=1).astype(np.int64)
     x = np.clip(x, 0, tf.U32_MAX)
     cc, dec = tf.decide(hit, cc_id, 0, purity, tree, x, mode)
-    names = np.array([tf.CC_NAMES[int(c)] if c else p.default_cc for c in cc], dtype=object)
-    out = pd.DataFrame({"conn_id": t.column("conn_id").to_pylist(), "choice": names})
+    # the kernel's CC id → its name; 0 (no CC) → the default
+    names = np.array([p.default_cc] + [tf.CC_NAMES[i] for i in range(1, max(tf.CC_NAMES) + 1)], dtype=object)
+    out = pd.DataFrame({"conn_id": t.column("conn_id").to_pandas(), "choice": names[np.asarray(cc, dtype=np.int64)]})
     kinds, counts = np.unique(dec, return_counts=True)
     info = {"mode": mode, "decisions": {str(k): int(v) for k, v in zip(kinds, counts)},
             "tree_nodes": len(tree.nodes), "min_purity_permille": tree.min_purity_permille}
@@ -941,10 +942,10 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
                 stream[("lookup", lag)] = stream_lookup(est, stream["entries"], cfg.settings.export, p, lag).persist()
             return stream[("lookup", lag)]
 
-        def flow_table(key, looked) -> pa.Table:
-            """`flow_inputs` of one table (`looked()`), fetched once for its flow policies."""
+        def flow_table(key, looked: DataFrame | None) -> pa.Table:
+            """`flow_inputs` of one table's lookup (`looked`), fetched once for its flow policies."""
             if key not in flow_in:
-                flow_in[key] = flow_inputs(est, looked())
+                flow_in[key] = flow_inputs(est, looked)
             return flow_in[key]
 
         def hourly_table() -> tuple[DataFrame | None, dict]:
@@ -965,7 +966,7 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
                     stream["truth"] = true_stream_shares(s, truth, p).persist()
                 choices[name] = true_table_stream_policy(est, stream["truth"], p, lag)
             elif base in STREAM_POLICIES:         # the streaming table with its handshake tree
-                choices[name], info[name] = flow_decide_local(spark, flow_table(("stream", lag), lambda: stream_table(lag)),
+                choices[name], info[name] = flow_decide_local(spark, flow_table(("stream", lag), stream_table(lag)),
                                                               p, handshake_tree(name), FLOW_POLICIES[base])
             elif name in CCS:
                 choices[name] = fixed_policy(est, name)
@@ -978,7 +979,7 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
                 info[name] = {"source_decisions": dict(counts)}
                 choices[name] = aliccs_choice(est, looked, p)
             elif name in FLOW_POLICIES:
-                choices[name], info[name] = flow_decide_local(spark, flow_table("hourly", lambda: hourly_table()[0]),
+                choices[name], info[name] = flow_decide_local(spark, flow_table("hourly", hourly_table()[0]),
                                                               p, handshake_tree(name), FLOW_POLICIES[name])
             elif name == "configanator":
                 choices[name], info[name] = configanator_policy(train, est, p)

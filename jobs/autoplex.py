@@ -287,6 +287,18 @@ def _period_label_py(ms: int) -> str:
     return _utc(ms, "%Y-%m-%dT%H:%M")
 
 
+def period_labels(start_ms: int, periods: int, period_minutes: int) -> list[str]:
+    """gold.autoplex_params' `period` partitions of `periods` periods from `start_ms` (a period
+    start)."""
+    return [_period_label_py(start_ms + i * period_minutes * 60_000) for i in range(periods)]
+
+
+def similarity_window(start_ms: int, periods: int, period_minutes: int) -> str:
+    """gold.autoplex_similarity's `window` partition of `periods` periods from `start_ms`."""
+    labels = period_labels(start_ms, periods, period_minutes)
+    return f"{labels[0]}..{labels[-1]}"
+
+
 def _period_label(ms_col: str = "period_start_ms"):
     return F.date_format(F.timestamp_millis(F.col(ms_col)), "yyyy-MM-dd'T'HH:mm")
 
@@ -323,15 +335,27 @@ def _run_parameters_spark(spark: SparkSession, cfg: Any, start_ms: int, periods:
     silver = inputs(extract(spark, cfg, start_ms, end_ms), group_cols, {p.metric for p in policies})
     params = run(silver, policies, group_cols, period).withColumn("period", _period_label()).cache()
     counts = {r["policy"]: r["n"] for r in params.groupBy("policy").agg(F.count(F.lit(1)).alias("n")).collect()}
-    labels = [_period_label_py(start_ms + i * t) for i in range(periods)]
-    # `spark.default.parallelism` writers (no more than there are periods), each writing whole
-    # periods, so still one file per period; from one task a day's 48 files were written one after
-    # another (jobs/README.md, "Bench": the job 7.40-8.16 s with one writer, 6.72-7.60 s with two)
-    writers = min(spark.sparkContext.defaultParallelism, periods)
-    delta_io.replace_partitions(params.repartition(writers, "period"), table_path(cfg, "gold.autoplex_params"),
-                                {(p,) for p in labels}, ("period",))
+    labels = period_labels(start_ms, periods, period)
+    write_parameters(cfg, params, labels)
     params.unpersist()
     return {"periods": labels, "group_by": group_cols, "rows_per_policy": counts}
+
+
+def write_parameters(cfg: Any, params: DataFrame, labels: list[str]) -> None:
+    """gold.autoplex_params' `labels` periods replaced by `params` in one commit, by
+    `spark.default.parallelism` writers (no more than there are periods), each writing whole
+    periods, so one file per period; from one task a day's 48 files were written one after
+    another (jobs/README.md, "Bench": the job 7.40-8.16 s with one writer, 6.72-7.60 s with two)."""
+    writers = min(params.sparkSession.sparkContext.defaultParallelism, len(labels))
+    delta_io.replace_partitions(params.repartition(writers, "period"), table_path(cfg, "gold.autoplex_params"),
+                                {(p,) for p in labels}, ("period",))
+
+
+def write_similarity(cfg: Any, rates: DataFrame, window: str) -> None:
+    """gold.autoplex_similarity's `window` partition replaced by `rates` in one commit, as
+    lake.write_window does, from one task (one file)."""
+    delta_io.replace_partitions(rates.coalesce(1).withColumn("window", F.lit(window)),
+                                table_path(cfg, "gold.autoplex_similarity"), {(window,)}, ("window",))
 
 
 def similarity_bands(s: AutoplexSettings) -> tuple[Policy, Policy]:
@@ -361,12 +385,9 @@ def _run_similarity_spark(spark: SparkSession, cfg: Any, start_ms: int, periods:
     start_ms -= start_ms % t
     df = with_period(extract(spark, cfg, start_ms, start_ms + periods * t), period)
     rates = change_rates(df, group_cols, better, worse, period).cache()
-    window = f"{_period_label_py(start_ms)}..{_period_label_py(start_ms + (periods - 1) * t)}"
-    n = rates.count()
-    # the window's partition replaced in one commit, as lake.write_window does, from one task (one
-    # file); its row count from the cache rather than from the table read back
-    delta_io.replace_partitions(rates.coalesce(1).withColumn("window", F.lit(window)),
-                                table_path(cfg, "gold.autoplex_similarity"), {(window,)}, ("window",))
+    window = similarity_window(start_ms, periods, period)
+    n = rates.count()       # from the cache rather than from the table read back
+    write_similarity(cfg, rates, window)
     summary = [r.asDict() for r in similarity_summary(rates).collect()]
     rates.unpersist()
     out = {"window": window, "rows": n, "summary": summary}

@@ -327,7 +327,7 @@ def run_parameters(cfg: Any, start_ms: int, periods: int) -> dict[str, Any]:
     cols = _columns(group_cols, {p.metric for p in policies})
     params = parameters(read_window(table_path(cfg, "silver.connections"), start_ms, end_ms, cols),
                         policies, group_cols, period)
-    labels = [spark_job._period_label_py(start_ms + i * t) for i in range(periods)]
+    labels = spark_job.period_labels(start_ms, periods, period)
     replace_partitions(table_path(cfg, "gold.autoplex_params"), params, "period", labels, "ccs autoplex")
     counts = {r["policy"]: r["count"] for r in params.group_by("policy").aggregate([("policy", "count")])
               .rename_columns(["policy", "count"]).to_pylist()} if params.num_rows else {}
@@ -346,7 +346,7 @@ def run_similarity(cfg: Any, start_ms: int, periods: int, plot_dir: str | None =
     silver = read_window(table_path(cfg, "silver.connections"), start_ms, start_ms + periods * t,
                          _columns(group_cols, {better.metric}))
     rates = change_rates(silver, group_cols, better, worse, period)
-    window = f"{spark_job._period_label_py(start_ms)}..{spark_job._period_label_py(start_ms + (periods - 1) * t)}"
+    window = spark_job.similarity_window(start_ms, periods, period)
     replace_partitions(table_path(cfg, "gold.autoplex_similarity"),
                        rates.append_column("window", pa.array([window] * rates.num_rows, pa.string())),
                        "window", [window], "ccs autoplex-similarity")
