@@ -110,5 +110,8 @@ airflow: python
 notebooks: python
 	$(PY) -m app.ui notebooks
 
+# The local fleet's enforcement first (make run attached it; ccs undeploy says what it could not
+# remove and stops the clean), while the agent it detaches with is still built.
 clean:
+	@if [ "$$(id -u)" = 0 ] && [ -x export/build/ccs-edge ] && [ -f $(STAMP) ]; then $(PY) -m app.cli undeploy; fi
 	rm -rf var bench/results/*.json export/build

@@ -25,6 +25,7 @@ def register(app: typer.Typer) -> None:
     app.command("export")(export_cmd)
     app.command("rollout")(rollout_cmd)
     app.command("rollback")(rollback_cmd)
+    app.command("undeploy")(undeploy_cmd)
 
 
 @keys_app.command("init")
@@ -100,4 +101,20 @@ def rollback_cmd(
     res = deploy(fl, store, prev, cfg.settings.export.rollout.health, log=typer.echo)
     typer.echo(json.dumps(res, indent=1, default=str))
     if not res["ok"]:
+        raise typer.Exit(1)
+
+
+def undeploy_cmd(
+    fleet: Optional[str] = typer.Option(None, "--fleet", help="fleet file (default: pipeline.fleet, the one make run deploys to)"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Take the fleet's enforcement off this machine: each node's sock_ops program detached, its
+    pins and route CCs gone, its cgroup removed once empty (make clean runs this). Exits 1 when
+    something is still there."""
+    from export.delivery.rollout import load_fleet
+    from export.edge.probe import undeploy
+    cfg = load_config(config)
+    res = undeploy(load_fleet(fleet or cfg.settings.pipeline.fleet, cfg), log=typer.echo)
+    typer.echo(json.dumps(res, indent=1))
+    if any(r["left"] for r in res.values()):
         raise typer.Exit(1)

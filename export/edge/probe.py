@@ -22,6 +22,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from export.artifact import table_format as tf
+from export.edge.agent import EdgeAgentError
 
 CGROUP_ROOT = "/sys/fs/cgroup/unified"
 BPFFS = "/sys/fs/bpf"
@@ -234,6 +235,39 @@ def remove_cgroup(cg: str | None, tries: int = 50) -> None:
             return
         except OSError:
             time.sleep(0.1)
+
+
+def undeploy(fleet, log=print) -> dict:
+    """Take a fleet's enforcement off this machine (`ccs undeploy`, which `make clean` runs): the
+    rest first and the canaries last (deploy's order reversed), each node's agent detached with
+    its pins purged (`ccs-edge detach --purge`: the program off its cgroup, its route CCs
+    flushed, every pinned map unpinned), then its cgroup removed once no process is left in it.
+    A node with neither a pin dir nor a cgroup is left alone; nodes in a network namespace of
+    their own are `ccs cluster down`'s. → {node_id: {"was": [...], "left": [...]}}: what was
+    there, and what is still there (a cgroup a process still uses, a detach the agent refused)."""
+    out = {}
+    for node in fleet.rest + fleet.canaries:
+        if node.netns:
+            out[node.node_id] = {"was": [], "left": [], "skipped": f"in netns {node.netns}: ccs cluster down"}
+            continue
+        pin, cg = node.config.pin_dir, node.config.cgroup
+        was = [what for what, path in (("pin dir", pin), ("cgroup", cg)) if path and os.path.isdir(path)]
+        left = []
+        if "pin dir" in was:
+            agent = node.agent()
+            try:
+                agent.detach(purge=True)
+            except (EdgeAgentError, OSError, subprocess.SubprocessError) as exc:
+                left.append(f"detach: {exc}")
+            finally:
+                agent.close()
+        if "cgroup" in was:
+            remove_cgroup(cg, tries=20)
+        left += [f"{what} {path}" for what, path in (("pin dir", pin), ("cgroup", cg)) if path and os.path.isdir(path)]
+        out[node.node_id] = {"was": was, "left": left}
+        if was:
+            log(f"{node.node_id}: " + (f"still there: {'; '.join(left)}" if left else f"removed {' and '.join(was)}"))
+    return out
 
 
 def teardown(fleet, log=print) -> None:

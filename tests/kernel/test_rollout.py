@@ -150,6 +150,43 @@ def test_rollout_canary_then_rest_then_rollback(fleet_env, keys, tmp_path):
         assert _cc_through(lf, i) == a, f"node {i} back on version 1's CC"
 
 
+def test_undeploy_takes_the_fleets_enforcement_off_and_says_what_a_process_keeps(fleet_env, keys, tmp_path):
+    """`ccs undeploy` (make clean runs it): every node's program detached and its pins gone, so
+    connections get the default CC again; a cgroup a process is still in stays, and the command
+    says so and exits 1; run again once the process is gone, it removes that cgroup and exits 0."""
+    from typer.testing import CliRunner
+
+    from app.cli import app
+    cfg, lf = fleet_env
+    default = sysctl_cc()
+    a, _ = other_ccs(default)
+    store = Store(str(tmp_path / "store"))
+    fleet = lf.fleet(cfg)
+    store.publish(_table(keys, str(tmp_path / "export"), 1, a).manifest)
+    assert deploy(fleet, store, 1, Health(wait_s=0.3, min_rate_ratio=0.5), log=lambda m: None)["ok"]
+    assert [_cc_through(lf, i) for i in range(2)] == [a, a]
+    canary, rest = lf.nodes
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        with open(os.path.join(canary["cgroup"], "cgroup.procs"), "w") as f:
+            f.write(str(sleeper.pid))
+        r = CliRunner().invoke(app, ["undeploy", "--fleet", lf.path, "--config", str(cfg.path)])
+        assert r.exit_code == 1, r.output + str(r.exception)
+        for n in lf.nodes:
+            assert not os.path.exists(n["pin_dir"]), f"{n['node_id']}: pins purged"
+        assert not os.path.exists(rest["cgroup"]) and os.path.isdir(canary["cgroup"])
+        assert f"still there: cgroup {canary['cgroup']}" in r.output
+        assert [_cc_through(lf, i) for i in range(2)] == [default, default], "no enforcement left"
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    r = CliRunner().invoke(app, ["undeploy", "--fleet", lf.path, "--config", str(cfg.path)])
+    assert r.exit_code == 0, r.output + str(r.exception)
+    assert not os.path.exists(canary["cgroup"])
+    res = yaml.safe_load(r.output[r.output.index("{"):])
+    assert res == {rest["node_id"]: {"was": [], "left": []}, canary["node_id"]: {"was": ["cgroup"], "left": []}}
+
+
 def test_failed_canary_health_rolls_back_canary_only(fleet_env, keys, tmp_path):
     """Clients of the canary stop connecting once the new table is live (the connection rate
     collapses): the canary goes back to version 1, the other node never sees version 2, and the
