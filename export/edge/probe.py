@@ -241,45 +241,37 @@ def undeploy(fleet, log=print) -> dict:
     """Take a fleet's enforcement off this machine (`ccs undeploy`, which `make clean` runs): the
     rest first and the canaries last (deploy's order reversed), each node's agent detached with
     its pins purged (`ccs-edge detach --purge`: the program off its cgroup, its route CCs
-    flushed, every pinned map unpinned), then its cgroup removed once no process is left in it.
-    A node with neither a pin dir nor a cgroup is left alone; nodes in a network namespace of
-    their own are `ccs cluster down`'s. → {node_id: {"was": [...], "left": [...]}}: what was
-    there, and what is still there (a cgroup a process still uses, a detach the agent refused)."""
+    flushed, every pinned map unpinned; nothing to do where nothing is attached), then its
+    cgroup removed once no process is left in it. Nodes in a network namespace of their own are
+    `ccs cluster down`'s. → {node_id: {"was": [...], "left": [...]}}: what was there, and what is
+    still there (a cgroup a process still uses, a detach the agent refused)."""
     out = {}
     for node in fleet.rest + fleet.canaries:
         if node.netns:
             out[node.node_id] = {"was": [], "left": [], "skipped": f"in netns {node.netns}: ccs cluster down"}
             continue
-        pin, cg = node.config.pin_dir, node.config.cgroup
-        was = [what for what, path in (("pin dir", pin), ("cgroup", cg)) if path and os.path.isdir(path)]
+        paths = (("pin dir", node.config.pin_dir), ("cgroup", node.config.cgroup))
+        was = [what for what, path in paths if path and os.path.isdir(path)]
         left = []
-        if "pin dir" in was:
-            agent = node.agent()
-            try:
-                agent.detach(purge=True)
-            except (EdgeAgentError, OSError, subprocess.SubprocessError) as exc:
-                left.append(f"detach: {exc}")
-            finally:
-                agent.close()
-        if "cgroup" in was:
-            remove_cgroup(cg, tries=20)
-        left += [f"{what} {path}" for what, path in (("pin dir", pin), ("cgroup", cg)) if path and os.path.isdir(path)]
+        agent = node.agent()
+        try:
+            agent.detach(purge=True)
+        except (EdgeAgentError, OSError, subprocess.SubprocessError) as exc:
+            left.append(f"detach: {exc}")
+        finally:
+            agent.close()
+        remove_cgroup(node.config.cgroup)
+        left += [f"{what} {path}" for what, path in paths if path and os.path.isdir(path)]
         out[node.node_id] = {"was": was, "left": left}
-        if was:
+        if was or left:
             log(f"{node.node_id}: " + (f"still there: {'; '.join(left)}" if left else f"removed {' and '.join(was)}"))
     return out
 
 
 def teardown(fleet, log=print) -> None:
-    """Detach every node's agent (purging its pins) and remove its cgroup: for throwaway fleets."""
+    """`undeploy` for throwaway fleets: a pin dir a refused detach left is removed by hand too
+    (the link's pin gone, the program comes off its cgroup); what still stays is only said."""
+    undeploy(fleet, log)
     for node in fleet.nodes:
-        agent = node.agent()
-        try:
-            agent.detach(purge=True)
-        except Exception as exc:  # noqa: BLE001 — best effort, say what stayed
-            log(f"{node.node_id}: detach failed: {exc}")
-        finally:
-            agent.close()
-        if node.config.pin_dir and os.path.isdir(node.config.pin_dir):
+        if not node.netns and node.config.pin_dir and os.path.isdir(node.config.pin_dir):
             shutil.rmtree(node.config.pin_dir, ignore_errors=True)
-        remove_cgroup(node.config.cgroup)
