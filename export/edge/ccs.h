@@ -94,6 +94,22 @@ struct ccs_version {
 };
 
 /*
+ * ccs_log[0]: the transport log's ledger, kept by the agent that writes the log (translog.c) and
+ * shown by status. Every record taken from the ring is either written (whole, in a log file) or
+ * lost (a failed open or write: counted, never half in a file); every failed open, write,
+ * truncate, fsync, close or rename is an error. The program never reads it (agent-only).
+ */
+struct ccs_log_state {
+	__u64 written;          /* records written whole into a log file */
+	__u64 lost;             /* records taken from the ring that no file holds */
+	__u64 errors;           /* failed file calls */
+	__u64 last_error_unix;  /* the last failure: when, errno, what ("write DIR/.NAME.part") */
+	__s32 last_errno;
+	__u32 degraded;         /* 1 from a failed call until a write succeeds again */
+	char last_op[112];
+};
+
+/*
  * ccs_model[slot]: the manifest's model_version of the table in the slot, for status. The
  * program never reads it; it has a map of its own (not a ccs_meta field) so that a pin dir made
  * before it still takes an in-place attach (libbpf reuses a pinned map only of the same size).

@@ -9,6 +9,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
@@ -83,8 +84,42 @@ static const char *slot_state(const struct ccs_meta *m, __u32 trie_id)
 	return slot_consistent(m, trie_id) ? "ok" : "inconsistent";
 }
 
-/* "counters": {name: sum over the CPUs, ...}; vals has room for ncpu values */
-static void print_counters(FILE *o, int cnt_fd, int fcnt_fd, __u64 *vals, int ncpu)
+/*
+ * "log": the transport log's ledger (ccs_log, kept by the agent writing the log): records written
+ * whole, lost, failed file calls, degraded (from a failure until a write succeeds again) and the
+ * last failure; null with a pin dir from before it.
+ */
+static void print_log(FILE *o, const struct ccs_log_state *l)
+{
+	char what[sizeof(l->last_op) + 1];
+
+	if (!l) {
+		fprintf(o, "\"log\": null, ");
+		return;
+	}
+	fprintf(o, "\"log\": {\"written\": %llu, \"lost\": %llu, \"errors\": %llu, \"degraded\": %s, "
+		"\"last_error\": ", (unsigned long long)l->written, (unsigned long long)l->lost,
+		(unsigned long long)l->errors, l->degraded ? "true" : "false");
+	if (l->errors) {
+		snprintf(what, sizeof(what), "%.*s", (int)sizeof(l->last_op), l->last_op);
+		fprintf(o, "{\"at\": %llu, \"what\": ", (unsigned long long)l->last_error_unix);
+		json_str(o, what);
+		fprintf(o, ", \"error\": ");
+		json_str(o, strerror(l->last_errno));
+		fprintf(o, "}");
+	} else {
+		fprintf(o, "null");
+	}
+	fprintf(o, "}, ");
+}
+
+/*
+ * "counters": {name: sum over the CPUs, ...}, then the log's ledger as log_written, log_lost,
+ * log_errors (so that log_emitted = log_written + log_lost once the agent has drained the ring);
+ * vals has room for ncpu values
+ */
+static void print_counters(FILE *o, int cnt_fd, int fcnt_fd, __u64 *vals, int ncpu,
+			   const struct ccs_log_state *l)
 {
 	__u64 total;
 	__u32 k;
@@ -106,6 +141,10 @@ static void print_counters(FILE *o, int cnt_fd, int fcnt_fd, __u64 *vals, int nc
 				total += vals[c];
 		fprintf(o, ", \"%s\": %llu", ccs_flow_counter_names[k], (unsigned long long)total);
 	}
+	if (l)
+		fprintf(o, ", \"log_written\": %llu, \"log_lost\": %llu, \"log_errors\": %llu",
+			(unsigned long long)l->written, (unsigned long long)l->lost,
+			(unsigned long long)l->errors);
 	fprintf(o, "}");
 }
 
@@ -115,6 +154,7 @@ int cmd_status(bool json)
 	int cnt_fd = open_pinned("ccs_counters"), tables_fd = open_pinned("ccs_tables");
 	int model_fd = open_pinned("ccs_model"), version_fd = open_pinned("ccs_version");
 	int flow_fd = open_pinned("ccs_flow"), fcnt_fd = open_pinned("ccs_flow_counters");
+	int log_fd = open_pinned("ccs_log");
 	int ncpu = libbpf_num_possible_cpus(), err = 1, live = -1;
 	struct link_state ls = { .fd = -1 };
 	struct bpf_prog_info pinfo = {};
@@ -125,6 +165,8 @@ int cmd_status(bool json)
 	struct ccs_flow flow[CCS_SLOTS] = {};
 	bool has_flow[CCS_SLOTS] = {};
 	struct ccs_version ver = {};
+	struct ccs_log_state logst = {};
+	bool has_log = false;
 	bool has_model[CCS_SLOTS] = {}, ok[CCS_SLOTS] = {};
 	__u64 *vals = NULL, floor;
 	FILE *o = stdout;
@@ -154,6 +196,7 @@ int cmd_status(bool json)
 	}
 	if (version_fd >= 0)
 		bpf_map_lookup_elem(version_fd, &zero, &ver);
+	has_log = log_fd >= 0 && !bpf_map_lookup_elem(log_fd, &zero, &logst);
 	floor = ver.highest;
 	for (slot = 0; slot < CCS_SLOTS; slot++)
 		if (ok[slot] && meta[slot].version > floor)
@@ -164,8 +207,9 @@ int cmd_status(bool json)
 	if (!vals)
 		goto cleanup;
 	if (!json)
-		printf("attached: %s (link %s)  pin dir %s  generation %u\n",
-		       ls.attached ? "yes" : "no", ls.state, cfg.pin_dir, ctl.generation);
+		printf("attached: %s (link %s)  pin dir %s  generation %u%s\n",
+		       ls.attached ? "yes" : "no", ls.state, cfg.pin_dir, ctl.generation,
+		       has_log && logst.degraded ? "  transport log DEGRADED (records lost: see \"log\")" : "");
 	/*
 	 * attached: the pinned link runs the program for the configured cgroup as it is now (its id
 	 * is the link's). link: ok, none, severed (the link's cgroup was removed: recreating the
@@ -220,7 +264,8 @@ int cmd_status(bool json)
 	} else {
 		fprintf(o, "\"route_ccs\": null, ");
 	}
-	print_counters(o, cnt_fd, fcnt_fd, vals, ncpu);
+	print_log(o, has_log ? &logst : NULL);
+	print_counters(o, cnt_fd, fcnt_fd, vals, ncpu, has_log ? &logst : NULL);
 	fprintf(o, "}\n");
 	err = 0;
 cleanup:
@@ -243,5 +288,7 @@ cleanup:
 		close(flow_fd);
 	if (fcnt_fd >= 0)
 		close(fcnt_fd);
+	if (log_fd >= 0)
+		close(log_fd);
 	return err;
 }

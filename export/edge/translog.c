@@ -12,6 +12,13 @@
  * closed (it came late, or an earlier run closed it) goes to <YYYY-MM-DDTHHMM>.<seq>.jsonl, the
  * first seq whose file and .part are both free. With R = 0, the hourly <YYYY-MM-DDTHH>.jsonl
  * of ts_end_ms, appended to.
+ *
+ * The log is a ledger (ccs_log, status "log"): a record taken from the ring is either written
+ * whole or counted lost. Records are formatted into a buffer per file and written with pwrite at
+ * the file's last whole record (`good`); a write that fails part-way (ENOSPC) keeps the whole
+ * records that made it, truncates the rest and counts the others lost, so a file never holds a
+ * partial line and the next write, when space returns, starts on a line of its own. Every failed
+ * file call is counted; the agent goes on (degraded, saying so) and enforcement never depends on it.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -44,10 +51,27 @@ static void on_signal(int sig)
 	stop = 1;
 }
 
+/* a file the log writes: its descriptor, its length up to the last whole record, and the
+ * records formatted but not yet written */
+struct out {
+	int fd;          /* -1: not open */
+	off_t good;      /* bytes of whole records written */
+	bool cut;        /* a failed write may have left bytes after `good`: truncate at close */
+	size_t len;      /* bytes in buf */
+	unsigned n;      /* records in buf */
+	char *buf;       /* OUT_BUF bytes */
+};
+
+/* records are written when a file's buffer is full and after every drain of the ring */
+#define OUT_BUF (64 * 1024)
+/* the largest record: ~750 bytes of keys and numbers + 2 escaped node ids + ip + cc + boot */
+#define RECORD_MAX 4096
+
 struct segment {
-	FILE *f;
+	struct out o;
 	long long start_min;   /* unix minute the segment starts at */
 	char name[48];         /* the final name, <YYYY-MM-DDTHHMM>[.<seq>].jsonl */
+	char part[56];         /* the name while written, .<name>.part */
 };
 
 struct logger {
@@ -57,11 +81,15 @@ struct logger {
 	char boot[9];
 	char node_json[6 * 128];  /* cfg.node_id, JSON-escaped (no quotes) */
 	__s64 boot_to_real_ns;
-	FILE *f;         /* rotate_minutes 0: the hourly file */
-	long long hour;  /* unix hour of the open file */
+	struct out hourly;        /* rotate_minutes 0: the hourly file */
+	char hour_name[32];
+	long long hour;           /* unix hour of the open file */
 	struct segment seg[SEG_OPEN_MAX];
 	int n_seg;
-	unsigned long long written;
+	unsigned long long written;   /* records written whole by this run */
+	struct ccs_log_state st;      /* the ledger: ccs_log[0] plus this run's counts */
+	int ledger_fd;                /* ccs_log, -1 with a pin dir from before it */
+	bool dirty;                   /* st changed since it was last written to ccs_log */
 };
 
 static int mkdirs(const char *path)
@@ -123,27 +151,169 @@ static inline char *put_hex16(char *p, unsigned long long v)
 	return p;
 }
 
-/* the JSONL file of a unix hour: <dir>/<YYYY-MM-DDTHH>.jsonl (UTC), appended to */
-static int open_hour(struct logger *lg, long long hour)
+/* the ledger into ccs_log (when it changed); the program never reads it */
+static void ledger_save(struct logger *lg)
 {
-	char path[PATH_MAX + 64];
+	__u32 zero = 0;
+
+	if (lg->dirty && lg->ledger_fd >= 0 &&
+	    !bpf_map_update_elem(lg->ledger_fd, &zero, &lg->st, BPF_ANY))
+		lg->dirty = false;
+}
+
+/*
+ * A failed file call: counted, remembered for status, said on stderr when the log turns degraded
+ * (not once per record: a full volume fails every write until space returns).
+ */
+static void log_failed(struct logger *lg, const char *op, const char *file, int err)
+{
+	if (!lg->st.degraded)
+		fprintf(stderr, "ccs-edge: transport log degraded: %s %s/%s: %s (records lost are "
+			"counted: status \"log\"; enforcement goes on)\n", op, lg->dir, file, strerror(err));
+	lg->st.errors++;
+	lg->st.degraded = 1;
+	lg->st.last_errno = err;
+	lg->st.last_error_unix = (__u64)time(NULL);
+	snprintf(lg->st.last_op, sizeof(lg->st.last_op), "%s %s", op, file);
+	lg->dirty = true;
+}
+
+static void log_lost(struct logger *lg, unsigned n)
+{
+	lg->st.lost += n;
+	lg->dirty = true;
+}
+
+static void log_written(struct logger *lg, unsigned n)
+{
+	if (lg->st.degraded && n) {
+		fprintf(stderr, "ccs-edge: transport log writes again (%llu records lost, %llu errors "
+			"so far)\n", (unsigned long long)lg->st.lost, (unsigned long long)lg->st.errors);
+		lg->st.degraded = 0;
+	}
+	lg->st.written += n;
+	lg->written += n;
+	lg->dirty = true;
+}
+
+static void out_open(struct out *o, int fd, off_t good)
+{
+	o->fd = fd;
+	o->good = good;
+	o->cut = false;
+	o->len = 0;
+	o->n = 0;
+}
+
+/*
+ * Write the buffered records at the file's last whole record. On a failure part-way, the whole
+ * records that made it stay (counted written), the bytes after them are cut, the rest is counted
+ * lost: the file ends on a whole line, and the next write starts a line of its own.
+ */
+static void out_flush(struct logger *lg, struct out *o, const char *name)
+{
+	size_t w = 0, keep;
+	unsigned n_keep = 0;
+	ssize_t k;
+	int err = 0;
+
+	if (!o->len)
+		return;
+	while (w < o->len) {
+		k = pwrite(o->fd, o->buf + w, o->len - w, o->good + (off_t)w);
+		if (k <= 0) {
+			err = k < 0 ? errno : ENOSPC;
+			if (err == EINTR)
+				continue;
+			break;
+		}
+		w += (size_t)k;
+	}
+	if (!err) {
+		o->good += (off_t)w;
+		log_written(lg, o->n);
+	} else {
+		for (keep = w; keep && o->buf[keep - 1] != '\n'; keep--)
+			;
+		for (size_t i = 0; i < keep; i++)
+			n_keep += o->buf[i] == '\n';
+		o->good += (off_t)keep;
+		o->cut = true;
+		if (!ftruncate(o->fd, o->good))
+			o->cut = false;
+		log_failed(lg, "write", name, err);
+		lg->st.written += n_keep;
+		lg->written += n_keep;
+		log_lost(lg, o->n - n_keep);
+	}
+	o->len = 0;
+	o->n = 0;
+}
+
+/*
+ * The buffered records written, the file cut at its last whole record, synced and closed; false
+ * when it could not be cut (it may end in a partial line). A failed fsync or close is counted.
+ */
+static bool out_close(struct logger *lg, struct out *o, const char *name)
+{
+	bool whole = true;
+
+	out_flush(lg, o, name);
+	if (o->cut && ftruncate(o->fd, o->good)) {
+		log_failed(lg, "truncate", name, errno);
+		whole = false;
+	}
+	if (fsync(o->fd))
+		log_failed(lg, "fsync", name, errno);
+	if (close(o->fd))
+		log_failed(lg, "close", name, errno);
+	o->fd = -1;
+	return whole;
+}
+
+/* the end of a file of `size` bytes at its last whole line: after the last newline within its last
+ * 4 KiB (a record is < 2.5 KiB); 0 for a file without one; size when 4 KiB hold no newline, or
+ * when it cannot be read (nothing is cut then) */
+static off_t whole_end(int fd, off_t size)
+{
+	char tail[RECORD_MAX];
+	off_t from = size > (off_t)sizeof(tail) ? size - (off_t)sizeof(tail) : 0;
+	ssize_t n = pread(fd, tail, (size_t)(size - from), from);
+
+	if (n != size - from)
+		return size;
+	while (n > 0 && tail[n - 1] != '\n')
+		n--;
+	return n > 0 ? from + n : from ? size : 0;
+}
+
+/* the JSONL file of a unix hour: <dir>/<YYYY-MM-DDTHH>.jsonl (UTC), written after its end */
+static struct out *open_hour(struct logger *lg, long long hour)
+{
 	time_t hsec = (time_t)(hour * 3600);
 	struct tm tm;
-	int err;
+	off_t end;
+	int fd;
 
-	if (lg->f)
-		fclose(lg->f);
+	if (lg->hourly.fd >= 0)
+		out_close(lg, &lg->hourly, lg->hour_name);
 	gmtime_r(&hsec, &tm);
-	snprintf(path, sizeof(path), "%s/%04d-%02d-%02dT%02d.jsonl", lg->dir, tm.tm_year + 1900,
-		 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour);
-	lg->f = fopen(path, "a");
-	if (!lg->f) {
-		err = -errno;
-		die_msg("open %s: %s", path, strerror(-err));
-		return err;
+	snprintf(lg->hour_name, sizeof(lg->hour_name), "%04d-%02d-%02dT%02d.jsonl",
+		 tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour);
+	fd = openat(lg->dir_fd, lg->hour_name, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+	/* appended to at its last whole line: a partial one a killed agent left is written over */
+	end = fd >= 0 ? lseek(fd, 0, SEEK_END) : -1;
+	if (end > 0)
+		end = whole_end(fd, end);
+	if (end < 0 || ftruncate(fd, end)) {
+		log_failed(lg, "open", lg->hour_name, errno);
+		if (fd >= 0)
+			close(fd);
+		return NULL;
 	}
+	out_open(&lg->hourly, fd, end);
 	lg->hour = hour;
-	return 0;
+	return &lg->hourly;
 }
 
 /* "<YYYY-MM-DDTHHMM>[.<seq>].jsonl" of a segment starting at unix minute start_min */
@@ -159,54 +329,50 @@ static void segment_name(char *out, size_t n, long long start_min, int seq)
 	snprintf(out + k, n - k, seq ? ".%d.jsonl" : ".jsonl", seq);
 }
 
-/* flush, fsync, close, rename .<name>.part to <name> (then fsync the folder: the rename lasts) */
-static int close_segment(struct logger *lg, int i)
+/*
+ * Close a segment: its records written, cut at the last whole record, fsync, close, rename
+ * .<name>.part to <name> (then fsync the folder: the rename lasts). A segment none of whose
+ * records could be written goes (never an empty file). A failure is counted, and the .part left.
+ */
+static void close_segment(struct logger *lg, int i)
 {
 	struct segment s = lg->seg[i];
-	char part[sizeof(s.name) + 8];
-	int err = 0;
+	const char *part = s.part;
 
 	lg->seg[i] = lg->seg[--lg->n_seg];
-	snprintf(part, sizeof(part), ".%s.part", s.name);
-	if (fflush(s.f) || fsync(fileno(s.f)))
-		err = -errno;
-	if (fclose(s.f) && !err)
-		err = -errno;
-	if (err) {
-		die_msg("write %s/%s: %s (left as it is)", lg->dir, part, strerror(-err));
-		return err;
+	lg->seg[lg->n_seg].o.buf = s.o.buf;   /* the freed slot keeps a buffer */
+	if (!out_close(lg, &s.o, part))
+		return;   /* a partial line it could not cut: recover_part cuts it later */
+	if (s.o.good == 0) {
+		unlinkat(lg->dir_fd, part, 0);
+		return;
 	}
 	if (renameat(lg->dir_fd, part, lg->dir_fd, s.name)) {
-		err = -errno;
-		die_msg("rename %s/%s to %s: %s", lg->dir, part, s.name, strerror(-err));
-		return err;
+		log_failed(lg, "rename", part, errno);
+		return;
 	}
-	fsync(lg->dir_fd);
-	return 0;
+	if (fsync(lg->dir_fd))
+		log_failed(lg, "fsync", ".", errno);
 }
 
 /* close the segments whose end + grace has passed by wall clock (every one when `all`) */
-static int close_segments(struct logger *lg, bool all)
+static void close_segments(struct logger *lg, bool all)
 {
 	long long now_ms = (long long)(clock_ns(CLOCK_REALTIME) / 1000000);
-	int i, err = 0, e;
+	int i;
 
-	for (i = lg->n_seg - 1; i >= 0; i--) {
-		if (all || now_ms >= (lg->seg[i].start_min + cfg.rotate_minutes) * 60000 + SEG_GRACE_MS) {
-			e = close_segment(lg, i);
-			if (e && !err)
-				err = e;
-		}
-	}
-	return err;
+	for (i = lg->n_seg - 1; i >= 0; i--)
+		if (all || now_ms >= (lg->seg[i].start_min + cfg.rotate_minutes) * 60000 + SEG_GRACE_MS)
+			close_segment(lg, i);
 }
 
 /*
  * The open segment starting at start_min, opened on its first record (an empty segment is never
  * created) as .<name>.part under the first name whose file and .part are both free: seq 0 the
  * first time, then .1, .2, ... for a segment closed before (a late record, an earlier run).
+ * NULL (the failure counted) when it cannot be opened.
  */
-static FILE *segment_file(struct logger *lg, long long start_min)
+static struct segment *segment_of(struct logger *lg, long long start_min)
 {
 	char part[sizeof(lg->seg[0].name) + 8];
 	struct segment *s;
@@ -214,13 +380,12 @@ static FILE *segment_file(struct logger *lg, long long start_min)
 
 	for (i = 0; i < lg->n_seg; i++)
 		if (lg->seg[i].start_min == start_min)
-			return lg->seg[i].f;
+			return &lg->seg[i];
 	if (lg->n_seg == SEG_OPEN_MAX) {   /* records far apart in time: close the oldest */
 		for (i = 1; i < lg->n_seg; i++)
 			if (lg->seg[i].start_min < lg->seg[oldest].start_min)
 				oldest = i;
-		if (close_segment(lg, oldest))
-			return NULL;
+		close_segment(lg, oldest);
 	}
 	s = &lg->seg[lg->n_seg];
 	for (seq = 0; seq <= SEG_SEQ_MAX; seq++) {
@@ -234,19 +399,16 @@ static FILE *segment_file(struct logger *lg, long long start_min)
 		if (fd >= 0 || errno != EEXIST)
 			break;
 	}
-	if (seq > SEG_SEQ_MAX) {
-		die_msg("%s: no free .<seq> for the segment %s", lg->dir, s->name);
+	if (fd < 0) {
+		log_failed(lg, seq > SEG_SEQ_MAX ? "no free .<seq> for" : "open", part,
+			   seq > SEG_SEQ_MAX ? ENOSPC : errno);
 		return NULL;
 	}
-	if (fd < 0 || !(s->f = fdopen(fd, "w"))) {
-		die_msg("open %s/%s: %s", lg->dir, part, strerror(errno));
-		if (fd >= 0)
-			close(fd);
-		return NULL;
-	}
+	out_open(&s->o, fd, 0);
+	snprintf(s->part, sizeof(s->part), "%s", part);
 	s->start_min = start_min;
 	lg->n_seg++;
-	return s->f;
+	return s;
 }
 
 /*
@@ -255,11 +417,10 @@ static FILE *segment_file(struct logger *lg, long long start_min)
  */
 static void recover_part(struct logger *lg, const char *part, long long now_ms)
 {
-	char name[NAME_MAX + 1], tail[4096];
+	char name[NAME_MAX + 1];
 	struct tm tm = {};
 	long long start_ms, span_min = cfg.rotate_minutes ? cfg.rotate_minutes : 60;
 	off_t size, keep;
-	ssize_t n;
 	int fd;
 
 	snprintf(name, sizeof(name), "%.*s", (int)strlen(part) - 6, part + 1);
@@ -280,12 +441,7 @@ static void recover_part(struct logger *lg, const char *part, long long now_ms)
 		close(fd);
 		return;
 	}
-	/* the last newline within the last 4 KiB (a record is < 2.5 KiB) */
-	keep = size > (off_t)sizeof(tail) ? size - (off_t)sizeof(tail) : 0;
-	n = pread(fd, tail, (size_t)(size - keep), keep);
-	while (n > 0 && tail[n - 1] != '\n')
-		n--;
-	keep = n > 0 ? keep + n : keep ? size : 0;   /* no newline in 4 KiB of more: leave it whole */
+	keep = whole_end(fd, size);
 	if (keep < size && ftruncate(fd, keep))
 		keep = size;
 	fsync(fd);
@@ -400,33 +556,47 @@ static char *format_record(char *p, const struct logger *lg, const struct ccs_co
 	return put_s(p, "}\n");
 }
 
+/* one record from the ring into its file's buffer; it is written (or counted lost), never refused */
 static int log_event(void *ctx, void *data, size_t size)
 {
 	struct logger *lg = ctx;
 	const struct ccs_conn *c = data;
-	char line[4096], *end;
 	long long start_ms, end_ms, hour;
-	FILE *f;
-	int err;
+	struct segment *s = NULL;
+	struct out *o;
+	const char *name;
 
 	if (size < sizeof(*c))
 		return 0;
 	start_ms = ((__s64)c->start_boot_ns + lg->boot_to_real_ns) / 1000000;
 	end_ms = ((__s64)c->end_boot_ns + lg->boot_to_real_ns) / 1000000;
 	if (cfg.rotate_minutes) {
-		f = segment_file(lg, end_ms / 60000 / cfg.rotate_minutes * cfg.rotate_minutes);
-		if (!f)
-			return -EIO;
+		s = segment_of(lg, end_ms / 60000 / cfg.rotate_minutes * cfg.rotate_minutes);
+		o = s ? &s->o : NULL;
+		name = s ? s->part : "";
 	} else {
 		hour = end_ms / 3600000;
-		if ((!lg->f || hour != lg->hour) && (err = open_hour(lg, hour)))
-			return err;
-		f = lg->f;
+		o = lg->hourly.fd >= 0 && hour == lg->hour ? &lg->hourly : open_hour(lg, hour);
+		name = lg->hour_name;
 	}
-	end = format_record(line, lg, c, start_ms, end_ms);
-	fwrite(line, 1, end - line, f);
-	lg->written++;
+	if (!o) {
+		log_lost(lg, 1);
+		return 0;
+	}
+	if (o->len + RECORD_MAX > OUT_BUF)
+		out_flush(lg, o, name);
+	o->len = (size_t)(format_record(o->buf + o->len, lg, c, start_ms, end_ms) - o->buf);
+	o->n++;
 	return 0;
+}
+
+/* every file's buffered records written */
+static void flush_all(struct logger *lg)
+{
+	if (lg->hourly.fd >= 0)
+		out_flush(lg, &lg->hourly, lg->hour_name);
+	for (int i = 0; i < lg->n_seg; i++)
+		out_flush(lg, &lg->seg[i].o, lg->seg[i].part);
 }
 
 /* the link: warn once when it stops running the program for the configured cgroup */
@@ -470,7 +640,10 @@ static void watchdog(int ctl_fd, int meta_fd, __u64 *warned_version)
 
 int cmd_log(const char *out, bool drain, bool watch)
 {
-	struct logger lg = { .out = out, .hour = -1, .dir_fd = -1 };
+	struct logger lg = { .out = out, .hour = -1, .dir_fd = -1, .ledger_fd = -1,
+			     .hourly = { .fd = -1 } };
+	__u32 zero = 0;
+	__u64 lost_before = 0;
 	struct ring_buffer *rb = NULL;
 	int ev_fd = open_pinned("ccs_events"), ctl_fd = -1, meta_fd = -1, err = 1, n;
 	char bootid[64] = "";
@@ -509,6 +682,21 @@ int cmd_log(const char *out, bool drain, bool watch)
 		die_msg("open %s: %s", lg.dir, strerror(errno));
 		goto cleanup;
 	}
+	for (int i = 0; i <= SEG_OPEN_MAX; i++) {
+		struct out *o = i < SEG_OPEN_MAX ? &lg.seg[i].o : &lg.hourly;
+
+		o->fd = -1;
+		o->buf = malloc(OUT_BUF);
+		if (!o->buf) {
+			die_msg("log: out of memory");
+			goto cleanup;
+		}
+	}
+	/* the ledger goes on from what earlier runs counted (a pin dir from before it: this run's) */
+	lg.ledger_fd = open_pinned("ccs_log");
+	if (lg.ledger_fd >= 0 && bpf_map_lookup_elem(lg.ledger_fd, &zero, &lg.st))
+		memset(&lg.st, 0, sizeof(lg.st));
+	lost_before = lg.st.lost;
 	recover_parts(&lg);
 	rb = ring_buffer__new(ev_fd, log_event, &lg, NULL);
 	if (!rb) {
@@ -532,12 +720,9 @@ int cmd_log(const char *out, bool drain, bool watch)
 			die_msg("ring buffer: %s", strerror(-n));
 			goto cleanup;
 		}
-		if (lg.f)
-			fflush(lg.f);
-		for (int i = 0; i < lg.n_seg; i++)
-			fflush(lg.seg[i].f);
-		if (close_segments(&lg, false))
-			goto cleanup;
+		flush_all(&lg);
+		close_segments(&lg, false);
+		ledger_save(&lg);
 		if (watch && ctl_fd >= 0 && meta_fd >= 0 && clock_ns(CLOCK_MONOTONIC) - last_wd > 1e9) {
 			watchdog(ctl_fd, meta_fd, &warned);
 			watch_link(&link_warned);
@@ -546,14 +731,26 @@ int cmd_log(const char *out, bool drain, bool watch)
 	} while (!stop && (!drain || n > 0));
 	if (stop)   /* what closed before the signal goes into the files closed now */
 		ring_buffer__consume(rb);
-	if (drain)
-		printf("%llu records\n", lg.written);
 	err = 0;
 cleanup:
-	if (lg.f)
-		fclose(lg.f);
-	if (close_segments(&lg, true))
+	if (lg.hourly.fd >= 0)
+		out_close(&lg, &lg.hourly, lg.hour_name);
+	close_segments(&lg, true);
+	ledger_save(&lg);
+	if (drain && !err)
+		printf("%llu records\n", lg.written);
+	if (lg.st.lost || lg.st.errors)
+		fprintf(stderr, "ccs-edge: transport log: %llu records written, %llu lost, %llu failed "
+			"file calls (all runs: status \"log\")%s\n", (unsigned long long)lg.st.written,
+			(unsigned long long)lg.st.lost, (unsigned long long)lg.st.errors,
+			lg.st.degraded ? ", degraded" : "");
+	/* a one-off drain that lost records failed its job; the daemon's losses are in the ledger */
+	if (drain && lg.st.lost > lost_before)
 		err = 1;
+	for (int i = 0; i <= SEG_OPEN_MAX; i++)
+		free(i < SEG_OPEN_MAX ? lg.seg[i].o.buf : lg.hourly.buf);
+	if (lg.ledger_fd >= 0)
+		close(lg.ledger_fd);
 	if (lg.dir_fd >= 0)
 		close(lg.dir_fd);
 	ring_buffer__free(rb);

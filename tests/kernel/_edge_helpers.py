@@ -3,9 +3,11 @@ them, tables signed with a test key, and a transport-log record checker against 
 from __future__ import annotations
 
 import ipaddress
+import random
 import socket
 import struct
 import subprocess
+import threading
 
 from ccselect import contract
 
@@ -99,3 +101,62 @@ def validate_transport_record(rec: dict) -> list[str]:
         if rec["ts_end_ms"] < rec["ts_start_ms"]:
             problems.append("ts_end_ms before ts_start_ms")
     return problems
+
+
+class Load:
+    """Clients connecting to `ls` from random addresses of `net` (two threads) and a server
+    thread accepting and recording (peer, CC of the accepted socket) until stop()."""
+
+    def __init__(self, ls, net: str, clients: int = 2):
+        self.ls, self.net = ls, ipaddress.ip_network(net)
+        self.seen, self.failures = [], []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._server)] + [
+            threading.Thread(target=self._client, args=(s,)) for s in range(clients)]
+
+    def __enter__(self):
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+    def _server(self):
+        self.ls.settimeout(0.2)
+        while not self._stop.is_set():
+            try:
+                acc, peer = self.ls.accept()
+            except socket.timeout:
+                continue
+            with self._lock:
+                self.seen.append((peer[0], sock_cc(acc)))
+            acc.close()
+
+    def _client(self, seed):
+        rng = random.Random(seed)
+        while not self._stop.is_set():
+            src = str(self.net.network_address + rng.randrange(1, self.net.num_addresses - 1))
+            try:
+                c = client(src)
+                c.settimeout(5)
+                c.connect(self.ls.getsockname())
+                c.close()
+            except OSError as exc:
+                with self._lock:
+                    self.failures.append((src, repr(exc)))
+
+    def stop(self):
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        for t in self._threads:
+            t.join()
+        while True:  # connections whose handshake finished after the server thread stopped
+            try:
+                acc, peer = self.ls.accept()
+            except (socket.timeout, BlockingIOError):
+                break
+            self.seen.append((peer[0], sock_cc(acc)))
+            acc.close()

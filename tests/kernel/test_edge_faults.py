@@ -11,7 +11,6 @@ import hashlib
 import ipaddress
 import json
 import os
-import random
 import re
 import shlex
 import shutil
@@ -19,11 +18,10 @@ import signal
 import socket
 import struct
 import subprocess
-import threading
 import time
 
 import pytest
-from _edge_helpers import cc_of, client, expected_cc, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
+from _edge_helpers import Load, cc_of, client, expected_cc, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
 
 from export.artifact import signing, table_format as tf
 from export.edge.agent import EdgeAgentError, Service
@@ -40,65 +38,6 @@ def _agent(edge, *args):
     """The agent binary with the test's config: (returncode, stdout, stderr)."""
     r = subprocess.run(edge.agent._argv(*args), capture_output=True, text=True, timeout=60)
     return r.returncode, r.stdout, r.stderr
-
-
-class Load:
-    """Clients connecting to `ls` from random addresses of `net` (two threads) and a server
-    thread accepting and recording (peer, CC of the accepted socket) until stop()."""
-
-    def __init__(self, ls, net: str, clients: int = 2):
-        self.ls, self.net = ls, ipaddress.ip_network(net)
-        self.seen, self.failures = [], []
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._threads = [threading.Thread(target=self._server)] + [
-            threading.Thread(target=self._client, args=(s,)) for s in range(clients)]
-
-    def __enter__(self):
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
-
-    def _server(self):
-        self.ls.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                acc, peer = self.ls.accept()
-            except socket.timeout:
-                continue
-            with self._lock:
-                self.seen.append((peer[0], sock_cc(acc)))
-            acc.close()
-
-    def _client(self, seed):
-        rng = random.Random(seed)
-        while not self._stop.is_set():
-            src = str(self.net.network_address + rng.randrange(1, self.net.num_addresses - 1))
-            try:
-                c = client(src)
-                c.settimeout(5)
-                c.connect(self.ls.getsockname())
-                c.close()
-            except OSError as exc:
-                with self._lock:
-                    self.failures.append((src, repr(exc)))
-
-    def stop(self):
-        if self._stop.is_set():
-            return
-        self._stop.set()
-        for t in self._threads:
-            t.join()
-        while True:  # connections whose handshake finished after the server thread stopped
-            try:
-                acc, peer = self.ls.accept()
-            except (socket.timeout, BlockingIOError):
-                break
-            self.seen.append((peer[0], sock_cc(acc)))
-            acc.close()
 
 
 # ---- 1. no enforcement gap when the policy is re-applied ---------------------------------------
