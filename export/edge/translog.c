@@ -19,6 +19,9 @@
  * records that made it, truncates the rest and counts the others lost, so a file never holds a
  * partial line and the next write, when space returns, starts on a line of its own. Every failed
  * file call is counted; the agent goes on (degraded, saying so) and enforcement never depends on it.
+ * The ring is read in place (struct ring) and its records released to the kernel only once they
+ * are written and synced: a killed agent loses none (a kill between the two repeats a few). A
+ * killed agent's .part is renamed into place by the agent running once its segment is over.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -27,8 +30,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <unistd.h>
 #include <arpa/inet.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
@@ -57,6 +62,7 @@ struct out {
 	int fd;          /* -1: not open */
 	off_t good;      /* bytes of whole records written */
 	bool cut;        /* a failed write may have left bytes after `good`: truncate at close */
+	bool unsynced;   /* written since its last fdatasync */
 	size_t len;      /* bytes in buf */
 	unsigned n;      /* records in buf */
 	char *buf;       /* OUT_BUF bytes */
@@ -201,6 +207,7 @@ static void out_open(struct out *o, int fd, off_t good)
 	o->fd = fd;
 	o->good = good;
 	o->cut = false;
+	o->unsynced = false;
 	o->len = 0;
 	o->n = 0;
 }
@@ -229,6 +236,7 @@ static void out_flush(struct logger *lg, struct out *o, const char *name)
 		}
 		w += (size_t)k;
 	}
+	o->unsynced = true;
 	if (!err) {
 		o->good += (off_t)w;
 		log_written(lg, o->n);
@@ -404,6 +412,8 @@ static struct segment *segment_of(struct logger *lg, long long start_min)
 			   seq > SEG_SEQ_MAX ? ENOSPC : errno);
 		return NULL;
 	}
+	if (fsync(lg->dir_fd))   /* the new .part's entry lasts, with the records synced into it */
+		log_failed(lg, "fsync", ".", errno);
 	out_open(&s->o, fd, 0);
 	snprintf(s->part, sizeof(s->part), "%s", part);
 	s->start_min = start_min;
@@ -460,15 +470,21 @@ static void recover_parts(struct logger *lg)
 	DIR *d = fd >= 0 ? fdopendir(fd) : NULL;
 	struct dirent *e;
 	size_t n;
+	int i;
 
 	if (!d) {
 		if (fd >= 0)
 			close(fd);
 		return;
 	}
+	rewinddir(d);   /* a dup shares the offset the last pass left at the end */
 	while ((e = readdir(d))) {
 		n = strlen(e->d_name);
-		if (e->d_name[0] == '.' && n > 12 && !strcmp(e->d_name + n - 11, ".jsonl.part"))
+		if (e->d_name[0] != '.' || n <= 12 || strcmp(e->d_name + n - 11, ".jsonl.part"))
+			continue;
+		for (i = 0; i < lg->n_seg && strcmp(lg->seg[i].part, e->d_name); i++)
+			;
+		if (i == lg->n_seg)   /* not one of ours, open */
 			recover_part(lg, e->d_name, now_ms);
 	}
 	closedir(d);
@@ -590,13 +606,112 @@ static int log_event(void *ctx, void *data, size_t size)
 	return 0;
 }
 
-/* every file's buffered records written */
+/* every file's buffered records written, and synced (fdatasync) */
 static void flush_all(struct logger *lg)
 {
-	if (lg->hourly.fd >= 0)
-		out_flush(lg, &lg->hourly, lg->hour_name);
-	for (int i = 0; i < lg->n_seg; i++)
-		out_flush(lg, &lg->seg[i].o, lg->seg[i].part);
+	struct out *o;
+
+	for (int i = -1; i < lg->n_seg; i++) {
+		o = i < 0 ? &lg->hourly : &lg->seg[i].o;
+		if (o->fd < 0)
+			continue;
+		out_flush(lg, o, i < 0 ? lg->hour_name : lg->seg[i].part);
+		if (o->unsynced && fdatasync(o->fd))
+			log_failed(lg, "fdatasync", i < 0 ? lg->hour_name : lg->seg[i].part, errno);
+		o->unsynced = false;
+	}
+}
+
+/*
+ * The ring buffer, read in place: the layout libbpf's ring_buffer maps (the consumer position on
+ * a writable first page; the producer position on the next, then the data, mapped twice so that
+ * a record never wraps), read here so that the consumer position moves past records only once
+ * they are in their files and synced (or counted lost). libbpf moves it after each record's
+ * callback, before anything is written: a killed agent lost the records of its last drain.
+ */
+struct ring {
+	unsigned long *cons;    /* consumer position: the kernel may reuse the ring up to it */
+	unsigned long *prod;    /* producer position */
+	char *data;
+	unsigned long size;     /* data bytes, a power of 2 */
+	long page;
+};
+
+static int ring_open(struct ring *r, int fd)
+{
+	struct bpf_map_info info = {};
+	__u32 len = sizeof(info);
+	void *p;
+
+	r->page = sysconf(_SC_PAGESIZE);
+	if (bpf_obj_get_info_by_fd(fd, &info, &len))
+		return -errno;
+	r->size = info.max_entries;
+	p = mmap(NULL, r->page, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return -errno;
+	r->cons = p;
+	p = mmap(NULL, r->page + 2 * r->size, PROT_READ, MAP_SHARED, fd, r->page);
+	if (p == MAP_FAILED)
+		return -errno;
+	r->prod = p;
+	r->data = (char *)p + r->page;
+	return 0;
+}
+
+static void ring_close(struct ring *r)
+{
+	if (r->cons)
+		munmap(r->cons, r->page);
+	if (r->prod)
+		munmap(r->prod, r->page + 2 * r->size);
+}
+
+/* the records read so far written and synced, then released to the kernel */
+static void ring_commit(struct ring *r, struct logger *lg, unsigned long cons)
+{
+	flush_all(lg);
+	ledger_save(lg);
+	__atomic_store_n(r->cons, cons, __ATOMIC_RELEASE);
+}
+
+/*
+ * Every record the kernel has committed into its file: read into the files' buffers, written,
+ * synced, and only then the consumer position moved past them (every RING_COMMIT bytes, so the
+ * kernel gets room back under load). A kill between a write and the move repeats those records
+ * in the next agent's files (the same conn_id): at least once, never lost. -> records read.
+ */
+#define RING_COMMIT (256 * 1024)
+
+static long ring_drain(struct ring *r, struct logger *lg)
+{
+	unsigned long cons = __atomic_load_n(r->cons, __ATOMIC_ACQUIRE), done = cons, prod;
+	__u32 len, *hdr;
+	long n = 0;
+
+	for (prod = __atomic_load_n(r->prod, __ATOMIC_ACQUIRE); cons < prod;
+	     prod = __atomic_load_n(r->prod, __ATOMIC_ACQUIRE)) {
+		while (cons < prod) {
+			hdr = (__u32 *)(r->data + (cons & (r->size - 1)));
+			len = __atomic_load_n(hdr, __ATOMIC_ACQUIRE);
+			if (len & BPF_RINGBUF_BUSY_BIT)
+				goto out;   /* being written: the next drain */
+			if (!(len & BPF_RINGBUF_DISCARD_BIT)) {
+				log_event(lg, (char *)hdr + BPF_RINGBUF_HDR_SZ, len);
+				n++;
+			}
+			len &= ~(BPF_RINGBUF_BUSY_BIT | BPF_RINGBUF_DISCARD_BIT);
+			cons += (len + BPF_RINGBUF_HDR_SZ + 7) / 8 * 8;
+			if (cons - done >= RING_COMMIT) {
+				ring_commit(r, lg, cons);
+				done = cons;
+			}
+		}
+	}
+out:
+	if (cons != done || n)
+		ring_commit(r, lg, cons);
+	return n;
 }
 
 /* the link: warn once when it stops running the program for the configured cgroup */
@@ -644,10 +759,10 @@ int cmd_log(const char *out, bool drain, bool watch)
 			     .hourly = { .fd = -1 } };
 	__u32 zero = 0;
 	__u64 lost_before = 0;
-	struct ring_buffer *rb = NULL;
+	struct ring ring = {};
 	int ev_fd = open_pinned("ccs_events"), ctl_fd = -1, meta_fd = -1, err = 1, n;
 	char bootid[64] = "";
-	__u64 warned = 0, last_wd = 0;
+	__u64 warned = 0, last_wd = 0, last_recover;
 	bool link_warned = false;
 	FILE *bf;
 
@@ -698,9 +813,10 @@ int cmd_log(const char *out, bool drain, bool watch)
 		memset(&lg.st, 0, sizeof(lg.st));
 	lost_before = lg.st.lost;
 	recover_parts(&lg);
-	rb = ring_buffer__new(ev_fd, log_event, &lg, NULL);
-	if (!rb) {
-		die_msg("ring buffer: %s", strerror(errno));
+	last_recover = clock_ns(CLOCK_MONOTONIC);
+	n = ring_open(&ring, ev_fd);
+	if (n) {
+		die_msg("ring buffer %s/ccs_events: %s", cfg.pin_dir, strerror(-n));
 		goto cleanup;
 	}
 	if (watch) {
@@ -713,15 +829,15 @@ int cmd_log(const char *out, bool drain, bool watch)
 		lg.boot_to_real_ns = (__s64)clock_ns(CLOCK_REALTIME) - (__s64)clock_ns(CLOCK_BOOTTIME);
 		/* records come without wake-ups (the kernel wakes us only when the ring is 1/4
 		 * full): wait up to 200 ms, then drain whatever is there */
-		n = drain ? 0 : ring_buffer__poll(rb, 200);
-		if (n >= 0 || n == -EINTR)
-			n = ring_buffer__consume(rb);
-		if (n < 0 && n != -EINTR) {
-			die_msg("ring buffer: %s", strerror(-n));
-			goto cleanup;
-		}
-		flush_all(&lg);
+		if (!drain)
+			poll(&(struct pollfd){ .fd = ev_fd, .events = POLLIN }, 1, 200);
+		n = ring_drain(&ring, &lg);
 		close_segments(&lg, false);
+		/* a killed agent's .part, once its segment is over: not only at the next start */
+		if (clock_ns(CLOCK_MONOTONIC) - last_recover >= 1000000000ull) {
+			recover_parts(&lg);
+			last_recover = clock_ns(CLOCK_MONOTONIC);
+		}
 		ledger_save(&lg);
 		if (watch && ctl_fd >= 0 && meta_fd >= 0 && clock_ns(CLOCK_MONOTONIC) - last_wd > 1e9) {
 			watchdog(ctl_fd, meta_fd, &warned);
@@ -730,7 +846,7 @@ int cmd_log(const char *out, bool drain, bool watch)
 		}
 	} while (!stop && (!drain || n > 0));
 	if (stop)   /* what closed before the signal goes into the files closed now */
-		ring_buffer__consume(rb);
+		ring_drain(&ring, &lg);
 	err = 0;
 cleanup:
 	if (lg.hourly.fd >= 0)
@@ -753,7 +869,7 @@ cleanup:
 		close(lg.ledger_fd);
 	if (lg.dir_fd >= 0)
 		close(lg.dir_fd);
-	ring_buffer__free(rb);
+	ring_close(&ring);
 	if (ev_fd >= 0)
 		close(ev_fd);
 	if (ctl_fd >= 0)

@@ -8,6 +8,7 @@ import socket
 import struct
 import subprocess
 import threading
+import time
 
 from ccselect import contract
 
@@ -104,11 +105,12 @@ def validate_transport_record(rec: dict) -> list[str]:
 
 
 class Load:
-    """Clients connecting to `ls` from random addresses of `net` (two threads) and a server
-    thread accepting and recording (peer, CC of the accepted socket) until stop()."""
+    """Clients connecting to `ls` from random addresses of `net` (two threads, each pausing `pause`
+    seconds between connections) and a server thread accepting and recording (peer, CC of the
+    accepted socket) until stop()."""
 
-    def __init__(self, ls, net: str, clients: int = 2):
-        self.ls, self.net = ls, ipaddress.ip_network(net)
+    def __init__(self, ls, net: str, clients: int = 2, pause: float = 0.0):
+        self.ls, self.net, self.pause = ls, ipaddress.ip_network(net), pause
         self.seen, self.failures = [], []
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -146,6 +148,8 @@ class Load:
             except OSError as exc:
                 with self._lock:
                     self.failures.append((src, repr(exc)))
+            if self.pause:
+                time.sleep(self.pause)
 
     def stop(self):
         if self._stop.is_set():
