@@ -60,6 +60,15 @@ struct ccs_ctl {
  * (never a hash under another table's metadata). The agent also checks trie_id against the map
  * id in ccs_tables[slot] before it trusts a slot (rollback, status).
  */
+/*
+ * ccs_meta.valid: 0 the slot is changing (or empty); CCS_META_STAGED its table is whole but was
+ * never made live (a load writes this before the flip); CCS_META_LIVE its table was made live
+ * (written after the flip, or by an agent from before STAGED). The program uses any nonzero;
+ * rollback only LIVE: a load killed between its metadata and the flip is not a table to go back to.
+ */
+#define CCS_META_LIVE 1
+#define CCS_META_STAGED 2
+
 struct ccs_meta {
 	__u64 version;
 	__u64 created_unix;

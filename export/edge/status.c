@@ -76,11 +76,16 @@ static void prog_info(__u32 prog_id, struct bpf_prog_info *pinfo)
 	close(prog_fd);
 }
 
-/* "slot_state" of a slot: empty, ok, incomplete (marked invalid: a load did not finish), inconsistent */
-static const char *slot_state(const struct ccs_meta *m, __u32 trie_id)
+/*
+ * "slot_state" of a slot: empty, ok, incomplete (a load did not finish: marked invalid, or staged
+ * and never made live), inconsistent
+ */
+static const char *slot_state(const struct ccs_meta *m, __u32 trie_id, bool live)
 {
 	if (!m->valid)
 		return m->version || trie_id ? "incomplete" : "empty";
+	if (m->valid == CCS_META_STAGED && !live)
+		return "incomplete";
 	return slot_consistent(m, trie_id) ? "ok" : "inconsistent";
 }
 
@@ -247,13 +252,13 @@ int cmd_status(bool json)
 		fprintf(o, "null");
 	fprintf(o, ", \"previous\": ");
 	slot = live >= 0 ? (__u32)(live + 1) % CCS_SLOTS : 0;
-	if (live >= 0 && ok[slot])
+	if (live >= 0 && ok[slot] && meta[slot].valid != CCS_META_STAGED)   /* rollback's target */
 		print_meta(o, &meta[slot], has_model[slot] ? &model[slot] : NULL,
 			   has_flow[slot] ? &flow[slot] : NULL, slot, false);
 	else
 		fprintf(o, "null");
-	fprintf(o, ", \"slot_state\": [\"%s\", \"%s\"], ", slot_state(&meta[0], trie_id[0]),
-		slot_state(&meta[1], trie_id[1]));
+	fprintf(o, ", \"slot_state\": [\"%s\", \"%s\"], ", slot_state(&meta[0], trie_id[0], live == 0),
+		slot_state(&meta[1], trie_id[1], live == 1));
 	/* route CCs (routes.c): off, or the table, the prefixes and the routes of ours now */
 	if (routes_enabled()) {
 		fprintf(o, "\"route_ccs\": {\"table\": ");

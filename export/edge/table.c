@@ -4,9 +4,10 @@
  * its header against the manifest, the expiry and every entry (address space rule included);
  * then the version rule (ccs_version); only then a new LPM trie is built, and the idle slot is
  * changed in an order a crash cannot make inconsistent: its meta marked invalid, the trie
- * installed, the meta written (valid, with the trie's map id), then ccs_ctl.live flipped (one
- * word). The previous table stays in the other slot: rollback flips back to it, if that slot is
- * valid and its trie is the one its meta describes.
+ * installed, the meta written (valid but staged, with the trie's map id), then ccs_ctl.live
+ * flipped (one word), then the meta marked made live. The previous table stays in the other
+ * slot: rollback flips back to it, if that slot is valid, was made live (not a load killed before
+ * its flip) and its trie is the one its meta describes.
  *
  * The flow tree (format 2, issue 27) travels the same way: checked with the entries (check_tree:
  * the refusals of table_format.validate_tree, in its words), built into a fresh node array, and
@@ -613,6 +614,28 @@ static int live_slot(const struct state *st)
 }
 
 /*
+ * The live slot still marked staged (a load killed between its flip and step 6): its table was
+ * made live, so it is marked so before a load or rollback changes what is live.
+ */
+static int settle_live(const struct slots *s, struct state *st)
+{
+	int live = live_slot(st);
+	__u32 slot = (__u32)live;
+	struct ccs_meta m;
+
+	if (live < 0 || !st->ok[live] || st->meta[live].valid != CCS_META_STAGED)
+		return 0;
+	m = st->meta[live];
+	m.valid = CCS_META_LIVE;
+	if (bpf_map_update_elem(s->meta_fd, &slot, &m, BPF_ANY)) {
+		die_msg("mark live slot %u made live (ccs_meta): %s", slot, strerror(errno));
+		return -1;
+	}
+	st->meta[live] = m;
+	return 0;
+}
+
+/*
  * Record a table made live in ccs_version: the newest version (and its sha256) moves up, never
  * down; an override (an older table made live) is counted with when/from/to, and logged.
  */
@@ -772,7 +795,7 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 	meta.loaded_unix = now;
 	meta.n_v4 = t->h->n_v4;
 	meta.n_v6 = t->h->n_v6;
-	meta.valid = 1;
+	meta.valid = CCS_META_STAGED;   /* whole, not live yet: step 6 says it was made live */
 	meta.trie_id = info.id;
 	memcpy(meta.sha256, t->sha256, 32);
 	meta.n_len4 = lens->n_len4;
@@ -796,7 +819,7 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 		die_msg("write slot %u flow tree record (ccs_flow): %s", slot, strerror(errno));
 		return -1;
 	}
-	/* 4. the meta: the slot is valid again, describing the trie now in it */
+	/* 4. the meta: the slot is valid again (staged), describing the trie now in it */
 	if (bpf_map_update_elem(s->meta_fd, &slot, &meta, BPF_ANY)) {
 		die_msg("write slot %u metadata (ccs_meta): %s", slot, strerror(errno));
 		return -1;
@@ -809,6 +832,13 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 		return -1;
 	}
 	*slotp = slot;
+	/* 6. the slot's table was made live: from now on a table rollback may go back to. Not
+	 * fatal (the table is live): settle_live() marks it at the next load or rollback */
+	meta.valid = CCS_META_LIVE;
+	if (bpf_map_update_elem(s->meta_fd, &slot, &meta, BPF_ANY))
+		fprintf(stderr, "ccs-edge: table %llu is live; marking slot %u live (ccs_meta) failed: "
+			"%s (the next load or rollback marks it)\n", (unsigned long long)meta.version,
+			slot, strerror(errno));
 	return record_version(s, st, meta.version, meta.sha256, live_before, override,
 			      "load --allow-downgrade");
 }
@@ -847,7 +877,7 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 		goto cleanup;
 	}
 	/* 4. the version rule, against what the slots hold now */
-	if (read_state(&s, &st))
+	if (read_state(&s, &st) || settle_live(&s, &st))
 		goto cleanup;
 	rule = version_rule(&st, &t, allow_downgrade);
 	if (rule == RULE_REFUSED)
@@ -936,7 +966,7 @@ int cmd_rollback(void)
 		die_msg("lock %s: %s", cfg.pin_dir, strerror(-lock_fd));
 		goto cleanup;
 	}
-	if (read_state(&s, &st))
+	if (read_state(&s, &st) || settle_live(&s, &st))
 		goto cleanup;
 	live = live_slot(&st);
 	if (live < 0) {
@@ -954,6 +984,12 @@ int cmd_rollback(void)
 		die_msg("rollback: slot %u is inconsistent: its trie (map id %u) is not the one its "
 			"metadata describes (table %llu, map id %u); refusing", prev, st.trie_id[prev],
 			(unsigned long long)m->version, m->trie_id);
+		goto cleanup;
+	}
+	if (m->valid == CCS_META_STAGED) {
+		die_msg("rollback: slot %u holds table %llu, whose load did not finish: it was never "
+			"made live (killed between its metadata and the flip); refusing. Load it again "
+			"to make it live", prev, (unsigned long long)m->version);
 		goto cleanup;
 	}
 	if (m->expires_mono_ns <= clock_ns(CLOCK_MONOTONIC)) {

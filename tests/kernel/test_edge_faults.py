@@ -214,13 +214,16 @@ def test_load_killed_after_trie_install_rollback_tells_truth(edge, tmp_path):
 
 
 def _meta_write_index(calls) -> int:
-    """1-based index of the last bpf() update of ccs_meta in a traced load: its metadata."""
-    fd, last = None, None
+    """1-based index of the bpf() update of ccs_meta that writes a load's metadata: the last one
+    before the flip of ccs_ctl (the one after it marks the slot made live)."""
+    fds, last = {}, None
     for i, ln in enumerate(calls, 1):
-        m = re.match(r'bpf\(BPF_OBJ_GET, \{pathname="[^"]*/ccs_meta".*\) = (\d+)', ln)
+        m = re.match(r'bpf\(BPF_OBJ_GET, \{pathname="[^"]*/(ccs_meta|ccs_ctl)".*\) = (\d+)', ln)
         if m:
-            fd = m.group(1)
-        elif fd and ln.startswith(f"bpf(BPF_MAP_UPDATE_ELEM, {{map_fd={fd},"):
+            fds[m.group(1)] = m.group(2)
+        elif "ccs_ctl" in fds and ln.startswith(f"bpf(BPF_MAP_UPDATE_ELEM, {{map_fd={fds['ccs_ctl']},"):
+            break
+        elif "ccs_meta" in fds and ln.startswith(f"bpf(BPF_MAP_UPDATE_ELEM, {{map_fd={fds['ccs_meta']},"):
             last = i
     assert last, "no update of ccs_meta in the traced load"
     return last
@@ -253,6 +256,66 @@ def test_metadata_write_failure_is_reported(edge, tmp_path):
     rc, out, err = _agent(edge, "rollback")
     assert rc != 0 and "did not finish" in err, f"rollback to the half-written slot: {out!r} {err!r}"
     assert cc_of(ls, "127.57.0.2") == b, "still table 2"
+
+
+def _flip_index(calls) -> int:
+    """1-based index of the bpf() call that flips ccs_ctl.live in a traced load: after its metadata."""
+    fd, last = None, None
+    for i, ln in enumerate(calls, 1):
+        m = re.match(r'bpf\(BPF_OBJ_GET, \{pathname="[^"]*/ccs_ctl".*\) = (\d+)', ln)
+        if m:
+            fd = m.group(1)
+        elif fd and ln.startswith(f"bpf(BPF_MAP_UPDATE_ELEM, {{map_fd={fd},"):
+            last = i
+    assert last, "no update of ccs_ctl in the traced load"
+    return last
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="strace not installed")
+def test_load_killed_between_metadata_and_flip_is_not_rolled_back_to(edge, tmp_path):
+    """strace kills `load` at its flip of ccs_ctl.live, after the new table's metadata is written
+    (issue 56, item 8): the slot holds a whole table that was never made live. `rollback` must
+    refuse it, saying so, and the live table stays; loaded again whole, it goes live, and rollback
+    then goes back to the table before it."""
+    default = sysctl_cc()
+    a, b = other_ccs(default)
+    with in_cgroup(edge.cgroup):
+        ls = edge.track(listener())
+    edge.configure([Service(ls.getsockname()[1], "video")])
+    src = "127.58.0.9"
+    t = {v: edge.table([tf.Entry("127.58.0.0/16", cc)], v) for v, cc in ((1, a), (2, b), (3, a))}
+    edge.agent.load(t[1].manifest)
+    log = str(tmp_path / "load2.strace")
+    r = subprocess.run(["strace", "-qq", "-e", "trace=bpf", "-o", log,
+                        *edge.agent._argv("load", t[2].manifest)], capture_output=True, text=True)
+    assert r.returncode == 0, f"traced load of 2: {r.stderr}"
+    k = _flip_index(_bpf_calls(log))
+    assert cc_of(ls, src) == b, "2 live"
+    log = str(tmp_path / "load3.strace")
+    r = subprocess.run(["strace", "-qq", "-e", "trace=bpf", "-e",
+                        f"inject=bpf:error=EIO:signal=KILL:when={k}", "-o", log,
+                        *edge.agent._argv("load", t[3].manifest)], capture_output=True, text=True)
+    calls = _bpf_calls(log)
+    assert r.returncode != 0 and "killed by SIGKILL" in open(log).read(), \
+        f"load of 3 killed by the injected fault: rc {r.returncode}"
+    assert _flip_index(calls) == k and _meta_write_index(calls) < k, \
+        "the kill came at the flip, after table 3's metadata was written"
+    st = edge.agent.status()
+    assert st["table"]["version"] == 2 and cc_of(ls, src) == b, f"2 still live: {st['table']}"
+    rc, out, err = _agent(edge, "rollback")
+    live = edge.agent.status()["table"]
+    assert rc != 0, f"rollback made the never-live table live: {out.strip()!r}, live {live['version']}, " \
+                    f"connections get {cc_of(ls, src)}"
+    assert "did not finish" in err and "never made live" in err, f"rollback refused, why: {err!r}"
+    assert live["version"] == 2 and cc_of(ls, src) == b, f"after the refusal: {live}"
+    assert st["previous"] is None and st["slot_state"][0] == "incomplete", \
+        f"status offers the unfinished table 3: previous {st['previous']}, slots {st['slot_state']}"
+    edge.agent.load(t[3].manifest)
+    assert cc_of(ls, src) == a and edge.agent.status()["table"]["version"] == 3, "3 live once loaded whole"
+    out = edge.agent.rollback()
+    assert "table 2" in out and cc_of(ls, src) == b, f"rollback to 2: {out!r}"
+    out = edge.agent.rollback()
+    assert "table 3" in out and cc_of(ls, src) == a, f"rollback to 3, made live before: {out!r}"
 
 
 # ---- 3. the web server's cgroup recreated; attach to another cgroup -----------------------------
