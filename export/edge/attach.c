@@ -303,6 +303,21 @@ int cmd_detach(bool purge)
 	DIR *d;
 	struct dirent *de;
 
+	/*
+	 * 1. route CCs first: without the program they would be enforcement without its checks. If
+	 * they cannot be flushed the program stays (it corrects every connection a route gets
+	 * wrong) and detach fails, naming the step. With route CCs off none should exist: a failed
+	 * flush is only said.
+	 */
+	if (routes_flush()) {
+		if (routes_enabled()) {
+			die_msg("detach: step 1 (flush the route CCs) failed: the program stays attached "
+				"(it corrects the routes' CCs); nothing detached");
+			return 1;
+		}
+		fprintf(stderr, "ccs-edge: detach: route CCs are off, but the flush of any left failed\n");
+	}
+	/* 2. the link */
 	fd = open_pinned("link");
 	if (fd >= 0) {
 		if (bpf_link_detach(fd) && errno != EINVAL && errno != ENOLINK)
@@ -311,9 +326,6 @@ int cmd_detach(bool purge)
 		pin_path(p, sizeof(p), "link");
 		unlink(p);
 	}
-	/* route CCs without the program would be enforcement without its checks: gone with it */
-	if (routes_flush())
-		err = 1;
 	if (!purge)
 		return err;
 	d = opendir(cfg.pin_dir);

@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,5 +212,7 @@ int main(int argc, char **argv)
 	if (apply_settings(&a))
 		return 1;
 	libbpf_set_print(libbpf_print_fn);
+	/* a pipe whose reader died (ip -batch, a closed stdout) is an error to report, not the end */
+	signal(SIGPIPE, SIG_IGN);
 	return dispatch(&a);
 }

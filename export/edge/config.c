@@ -358,7 +358,8 @@ static int set_str(const struct pos *p, const char *key, char *dst, size_t n, co
 /*
  * route_table: a number or local / main; route_spec: words of [A-Za-z0-9._:/-] (ip's own syntax,
  * checked by ip at the first load), none of table / proto / congctl (the agent's); route_within:
- * prefixes, checked at the first load (routes.c). Each goes to ip as words on a line of
+ * prefixes, checked here as routes.c reads them (a bad one is a config error, not a load that
+ * writes no route). Each goes to ip as words on a line of
  * `ip -batch` (no shell).
  */
 static int parse_route_key(const struct pos *p, const char *key, const char *val)
@@ -395,6 +396,14 @@ static int parse_route_key(const struct pos *p, const char *key, const char *val
 				return -1;
 			}
 		return 0;
+	}
+	if (!strcmp(key, "route_within")) {
+		char why[256];
+
+		if (routes_check_within(val, why, sizeof(why))) {
+			cfg_err(p, "%s", why);
+			return -1;
+		}
 	}
 	return set_str(p, key, cfg.route_within, sizeof(cfg.route_within), val);
 }

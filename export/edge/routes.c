@@ -16,9 +16,11 @@
  *
  * Sync (after a load's swap, so the program is already on the new table): flush ours (from
  * every table), then one `ip -batch` of `route replace` per entry with a CC (not keep, not low
- * confidence) inside route_within. A rollback and a detach flush them, and so does an attach
- * with route CCs off (a config that turned them off leaves none behind). Routes belong to the
- * network namespace, not the cgroup: one agent per namespace may use them.
+ * confidence) inside route_within. A rollback and a detach (before it removes the link) flush
+ * them, and so does an attach with route CCs off (a config that turned them off leaves none
+ * behind). Every failure of ip is reported
+ * and returned; the caller exits 1 naming its step. Routes belong to the network namespace,
+ * not the cgroup: one agent per namespace may use them.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -39,24 +41,27 @@ struct within {
 
 static const char *const cc_names[] = { "", "cubic", "bbr", "reno" };
 
+#define ROUTE_WITHIN_MAX 64
+
 bool routes_enabled(void)
 {
 	return cfg.route_table[0] != 0;
 }
 
-/* route_within -> w[], at most max; -1 on a malformed prefix (named) */
-static int parse_within(struct within *w, int max)
+/* the prefixes of `list` (route_within's syntax) -> w[], at most max; -1 with why[] on a malformed one */
+static int parse_within(const char *list, struct within *w, int max, char *why, size_t why_n)
 {
 	char buf[sizeof(cfg.route_within)], *tok, *save = NULL;
 	int n = 0;
 
-	strcpy(buf, cfg.route_within);
+	snprintf(buf, sizeof(buf), "%s", list);
 	for (tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
 		char *slash = strchr(tok, '/'), *end;
 		long len;
 
 		if (n == max || !slash) {
-			die_msg("route_within: \"%s\": need prefixes as address/length (at most %d)", tok, max);
+			snprintf(why, why_n, "route_within: \"%s\": need prefixes as address/length (at "
+				 "most %d)", tok, max);
 			return -1;
 		}
 		*slash = 0;
@@ -66,14 +71,26 @@ static int parse_within(struct within *w, int max)
 			w[n].family = 4;
 		else if (inet_pton(AF_INET6, tok, w[n].addr) == 1)
 			w[n].family = 6;
-		if (!w[n].family || *end || len < 0 || len > (w[n].family == 4 ? 32 : 128)) {
-			die_msg("route_within: \"%s/%s\" is not a prefix", tok, slash + 1);
+		if (!w[n].family || !slash[1] || *end || len < 0 || len > (w[n].family == 4 ? 32 : 128)) {
+			snprintf(why, why_n, "route_within: \"%s/%s\" is not a prefix", tok, slash + 1);
 			return -1;
 		}
 		w[n].len = (unsigned)len;
 		n++;
 	}
+	if (!n && list[0]) {
+		snprintf(why, why_n, "route_within: \"%s\" names no prefix", list);
+		return -1;
+	}
 	return n;
+}
+
+/* route_within checked when the config is read (config.c): 0, or -1 with why[] */
+int routes_check_within(const char *list, char *why, size_t why_n)
+{
+	struct within w[ROUTE_WITHIN_MAX];
+
+	return parse_within(list, w, ROUTE_WITHIN_MAX, why, why_n) < 0 ? -1 : 0;
 }
 
 /* whether prefix a/len lies inside w */
@@ -89,25 +106,34 @@ static bool inside(const struct within *w, int family, const __u8 *a, unsigned l
 	return true;
 }
 
-/* run `ip -<family> -force -batch -` over the lines; its failures are counted, not fatal */
-static int ip_batch(int family, const char *lines, size_t n_lines)
+/*
+ * Run `ip -<family> -force -batch -` over the lines (what: the step, for the message). ip's own
+ * errors go to our stderr; -force goes on after an error, and its exit status says one happened.
+ * SIGPIPE is ignored (ccs.c), so an ip that dies before reading everything is an EPIPE here, not
+ * the end of the agent. -> 0, or -1 after saying what failed.
+ */
+static int ip_batch(int family, const char *lines, size_t n_lines, const char *what)
 {
 	char cmd[64];
+	bool fed;
 	FILE *p;
 	int st;
 
-	snprintf(cmd, sizeof(cmd), "ip -%d -force -batch - >/dev/null 2>&1", family);
+	snprintf(cmd, sizeof(cmd), "ip -%d -force -batch - >/dev/null", family);
+	fflush(stderr);
 	p = popen(cmd, "w");
 	if (!p) {
-		die_msg("route CCs: run ip: %s", strerror(errno));
+		die_msg("route CCs: %s: run ip: %s", what, strerror(errno));
 		return -1;
 	}
-	fputs(lines, p);
+	fed = fputs(lines, p) >= 0 && fflush(p) == 0;
 	st = pclose(p);
-	if (st != 0 && n_lines) {
-		/* -force goes on after an error: some routes (those ip refused) are missing */
-		die_msg("route CCs: ip -batch exited %d (some of %zu routes refused; the program "
-			"switches their connections itself)", WIFEXITED(st) ? WEXITSTATUS(st) : -1, n_lines);
+	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) || !fed) {
+		die_msg("route CCs: %s: ip -%d -batch %s%s%d (%zu route%s in the batch)", what, family,
+			!fed ? "did not take all its input, then " : "",
+			st != -1 && WIFEXITED(st) ? "exited " : "was killed by signal ",
+			st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), n_lines,
+			n_lines == 1 ? "" : "s");
 		return -1;
 	}
 	return 0;
@@ -117,10 +143,12 @@ static int ip_batch(int family, const char *lines, size_t n_lines)
 #define FLUSH_LINE "route flush table all proto 204\n"
 
 /* every route of ours, whatever the config says now (routes are the network namespace's: one
- * agent per namespace may use route CCs) */
+ * agent per namespace may use route CCs); -1 after saying which family's flush failed */
 int routes_flush(void)
 {
-	return ip_batch(4, FLUSH_LINE, 0) | ip_batch(6, FLUSH_LINE, 0);
+	int e4 = ip_batch(4, FLUSH_LINE, 0, "flush"), e6 = ip_batch(6, FLUSH_LINE, 0, "flush");
+
+	return e4 || e6 ? -1 : 0;
 }
 
 /*
@@ -129,17 +157,19 @@ int routes_flush(void)
  */
 int routes_sync(const struct ccs_table_entry *ents, size_t n)
 {
-	struct within w[64];
-	char type[32] = "";
+	struct within w[ROUTE_WITHIN_MAX];
+	char type[32] = "", why[256];
 	const char *spec = cfg.route_spec;
 	int nw, fam, err = 0;
 	size_t i, k, count = 0;
 
 	if (!routes_enabled())
 		return 0;
-	nw = parse_within(w, 64);
-	if (nw < 0)
+	nw = parse_within(cfg.route_within, w, ROUTE_WITHIN_MAX, why, sizeof(why));
+	if (nw < 0) {
+		die_msg("route CCs: %s", why);
 		return -1;
+	}
 	/* "type T rest": ip takes the route type before the prefix */
 	if (!strncmp(cfg.route_spec, "type ", 5)) {
 		const char *sp = cfg.route_spec + 5;
@@ -189,7 +219,7 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n)
 			len += (size_t)m;
 			lines++;
 		}
-		if (ip_batch(fam, buf, lines))
+		if (ip_batch(fam, buf, lines, "write the table's routes"))
 			err = -1;
 		count += lines;
 		free(buf);

@@ -887,8 +887,11 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 		err = 0;
 		/* route CCs: the live table's routes written again (an agent restarted, or routes
 		 * turned on since it was loaded) */
-		if (routes_enabled())
-			routes_sync(t.ents, t.n);
+		if (routes_enabled() && routes_sync(t.ents, t.n) < 0) {
+			die_msg("load: table %llu is live, but step 7 (write its route CCs) failed",
+				(unsigned long long)t.man.version);
+			err = -1;
+		}
 		if (json)
 			printf("{\"loaded\": true, \"unchanged\": true, \"version\": %llu, \"slot\": %u, "
 			       "\"entries\": {\"v4\": %u, \"v6\": %u}}\n", (unsigned long long)t.man.version,
@@ -912,11 +915,18 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 		goto cleanup;
 	t3 = clock_ns(CLOCK_MONOTONIC);
 	err = 0;
-	/* 7. route CCs for the new live table (routes.c): a head start only, so after the swap and
-	 * never fatal (a failed route costs a switch in the program) */
+	/* 7. route CCs for the new live table (routes.c): a head start only, so after the swap; a
+	 * failure does not undo the swap (a missing route costs a switch in the program), but the
+	 * load exits 1 naming the step */
 	if (routes_enabled()) {
 		n_routes = routes_sync(t.ents, t.n);
 		t4 = clock_ns(CLOCK_MONOTONIC);
+		if (n_routes < 0) {
+			die_msg("load: table %llu is live, but step 7 (write its route CCs) failed: the "
+				"program switches the connections of the missing routes itself",
+				(unsigned long long)t.man.version);
+			err = -1;
+		}
 	}
 	if (json)
 		printf("{\"loaded\": true, \"version\": %llu, \"slot\": %u, \"override\": %s, "
@@ -1013,12 +1023,18 @@ int cmd_rollback(void)
 		goto cleanup;
 	}
 	printf("rolled back to table %llu (slot %u)\n", (unsigned long long)m->version, prev);
-	/* route CCs: the table rolled back from is not in memory here: its routes go, and the
-	 * program switches every connection itself until the next load writes routes again */
-	if (routes_flush())
-		fprintf(stderr, "ccs-edge: rollback: route CCs not flushed (the program corrects them)\n");
 	err = record_version(&s, &st, m->version, m->sha256, live_before, m->version < st.floor,
 			     "rollback") ? 1 : 0;
+	/* route CCs: the table rolled back from is not in memory here: its routes go, and the
+	 * program switches every connection itself until the next load writes routes again. If
+	 * they stay, they are stale: the rollback fails, naming the step */
+	if (routes_enabled() && routes_flush()) {
+		die_msg("rollback: table %llu is live, but step 2 (flush the route CCs of table %llu) "
+			"failed: its routes stay, stale, until a load or detach (the program corrects "
+			"their connections' CCs)", (unsigned long long)m->version,
+			(unsigned long long)live_before);
+		err = 1;
+	}
 cleanup:
 	close_slots(&s);
 	if (lock_fd >= 0)
