@@ -17,8 +17,8 @@
  * Sync (after a load's swap, so the program is already on the new table): flush ours (from
  * every table), then one `ip -batch` of `route replace` per entry with a CC (not keep, not low
  * confidence) inside route_within. A rollback and a detach (before it removes the link) flush
- * them, and so does an attach with route CCs off (a config that turned them off leaves none
- * behind). Every failure of ip is reported
+ * them, and so do an attach with route CCs off (a config that turned them off leaves none
+ * behind) and the run daemon once the live table has expired. Every failure of ip is reported
  * and returned; the caller exits 1 naming its step. Routes belong to the network namespace,
  * not the cgroup: one agent per namespace may use them.
  */

@@ -730,11 +730,17 @@ static void watch_link(bool *warned)
 	*warned = !ls.attached;
 }
 
-static void watchdog(int ctl_fd, int meta_fd, __u64 *warned_version)
+/*
+ * The live table's expiry: logged once, and its route CCs flushed (retried each pass until they
+ * go): expired, the program no longer decides, and a route left would go on steering every
+ * connection of the namespace outside the cgroup by the expired table.
+ */
+static void watchdog(int ctl_fd, int meta_fd, __u64 *warned_version, bool *routes_left)
 {
 	struct ccs_ctl ctl = {};
 	struct ccs_meta m = {};
 	__u32 zero = 0, slot;
+	int err;
 
 	if (bpf_map_lookup_elem(ctl_fd, &zero, &ctl) || ctl.live < 1 || ctl.live > CCS_SLOTS)
 		return;
@@ -747,6 +753,30 @@ static void watchdog(int ctl_fd, int meta_fd, __u64 *warned_version)
 				"connections keep the default CC until a new table is loaded\n",
 				(unsigned long long)m.version, (unsigned long long)m.expires_unix);
 			*warned_version = m.version + 1;
+			*routes_left = routes_enabled();
+		}
+		if (*routes_left) {
+			/* under the pin-dir lock, and only if that table is still the live one: a
+			 * load that just made a new table live keeps its routes */
+			int lock_fd = lock_pin_dir();
+			struct ccs_ctl now_ctl = {};
+
+			if (lock_fd < 0 || bpf_map_lookup_elem(ctl_fd, &zero, &now_ctl) ||
+			    now_ctl.generation != ctl.generation) {
+				if (lock_fd >= 0)
+					close(lock_fd);
+				return;
+			}
+			err = routes_flush();
+			close(lock_fd);
+			if (err) {
+				fprintf(stderr, "ccs-edge: watchdog: the route CCs of expired table %llu "
+					"could not be flushed; trying again\n", (unsigned long long)m.version);
+			} else {
+				fprintf(stderr, "ccs-edge: watchdog: route CCs of expired table %llu "
+					"flushed\n", (unsigned long long)m.version);
+				*routes_left = false;
+			}
 		}
 	} else {
 		*warned_version = 0;
@@ -763,7 +793,7 @@ int cmd_log(const char *out, bool drain, bool watch)
 	int ev_fd = open_pinned("ccs_events"), ctl_fd = -1, meta_fd = -1, err = 1, n;
 	char bootid[64] = "";
 	__u64 warned = 0, last_wd = 0, last_recover;
-	bool link_warned = false;
+	bool link_warned = false, routes_left = false;
 	FILE *bf;
 
 	if (!out || !*out) {
@@ -840,7 +870,7 @@ int cmd_log(const char *out, bool drain, bool watch)
 		}
 		ledger_save(&lg);
 		if (watch && ctl_fd >= 0 && meta_fd >= 0 && clock_ns(CLOCK_MONOTONIC) - last_wd > 1e9) {
-			watchdog(ctl_fd, meta_fd, &warned);
+			watchdog(ctl_fd, meta_fd, &warned, &routes_left);
 			watch_link(&link_warned);
 			last_wd = clock_ns(CLOCK_MONOTONIC);
 		}

@@ -1,7 +1,8 @@
-"""Route CCs when something fails (issue 56, item 6): an `ip` that fails or dies before reading
-its batch, and a bad `route_within`. Every failure is a non-zero exit naming the step, never a
-silent rc 0 nor the agent killed by SIGPIPE; `detach` flushes the routes before it removes the
-program, and refuses to remove it when they cannot go.
+"""Route CCs when something fails (issue 56, items 5 and 6): an `ip` that fails or dies before
+reading its batch, a bad `route_within`, and a table that expires. Every failure is a non-zero
+exit naming the step, never a silent rc 0 nor the agent killed by SIGPIPE; `detach` flushes the
+routes before it removes the program, and refuses to remove it when they cannot go; the running
+agent flushes the routes of a table that expired.
 
 Everything route-related runs inside a network namespace of the test's own (the agent runs there
 under `nsenter --net`, its listener is created there), so no route of the root namespace is
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 
 import pytest
 from _edge_helpers import cc_of, in_cgroup, listener, other_ccs, sysctl_cc
@@ -136,3 +138,26 @@ def test_bad_route_within_refused_before_anything_changes(ns_edge, edge, within,
         f"the config file and the key named: {err!r}"
     rc, out, _ = _ns_agent(edge, ns, "status", "--json")
     assert '"version": 1,' in out, "table 1 still live: the bad config changed nothing"
+
+
+def test_routes_flushed_when_the_table_expires(ns_edge, edge):
+    """The running agent's watchdog flushes the routes of a table that expired: connections
+    outside the cgroup no longer follow it."""
+    ns, runner, ls = ns_edge
+    a, _ = other_ccs(sysctl_cc(ns))
+    rc, _, err = _ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.1.0/24", a)], 1,
+                                                       expires_in=4).manifest)
+    assert rc == 0 and len(_ns_routes(ns)) == 1, err
+    outside = runner.call(listener)       # not in the cgroup: only the route decides its CC
+    edge.track(outside)
+    assert runner.call(cc_of, outside, "127.60.1.5") == a, "before expiry the route gives its CC outside"
+    proc = subprocess.Popen(["nsenter", f"--net=/run/netns/{ns}", *edge.agent._argv("run", "--out", edge.logs)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    edge.procs.append(proc)
+    time.sleep(4 + 2.5)
+    routes = _ns_routes(ns)
+    got = runner.call(cc_of, outside, "127.60.1.6")
+    _, err = edge.agent.stop(proc)
+    assert routes == [], f"routes of the expired table still there 2.5 s after it expired: {routes}; {err!r}"
+    assert got == sysctl_cc(ns), f"outside the cgroup after expiry: {got}"
+    assert "expired" in err and "route" in err, f"the watchdog says it: {err!r}"
