@@ -153,6 +153,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ccs_log SEC(".maps");
 
+/* ccs_routes[0]: where this agent's route CCs are, for the agent only (ccs.h) */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct ccs_route_state);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ccs_routes SEC(".maps");
+
 /* ccs_model[slot]: for the agent's status only (ccs.h) */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);

@@ -119,6 +119,15 @@ struct ccs_log_state {
 };
 
 /*
+ * ccs_routes[0]: the route table this agent's route CCs were last written to (routes.c), so that
+ * a flush takes only this agent's routes (another agent of the namespace has a table of its own)
+ * and still finds them after a config moved route_table or turned route CCs off. Agent-only.
+ */
+struct ccs_route_state {
+	char table[32];   /* as route_table says it; "" = none written since the last flush */
+};
+
+/*
  * ccs_model[slot]: the manifest's model_version of the table in the slot, for status. The
  * program never reads it; it has a map of its own (not a ccs_meta field) so that a pin dir made
  * before it still takes an in-place attach (libbpf reuses a pinned map only of the same size).

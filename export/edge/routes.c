@@ -14,13 +14,13 @@
  * get a route, so a table can never reroute what lies outside them). Every route is written
  * with protocol CCS_ROUTE_PROTO, so that ours, and only ours, are replaced and flushed.
  *
- * Sync (after a load's swap, so the program is already on the new table): flush ours (from
- * every table), then one `ip -batch` of `route replace` per entry with a CC (not keep, not low
+ * Sync (after a load's swap, so the program is already on the new table): flush this agent's
+ * (the table recorded in ccs_routes and route_table: one route table per agent), then one `ip -batch` of `route replace` per entry with a CC (not keep, not low
  * confidence) inside route_within. A rollback and a detach (before it removes the link) flush
  * them, and so do an attach with route CCs off (a config that turned them off leaves none
  * behind) and the run daemon once the live table has expired. Every failure of ip is reported
  * and returned; the caller exits 1 naming its step. Routes belong to the network namespace,
- * not the cgroup: one agent per namespace may use them.
+ * not the cgroup: agents of one namespace each need a table of their own.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -28,10 +28,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
+#include <bpf/bpf.h>
 
 #include "agent.h"
 
-#define CCS_ROUTE_PROTO 204 /* FLUSH_LINE and routes_count's command say it too */
+#define CCS_ROUTE_PROTO 204 /* routes_count's command says it too */
 
 struct within {
 	int family;   /* 4 or 6 */
@@ -139,16 +141,92 @@ static int ip_batch(int family, const char *lines, size_t n_lines, const char *w
 	return 0;
 }
 
-/* every route of ours, from every table (a config that moved them leaves none) */
-#define FLUSH_LINE "route flush table all proto 204\n"
+/*
+ * Whose routes are whose: all of ours carry protocol CCS_ROUTE_PROTO, and this agent's are in the
+ * table recorded in ccs_routes (where it last wrote them) or the configured route_table. A flush
+ * takes those tables' routes of our protocol only, so an agent never flushes another's (one
+ * route table per agent), and a config that moved the table or turned route CCs off still
+ * finds the old ones. Without ccs_routes (a pin dir attached by an agent from before it) every
+ * table's, as before.
+ */
+static int recorded_table(char *out, size_t n)
+{
+	struct ccs_route_state st = {};
+	__u32 zero = 0;
+	int fd = open_pinned("ccs_routes"), err;
 
-/* every route of ours, whatever the config says now (routes are the network namespace's: one
- * agent per namespace may use route CCs); -1 after saying which family's flush failed */
+	if (fd < 0)
+		return -1;
+	err = bpf_map_lookup_elem(fd, &zero, &st);
+	close(fd);
+	if (err)
+		return -1;
+	snprintf(out, n, "%.*s", (int)sizeof(st.table), st.table);
+	return 0;
+}
+
+static int record_table(const char *table)
+{
+	struct ccs_route_state st = {};
+	__u32 zero = 0;
+	int fd = open_pinned("ccs_routes"), err = 0;
+
+	if (fd < 0)
+		return 0;   /* a pin dir from before it: flushes take every table's */
+	snprintf(st.table, sizeof(st.table), "%s", table);
+	if (bpf_map_update_elem(fd, &zero, &st, BPF_ANY)) {
+		err = -errno;
+		die_msg("route CCs: record table \"%s\" in %s/ccs_routes: %s", table, cfg.pin_dir,
+			strerror(-err));
+	}
+	close(fd);
+	return err;
+}
+
+/* this agent's tables (the recorded one, the configured one, each once) into t[]; -> how many,
+ * or -1 for every table (no ccs_routes) */
+static int own_tables(char t[2][33])
+{
+	int k = 0;
+
+	if (recorded_table(t[0], sizeof(t[0])) < 0)
+		return -1;
+	if (t[0][0])
+		k++;
+	if (cfg.route_table[0] && (!k || strcmp(t[0], cfg.route_table)))
+		snprintf(t[k++], sizeof(t[0]), "%s", cfg.route_table);
+	return k;
+}
+
+/* the ip -batch lines that flush this agent's routes into buf (n bytes); -> their length */
+static size_t flush_lines(char *buf, size_t n)
+{
+	char t[2][33];
+	int k = own_tables(t), i;
+	size_t len = 0;
+
+	buf[0] = 0;
+	if (k < 0)
+		return (size_t)snprintf(buf, n, "route flush table all proto %d\n", CCS_ROUTE_PROTO);
+	for (i = 0; i < k; i++)
+		len += (size_t)snprintf(buf + len, n - len, "route flush table %s proto %d\n", t[i],
+					CCS_ROUTE_PROTO);
+	return len;
+}
+
+/* this agent's routes, whatever the config says now; -1 after saying which family's flush failed */
 int routes_flush(void)
 {
-	int e4 = ip_batch(4, FLUSH_LINE, 0, "flush"), e6 = ip_batch(6, FLUSH_LINE, 0, "flush");
+	char lines[256];
+	int e4, e6;
 
-	return e4 || e6 ? -1 : 0;
+	if (!flush_lines(lines, sizeof(lines)))
+		return 0;   /* none written, none configured */
+	e4 = ip_batch(4, lines, 0, "flush");
+	e6 = ip_batch(6, lines, 0, "flush");
+	if (e4 || e6)
+		return -1;
+	return record_table("");
 }
 
 /*
@@ -186,7 +264,7 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n)
 			die_msg("route CCs: out of memory");
 			return -1;
 		}
-		len += (size_t)snprintf(buf, cap, "%s", FLUSH_LINE);
+		len += flush_lines(buf, cap);
 		for (i = 0; i < n; i++) {
 			const struct ccs_table_entry *e = &ents[i];
 			char a[INET6_ADDRSTRLEN], line[512];
@@ -221,23 +299,43 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n)
 		}
 		if (ip_batch(fam, buf, lines, "write the table's routes"))
 			err = -1;
+		else if (fam == 6 && !err && record_table(cfg.route_table))
+			err = -1;   /* both families written: ours are in route_table now */
 		count += lines;
 		free(buf);
 	}
 	return err ? -1 : (int)count;
 }
 
-/* how many routes of ours the namespace holds (both families), -1 if ip cannot say */
+/* a table's name as ip prints it: the numbers /etc/iproute2/rt_tables names by default */
+static const char *table_name(const char *t)
+{
+	return !strcmp(t, "255") ? "local" : !strcmp(t, "254") ? "main" : !strcmp(t, "253") ? "default" : t;
+}
+
+/* how many of this agent's routes the namespace holds (both families), -1 if ip cannot say */
 long routes_count(void)
 {
-	char line[512];
+	char line[512], t[2][33], *p_tab;
+	int k = own_tables(t), i;
 	long n = 0;
 	FILE *p = popen("ip -4 route show table all proto 204 2>/dev/null; "
 			"ip -6 route show table all proto 204 2>/dev/null", "r");
 
 	if (!p)
 		return -1;
-	while (fgets(line, sizeof(line), p))
-		n++;
+	while (fgets(line, sizeof(line), p)) {
+		/* "... table T ..." (no table word: main) */
+		p_tab = strstr(line, " table ");
+		for (i = 0; i < k; i++) {
+			const char *want = table_name(t[i]);
+			size_t wl = strlen(want);
+
+			if (p_tab ? !strncmp(p_tab + 7, want, wl) && strchr(" \n", p_tab[7 + wl])
+				  : !strcmp(want, "main"))
+				break;
+		}
+		n += k < 0 || i < k;
+	}
 	return pclose(p) == 0 ? n : -1;
 }
