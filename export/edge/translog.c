@@ -685,30 +685,29 @@ static void ring_commit(struct ring *r, struct logger *lg, unsigned long cons)
 
 static long ring_drain(struct ring *r, struct logger *lg)
 {
-	unsigned long cons = __atomic_load_n(r->cons, __ATOMIC_ACQUIRE), done = cons, prod;
+	unsigned long cons = __atomic_load_n(r->cons, __ATOMIC_ACQUIRE), done = cons;
+	/* what is there now, once: under a load that never lets up, the caller's loop still
+	 * closes segments, runs the watchdog and sees a stop between drains */
+	unsigned long prod = __atomic_load_n(r->prod, __ATOMIC_ACQUIRE);
 	__u32 len, *hdr;
 	long n = 0;
 
-	for (prod = __atomic_load_n(r->prod, __ATOMIC_ACQUIRE); cons < prod;
-	     prod = __atomic_load_n(r->prod, __ATOMIC_ACQUIRE)) {
-		while (cons < prod) {
-			hdr = (__u32 *)(r->data + (cons & (r->size - 1)));
-			len = __atomic_load_n(hdr, __ATOMIC_ACQUIRE);
-			if (len & BPF_RINGBUF_BUSY_BIT)
-				goto out;   /* being written: the next drain */
-			if (!(len & BPF_RINGBUF_DISCARD_BIT)) {
-				log_event(lg, (char *)hdr + BPF_RINGBUF_HDR_SZ, len);
-				n++;
-			}
-			len &= ~(BPF_RINGBUF_BUSY_BIT | BPF_RINGBUF_DISCARD_BIT);
-			cons += (len + BPF_RINGBUF_HDR_SZ + 7) / 8 * 8;
-			if (cons - done >= RING_COMMIT) {
-				ring_commit(r, lg, cons);
-				done = cons;
-			}
+	while (cons < prod) {
+		hdr = (__u32 *)(r->data + (cons & (r->size - 1)));
+		len = __atomic_load_n(hdr, __ATOMIC_ACQUIRE);
+		if (len & BPF_RINGBUF_BUSY_BIT)
+			break;   /* being written: the next drain */
+		if (!(len & BPF_RINGBUF_DISCARD_BIT)) {
+			log_event(lg, (char *)hdr + BPF_RINGBUF_HDR_SZ, len);
+			n++;
+		}
+		len &= ~(BPF_RINGBUF_BUSY_BIT | BPF_RINGBUF_DISCARD_BIT);
+		cons += (len + BPF_RINGBUF_HDR_SZ + 7) / 8 * 8;
+		if (cons - done >= RING_COMMIT) {
+			ring_commit(r, lg, cons);
+			done = cons;
 		}
 	}
-out:
 	if (cons != done || n)
 		ring_commit(r, lg, cons);
 	return n;
