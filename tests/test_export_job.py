@@ -66,13 +66,14 @@ def test_export_artifact_manifest_and_record(spark, exported):
     assert sum(per_level["v6"].values()) == m["entries"]["v6"], per_level
     # the fixture's decisions are per /24 with 5% noise: the table is much smaller than one entry
     # per address and agrees with most decisions
-    assert m["memory_saving"] > 2 and m["client_ips"] / n == pytest.approx(m["memory_saving"], rel=1e-3)
+    # (its 10% fallbacks count against each /24's purity since issue 57: most /24s, 85% pure in
+    # the model's CC, go down to their addresses)
+    assert m["memory_saving"] > 1 and m["client_ips"] / n == pytest.approx(m["memory_saving"], rel=1e-3)
     assert 0.85 <= m["agreement"] <= 1.0 and 0.85 <= m["agreement_ip_majority"] <= 1.0, m
     assert 0.8 <= m["coverage"] < 1.0, m  # fallback-only addresses are not covered
-    # every model decision's address resolves, and the Spark table equals the reference's
+    # the Spark table equals the reference's over every decision (declined ones count, issue 57)
     preds = agg.extract(spark, cfg, lake.lo, lake.hi).toPandas()
-    model = preds[preds["decision"] == "model"]
-    ref = agg.reference_aggregate(zip(model["client_ip"], model["cc"], model["requests"]),
+    ref = agg.reference_aggregate(zip(preds["client_ip"], preds["cc"], preds["requests"], preds["decision"]),
                                   cfg.settings.export)
     assert tuple(sorted((a.entry() for a in ref), key=lambda e: (e.family, int(e.prefix.network_address)))) \
         == tuple(sorted(table.entries, key=lambda e: (e.family, int(e.prefix.network_address))))

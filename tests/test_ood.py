@@ -188,7 +188,7 @@ def test_decide_gives_ood_rows_the_default_cc(spark):
     got = {r["id"]: (r["decision"], r["cc"]) for r in decide(df, p).collect()}
     assert got == {0: ("ood", "reno"), 1: ("model", "cubic"), 2: ("ood", "reno"), 3: ("model", "bbr"),
                    4: ("fallback", "reno"), 5: ("ood", "reno")}
-    assert {d for d, _ in got.values()} <= set(PREDICTION_DECISIONS)
+    assert {d for d, _ in got.values()} <= set(PREDICTION_DECISIONS) | {"evidence"}
 
 
 def test_inference_writes_ood_with_the_default_cc(spark, registered):
@@ -208,7 +208,7 @@ def test_inference_writes_ood_with_the_default_cc(spark, registered):
     df = spark.createDataFrame(pdf.drop(columns="kind"), schema=infer.extract(spark, cfg, lake.lo, lake.hi).schema)
     p = cfg.settings.infer
     out = infer.transform(df, champ, p).toPandas().merge(pdf[["conn_id", "kind"]], on="conn_id")
-    assert set(out["decision"]) <= set(PREDICTION_DECISIONS)
+    assert set(out["decision"]) <= set(PREDICTION_DECISIONS) | {"evidence"}
     ood = out["decision"] == "ood"
     assert (out.loc[ood, "cc"] == p.default_cc).all()
     share = out.groupby("kind")["decision"].apply(lambda d: (d == "ood").mean())
@@ -216,7 +216,8 @@ def test_inference_writes_ood_with_the_default_cc(spark, registered):
     assert share["as_is"] <= 0.05, share
     # the guard's own verdict, row by row, and the calibrated probability
     z = _standardize(out[["conn_id"]].merge(pdf, on="conn_id")[list(FEATURES)].to_numpy(np.float64), stats)
-    np.testing.assert_array_equal(ood.to_numpy(), guard.flags(z, p.ood_quantile))
+    judged = (out["decision"] != "evidence").to_numpy()     # the evidence rule comes first (issue 57)
+    np.testing.assert_array_equal(ood.to_numpy()[judged], guard.flags(z, p.ood_quantile)[judged])
     import torch
     with torch.no_grad():
         direct = champ.model(torch.as_tensor(z))[:, 1].double().numpy()
@@ -247,7 +248,7 @@ def test_emulated_aliccs_leaves_ood_on_the_default(spark, cfg):
     from ccselect.settings import EmulateSettings
     from evaluation import emulate
     from test_emulate import H0, H1, P, _trace
-    preds = [(f"q{i}", "n1", H0, f"7.7.{i}.9", "bbr", "model", "cubic", 3) for i in range(12)]   # a pure /16 → one entry
+    preds = [(f"q{i}", "n1", H0, f"7.7.{i}.9", "bbr", "model", "cubic", 3) for i in range(24)]   # a pure /16 with its support → one entry
     preds += [("o1", "n1", H0, "6.6.6.6", "bbr", "ood", "cubic", 3)]                              # ood: no entry
     preds += [("f1", "n1", H0, "8.8.8.8", "bbr", "fallback", "cubic", 3)]
     (spark.createDataFrame(preds, "conn_id string, node_id string, hour string, client_ip string, cc string, decision string, "
@@ -259,4 +260,4 @@ def test_emulated_aliccs_leaves_ood_on_the_default(spark, cfg):
     counts: dict = {}
     got = {r["conn_id"]: r["choice"] for r in emulate.aliccs_policy(spark, cfg, est, EmulateSettings(), counts).collect()}
     assert got == {"s1": "bbr", "s2": "cubic"}
-    assert counts == {"model": 12, "ood": 1, "fallback": 1}
+    assert counts == {"model": 24, "ood": 1, "fallback": 1}

@@ -11,10 +11,16 @@ tiers.
 Purity is request-weighted here (the paper counts addresses): purity = weight of the majority CC /
 weight of the prefix, where a connection weighs its request count (a connection with none weighs
 1, so that every decision counts). Ties go to the CC whose name sorts last, in both versions below.
-Only decisions with `decision == "model"` become entries; fallbacks and out-of-domain rows
-(`decision == "ood"`, models/ood.py) do not (the edge's default applies to them anyway), but they
-count in the coverage, and the manifest gives each one's request-weighted share
-(`fallback_share`, `ood_share`).
+Only decisions with `decision == "model"` make entries, but every decision the model declined
+(fallback, out-of-domain `ood` from models/ood.py, ...) counts against a prefix's purity as one
+pseudo-CC, `DECLINED` (issue 57: an entry covers every address under it, so a /16 made from 49
+model rows overrode the guard on 96 OOD rows of the same address). A prefix whose majority is
+DECLINED and passes is no entry and ends its addresses' descent: they get the edge's default CC,
+which is what the guard chose for them. No explicit default-CC entry: the default is the node's
+(`default_cc` may differ per node), and an absent entry is that default wherever the table is
+loaded. A prefix passes only with `export.min_support` [connections, distinct clients] under it
+(all decisions counted); at the last level a prefix below its support is no entry either. The
+manifest gives each declined kind's request-weighted share (`fallback_share`, `ood_share`).
 
 Three implementations of the same aggregation:
 - `reference_aggregate(rows, settings)`: plain Python over (ip, cc, requests) rows; the property
@@ -104,32 +110,53 @@ def weight(requests) -> int:
     return max(int(requests or 0), 1)
 
 
-def reference_aggregate(rows: Iterable[tuple[str, str, int]], settings: PrefixLadder) -> list[Aggregated]:
-    """Algorithm 1 over (client_ip, cc, requests) rows of model decisions, in plain Python."""
-    per_ip: dict[tuple[int, str], dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
-    for ip, cc, req in rows:
+# the pseudo-CC of every decision the model declined: sorts after every CC name, so that a tie
+# with a model CC goes to the default (max((w, cc)) here, max(struct(w, cc)) in Spark)
+DECLINED = "~declined"
+
+
+def _row(r) -> tuple[str, str, int]:
+    """(ip, cc, requests) of a reference row, (ip, cc, requests) or (ip, cc, requests, decision):
+    a decision other than "model" is DECLINED."""
+    ip, cc, req = r[0], r[1], r[2]
+    return ip, (cc if len(r) < 4 or r[3] == "model" else DECLINED), req
+
+
+def reference_aggregate(rows: Iterable[tuple], settings: PrefixLadder) -> list[Aggregated]:
+    """Algorithm 1 over one row per connection, (client_ip, cc, requests) of a model decision or
+    (client_ip, cc, requests, decision), in plain Python."""
+    per_ip: dict[tuple[int, str], dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
+    for r in rows:
+        ip, cc, req = _row(r)
         acc = per_ip[_hex(ip)][cc]
         acc[0] += weight(req)
         acc[1] += max(int(req or 0), 0)
+        acc[2] += 1
     out: list[Aggregated] = []
     for fam, levels in settings.ladder.items():
         todo = {h: ccs for (f, h), ccs in per_ip.items() if f == fam}   # D, then D_expand
         for level in levels:
-            groups: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+            groups: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
+            clients: dict[str, int] = defaultdict(int)
             for h, ccs in todo.items():
                 g = groups[h[:level // 4]]
-                for cc, (w, r) in ccs.items():
+                clients[h[:level // 4]] += 1
+                for cc, (w, r, n) in ccs.items():
                     g[cc][0] += w
                     g[cc][1] += r
+                    g[cc][2] += n
             failed = set()
+            min_conns, min_clients = settings.support(fam, level)
             for key, ccs in groups.items():                  # AGGREGATE_AT_PREFIX_LEN
-                total = sum(w for w, _ in ccs.values())
-                reqs = sum(r for _, r in ccs.values())
-                top_w, cc = max((w, c) for c, (w, _) in ccs.items())
-                passed = top_w / total >= settings.threshold(fam, level, reqs)
-                if passed or settings.is_last(fam, level):
+                total = sum(w for w, _, _ in ccs.values())
+                reqs = sum(r for _, r, _ in ccs.values())
+                conns = sum(n for _, _, n in ccs.values())
+                top_w, cc = max((w, c) for c, (w, _, _) in ccs.items())
+                supported = conns >= min_conns and clients[key] >= min_clients
+                passed = supported and top_w / total >= settings.threshold(fam, level, reqs)
+                if (passed or (supported and settings.is_last(fam, level))) and cc != DECLINED:
                     out.append(Aggregated(key_network(fam, level, key), cc, total, top_w, reqs, passed))
-                else:
+                elif not passed:
                     failed.add(key)
             todo = {h: ccs for h, ccs in todo.items() if h[:level // 4] in failed}
     return sorted(out, key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))
@@ -145,9 +172,10 @@ def _threshold_col(settings: PrefixLadder, family: int, level: int, requests):
 
 
 def _weight_cols():
-    """(w, r) of a decision: its request weight (at least 1) and its requests (at least 0)."""
+    """(w, r, n) of a decision: its request weight (at least 1), its requests (at least 0), and
+    1 (it is one connection)."""
     req = F.coalesce(F.col("requests").cast("long"), F.lit(0))
-    return F.greatest(req, F.lit(1)).alias("w"), F.greatest(req, F.lit(0)).alias("r")
+    return F.greatest(req, F.lit(1)).alias("w"), F.greatest(req, F.lit(0)).alias("r"), F.lit(1).cast("long").alias("n")
 
 
 def _by_family(values: dict[int, object], default):
@@ -175,8 +203,8 @@ def _by_root(df, settings: PrefixLadder, by: tuple[str, ...]):
 
 def address_decisions(preds, by: tuple[str, ...] = ()):
     """gold.predictions summed per (family, address hex, cc, decision, default CC) — and per the
-    `by` columns, one table's decisions per value of them (see `ladder_entries`): weight `w` and
-    requests `r`. The one pass over the predictions that the aggregation and its metrics share
+    `by` columns, one table's decisions per value of them (see `ladder_entries`): weight `w`,
+    requests `r` and connections `n`. The one pass over the predictions that the aggregation and its metrics share
     (`collect_decisions`).
 
     Summed per address text before the text is parsed: an address repeats over connections and
@@ -185,21 +213,26 @@ def address_decisions(preds, by: tuple[str, ...] = ()):
     sums here: a max over a string column (the default CC) made Spark sort the predictions
     (SortAggregate, about 3× the CPU of the hash aggregation in bench/export's event log), so the
     default CC is a key instead."""
-    w, r = _weight_cols()
+    w, r, n = _weight_cols()
     keys = (*by, "cc", "decision", "default_cc")
-    sums = (F.sum("w").alias("w"), F.sum("r").alias("r"))
-    per_text = preds.select("client_ip", *keys, w, r).groupBy("client_ip", *keys).agg(*sums)
+    sums = (F.sum("w").alias("w"), F.sum("r").alias("r"), F.sum("n").alias("n"))
+    per_text = preds.select("client_ip", *keys, w, r, n).groupBy("client_ip", *keys).agg(*sums)
     d = with_ip(per_text, "client_ip")
-    d = (d.select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), *keys, "w", "r")
+    d = (d.select(F.col("ip.family").alias("fam"), F.col("ip.hex").alias("hex"), *keys, "w", "r", "n")
          .where(F.col("fam").isNotNull()))
     return d.groupBy("fam", "hex", *keys).agg(*sums)
 
 
+def _ladder_cc(decision):
+    return F.when(decision == "model", F.col("cc")).otherwise(F.lit(DECLINED))
+
+
 def model_weights(decisions, by: tuple[str, ...] = ()):
-    """Model decisions (*by, fam, hex, cc, w, r) from `address_decisions`; an (address, cc) may
-    repeat (one row per default CC): the aggregation sums them per prefix anyway, so no shuffle
-    here."""
-    return decisions.where(F.col("decision") == "model").select(*by, "fam", "hex", "cc", "w", "r")
+    """The decisions as the ladder weighs them (*by, fam, hex, cc, w, r, n) from
+    `address_decisions`: a model decision's CC, every other decision as DECLINED; an (address, cc)
+    may repeat (one row per decision kind and default CC): the aggregation sums them per prefix
+    anyway, so no shuffle here."""
+    return decisions.select(*by, "fam", "hex", _ladder_cc(F.col("decision")).alias("cc"), "w", "r", "n")
 
 
 def spark_aggregate(decisions, settings: PrefixLadder) -> list[Aggregated]:
@@ -210,7 +243,7 @@ def spark_aggregate(decisions, settings: PrefixLadder) -> list[Aggregated]:
 
 def ladder_entries(weights, settings: PrefixLadder, by: tuple[str, ...] = ()):
     """The table entries of Algorithm 1 (Appendix F) from `model_weights`' rows (weights summed
-    per prefix and CC), as a DataFrame (fam, level, key, weight, requests, top_weight, cc,
+    per prefix and CC, DECLINED counted and never an entry, `export.min_support` required), as a DataFrame (fam, level, key, weight, requests, top_weight, cc,
     passed); `key` is the prefix's first level/4 hex digits.
 
     One pass instead of one round per level: every prefix of every ladder level gets its purity
@@ -241,12 +274,23 @@ def ladder_entries(weights, settings: PrefixLadder, by: tuple[str, ...] = ()):
             t = _threshold_col(settings, f, lv, F.col("requests"))
             thr = F.when(cond, t) if thr is None else thr.when(cond, t)
     last = _by_family({f: F.lit(lv[-1]) for f, lv in settings.ladder.items()}, F.lit(-1))
-    stats = (lad.groupBy(*tree, "level", "key", "cc").agg(F.sum("w").alias("w"), F.sum("r").alias("r"))
+    sup_c = sup_k = None
+    for f, levels in settings.ladder.items():
+        for lv in levels:
+            cond = (fam == f) & (level == lv)
+            c, k = settings.support(f, lv)
+            sup_c = F.when(cond, F.lit(c)) if sup_c is None else sup_c.when(cond, F.lit(c))
+            sup_k = F.when(cond, F.lit(k)) if sup_k is None else sup_k.when(cond, F.lit(k))
+    clients = lad.groupBy(*tree, "level", "key").agg(F.countDistinct("hex").alias("_clients"))
+    stats = (lad.groupBy(*tree, "level", "key", "cc").agg(F.sum("w").alias("w"), F.sum("r").alias("r"),
+                                                         F.sum("n").alias("n"))
              .groupBy(*tree, "level", "key").agg(F.sum("w").alias("weight"), F.sum("r").alias("requests"),
-                                                F.max(F.struct("w", "cc")).alias("top"))
+                                                F.sum("n").alias("_conns"), F.max(F.struct("w", "cc")).alias("top"))
+             .join(clients, [*tree, "level", "key"])
              .select(*tree, "level", "key", "weight", "requests", F.col("top.w").alias("top_weight"),
-                     F.col("top.cc").alias("cc"))
-             .withColumn("passed", (F.col("top_weight") / F.col("weight")) >= thr)
+                     F.col("top.cc").alias("cc"),
+                     ((F.col("_conns") >= sup_c) & (F.col("_clients") >= sup_k)).alias("_supported"))
+             .withColumn("passed", F.col("_supported") & ((F.col("top_weight") / F.col("weight")) >= thr))
              .withColumn("_last", level == last))
     # the shorter ladder prefixes of each prefix (none at a family's first level)
     shorter = None
@@ -256,26 +300,27 @@ def ladder_entries(weights, settings: PrefixLadder, by: tuple[str, ...] = ()):
                             for a in levels[:i]])
             cond = (fam == f) & (level == lv)
             shorter = F.when(cond, arr) if shorter is None else shorter.when(cond, arr)
-    candidates = stats.where(F.col("passed") | F.col("_last"))
+    candidates = stats.where((F.col("passed") | (F.col("_last") & F.col("_supported")))
+                             & (F.col("cc") != F.lit(DECLINED)))
     if shorter is None:                       # every ladder has a single level
-        return candidates.drop("_last", "root")
+        return candidates.drop("_last", "_supported", "root")
     passed_above = stats.where(F.col("passed") & ~F.col("_last")).select(
         *tree, F.col("level").alias("_alevel"), F.col("key").alias("_akey"))
     covered = (candidates.select(*tree, "level", "key", F.explode(shorter).alias("_a"))
                .select(*tree, "level", "key", "_a._alevel", "_a._akey")
                .join(passed_above, [*tree, "_alevel", "_akey"], "left_semi")
                .select(*tree, "level", "key"))
-    return candidates.join(covered, [*tree, "level", "key"], "left_anti").drop("_last", "root")
+    return candidates.join(covered, [*tree, "level", "key"], "left_anti").drop("_last", "_supported", "root")
 
 
 # ---- Algorithm 1 in the driver, over the decisions summed per address ---------------------
 def collect_decisions(decisions) -> pa.Table:
-    """`address_decisions(preds)` in the driver: an Arrow table (fam, hex, cc, decision, w, r), one
+    """`address_decisions(preds)` in the driver: an Arrow table (fam, hex, cc, decision, w, r, n), one
     Spark job. Through Arrow, not Row objects (bench/export, 98 k entries: collect() and Row access
     2.5 s; columns from Arrow ~0.3 s). An Arrow table comes back as it is."""
     if isinstance(decisions, pa.Table):
         return decisions
-    return decisions.select("fam", "hex", "cc", "decision", "w", "r").toArrow()
+    return decisions.select("fam", "hex", "cc", "decision", "w", "r", "n").toArrow()
 
 
 def _np(col) -> np.ndarray:
@@ -315,15 +360,19 @@ def _thresholds(settings: PrefixLadder, family: int, level: int, requests: np.nd
 
 def arrow_ladder(decisions: pa.Table, settings: PrefixLadder) -> list[Aggregated]:
     """Algorithm 1 over `collect_decisions`' rows, level by level as `reference_aggregate` runs it,
-    each level one vectorized grouping of the addresses still in play by their prefix."""
-    model = decisions.filter(pc.equal(decisions["decision"], "model"))
-    ccs = sorted(pc.unique(model["cc"]).to_pylist())
-    cc = _np(pc.index_in(model["cc"], value_set=pa.array(ccs, pa.string())))
-    fam, w, r = _np(model["fam"]), _np(model["w"]), _np(model["r"])
+    each level one vectorized grouping of the addresses still in play by their prefix. Every
+    decision counts, a declined one as DECLINED (never an entry)."""
+    is_model = pc.fill_null(pc.equal(decisions["decision"], "model"), False)
+    named = pc.if_else(is_model, decisions["cc"], pa.scalar(DECLINED, pa.string()))
+    ccs = sorted(pc.unique(named).to_pylist())
+    cc = _np(pc.index_in(named, value_set=pa.array(ccs, pa.string())))
+    declined = ccs.index(DECLINED) if DECLINED in ccs else -1
+    fam, w, r, nc = _np(decisions["fam"]), _np(decisions["w"]), _np(decisions["r"]), _np(decisions["n"])
     out: list[Aggregated] = []
     for f, levels in settings.ladder.items():
         rows = np.flatnonzero(fam == f)
-        hexes = model["hex"].take(rows).combine_chunks()
+        hexes = decisions["hex"].take(rows).combine_chunks()
+        addr, _ = _encode(hexes)                           # distinct clients: one id per address
         todo = np.arange(len(rows))                        # D, then D_expand
         for level in levels:
             if not len(todo):
@@ -331,9 +380,14 @@ def arrow_ladder(decisions: pa.Table, settings: PrefixLadder) -> list[Aggregated
             group, keys = _encode(pc.utf8_slice_codeunits(hexes.take(todo), 0, level // 4))
             n = len(keys)
             weight, requests = _sums(group, n, w[rows[todo]]), _sums(group, n, r[rows[todo]])
+            conns = _sums(group, n, nc[rows[todo]])
+            pairs = np.unique(group * (int(addr.max()) + 1) + addr[todo])
+            clients = np.bincount(pairs // (int(addr.max()) + 1), minlength=n)
+            min_conns, min_clients = settings.support(f, level)
+            supported = (conns >= min_conns) & (clients >= min_clients)
             top, top_w = _majority(group, n, cc[rows[todo]], len(ccs), w[rows[todo]])
-            passed = top_w / weight >= _thresholds(settings, f, level, requests)
-            entry = np.flatnonzero(passed | settings.is_last(f, level))
+            passed = supported & (top_w / weight >= _thresholds(settings, f, level, requests))
+            entry = np.flatnonzero((passed | (supported & settings.is_last(f, level))) & (top != declined))
             out += [Aggregated(key_network(f, level, k), ccs[t], wt, tw, rq, ps) for k, t, wt, tw, rq, ps in zip(
                 keys.take(entry).to_pylist(), top[entry].tolist(), weight[entry].tolist(), top_w[entry].tolist(),
                 requests[entry].tolist(), passed[entry].tolist())]
@@ -530,7 +584,8 @@ def with_caps(spark, cfg, preds, aggs: list[Aggregated]) -> tuple[list[Aggregate
     # each model-decided address's weight per user group, matched to its entry by lpm: one pass,
     # not one join per prefix length
     by = ("ug_id",)
-    d = model_weights(address_decisions(preds, by), by).where(F.col("ug_id").isNotNull())
+    d = (model_weights(address_decisions(preds, by), by)
+         .where(F.col("ug_id").isNotNull() & (F.col("cc") != F.lit(DECLINED))))
     matched = lpm(d, [a.entry() for a in aggs], "t", entry_index=True).where(F.col("t_entry").isNotNull())
     main = (matched.groupBy("t_entry", "ug_id").agg(F.sum("w").alias("w"))
             .groupBy("t_entry").agg(F.max(F.struct("w", "ug_id")).alias("_m"))

@@ -1,0 +1,82 @@
+"""Issue 57 ("Real logs, second round"): what the edge enforces for traffic unlike anything the
+model learnt. Tiny hand-made frames, each case as the issue saw it on real logs."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ccselect.settings import PrefixLadder
+from export.tables import aggregate as agg
+
+pytestmark = pytest.mark.filterwarnings("ignore")
+
+
+def _both(spark, rows, settings):
+    """The reference's entries, checked equal to the export job's (Arrow) and to the DataFrame
+    ladder's (evaluation/emulate.py's) over the same rows."""
+    ref = agg.reference_aggregate(rows, settings)
+    preds = spark.createDataFrame(
+        [(f"c{i}", ip, cc, (r[3] if len(r) > 3 else "model"), "cubic", int(req), "h0")
+         for i, r in enumerate(rows) for ip, cc, req in [r[:3]]],
+        "conn_id string, client_ip string, cc string, decision string, default_cc string, requests long, hour string")
+    assert agg.spark_aggregate(agg.address_decisions(preds), settings) == ref
+    by = ("hour",)
+    frame = agg.ladder_entries(agg.model_weights(agg.address_decisions(preds, by), by), settings, by)
+    got = sorted((agg.Aggregated(agg.key_network(r["fam"], r["level"], r["key"]), r["cc"], r["weight"],
+                                 r["top_weight"], r["requests"], r["passed"]) for r in frame.collect()),
+                 key=lambda a: (a.family, int(a.network.network_address), a.network.prefixlen))
+    assert got == ref
+    return {str(a.network): a.cc for a in ref}
+
+
+# ---- item 2: one connection makes no /16 -----------------------------------------------------
+def test_a_16_from_one_connection_is_refused(spark):
+    """65.182.0.0/16 → bbr came from a single upload test: the default support refuses the /16
+    and /24; the address keeps its own /32."""
+    got = _both(spark, [("65.182.7.9", "bbr", 1)], PrefixLadder())
+    assert got == {"65.182.7.9/32": "bbr"}
+
+
+def test_support_counts_connections_and_distinct_clients(spark):
+    s = PrefixLadder(min_support={"v4": {16: [6, 3], 24: [0, 0], 32: [0, 0]}})
+    many_conns_one_client = [("81.20.1.1", "bbr", 1)] * 10
+    assert _both(spark, many_conns_one_client, s) == {"81.20.1.0/24": "bbr"}
+    three_clients = [(f"81.20.{i}.1", "bbr", 1) for i in range(3)] * 2
+    assert _both(spark, three_clients, s) == {"81.20.0.0/16": "bbr"}
+    assert _both(spark, three_clients[:5], s) == {f"81.20.{i}.0/24": "bbr" for i in range(3)}   # 5 < 6
+
+
+def test_last_level_below_support_is_no_entry(spark):
+    s = PrefixLadder(min_support={"v4": {16: [5, 2], 24: [5, 2], 32: [2, 1]}})
+    assert _both(spark, [("81.20.1.1", "bbr", 1)], s) == {}
+
+
+# ---- item 1: the table does not override the guard -----------------------------------------
+def test_ood_rows_under_an_entry_lower_its_purity(spark):
+    """35.225.0.0/16 → bbr came from 49 model rows and covered 96 OOD rows of the same address:
+    with the OOD rows counted, the address's majority is the default — no entry covers it."""
+    rows = [("35.225.1.1", "bbr", 1)] * 49 + [("35.225.1.1", "bbr", 1, "ood")] * 96
+    rows += [(f"35.225.2.{i}", "bbr", 1) for i in range(1, 30)]    # a clean /24 beside it
+    got = _both(spark, rows, PrefixLadder())
+    assert got == {"35.225.2.0/24": "bbr"}, got
+
+
+def test_a_declined_majority_prefix_ends_the_descent(spark):
+    """A /16 that is 96% fallback passes as declined: no entry, and none of its /24s or /32s
+    (the few model rows under it go to the default too)."""
+    rows = [(f"9.9.{i}.{j}", "cubic", 1, "fallback") for i in range(8) for j in range(1, 13)]
+    rows += [("9.9.0.1", "bbr", 1)] * 4
+    assert _both(spark, rows, PrefixLadder()) == {}
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_three_ladders_agree_with_declined_rows_and_default_support(spark, seed):
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(300):
+        ip = f"81.{20 + rng.randrange(2)}.{rng.randrange(4)}.{rng.randrange(1, 6)}"
+        cc = rng.choice(("bbr", "cubic"))
+        rows.append((ip, cc, rng.randrange(0, 20)) + ((rng.choice(("ood", "fallback")),) if rng.random() < 0.2 else ()))
+    _both(spark, rows, PrefixLadder())
+
