@@ -88,6 +88,7 @@ bool routes_enabled(void);
 int routes_sync(const struct ccs_table_entry *ents, size_t n);
 int routes_flush(void);
 long routes_count(void);
+__u32 routes_mark(void);
 int routes_check_within(const char *list, char *why, size_t why_n);
 int parse_fraction_option(const char *what, const char *v, double *out);
 int check_node_id(const char *v);

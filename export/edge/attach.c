@@ -152,12 +152,8 @@ static int open_and_load(struct ccs_bpf **skelp)
 	skel->rodata->sample_thresh = thresh;
 	skel->rodata->default_cc_id = sysctl_cc_id();
 	skel->rodata->cc_routes = routes_enabled();
-	if (routes_enabled() && (skel->rodata->default_cc_id < 1 || skel->rodata->default_cc_id > CCS_CC_MAX)) {
-		/* the program puts the default back over a route's CC: it must be able to name it */
-		die_msg("route CCs (route_table) need net.ipv4.tcp_congestion_control to be cubic, bbr "
-			"or reno");
-		return -1;
-	}
+	/* the mark of the agent's ip rule: only this cgroup's listeners' connections see its routes */
+	skel->rodata->route_mark = routes_mark();
 	err = ccs_bpf__load(skel);
 	if (!err && !routes_enabled())
 		routes_flush(); /* route CCs turned off: none of ours may outlive them */

@@ -32,6 +32,7 @@
 #define SOL_TCP 6
 #define TCP_CONGESTION 13
 #define SO_MAX_PACING_RATE 47
+#define SO_MARK 36
 #define TCP_BPF_SNDCWND_CLAMP 1002
 
 /*
@@ -62,10 +63,18 @@ const volatile __u8 default_cc_id = 0;
  * from here. The program stays the authority: it reads the socket's CC before any switch (a route
  * that agrees leaves nothing to do, the cost of bpf_setsockopt saved), and where it decides the
  * default (no table, stale, A/B control, miss, keep, low confidence, an unserved port) it puts
- * back the default over a route's CC. A missing, late or stale route costs a switch, never a
- * wrong CC. Needs default_cc_id to be one of ours (the agent checks).
+ * back over a route's CC the CC the socket would have had without us (route_default). A missing,
+ * late or stale route costs a switch, never a wrong CC.
  */
 const volatile __u8 cc_routes = 0;
+/*
+ * Route CCs confined to the cgroup (issue 56): the agent's table is looked up only for sockets
+ * carrying route_mark (its `ip rule fwmark route_mark lookup <route_table>`). The program marks
+ * this cgroup's listeners when they listen (mark_listener); a SYN-ACK's route lookup and the
+ * child socket take the listener's mark (inet_request_mark, tcp_fwmark_accept off), so only this
+ * cgroup's passive connections ever get a route's CC: no other service, no outgoing connection.
+ */
+const volatile __u32 route_mark = 0;
 extern unsigned int CONFIG_HZ __kconfig __weak;
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
@@ -354,18 +363,61 @@ static __always_inline int set_cc(struct bpf_sock_ops *skops, bool check, __u8 c
 	return bpf_setsockopt(skops, SOL_TCP, TCP_CONGESTION, name.c, sizeof(name.c)) ?: 1;
 }
 
-/* route CCs: the default CC on a socket a route may have given another (cnt cc_reset if so) */
+/* whether the socket's CC was chosen by TCP_CONGESTION (icsk_ca_setsockopt, copied to a child) */
+static __always_inline bool ca_chosen(struct tcp_sock *tp)
+{
+	return BPF_CORE_READ_BITFIELD(&tp->inet_conn, icsk_ca_setsockopt);
+}
+
+/*
+ * Route CCs: mark a listener of the cgroup, so its connections' route lookups see the agent's
+ * table. Not one that chose its CC before listen (its children start on that CC, which no route
+ * may replace: a reno listener's misses stay reno) nor one with a mark of its own.
+ */
+static __always_inline void mark_listener(struct bpf_sock_ops *skops)
+{
+	struct tcp_sock *tp;
+	int mark = (int)route_mark;
+
+	if (!route_mark || !skops->sk || !CTX_U32(skops, is_fullsock))
+		return;
+	tp = bpf_rdonly_cast(skops->sk, bpf_core_type_id_kernel(struct tcp_sock));
+	if (tp->inet_conn.icsk_inet.sk.sk_mark || ca_chosen(tp))
+		return;
+	if (bpf_setsockopt(skops, SOL_SOCKET, SO_MARK, &mark, sizeof(mark)))
+		cnt(CCS_CNT_SETSOCKOPT_ERR);
+}
+
+/*
+ * Route CCs: where the program decides the default, put back over a route's CC the CC the socket
+ * would have had without us (cnt cc_reset if so). Only a child of a marked listener can have a
+ * route's CC; such a listener did not choose its CC, so without a route tcp_ca_openreq_child gives
+ * the child the network namespace's default of that moment: the sysctl now, not at attach.
+ */
 static __always_inline void route_default(struct bpf_sock_ops *skops)
 {
-	int err;
+	const struct tcp_congestion_ops *ops, *def;
+	struct tcp_sock *tp;
+	__u64 name[2];
 
-	if (!skops->sk || !default_cc_id || default_cc_id > CCS_CC_MAX)
+	if (!skops->sk || !CTX_U32(skops, is_fullsock))
 		return;
-	err = set_cc(skops, true, default_cc_id);
-	if (err > 0)
-		cnt(CCS_CNT_CC_RESET);
-	else if (err < 0)
+	tp = bpf_rdonly_cast(skops->sk, bpf_core_type_id_kernel(struct tcp_sock));
+	if (tp->inet_conn.icsk_inet.sk.sk_mark != route_mark || ca_chosen(tp))
+		return;
+	ops = tp->inet_conn.icsk_ca_ops;
+	def = tp->inet_conn.icsk_inet.sk.__sk_common.skc_net.net->ipv4.tcp_congestion_control;
+	if (!ops || !def)
+		return;
+	/* TCP_CA_NAME_MAX is 16 and names are NUL-terminated: two words each */
+	name[0] = *(__u64 *)&def->name[0];
+	name[1] = *(__u64 *)&def->name[8];
+	if (*(__u64 *)&ops->name[0] == name[0] && *(__u64 *)&ops->name[8] == name[1])
+		return;
+	if (bpf_setsockopt(skops, SOL_TCP, TCP_CONGESTION, name, sizeof(name)))
 		cnt(CCS_CNT_SETSOCKOPT_ERR);
+	else
+		cnt(CCS_CNT_CC_RESET);
 }
 
 static __always_inline void update_stats(struct ccs_conn *c, struct bpf_sock_ops *skops,
@@ -744,6 +796,9 @@ int ccs_sockops(struct bpf_sock_ops *skops)
 	switch (skops->op) {
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
 		return on_established(skops);
+	case BPF_SOCK_OPS_TCP_LISTEN_CB:
+		mark_listener(skops);
+		break;
 	case BPF_SOCK_OPS_RTT_CB:
 		on_rtt(skops);
 		break;

@@ -34,6 +34,16 @@
 #include "agent.h"
 
 #define CCS_ROUTE_PROTO 204 /* routes_count's command says it too */
+/*
+ * Confinement (issue 56): the agent's table is looked up only by sockets carrying its mark, by
+ * `ip rule pref CCS_ROUTE_RULE_PREF fwmark MARK lookup TABLE`, and the program marks only its
+ * cgroup's listeners (ccs.bpf.c mark_listener). The mark says the table: CCS_ROUTE_MARK_BASE with
+ * the table's number in the low 20 bits, so two agents (one table each) never share a mark. The
+ * rule comes before main's (32766); table local's (0) comes first whatever we do, so a table of
+ * our own holds the routes, and client prefixes in local (loopback tests) need local's rule moved.
+ */
+#define CCS_ROUTE_RULE_PREF 100
+#define CCS_ROUTE_MARK_BASE 0xcc500000u
 
 struct within {
 	int family;   /* 4 or 6 */
@@ -198,6 +208,82 @@ static int own_tables(char t[2][33])
 	return k;
 }
 
+/* a table's number (local, main, default by name), 0 if it has none */
+static unsigned long table_number(const char *t)
+{
+	char *end;
+	unsigned long v;
+
+	if (!strcmp(t, "local"))
+		return 255;
+	if (!strcmp(t, "main"))
+		return 254;
+	if (!strcmp(t, "default"))
+		return 253;
+	v = strtoul(t, &end, 10);
+	return *t && !*end ? v : 0;
+}
+
+static __u32 mark_of(const char *t)
+{
+	return CCS_ROUTE_MARK_BASE | (__u32)(table_number(t) & 0xfffff);
+}
+
+/* the mark the program gives the cgroup's listeners, 0 with route CCs off */
+__u32 routes_mark(void)
+{
+	return routes_enabled() ? mark_of(cfg.route_table) : 0;
+}
+
+/* whether the namespace holds this agent's rule for table t, family fam (-1: ip cannot say) */
+static int rule_present(int fam, const char *t)
+{
+	char cmd[160], line[256];
+	int found = 0;
+	FILE *p;
+
+	snprintf(cmd, sizeof(cmd), "ip -%d rule show pref %d fwmark 0x%x lookup %s 2>/dev/null", fam,
+		 CCS_ROUTE_RULE_PREF, mark_of(t), t);
+	p = popen(cmd, "r");
+	if (!p)
+		return -1;
+	while (fgets(line, sizeof(line), p))
+		found |= strstr(line, "fwmark") != NULL;
+	if (pclose(p))
+		return -1;
+	return found;
+}
+
+/*
+ * The ip -batch lines (family fam) that take this agent's rules out, but for the one of table
+ * `keep` (the configured table on a write; NULL on a flush), which they add if it is missing.
+ * -> their length.
+ */
+static size_t rule_lines(int fam, const char *keep, char *buf, size_t n)
+{
+	char t[2][33];
+	int k = own_tables(t), i, has;
+	size_t len = 0;
+
+	buf[0] = 0;
+	if (k < 0) {   /* no ccs_routes: the configured table's only */
+		k = cfg.route_table[0] ? 1 : 0;
+		snprintf(t[0], sizeof(t[0]), "%s", cfg.route_table);
+	}
+	for (i = 0; i < k; i++) {
+		bool mine = keep && !strcmp(t[i], keep);
+
+		has = rule_present(fam, t[i]);
+		if (has < 0)   /* ip cannot say: the line goes in, and the batch's ip reports its failure */
+			has = !mine;
+		if (has != mine)
+			len += (size_t)snprintf(buf + len, n - len, "rule %s pref %d fwmark 0x%x lookup %s\n",
+						mine ? "add" : "del", CCS_ROUTE_RULE_PREF, mark_of(t[i]),
+						t[i]);
+	}
+	return len;
+}
+
 /* the ip -batch lines that flush this agent's routes into buf (n bytes); -> their length */
 static size_t flush_lines(char *buf, size_t n)
 {
@@ -214,19 +300,21 @@ static size_t flush_lines(char *buf, size_t n)
 	return len;
 }
 
-/* this agent's routes, whatever the config says now; -1 after saying which family's flush failed */
+/* this agent's routes and rules, whatever the config says now; -1 after saying which family's
+ * flush failed */
 int routes_flush(void)
 {
-	char lines[256];
-	int e4, e6;
+	char lines[768];
+	int fam, err = 0;
+	size_t len, rl;
 
-	if (!flush_lines(lines, sizeof(lines)))
-		return 0;   /* none written, none configured */
-	e4 = ip_batch(4, lines, 0, "flush");
-	e6 = ip_batch(6, lines, 0, "flush");
-	if (e4 || e6)
-		return -1;
-	return record_table("");
+	for (fam = 4; fam <= 6; fam += 2) {
+		len = flush_lines(lines, sizeof(lines));
+		rl = rule_lines(fam, NULL, lines + len, sizeof(lines) - len);
+		if (len + rl && ip_batch(fam, lines, 0, "flush"))
+			err = -1;
+	}
+	return err ? -1 : record_table("");
 }
 
 /*
@@ -265,6 +353,8 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n)
 			return -1;
 		}
 		len += flush_lines(buf, cap);
+		/* this agent's rule added if missing (an old table's taken out) */
+		len += rule_lines(fam, cfg.route_table, buf + len, cap - len);
 		for (i = 0; i < n; i++) {
 			const struct ccs_table_entry *e = &ents[i];
 			char a[INET6_ADDRSTRLEN], line[512];
