@@ -43,6 +43,8 @@ from models.ood import calibrate
 from models.registry import load_champion
 # Imported inside the functions that use them (heavy, not needed to import this module): delta, torch.
 
+#: what the minimum-evidence rule reads (`infer.min_data_segs`, `min_bytes_acked`, `min_duration_us`)
+EVIDENCE_COLS = ("data_segs_out", "bytes_acked", "duration_us")
 PASS_THROUGH = ("conn_id", "client_ip", "family", "prefix16", "prefix24", "prefix48", "prefix64", "ug_id",
                 "requests", "node_id", "hour")
 
@@ -50,7 +52,7 @@ PASS_THROUGH = ("conn_id", "client_ip", "family", "prefix16", "prefix24", "prefi
 # ---- extract ------------------------------------------------------------------------------------
 
 def extract(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
-    return connections_in(spark, cfg, lo, hi).select(*PASS_THROUGH, *FEATURES)
+    return connections_in(spark, cfg, lo, hi).select(*PASS_THROUGH, *FEATURES, *EVIDENCE_COLS)
 
 
 # ---- the model on Arrow batches -----------------------------------------------------------------
@@ -173,22 +175,34 @@ def score(df: DataFrame, model, stats, precision: str = "fp32", temperature: flo
 
 # ---- the decision (ALICCS §4.2) -----------------------------------------------------------------
 
+def evidence_minima(p: InferSettings) -> dict[str, int]:
+    """The minimum-evidence rule's minima per column (those switched on)."""
+    m = {"data_segs_out": p.min_data_segs, "bytes_acked": p.min_bytes_acked, "duration_us": p.min_duration_us}
+    return {c: int(v) for c, v in m.items() if v and v > 0}
+
+
 def decide(df: DataFrame, p: InferSettings) -> DataFrame:
     """From `p_wifi` (and `ood`, when the frame has it): p_cell = 1 − p_wifi, pred_net_type
     (argmax; "wifi" at 0.5, null without a probability), decision "ood" where `ood` is true (the
     guard: the row is unlike the training rows), else "model" when the predicted type's
     probability reaches its threshold (≥), else "fallback", and the CC: Wi-Fi → wifi_cc, 4G/5G →
-    cell_cc, ood and fallback → default_cc."""
+    cell_cc, ood and fallback → default_cc. Before all of these, decision "evidence" (default_cc)
+    where a column of EVIDENCE_COLS in the frame is below its minimum (`evidence_minima`)."""
     ood = F.coalesce(F.col("ood"), F.lit(False)) if "ood" in df.columns else F.lit(False)
+    thin = F.lit(False)
+    for c, lo in evidence_minima(p).items():
+        if c in df.columns:
+            thin = thin | F.coalesce(F.col(c) < F.lit(lo), F.lit(False))
     pw = F.col("p_wifi")
     pc = F.lit(1.0) - pw
     pred = F.when(pw.isNull(), F.lit(None).cast("string")).when(pw >= 0.5, "wifi").otherwise("cell")
     trusted = (((pred == "wifi") & (pw >= F.lit(float(p.wifi_threshold))))
                | ((pred == "cell") & (pc >= F.lit(float(p.cell_threshold)))))
-    trusted = F.coalesce(trusted, F.lit(False)) & ~ood
+    trusted = F.coalesce(trusted, F.lit(False)) & ~ood & ~thin
     return (df.withColumn("p_cell", pc)
             .withColumn("pred_net_type", pred)
-            .withColumn("decision", F.when(ood, "ood").when(trusted, "model").otherwise("fallback"))
+            .withColumn("decision", F.when(thin, "evidence").when(ood, "ood").when(trusted, "model")
+                        .otherwise("fallback"))
             .withColumn("cc", F.when(~trusted, p.default_cc).when(F.col("pred_net_type") == "wifi", p.wifi_cc)
                         .otherwise(p.cell_cc))
             .withColumn("default_cc", F.lit(p.default_cc)))
@@ -249,8 +263,9 @@ def _run_arrow(cfg: Config, lo: str, hi: str, champion, p: InferSettings, decisi
     if decisions:
         result["decisions"] = infer_arrow.window_decisions(path, lo, hi)
         total = sum(result["decisions"].values())
-        result["ood_share"] = (sum(v for k, v in result["decisions"].items() if k.startswith("ood/")) / total
-                               if total else 0.0)
+        for kind in ("ood", "evidence"):
+            result[f"{kind}_share"] = (sum(v for k, v in result["decisions"].items() if k.startswith(f"{kind}/"))
+                                       / total if total else 0.0)
     return result
 
 
@@ -273,7 +288,8 @@ def _run_spark(spark: SparkSession, cfg: Config, lo: str, hi: str, champion, p: 
                .groupBy("decision", "cc").count().collect())
         result["decisions"] = {f"{r['decision']}/{r['cc']}": r["count"] for r in sorted(out, key=lambda r: (r[0], r[1]))}
         total = sum(r["count"] for r in out)
-        result["ood_share"] = (sum(r["count"] for r in out if r["decision"] == "ood") / total) if total else 0.0
+        for kind in ("ood", "evidence"):
+            result[f"{kind}_share"] = (sum(r["count"] for r in out if r["decision"] == kind) / total) if total else 0.0
     return result
 
 

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from threadpoolctl import threadpool_limits
 
@@ -65,20 +66,39 @@ _DICTIONARY = [c for c in PREDICTION_COLS
 
 # ---- the decision (ALICCS §4.2), on arrays -------------------------------------------------------
 
-def decide_arrays(p_wifi: np.ndarray, ood: np.ndarray, p: InferSettings) -> dict[str, np.ndarray]:
+def decide_arrays(p_wifi: np.ndarray, ood: np.ndarray, p: InferSettings,
+                  thin: np.ndarray | None = None) -> dict[str, np.ndarray]:
     """`models.infer.decide` on NumPy arrays: p_cell = 1 − p_wifi; the predicted type "wifi" at
     p_wifi ≥ 0.5, else "cell"; a row is trusted when its type's probability reaches its threshold
     (≥) and it is not out of domain; decision "ood" / "model" / "fallback"; the CC Wi-Fi → wifi_cc,
-    4G/5G → cell_cc, untrusted → default_cc. Codes index the `labels` lists (for dictionary arrays)."""
+    4G/5G → cell_cc, untrusted → default_cc; before all, decision "evidence" where `thin` (too
+    little evidence: `thin_rows`). Codes index the `labels` lists (for dictionary arrays)."""
     p_cell = 1.0 - p_wifi
     wifi = p_wifi >= 0.5
-    trusted = np.where(wifi, p_wifi >= float(p.wifi_threshold), p_cell >= float(p.cell_threshold)) & ~ood
+    thin = np.zeros(len(p_wifi), bool) if thin is None else thin
+    trusted = np.where(wifi, p_wifi >= float(p.wifi_threshold), p_cell >= float(p.cell_threshold)) & ~ood & ~thin
     return {
         "p_cell": p_cell,
         "pred_net_type": np.where(wifi, 0, 1).astype(np.int8),          # wifi, cell
-        "decision": np.where(ood, 2, np.where(trusted, 0, 1)).astype(np.int8),  # model, fallback, ood
+        # model, fallback, ood, evidence
+        "decision": np.where(thin, 3, np.where(ood, 2, np.where(trusted, 0, 1))).astype(np.int8),
         "cc": np.where(~trusted, 0, np.where(wifi, 1, 2)).astype(np.int8),      # default, wifi, cell CC
     }
+
+
+def thin_rows(rb, p: InferSettings) -> np.ndarray:
+    """`models.infer.decide`'s minimum-evidence rule on a record batch: a known value below its
+    minimum (`spark_job.evidence_minima`); a null is not judged."""
+    thin = np.zeros(rb.num_rows, bool)
+    names = rb.schema.names
+    for c, lo in spark_job.evidence_minima(p).items():
+        if c in names:
+            thin |= _np_bool(pc.fill_null(pc.less(rb.column(c), lo), False))
+    return thin
+
+
+def _np_bool(a) -> np.ndarray:
+    return a.to_numpy(zero_copy_only=False).astype(bool)
 
 
 # ---- the lake ------------------------------------------------------------------------------------
@@ -133,7 +153,7 @@ class _Scorer:
         self.mean, self.std = tuple(champion.stats.mean), tuple(champion.stats.std)
         self.temperature = float(getattr(champion, "temperature", 1.0)) if p.calibrate else 1.0
         self.guard = getattr(champion, "guard", None) if p.ood_guard else None
-        self.labels = {"pred_net_type": ["wifi", "cell"], "decision": ["model", "fallback", "ood"],
+        self.labels = {"pred_net_type": ["wifi", "cell"], "decision": ["model", "fallback", "ood", "evidence"],
                        "cc": [p.default_cc, p.wifi_cc, p.cell_cc]}
         self.constants = {"default_cc": p.default_cc, "model_name": champion.name,
                           "model_version": str(champion.version)}
@@ -145,7 +165,7 @@ class _Scorer:
         z = spark_job.standardize([rb.column(f).to_numpy(zero_copy_only=False) for f in FEATURES], self.mean, self.std)
         p_wifi = calibrate(spark_job.predict_wifi(self.model, z, self.precision), self.temperature)
         ood = self.guard.flags(z, self.p.ood_quantile) if self.guard is not None else np.zeros(len(z), bool)
-        d = decide_arrays(p_wifi, ood, self.p)
+        d = decide_arrays(p_wifi, ood, self.p, thin_rows(rb, self.p))
         n = len(p_wifi)
         cols = {c: rb.column(c) for c in self.passthrough}
         cols["p_wifi"], cols["p_cell"] = pa.array(p_wifi, pa.float64()), pa.array(d["p_cell"], pa.float64())
@@ -163,10 +183,11 @@ class _Scorer:
         rel = f"node_id={node}/hour={hour}/part-00000-{uuid.uuid4()}.c000.snappy.parquet"
         dst = os.path.join(table, rel)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        counts = np.zeros((3, 3), dtype=np.int64)  # decision code × cc code
+        counts = np.zeros((4, 3), dtype=np.int64)  # decision code × cc code
         rows = 0
         reader = pq.ParquetFile(src, read_dictionary=[c for c in self.passthrough if c in _DICTIONARY])
-        columns = self.passthrough + list(FEATURES)
+        names = reader.schema_arrow.names
+        columns = self.passthrough + list(FEATURES) + [c for c in spark_job.EVIDENCE_COLS if c in names]
         # dictionaries for the repeating columns only: trying one on the unique conn_id and the
         # probabilities costs time and saves nothing. Min/max statistics for the numeric columns
         # only: the strings' cost 40% of the write (measured, 212 → 125 ns a row) and no reader of
@@ -176,7 +197,7 @@ class _Scorer:
             for rb in reader.iter_batches(batch_size=int(self.p.batch_rows), columns=columns, use_threads=False):
                 out, d = self.batch(rb)
                 w.write_batch(out)
-                counts += np.bincount(d["decision"] * 3 + d["cc"], minlength=9).reshape(3, 3)
+                counts += np.bincount(d["decision"] * 3 + d["cc"], minlength=12).reshape(4, 3)
                 rows += out.num_rows
         st = os.stat(dst)
         return {"path": rel, "size": st.st_size, "node_id": node, "hour": hour, "rows": rows,

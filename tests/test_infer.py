@@ -116,10 +116,17 @@ def test_ccs_infer_writes_predictions(spark, lake_with_champion):
                       "model_version").toPandas()
     ood = np.array([flags[k] for k in zip(pdf["conn_id"], pdf["node_id"])], dtype=bool)
     wifi = pdf["p_wifi"] >= 0.5
-    trusted = np.where(wifi, pdf["p_wifi"] >= p.wifi_threshold, pdf["p_cell"] >= p.cell_threshold) & ~ood
+    # the minimum-evidence rule (issue 57) before the guard
+    from models.infer import EVIDENCE_COLS
+    ev = silver.select("conn_id", "node_id", *EVIDENCE_COLS).toPandas()
+    ev = pdf[["conn_id", "node_id"]].merge(ev, on=["conn_id", "node_id"], how="left")
+    thin = ((ev["data_segs_out"] < p.min_data_segs) | (ev["bytes_acked"] < p.min_bytes_acked)
+            | (ev["duration_us"] < p.min_duration_us)).to_numpy()
+    assert 0 < thin.sum() < 0.05 * len(thin), thin.sum()
+    trusted = np.where(wifi, pdf["p_wifi"] >= p.wifi_threshold, pdf["p_cell"] >= p.cell_threshold) & ~ood & ~thin
     expect = pd.DataFrame({
         "p_cell": 1.0 - pdf["p_wifi"], "pred_net_type": np.where(wifi, "wifi", "cell"),
-        "decision": np.where(ood, "ood", np.where(trusted, "model", "fallback")),
+        "decision": np.where(thin, "evidence", np.where(ood, "ood", np.where(trusted, "model", "fallback"))),
         "cc": np.where(trusted, np.where(wifi, p.wifi_cc, p.cell_cc), p.default_cc),
         "default_cc": p.default_cc, "model_name": champ.name, "model_version": version})
     pd.testing.assert_frame_equal(pdf[expect.columns], expect, check_dtype=False)
@@ -174,6 +181,9 @@ def test_arrow_engine_matches_the_spark_job(spark, lake_with_champion, monkeypat
     np.testing.assert_allclose(arrow_rows["p_wifi"], spark_rows["p_wifi"], rtol=0, atol=1e-5)
     np.testing.assert_allclose(arrow_rows["p_cell"], spark_rows["p_cell"], rtol=0, atol=1e-5)
     assert by_arrow["decisions"] == by_spark["decisions"] and len(by_arrow["decisions"]) >= 2
+    # the minimum-evidence rule (issue 57) in both: its own decision, counted alike
+    assert any(k.startswith("evidence/") for k in by_arrow["decisions"]), by_arrow["decisions"]
+    assert by_arrow["evidence_share"] == by_spark["evidence_share"] > 0
     assert _predictions(spark, cfg).schema == spark.read.format("delta").load(path).schema
 
     # a delta-rs checkpoint is read by Spark

@@ -80,3 +80,38 @@ def test_three_ladders_agree_with_declined_rows_and_default_support(spark, seed)
         rows.append((ip, cc, rng.randrange(0, 20)) + ((rng.choice(("ood", "fallback")),) if rng.random() < 0.2 else ()))
     _both(spark, rows, PrefixLadder())
 
+
+# ---- item 3: too little evidence is not decided by the model -------------------------------
+def test_thin_connections_get_the_evidence_decision_in_both_engines(spark):
+    """Monitoring probes (7 segments, 6 kB, 0 bytes acknowledged, a 5 ms life) keep the default
+    CC with decision "evidence", before the guard and the thresholds; the Spark decision and the
+    Arrow engine's agree row by row. A missing value is not judged."""
+    import numpy as np
+    import pyarrow as pa
+
+    from ccselect.settings import InferSettings
+    from models.infer import decide
+    from models.infer_arrow import decide_arrays, thin_rows
+    p = InferSettings(min_data_segs=8, min_bytes_acked=10_000, min_duration_us=20_000)
+    rows = [  # p_wifi, ood, data_segs_out, bytes_acked, duration_us → decision
+        (0.95, False, 400, 500_000, 3_000_000, "model"),
+        (0.95, False, 7, 6_000, 3_000_000, "evidence"),     # the probes' median
+        (0.10, False, 400, 0, 3_000_000, "evidence"),       # nothing acknowledged
+        (0.95, False, 400, 500_000, 5_000, "evidence"),     # 5 ms
+        (0.95, True, 3, 500_000, 3_000_000, "evidence"),    # evidence before the guard
+        (0.95, True, 400, 500_000, 3_000_000, "ood"),
+        (0.70, False, 400, 500_000, 3_000_000, "fallback"),
+        (0.95, False, None, None, None, "model"),           # not known: not judged
+    ]
+    df = spark.createDataFrame([(i, *r[:5]) for i, r in enumerate(rows)],
+                               "id int, p_wifi double, ood boolean, data_segs_out long, bytes_acked long, duration_us long")
+    got = {r["id"]: (r["decision"], r["cc"]) for r in decide(df, p).collect()}
+    want = {i: (r[5], "cubic" if r[5] != "model" else ("cubic" if r[0] >= 0.5 else "bbr")) for i, r in enumerate(rows)}
+    assert got == want
+    rb = pa.RecordBatch.from_pydict({c: [r[j] for r in rows] for j, c in
+                                     [(2, "data_segs_out"), (3, "bytes_acked"), (4, "duration_us")]})
+    d = decide_arrays(np.array([r[0] for r in rows]), np.array([r[1] for r in rows]), p, thin_rows(rb, p))
+    labels = ["model", "fallback", "ood", "evidence"]
+    assert [labels[c] for c in d["decision"]] == [r[5] for r in rows]
+    assert [[p.default_cc, p.wifi_cc, p.cell_cc][c] for c in d["cc"]] == [want[i][1] for i in range(len(rows))]
+
