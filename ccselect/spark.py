@@ -24,6 +24,7 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import threading
 import zipfile
 from typing import TYPE_CHECKING
 
@@ -193,9 +194,67 @@ def get_spark(cfg: Config | None = None, app_name: str | None = None,
     for key, value in conf.items():
         builder = builder.config(key, value)
     builder = configure_spark_with_delta_pip(builder, extra_packages=extra)
-    spark = builder.getOrCreate()
+    spark = quiet_launch(builder.getOrCreate)
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+#: set (to anything but "" or "0") to see what the JVM prints while it starts (issue 57, item 8)
+VERBOSE_ENV = "CCS_SPARK_VERBOSE"
+_LAUNCHED = b"\0ccs-spark-launched\n"
+
+
+def quiet_launch(create):
+    """`create()` (the session's getOrCreate) with what the JVM prints while it starts — spark-
+    submit's dependency resolution for `spark.jars.packages`, about 90 lines on stderr before every
+    command's answer — held back, and shown only if the start fails. The JVM's stderr is a pipe from
+    then on; a thread forwards what comes after the start to this process's stderr as it was.
+    Nothing changes when a JVM is already up, or with CCS_SPARK_VERBOSE set."""
+    from pyspark import SparkContext
+    if os.environ.get(VERBOSE_ENV, "") not in ("", "0") or SparkContext._gateway is not None:
+        return create()
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):          # no stderr to redirect
+        return create()
+    out = os.dup(saved)                    # where the JVM's later lines go (the thread's own copy)
+    r, w = os.pipe()
+    held: list[bytes] = []
+    started = threading.Event()
+
+    def pump():
+        with os.fdopen(r, "rb") as src:
+            for line in src:
+                if not started.is_set():
+                    if line == _LAUNCHED:
+                        started.set()
+                    else:
+                        held.append(line)
+                    continue
+                try:
+                    os.write(out, line)
+                except OSError:
+                    pass
+
+    t = threading.Thread(target=pump, name="ccs-jvm-stderr", daemon=True)
+    t.start()
+    os.dup2(w, 2)
+    try:
+        session = create()
+    except BaseException:
+        os.dup2(saved, 2)
+        os.close(w)                        # the JVM may still hold the pipe: show what came so far
+        t.join(timeout=2)
+        for line in held:
+            os.write(saved, line)
+        raise
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+    os.write(w, b"\n" + _LAUNCHED)        # after a partial line, the marker is a line of its own
+    os.close(w)
+    return session
 
 
 @contextlib.contextmanager

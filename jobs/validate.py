@@ -13,6 +13,15 @@ per-line rules cannot see because each line on its own is plausible:
   not see, while a log that writes milliseconds in `_us` fields puts the typical 5–50 ms paths
   exactly there. Requiring the smoothed RTT to agree keeps one mis-scaled field (min_rtt alone)
   from raising it; that would be a different bug, and the detail shows the medians.
+  A fixed median misses long paths (issue 57: real intercontinental medians written in ms are
+  173–280), so two consistency rules raise it too, whatever the path's length: the handshake's
+  RTT sample `connection_time_us` is itself an RTT, at least the smoothed minimum, and on every
+  simulated file within 7% of it (medians of the ratio 1.01–1.07): a median ratio of at least
+  `RTT_RATIO_MS` (100) says the RTT fields are a thousand times too small beside it; and Linux's
+  RTO never goes below 200 ms (`TCP_RTO_MIN`; the simulated files' median `min_rto_us` are
+  225,294 µs and up), so a median `min_rto_us` below `RTO_MS_MEDIAN_US` (20,000: a tenth of the
+  floor, room for a lowered `rto_min`) with a median `min_srtt_us` below 1,000 is an RTO and
+  RTT written in milliseconds.
 - `timestamps_in_seconds` / `timestamps_in_us` (every stream, per file): most of the file's
   `out_of_hour` lines have a timestamp that lies in the file's hour once multiplied (or divided)
   by 1,000: the writer used seconds (microseconds) in an `_ms` field.
@@ -22,8 +31,11 @@ per-line rules cannot see because each line on its own is plausible:
   536). Real clients mix MTUs and options; one odd constant is a field written from a
   configuration value or a clamp, not the negotiated `mss_cache`.
 
-A problem is any quarantined line, any file not read, and any suspicious unit; `ccs validate`
-exits 1 when there is one.
+A problem is any quarantined line, any file not read, any suspicious unit, and a transport log
+without `reference/ip_asn_region.csv` beside it (ingest then leaves every connection's `ug_id`
+null: no user groups, no AutoPlex caps); `ccs validate` exits 1 when there is one. The summary
+also names the setting that would accept what was refused (`hints`): transport lines quarantined
+only for missing model features are accepted by `ingest.missing_features: impute`.
 """
 from __future__ import annotations
 
@@ -31,7 +43,7 @@ import os
 
 from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
-from ccselect.contract import STREAMS
+from ccselect.contract import FEATURES, STREAMS
 from jobs.parse import BOM, HOUR_MS, imputable, parse
 from jobs.sources import SourceFile, discover_all, read_lines
 
@@ -41,9 +53,13 @@ RAW_CHARS = 160
 #: A per-file unit check needs at least this many accepted lines.
 MIN_LINES = 10
 RTT_MS_MEDIAN_US = 50
+RTT_RATIO_MS = 100
+RTO_MS_MEDIAN_US = 20_000
 COMMON_MSS = frozenset({536, 1220, 1240, 1260, 1280, 1300, 1320, 1340, 1360, 1380, 1400, 1410, 1420, 1428,
                         1432, 1436, 1440, 1448, 1452, 1460, 8940, 8948, 8960, 9000, 65483})
 TS_FIELDS = {"transport": "ts_end_ms", "access": "ts_ms", "qoe": "ts_ms"}
+#: what silver joins for user groups (jobs/silver.py), under the input folder
+REFERENCE = os.path.join("reference", "ip_asn_region.csv")
 
 
 # ---- extract ------------------------------------------------------------------------------------
@@ -79,6 +95,8 @@ def transport_units(parsed: DataFrame) -> DataFrame:
         F.percentile_approx(r["min_srtt_us"], 0.5).alias("median_min_srtt_us"),
         F.percentile_approx(r["max_srtt_us"], 0.5).alias("median_max_srtt_us"),
         F.percentile_approx(r["min_rto_us"], 0.5).alias("median_min_rto_us"),
+        F.percentile_approx(r["connection_time_us"] / F.greatest(r["min_srtt_us"], F.lit(1)), 0.5)
+        .alias("median_handshake_ratio"),
         F.min(r["mss_bytes"]).alias("mss_min"), F.max(r["mss_bytes"]).alias("mss_max")))
 
 
@@ -98,12 +116,20 @@ def suspicious_transport(row: dict) -> list[dict]:
     out = []
     if row["n"] < MIN_LINES:
         return out
-    rtt, srtt = row["median_min_rtt_us"], row["median_min_srtt_us"]
+    rtt, srtt, rto = row["median_min_rtt_us"], row["median_min_srtt_us"], row["median_min_rto_us"]
+    ratio = row.get("median_handshake_ratio")
+    why = []
     if rtt is not None and srtt is not None and rtt < RTT_MS_MEDIAN_US and srtt < RTT_MS_MEDIAN_US:
+        why.append(f"below {RTT_MS_MEDIAN_US} µs")
+    if ratio is not None and ratio >= RTT_RATIO_MS:
+        why.append(f"the handshake's RTT (connection_time_us) is {ratio:.0f}× min_srtt_us")
+    if rto is not None and srtt is not None and rto < RTO_MS_MEDIAN_US and srtt < 1000:
+        why.append(f"min_rto_us below {RTO_MS_MEDIAN_US} µs, under Linux's 200 ms RTO floor")
+    if why:
         out.append({"check": "rtt_in_ms", "file": row["source_file"],
                     "detail": f"median min_rtt_us {rtt}, min_srtt_us {srtt}, max_srtt_us "
-                              f"{row['median_max_srtt_us']}, min_rto_us {row['median_min_rto_us']} over "
-                              f"{row['n']} lines: below {RTT_MS_MEDIAN_US} µs, milliseconds written as µs?"})
+                              f"{row['median_max_srtt_us']}, min_rto_us {rto} over "
+                              f"{row['n']} lines: {'; '.join(why)}: milliseconds written as µs?"})
     mss = row["mss_min"]
     if mss is not None and mss == row["mss_max"] and (mss % 2 or mss not in COMMON_MSS):
         out.append({"check": "mss_constant", "file": row["source_file"],
@@ -154,7 +180,7 @@ def run(spark: SparkSession, input_dir: str, hours: tuple[str, str] | None = Non
     files, unknown = list_files(input_dir, hours)
     report: dict = {"input": os.path.abspath(input_dir), "hours": list(hours) if hours else None,
                     "streams": {}, "files": [], "examples": {}, "unknown_files": unknown, "suspicious": [],
-                    "notices": []}
+                    "notices": [], "missing_features": missing_features}
     for stream in STREAMS:
         sfiles = [f for f in files if f.stream == stream]
         if not sfiles:
@@ -185,8 +211,31 @@ def run(spark: SparkSession, input_dir: str, hours: tuple[str, str] | None = Non
         report["streams"][stream] = {
             "files": len(mine), **{key: sum(f[key] for f in mine) for key in ("lines_read", "accepted", "quarantined")},
             "by_reason": dict(sorted(by_reason.items()))}
+    report["missing_reference"] = missing_reference(input_dir, files)
+    report["hints"] = hints(report)
     report["problems"] = problems(report)
     return report
+
+
+def missing_reference(input_dir: str, files: list[SourceFile]) -> str | None:
+    """The reference file's path when transport logs are there and it is not (a local folder;
+    an object store's is not checked here)."""
+    if "://" in input_dir or not any(f.stream == "transport" for f in files):
+        return None
+    path = os.path.join(input_dir, REFERENCE)
+    return None if os.path.exists(path) else path
+
+
+def hints(report: dict) -> list[str]:
+    """Which setting would accept what was refused: transport lines quarantined only for missing
+    model features (`missing_key:` listing features alone) under `missing_features: quarantine`."""
+    if report.get("missing_features", "quarantine") != "quarantine":
+        return []
+    by_reason = report["streams"].get("transport", {}).get("by_reason", {})
+    n = sum(c for reason, c in by_reason.items() if reason.startswith("missing_key:")
+            and set(reason.removeprefix("missing_key:").split(",")) <= set(FEATURES))
+    return [f"transport: ingest.missing_features: impute would accept the {n} line(s) quarantined only "
+            "for missing model features (silver lists them in `imputed`; training leaves them out)"] if n else []
 
 
 def _per_file(stream: str, sfiles: list[SourceFile], rows) -> list[dict]:
@@ -212,4 +261,7 @@ def problems(report: dict) -> list[str]:
            for stream, s in report["streams"].items() for reason, n in s["by_reason"].items()]
     out += [f"file not read: {u['path']} ({u['why']})" for u in report["unknown_files"]]
     out += [f"{s['stream']}: {s['check']} in {s['file']}: {s['detail']}" for s in report["suspicious"]]
+    if report.get("missing_reference"):
+        out.append(f"missing {report['missing_reference']}: ingest leaves every connection's ug_id null "
+                   "(no user groups, no AutoPlex caps)")
     return out

@@ -115,3 +115,70 @@ def test_thin_connections_get_the_evidence_decision_in_both_engines(spark):
     assert [labels[c] for c in d["decision"]] == [r[5] for r in rows]
     assert [[p.default_cc, p.wifi_cc, p.cell_cc][c] for c in d["cc"]] == [want[i][1] for i in range(len(rows))]
 
+
+# ---- item 6: milliseconds on long paths ------------------------------------------------------
+def _units(**kw):
+    row = {"source_file": "f.jsonl", "n": 40, "median_min_rtt_us": 173_000, "median_min_srtt_us": 180_000,
+           "median_max_srtt_us": 260_000, "median_min_rto_us": 376_000, "median_handshake_ratio": 1.04,
+           "mss_min": 1448, "mss_max": 1460}
+    return {**row, **kw}
+
+
+def test_rtt_in_ms_is_flagged_on_long_paths():
+    """Intercontinental medians written in ms (173–280) were above the 50 µs median rule: the
+    handshake ratio and Linux's 200 ms RTO floor flag them; the same path in µs is not flagged."""
+    from jobs.validate import suspicious_transport
+    assert suspicious_transport(_units()) == []
+    every_rtt_in_ms = _units(median_min_rtt_us=173, median_min_srtt_us=180, median_max_srtt_us=260,
+                             median_min_rto_us=376)
+    rtt_in_ms_beside_us = _units(median_min_rtt_us=173, median_min_srtt_us=180, median_max_srtt_us=260,
+                                 median_handshake_ratio=1000.0)
+    for row in (every_rtt_in_ms, rtt_in_ms_beside_us):
+        assert [s["check"] for s in suspicious_transport(row)] == ["rtt_in_ms"], row
+
+
+# ---- items 7-8: the missing reference file, and the setting that would accept ----------------
+def test_validate_reports_the_missing_reference_and_the_setting_that_accepts(spark, small_fleet, tmp_path):
+    import json
+    import shutil
+
+    from jobs import validate
+    from jobs.sources import discover
+    from test_validate import _lines, _write
+    fleet_dir = small_fleet[0]
+    tf = next(f for f in discover(fleet_dir) if f.stream == "transport")
+    recs = _lines(tf.path)[:20]
+    no_rtt = [{k: v for k, v in r.items() if k not in ("min_rtt_us", "min_srtt_us")} for r in recs[:2]]
+    _write(tmp_path / "logs" / "transport" / tf.node_id / f"{tf.hour}.jsonl", recs[2:] + no_rtt)
+    report = validate.run(spark, str(tmp_path / "logs"))
+    assert report["streams"]["transport"]["quarantined"] == 2
+    ref = str(tmp_path / "logs" / "reference" / "ip_asn_region.csv")
+    assert report["missing_reference"] == ref
+    assert any(p.startswith(f"missing {ref}") for p in report["problems"]), report["problems"]
+    assert report["hints"] and "ingest.missing_features: impute would accept the 2 line(s)" in report["hints"][0]
+    json.dumps(report)
+    shutil.copytree(f"{fleet_dir}/reference", tmp_path / "logs" / "reference")
+    again = validate.run(spark, str(tmp_path / "logs"), missing_features="impute")
+    assert again["missing_reference"] is None and again["hints"] == [] and again["problems"] == []
+
+
+# ---- item 8: Spark's dependency chatter ------------------------------------------------------
+def test_a_fresh_session_prints_no_dependency_resolution(tmp_path):
+    """A new process's first session (a JVM start, spark-submit resolving Delta's packages): its
+    stderr has none of the resolution's lines (about 90 before, and still with CCS_SPARK_VERBOSE=1)."""
+    import os
+    import subprocess
+    import sys
+    script = ("import sys; sys.path[:0] = ['.', 'tests']\n"
+              "from pathlib import Path\n"
+              "from ccs_testing import write_config\n"
+              "from ccselect.config import load_config\n"
+              "from ccselect.spark import get_spark\n"
+              f"s = get_spark(load_config(write_config(Path({str(tmp_path)!r}))), app_name='quiet')\n"
+              "print(s.range(3).count())\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("CCS_SPARK_VERBOSE", "PYSPARK_SUBMIT_ARGS")}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env,
+                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("3")
+    assert ":: resolving dependencies" not in done.stderr and "ivysettings" not in done.stderr, done.stderr[:2000]
