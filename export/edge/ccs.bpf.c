@@ -390,9 +390,10 @@ static __always_inline void mark_listener(struct bpf_sock_ops *skops)
 
 /*
  * Route CCs: where the program decides the default, put back over a route's CC the CC the socket
- * would have had without us (cnt cc_reset if so). Only a child of a marked listener can have a
- * route's CC; such a listener did not choose its CC, so without a route tcp_ca_openreq_child gives
- * the child the network namespace's default of that moment: the sysctl now, not at attach.
+ * would have had without us (cnt cc_reset if so). A child of a listener that did not choose its CC
+ * gets, without a route, the network namespace's default of that moment (tcp_ca_openreq_child):
+ * the sysctl now, not at attach. A listener that chose its CC is never marked, so no route in the
+ * agent's table reaches its children; they are left alone (the listener's CC is not known here).
  */
 static __always_inline void route_default(struct bpf_sock_ops *skops)
 {
@@ -403,7 +404,7 @@ static __always_inline void route_default(struct bpf_sock_ops *skops)
 	if (!skops->sk || !CTX_U32(skops, is_fullsock))
 		return;
 	tp = bpf_rdonly_cast(skops->sk, bpf_core_type_id_kernel(struct tcp_sock));
-	if (tp->inet_conn.icsk_inet.sk.sk_mark != route_mark || ca_chosen(tp))
+	if (ca_chosen(tp))
 		return;
 	ops = tp->inet_conn.icsk_ca_ops;
 	def = tp->inet_conn.icsk_inet.sk.__sk_common.skc_net.net->ipv4.tcp_congestion_control;
