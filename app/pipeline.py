@@ -178,8 +178,8 @@ def train(lo: str, hi: str, cfg: Config | None = None) -> dict:
     cfg = cfg or load_config()
     res = train_job.run(_spark(cfg, "ccs-train"), cfg, lo, hi, variant=cfg.settings.pipeline.variant,
                         epochs=cfg.settings.pipeline.epochs)
-    return {k: res[k] for k in ("window", "variant", "model_name", "version", "summary", "gate", "run_id")
-            if k in res}
+    return {k: res[k] for k in ("window", "variant", "model_name", "version", "summary", "gate", "run_id",
+                                "selection") if k in res}
 
 
 def promote_if_configured(version: str, cfg: Config | None = None, auto: bool | None = None) -> dict:

@@ -403,6 +403,7 @@ def _summary(cfg: Config, manifest: dict, seconds: float, reused: list[str], no_
         s = {k: champ[k] for k in registry.SUMMARY_METRICS if isinstance(champ.get(k), float)}
         lines.append(f"model           : {registry.model_name(cfg)} v{champ['version']} @champion "
                      f"(window {champ.get('window')}, gate {champ.get('gate')})")
+        lines += _selection_lines(cfg, champ)
         lines += _per_node(cfg, champ)
         if s:
             lines.append("  held-out summary logged in MLflow: " + ", ".join(f"{k} {v:.3f}" for k, v in s.items()))
@@ -419,6 +420,24 @@ def _summary(cfg: Config, manifest: dict, seconds: float, reused: list[str], no_
               f"  reports         {os.path.join(cfg.data_root, 'reports')} (SHAP diagnostics, AutoPlex plots)",
               f"  Delta tables    {cfg.settings.lake.root}"]
     return "\n".join(lines)
+
+
+def _selection_lines(cfg: Config, champ: dict) -> list[str]:
+    """How the champion's variant was chosen: the leave-node-out folds of its training nodes
+    (models/select.py), when `pipeline.variant` is `select`."""
+    try:
+        import mlflow
+
+        from models import registry
+        registry.configure(cfg)
+        sel = json.loads(mlflow.artifacts.load_text(f"runs:/{champ['run_id']}/selection/table.json"))
+    except Exception:  # noqa: BLE001 — a champion trained without the selection has no such artifact
+        return [f"  variant {champ.get('variant') or '?'} (set in the configuration, not selected)"]
+    out = [f"  variant {sel['variant']}, chosen by the {sel['rule']}:"]
+    for r in sel["table"]:
+        mark = "←" if r["variant"] == sel["variant"] else " "
+        out.append(f"    {mark} {r['variant']:14s} mean {r['mean']:.3f} worst {r['worst']:.3f} std {r['std']:.3f}")
+    return out
 
 
 def _per_node(cfg: Config, champ: dict) -> list[str]:

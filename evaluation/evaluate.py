@@ -41,7 +41,7 @@ import pandas as pd
 from ccselect import delta_io
 from ccselect.lake import table_path
 from features.scaling import window_stats
-from models import configanator
+from models import configanator, gbdt
 from models.crossnode import cross_node_split, per_node, seed_average, summary
 from models.dataset import window_name
 from models.grid import grid_search
@@ -55,7 +55,9 @@ CONFIGANATOR = "configanator"
 #: each node's own traffic in the window (Unlabelled.per_node_standardized); and node domains on
 #: such features (aliccs_nodes_nodestd: its discriminator reads the re-standardized unlabelled rows)
 NODESTD = ("mlp_nodestd", "aliccs_nodestd", "aliccs_nodes_nodestd")
-ALL_VARIANTS = (*VARIANTS, *NODESTD, CONFIGANATOR)
+#: gradient-boosted trees on the same features, and on features re-standardized per node (issue 55)
+GBDT, GBDT_NODESTD = "gbdt", "gbdt_nodestd"
+ALL_VARIANTS = (*VARIANTS, *NODESTD, CONFIGANATOR, GBDT, GBDT_NODESTD)
 #: rows a node of the window lends to the node-domain discriminator and to the invariance probe
 UNLABELLED_PER_NODE = 2000
 
@@ -70,7 +72,7 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
                    k: int | None = None, grid: bool = False, params: TrainParams | None = None,
                    write: bool = True, progress: Callable[[str], None] | None = None,
                    train_seeds: int | None = None) -> dict:
-    """Train every variant (and the Configanator baseline) on the training nodes of window
+    """Train every variant (and the Configanator and boosted-tree baselines) on the training nodes of window
     lo..hi, score each held-out node, write gold.model_eval(+_summary); returns
     {window, train_nodes, test_nodes, groups, variants: {v: {summary..., per_node: [...]}}}.
 
@@ -79,8 +81,8 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
     accuracy averaged over them, the summary (mean, worst, std) is taken over those averages, and
     `seeds` lists each seed's own mean, worst and std (their spread: `mean_sd`, `worst_sd`,
     `std_sd`). One seed's worst node moves by a point or more with the last epoch's noise, as much
-    as the variants differ. Configanator (a seeded K-means and tree, no stochastic training) runs
-    once."""
+    as the variants differ. Configanator (a seeded K-means and tree, no stochastic training) and
+    the boosted trees (seeded, no early stopping) run once."""
 
     say = progress or log.info
     s = cfg.settings.model.evaluate
@@ -94,7 +96,8 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
     window = window_name(lo, hi)
     t0 = time.time()
     stats, stats_path, _ = window_stats(spark, cfg, lo, hi)
-    networks = [v for v in variants if v != CONFIGANATOR]
+    # the unlabelled rows serve the networks' node domains and probe, and every per-node standardization
+    networks = [v for v in variants if v not in (CONFIGANATOR, GBDT)]
     sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k,
                           unlabelled_per_node=UNLABELLED_PER_NODE if networks else 0)
     tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
@@ -137,6 +140,14 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
             model, info = configanator.fit(cp, tr.x, tr.y, tr.node, tr.prefix24)
             frames = [per_node(te.y, configanator.predict_proba(model, te.x, te.node, te.prefix24), te.node)]
             vparams = {**cp.__dict__, **info}
+        elif v in (GBDT, GBDT_NODESTD):
+            x_tr, x_te = tr.x, te.x
+            if v == GBDT_NODESTD:
+                x_tr, x_te = unl.per_node_standardized(tr.x, tr.node), unl.per_node_standardized(te.x, te.node)
+            model = gbdt.fit(x_tr, tr.y, seed)
+            frames = [per_node(te.y, gbdt.predict_proba(model, x_te), te.node)]
+            vparams = {"model": "HistGradientBoostingClassifier", "seed": seed,
+                       **({"standardized": "per node"} if v == GBDT_NODESTD else {})}
         else:
             base = v[:-len("_nodestd")] if v in NODESTD else v
             vdata, x_te, x_probe = data, te.x, (unl.x if unl is not None else None)

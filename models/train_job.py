@@ -35,6 +35,7 @@ from models import registry
 from models.crossnode import cross_node_split, per_node, summary
 from models.dataset import window_name
 from models.ood import fit_calibration, fit_guard, report
+from models.select import select_variant
 from models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainData, TrainParams, effective_epochs, fit
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow.
 
@@ -81,11 +82,15 @@ def heldout_calibration(p_wifi: np.ndarray, y: np.ndarray, node: np.ndarray, see
 def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: float | None = None,
         seed: int | None = None, epochs: int | None = None, k: int | None = None, gate: bool = True,
         params=None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Train, evaluate, log, register and gate; returns what happened (version, gate verdict)."""
+    """Train, evaluate, log, register and gate; returns what happened (version, gate verdict).
+    `variant="select"`: the variant is chosen first, on leave-node-out folds of the training nodes
+    among `model.select.candidates` (models/select.py); the held-out nodes are scored once, after."""
 
     say = progress or log.info
-    if variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; one of {sorted(VARIANTS)}")
+    selecting = variant == "select"
+    sel = cfg.settings.model.select
+    if not selecting and variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; one of {sorted(VARIANTS)} or 'select'")
     s = cfg.settings.model.evaluate
     share = float(s.share if share is None else share)
     seed = int(s.seed if seed is None else seed)
@@ -94,12 +99,21 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
 
     stats, stats_path, fitted = window_stats(spark, cfg, lo, hi, save_fitted=True)
     # a node-domain variant learns from every node's unlabelled rows too (models/train.py)
+    node_domains = set(sel.candidates if selecting else (variant,)) & set(NODE_DOMAIN_VARIANTS)
     sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k,
-                          unlabelled_per_node=UNLABELLED_PER_NODE if variant in NODE_DOMAIN_VARIANTS else 0)
+                          unlabelled_per_node=UNLABELLED_PER_NODE if node_domains else 0)
     tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
     data, groups_pd, groups_info = sp.data, sp.groups, sp.groups_info
     params = params or TrainParams(min_steps=cfg.settings.pipeline.min_steps)
-    params = replace(params, variant=variant, seed=seed, **({"epochs": int(epochs)} if epochs is not None else {}))
+    params = replace(params, seed=seed, **({"epochs": int(epochs)} if epochs is not None else {}))
+    selection = None
+    if selecting:
+        selection = select_variant(params, data, tr.node, sel.candidates,
+                                   unl_node=sp.unlabelled.node if sp.unlabelled is not None else None,
+                                   n_folds=sel.folds, tolerance=sel.tolerance, seed=seed, log=say)
+        variant = selection.variant
+        say(f"selected {variant}: {selection.rule}")
+    params = replace(params, variant=variant)
     say(f"{window}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
         f"{len(test_nodes)} nodes; prefix groups K(4G, Wi-Fi) = {data.n_groups}; {variant}, "
         f"{effective_epochs(params, len(data.y))} epochs (at least {params.min_steps} steps)")
@@ -143,6 +157,9 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
             extra_metrics={"train_accuracy": train_acc, "train_seconds": train_s,
                            "heldout_excluded_nodes": int(sum(not v for v in included.values()))})
         import mlflow
+        if selection is not None:
+            mlflow.log_dict(selection.to_dict(), "selection/table.json")
+            mlflow.set_tag("selected_by", selection.rule)
         mlflow.log_dict(groups_info, "prefix_groups/summary.json")
         mlflow.log_text(groups_pd.to_csv(index=False), "prefix_groups/groups.csv")
     say(f"{registry.model_name(cfg)} v{version} (run {run_id}): held-out mean {summ['mean']:.4f} "
@@ -156,7 +173,8 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
         "params": trainer.p.to_dict(), "per_node": pn.replace({np.nan: None}).to_dict(orient="records"),
         "train_seconds": round(train_s, 1), "ood_threshold": guard.threshold,
         "temperature": calibration.temperature if calibration else 1.0,
-        "calibration": json.loads(calibration.to_json()) if calibration else None}
+        "calibration": json.loads(calibration.to_json()) if calibration else None,
+        "selection": selection.to_dict() if selection is not None else None}
     if gate:
         out["gate"] = registry.gate(cfg, version, summ)
         say(f"gate: {'passed → @challenger' if out['gate']['passed'] else 'failed: ' + '; '.join(out['gate']['reasons'])}")

@@ -60,7 +60,7 @@ def groups_cmd(
 
 def evaluate_cmd(
     hours: str = typer.Option(..., "--hours", help="window FROM..TO (inclusive)"),
-    variants: Optional[str] = typer.Option(None, "--variants", help="comma-separated (default: all of evaluation.evaluate.ALL_VARIANTS: models.train.VARIANTS, the per-node standardized baselines and configanator)"),
+    variants: Optional[str] = typer.Option(None, "--variants", help="comma-separated (default: all of evaluation.evaluate.ALL_VARIANTS: models.train.VARIANTS, the per-node standardized baselines, configanator, gbdt and gbdt_nodestd)"),
     share: Optional[float] = typer.Option(None, "--share", help="share of the window's nodes to train on, drawn from the labelled ones (default model.evaluate.share, 0.3)"),
     seed: Optional[int] = typer.Option(None, "--seed", help="node split and training seed (default model.evaluate.seed)"),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="training epochs (default: TrainParams)"),

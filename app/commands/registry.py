@@ -32,8 +32,10 @@ def _emit(result, as_json: bool) -> None:
 
 def train_cmd(
     hours: str = typer.Option(..., "--hours", help="training window FROM..TO (inclusive), e.g. 2026-11-01T00..2026-11-01T23"),
-    variant: Optional[str] = typer.Option(None, "--variant", help="aliccs, no_gan, no_rsc, no_variance, mlp, aliccs_nodes "
-                                                                   "or dann_nodes (default pipeline.variant, aliccs)"),
+    variant: Optional[str] = typer.Option(None, "--variant", help="aliccs, no_gan, no_rsc, no_variance, mlp, aliccs_nodes, "
+                                                                   "dann_nodes, or select: chosen among model.select.candidates "
+                                                                   "on leave-node-out folds of the training nodes "
+                                                                   "(default pipeline.variant)"),
     share: Optional[float] = typer.Option(None, "--share", help="share of nodes to train on (default model.evaluate.share)"),
     seed: Optional[int] = typer.Option(None, "--seed", help="seed of the node split and the training"),
     epochs: Optional[int] = typer.Option(None, "--epochs", help="training epochs (default: models.train.TrainParams)"),
