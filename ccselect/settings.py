@@ -325,6 +325,12 @@ class InferSettings(_Section):
     min_data_segs: int = 8
     min_bytes_acked: int = 10_000
     min_duration_us: int = 20_000
+    # A row with more imputed features than this (silver's `imputed`, `ingest.missing_features:
+    # impute`) is out of domain (issue 57, item 4): imputed at the training mean, a record with
+    # none of the twelve features sat at z = 0, the guard's centre, and was decided `model/cubic`.
+    # 3: the send-window fields (init/min/max_snd_wnd_bytes) that tcp_info does not give may all
+    # be imputed and the row still scored; a fourth makes it "ood". -1 switches it off.
+    ood_max_imputed: int = 3
     calibrate: bool = True
     calibration_on: str = "heldout_nodes"
     calibration_share: float = 0.1

@@ -52,7 +52,8 @@ PASS_THROUGH = ("conn_id", "client_ip", "family", "prefix16", "prefix24", "prefi
 # ---- extract ------------------------------------------------------------------------------------
 
 def extract(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
-    return connections_in(spark, cfg, lo, hi).select(*PASS_THROUGH, *FEATURES, *EVIDENCE_COLS)
+    conns = connections_in(spark, cfg, lo, hi)
+    return conns.select(*PASS_THROUGH, *FEATURES, *EVIDENCE_COLS, *(["imputed"] if "imputed" in conns.columns else []))
 
 
 # ---- the model on Arrow batches -----------------------------------------------------------------
@@ -186,9 +187,12 @@ def decide(df: DataFrame, p: InferSettings) -> DataFrame:
     (argmax; "wifi" at 0.5, null without a probability), decision "ood" where `ood` is true (the
     guard: the row is unlike the training rows), else "model" when the predicted type's
     probability reaches its threshold (≥), else "fallback", and the CC: Wi-Fi → wifi_cc, 4G/5G →
-    cell_cc, ood and fallback → default_cc. Before all of these, decision "evidence" (default_cc)
+    cell_cc, ood and fallback → default_cc; a row with more than `ood_max_imputed` features in
+    its `imputed` column (when the frame has one) is "ood" too. Before all of these, decision "evidence" (default_cc)
     where a column of EVIDENCE_COLS in the frame is below its minimum (`evidence_minima`)."""
     ood = F.coalesce(F.col("ood"), F.lit(False)) if "ood" in df.columns else F.lit(False)
+    if "imputed" in df.columns and p.ood_max_imputed >= 0:   # mostly imputed: out of domain
+        ood = ood | F.coalesce(F.size("imputed") > F.lit(int(p.ood_max_imputed)), F.lit(False))
     thin = F.lit(False)
     for c, lo in evidence_minima(p).items():
         if c in df.columns:

@@ -97,6 +97,15 @@ def thin_rows(rb, p: InferSettings) -> np.ndarray:
     return thin
 
 
+def over_imputed(rb, p: InferSettings) -> np.ndarray:
+    """`models.infer.decide`'s imputation rule on a record batch: more than `ood_max_imputed`
+    features in `imputed` (out of domain)."""
+    if "imputed" not in rb.schema.names or p.ood_max_imputed < 0:
+        return np.zeros(rb.num_rows, bool)
+    n = pc.fill_null(pc.list_value_length(rb.column("imputed")), 0)
+    return _np_bool(pc.greater(n, int(p.ood_max_imputed)))
+
+
 def _np_bool(a) -> np.ndarray:
     return a.to_numpy(zero_copy_only=False).astype(bool)
 
@@ -165,7 +174,7 @@ class _Scorer:
         z = spark_job.standardize([rb.column(f).to_numpy(zero_copy_only=False) for f in FEATURES], self.mean, self.std)
         p_wifi = calibrate(spark_job.predict_wifi(self.model, z, self.precision), self.temperature)
         ood = self.guard.flags(z, self.p.ood_quantile) if self.guard is not None else np.zeros(len(z), bool)
-        d = decide_arrays(p_wifi, ood, self.p, thin_rows(rb, self.p))
+        d = decide_arrays(p_wifi, ood | over_imputed(rb, self.p), self.p, thin_rows(rb, self.p))
         n = len(p_wifi)
         cols = {c: rb.column(c) for c in self.passthrough}
         cols["p_wifi"], cols["p_cell"] = pa.array(p_wifi, pa.float64()), pa.array(d["p_cell"], pa.float64())
@@ -187,7 +196,7 @@ class _Scorer:
         rows = 0
         reader = pq.ParquetFile(src, read_dictionary=[c for c in self.passthrough if c in _DICTIONARY])
         names = reader.schema_arrow.names
-        columns = self.passthrough + list(FEATURES) + [c for c in spark_job.EVIDENCE_COLS if c in names]
+        columns = self.passthrough + list(FEATURES) + [c for c in (*spark_job.EVIDENCE_COLS, "imputed") if c in names]
         # dictionaries for the repeating columns only: trying one on the unique conn_id and the
         # probabilities costs time and saves nothing. Min/max statistics for the numeric columns
         # only: the strings' cost 40% of the write (measured, 212 → 125 ns a row) and no reader of

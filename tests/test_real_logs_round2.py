@@ -116,6 +116,30 @@ def test_thin_connections_get_the_evidence_decision_in_both_engines(spark):
     assert [[p.default_cc, p.wifi_cc, p.cell_cc][c] for c in d["cc"]] == [want[i][1] for i in range(len(rows))]
 
 
+def test_a_mostly_imputed_row_is_out_of_domain_in_both_engines(spark):
+    """Under `impute`, a record with none of the twelve features sat at the training mean (z = 0,
+    the guard's centre) and was decided model/cubic: more than `ood_max_imputed` imputed
+    features make it "ood"; the three send-window fields alone do not."""
+    import numpy as np
+    import pyarrow as pa
+
+    from ccselect.contract import FEATURES
+    from ccselect.settings import InferSettings
+    from models.infer import decide
+    from models.infer_arrow import decide_arrays, over_imputed
+    p = InferSettings()
+    window = ["init_snd_wnd_bytes", "max_snd_wnd_bytes", "min_snd_wnd_bytes"]
+    imputed = [[], window, window + ["mss_bytes"], list(FEATURES), None]
+    want = ["model", "model", "ood", "ood", "model"]
+    df = spark.createDataFrame([(i, 0.9, False, v) for i, v in enumerate(imputed)],
+                               "id int, p_wifi double, ood boolean, imputed array<string>")
+    got = {r["id"]: (r["decision"], r["cc"]) for r in decide(df, p).collect()}
+    assert got == {i: (w, "cubic") for i, w in enumerate(want)}
+    rb = pa.RecordBatch.from_pydict({"imputed": pa.array(imputed, pa.list_(pa.string()))})
+    d = decide_arrays(np.full(len(imputed), 0.9), np.zeros(len(imputed), bool) | over_imputed(rb, p), p)
+    assert [["model", "fallback", "ood", "evidence"][c] for c in d["decision"]] == want
+
+
 # ---- item 6: milliseconds on long paths ------------------------------------------------------
 def _units(**kw):
     row = {"source_file": "f.jsonl", "n": 40, "median_min_rtt_us": 173_000, "median_min_srtt_us": 180_000,
