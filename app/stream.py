@@ -12,10 +12,14 @@ micro-batch (`foreachBatch`), in the driver:
 1. **Parse** with batch ingest's own code: `jobs.sources.explode_lines` cuts the lines,
    `jobs.ingest.to_bronze` (jobs/parse.py) types and judges them — one parser, two callers, the
    same quarantine reasons.
-2. **Bronze, quarantine and audit** are appended with Delta's idempotent-write options
-   (`txnAppId` = this query's id from its checkpoint, `txnVersion` = the batch id): a batch
+2. **Bronze, quarantine and audit** are appended once per batch: bronze tagged with the batch
+   (`userMetadata` `<query id>:<batch id>`), quarantine and audit with Delta's idempotent-write
+   options (`txnAppId` = this query's id from its checkpoint, `txnVersion` = the batch id): a batch
    replayed after a crash (the source's offset log gives it the same files) skips every table it
-   had already committed. Audit: one row per file, lines_read = accepted + quarantined.
+   had already committed. The lines are judged by identity against bronze as committed before
+   the batch (issue 61, jobs/README.md "Identity"): a repeat is quarantined, a line read before
+   (a new checkpoint over old segments) is left out. Audit: one row per file, lines_read =
+   accepted + quarantined.
 3. **Silver** is rebuilt for every (node, hour) the batch touched from bronze as committed
    (`jobs.silver.run`, `replaceWhere`): a pure function of bronze, so a replay writes it again
    identically, and a connection whose access-log label or QoE beacon arrives in a later segment
@@ -46,15 +50,17 @@ import time
 from datetime import datetime, timezone
 from typing import Callable
 
-from pyspark.sql import DataFrame, SparkSession, functions as F
+from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import STREAMS
 from ccselect.hours import hour_of_ms
 from ccselect.lake import table_path
+from ccselect.spark import conf_set
 from jobs import silver as silver_job
-from jobs.ingest import AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, to_audit, to_bronze, to_quarantine
+from jobs.ingest import (AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, judge_against, to_audit, to_bronze,
+                         to_quarantine)
 from jobs.parse import imputable
 from jobs.sources import SourceFile, classify, explode_lines
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, and our modules that load torch or mlflow (models, export, app.pipeline).
@@ -79,10 +85,79 @@ def source(spark: SparkSession, input_dir: str, max_files: int) -> DataFrame:
             .select(F.regexp_replace("_metadata.file_path", "^file:(//)?", "").alias("uri"), "value"))
 
 
+def batch_tag(app_id: str, version: int) -> str:
+    """What the stream writes as a commit's `userMetadata`: which query and batch made it (a
+    conflict message names it; a replayed batch finds its own commits by it)."""
+    return f"{app_id}:{int(version)}"
+
+
+def _history(spark: SparkSession, path: str, n: int = 50) -> list:
+    from delta.tables import DeltaTable
+    return (DeltaTable.forPath(spark, path).history(n).select("version", "readVersion", "operation", "userMetadata")
+            .collect())
+
+
+def as_before(spark: SparkSession, path: str, app_id: str, version: int) -> tuple[DataFrame | None, int, bool]:
+    """(the Delta table at `path` as it stood before batch `version` of query `app_id` appended to
+    it, or as it is now if that batch has not; the version read; whether the batch's append is
+    there). A replayed batch judges its lines against what its first try saw, and does not append
+    them again. (None, -1, False) when there is no table then."""
+    if not delta_io.is_delta(spark, path):
+        return None, -1, False
+    rows = _history(spark, path)
+    tag = batch_tag(app_id, version)
+    mine = sorted((r for r in rows if r["userMetadata"] in (tag, tag + UNDONE)), key=lambda r: r["version"])
+    done = bool(mine) and mine[-1]["userMetadata"] == tag
+    v = mine[-1]["version"] - 1 if done else max(r["version"] for r in rows)
+    return (spark.read.format("delta").option("versionAsOf", v).load(path) if v >= 0 else None), v, done
+
+
+#: the userMetadata suffix of the commit that takes back a batch's append judged against a stale read
+UNDONE = ":undone"
+
+
+class StaleJudgment(RuntimeError):
+    """Another writer committed to the table between the batch's read and its append (Delta's
+    conflict check starts at the append's own snapshot): the append is taken back and the batch
+    judged again (delta_io.retry_conflicts runs it again)."""
+    conflict = True
+
+
+def append_judged(df: DataFrame, path: str, app_id: str, version: int, read_version: int, ingest_time: datetime,
+                  keys: set[tuple[str, str]], properties: dict[str, str] | None = None) -> None:
+    """Append bronze rows judged against version `read_version` of the table, as one commit that
+    conflicts with any writer of the same partitions (a `replaceWhere` that matches only this
+    batch's own rows: Delta checks the partitions it read); if another writer committed between
+    `read_version` and that commit, take the rows back and raise StaleJudgment."""
+    spark = df.sparkSession
+    if not delta_io.is_delta(spark, path) and properties:
+        delta_io.create_table(spark, path, df.schema, ("node_id", "hour"), properties)
+    tag = batch_tag(app_id, version)
+    # the batch's rows are those of its ingest time, as Spark stored it (no time zone in a literal)
+    micros = T.TimestampType().toInternal(ingest_time)
+    mine = f"({delta_io.partition_predicate(keys)}) AND ingest_time = timestamp_micros({micros})"
+    exists = delta_io.is_delta(spark, path)
+    w = df.write.format("delta").partitionBy("node_id", "hour").option("userMetadata", tag)
+    (w.mode("overwrite").option("replaceWhere", mine) if exists else w.mode("append")).save(path)
+    rows = _history(spark, path, 20)
+    own = max((r["version"] for r in rows if r["userMetadata"] == tag), default=None)
+    if own is None:          # nothing to write (every line was read before): no commit
+        return
+    others = [r for r in rows if read_version < r["version"] < own and r["userMetadata"] != tag]
+    if others:
+        from delta.tables import DeltaTable
+        with conf_set(spark, {"spark.databricks.delta.commitInfo.userMetadata": tag + UNDONE}):
+            DeltaTable.forPath(spark, path).delete(mine)
+        o = max(others, key=lambda r: r["version"])
+        raise StaleJudgment(f"{o['operation']} by {o['userMetadata'] or 'another writer'} (version {o['version']}) "
+                            f"committed to {path} after this batch read version {read_version}")
+
+
 def append_once(df: DataFrame, path: str, app_id: str, version: int, partition_by: tuple[str, ...],
                 properties: dict[str, str] | None = None, constraints: dict[str, str] | None = None) -> None:
     """Append `df` to the Delta table at `path` unless this (app_id, version) already did
-    (Delta's idempotent writes: the commit records the pair, a replay is skipped)."""
+    (Delta's idempotent writes: the commit records the pair, a replay is skipped); the commit's
+    userMetadata is `batch_tag`."""
     spark = df.sparkSession
     if not delta_io.is_delta(spark, path):
         if properties or constraints:
@@ -90,7 +165,8 @@ def append_once(df: DataFrame, path: str, app_id: str, version: int, partition_b
     elif constraints:
         delta_io.ensure_constraints(spark, path, constraints)
     (df.write.format("delta").partitionBy(*partition_by).mode("append")
-     .option("txnAppId", app_id).option("txnVersion", int(version)).save(path))
+     .option("txnAppId", app_id).option("txnVersion", int(version))
+     .option("userMetadata", batch_tag(app_id, version)).save(path))
 
 
 def _crash_point(stage: str, batch_id: int) -> None:
@@ -159,13 +235,18 @@ class StreamJob:
             stage[name] = round(now - t[0], 3)
             t[0] = now
         if files:
-            info.update(self.ingest(batch, files, batch_id))
+            # each step reads what it judges or rebuilds from, then commits: one that loses a
+            # commit race (a backfill of the same hour) is run again from its read
+            info.update(delta_io.retry_conflicts(lambda: self.ingest(batch, files, batch_id),
+                                                 f"stream batch {batch_id}: bronze", log=self.log))
             lap("bronze")
             keys = {(f.node_id, f.hour) for f in files}
-            silver_job.run(spark, self.cfg, keys, self.input_dir)
+            delta_io.retry_conflicts(lambda: silver_job.run(spark, self.cfg, keys, self.input_dir),
+                                     f"stream batch {batch_id}: silver", log=self.log)
             lap("silver")
             _crash_point("silver", batch_id)
-            info["predictions"] = self.score(keys)
+            info["predictions"] = delta_io.retry_conflicts(lambda: self.score(keys),
+                                                           f"stream batch {batch_id}: predictions", log=self.log)
             lap("predictions")
             _crash_point("predictions", batch_id)
             if info.get("max_ts_end_ms") is not None:
@@ -192,11 +273,24 @@ class StreamJob:
             if not any(f.stream == stream for f in files):
                 continue
             impute = imputable(cfg.settings.ingest.missing_features, stream)
-            b = to_bronze(lines.where(F.col("stream") == stream), stream, ingest_time, impute).persist()
-            append_once(b, table_path(cfg, f"bronze.{stream}"), self.app_id, batch_id, ("node_id", "hour"),
-                        properties=BRONZE_PROPERTIES)
+            path = table_path(cfg, f"bronze.{stream}")
+            b = to_bronze(lines.where(F.col("stream") == stream), stream, ingest_time, impute)
+            held, read_version, done = as_before(spark, path, self.app_id, batch_id)
+            pkeys = {(f.node_id, f.hour) for f in files if f.stream == stream}
+            if held is not None:     # identity across batches, checkpoints and sources (issue 61)
+                b = judge_against(b, held.where(delta_io.partition_predicate(pkeys)), stream)
+            b = b.persist()
             parsed.append((stream, b))
+            if not done:             # (a replayed batch whose append is there: judged as then)
+                append_judged(b, path, self.app_id, batch_id, read_version, ingest_time, pkeys, BRONZE_PROPERTIES)
         _crash_point("bronze", batch_id)
+        # a file this lake has an audit row of was read before (a new checkpoint over old
+        # segments): its lines were left out above, and it gets no second row
+        apath = table_path(cfg, "gold.ingest_audit")
+        audited = as_before(spark, apath, self.app_id, batch_id)[0]
+        seen = ({r["source_file"] for r in audited.where(F.col("source_file").isin([f.path for f in files]))
+                 .select("source_file").distinct().collect()} if audited is not None else set())
+        new_files = [f for f in files if f.path not in seen]
         out: dict = {"max_ts_end_ms": None}
         try:
             every = None
@@ -209,8 +303,10 @@ class StreamJob:
                                             .agg(F.max("record.ts_end_ms")).first()[0])
             append_once(to_quarantine(every), table_path(cfg, "bronze.quarantine"), self.app_id, batch_id,
                         ("stream", "node_id", "hour"))
-            audit = to_audit(every, files_frame(spark, files), ingest_time).persist()
-            append_once(audit, table_path(cfg, "gold.ingest_audit"), self.app_id, batch_id, ("node_id", "hour"),
+            if not new_files:
+                return {**out, "lines_read": 0, "accepted": 0, "quarantined": 0, "read_before": len(files)}
+            audit = to_audit(every, files_frame(spark, new_files), ingest_time).persist()
+            append_once(audit, apath, self.app_id, batch_id, ("node_id", "hour"),
                         constraints=AUDIT_CONSTRAINTS)
             tot = audit.agg(F.sum("lines_read"), F.sum("accepted"), F.sum("quarantined")).first()
             out.update({"lines_read": int(tot[0] or 0), "accepted": int(tot[1] or 0), "quarantined": int(tot[2] or 0)})
@@ -244,7 +340,6 @@ class StreamJob:
         p = self.cfg.settings.infer
         src = (self.spark.read.format("delta").load(table_path(self.cfg, "silver.connections"))
                .where(delta_io.partition_predicate(keys)).select(*infer.PASS_THROUGH, *infer.FEATURES))
-        from ccselect.spark import conf_set
         with conf_set(self.spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": str(int(p.batch_rows))}):
             infer.load(infer.transform(src, champ, p), self.cfg, keys)
         return {"model_version": champ.version, "partitions": len(keys)}

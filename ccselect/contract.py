@@ -80,6 +80,20 @@ FIELDS = {"transport": TRANSPORT_FIELDS, "access": ACCESS_FIELDS, "qoe": QOE_FIE
 #: Fields that may be null or absent: the client network type is reported by few requests.
 NULLABLE = {"access": {"net_type"}, "transport": {"table_version"}, "qoe": set()}
 
+#: What names a record uniquely (issue 61): every table keeps one row per identity, whoever reads
+#: the logs again (a re-sent file or `.1` segment, a stream restarted with a new checkpoint, the
+#: same hour as an hourly file and as segments). A connection is (node_id, conn_id): the agent's id
+#: is unique per node and boot. A playback session is (node_id, session_id). A request has no id
+#: in the contract, so an access line's identity is its whole record: two requests alike in every
+#: field (the same connection, millisecond, status, bytes and serving time) count once. A record
+#: lies in its file's hour (the hour rule), so every copy of one lands in the same (node, hour)
+#: partition, where the duplicate rule judges them (jobs/README.md, "Identity").
+#: stream → the record's fields that make its identity; () for the whole record.
+IDENTITY: dict[str, tuple[str, ...]] = {"transport": ("node_id", "conn_id"), "access": (),
+                                        "qoe": ("node_id", "session_id")}
+#: The quarantine reason of a repeat, per stream.
+DUPLICATE_REASON = {"transport": "duplicate_conn_id", "access": "duplicate_request", "qoe": "duplicate_session_id"}
+
 #: Plausible physical ranges (inclusive) used by the simulator's tests and by ingest's rules.
 RANGES: dict[str, tuple[int, int]] = {
     "mss_bytes": (88, 65535),
@@ -175,7 +189,7 @@ _SS_MS = "`ss -ti` prints it in milliseconds with 3 decimals: multiply by 1000"
 
 FIELD_DOCS: dict[str, dict[str, tuple[str, str, str]]] = {
     "transport": {
-        "conn_id": ("text", "unique id of the connection within the file (the duplicate rule's key)",
+        "conn_id": ("text", "the connection; (node_id, conn_id) is its identity: one row per pair in every table, a repeat anywhere is quarantined as a duplicate",
                     "agent: `<node_id>-<first 8 hex of /proc/sys/kernel/random/boot_id><socket cookie, 16 hex>` "
                     "(`bpf_get_socket_cookie` at PASSIVE_ESTABLISHED); any id unique per node and boot will do"),
         "node_id": ("text", "the edge node; must equal the `<node_id>` folder of the file",
@@ -262,7 +276,7 @@ FIELD_DOCS: dict[str, dict[str, tuple[str, str, str]]] = {
                      "a request header, nginx `$http_x_net_type`; `-`/absent → null"),
     },
     "qoe": {
-        "session_id": ("text", "the playback session (the duplicate rule's key)", "the player's beacon"),
+        "session_id": ("text", "the playback session; (node_id, session_id) is its identity, as conn_id's", "the player's beacon"),
         "conn_id": ("text", "the transport conn_id that carried the session", "the player/CDN must echo it"),
         "node_id": ("text", "the edge node; must equal the file's node folder", "the beacon collector"),
         "client_ip": ("IPv4 or IPv6 text", "the client address", "the beacon collector's peer address"),
@@ -298,7 +312,12 @@ def render_markdown() -> str:
            "the CC decision is made and, for a sampled connection, the record starts), RTT (every ACK "
            "that yields an RTT sample, sampled connections only) and TCP_CLOSE (last update, record "
            "emitted). The `tcp_info`, `ss -ti` and nginx `$tcpinfo_*` equivalents are for fleets that "
-           "produce the log some other way.", ""]
+           "produce the log some other way.", "",
+           "Identity: a connection is (`node_id`, `conn_id`), a playback session (`node_id`, `session_id`), "
+           "a request its whole record (the contract gives it no id: two requests alike in every field count "
+           "once). Every table keeps one row per identity, across files, segments, re-sends, stream restarts "
+           "and sources; a repeat is quarantined (`duplicate_conn_id`, `duplicate_session_id`, "
+           "`duplicate_request`) and which copy wins is a rule (`jobs/README.md`, \"Identity\").", ""]
     for stream, fields in FIELDS.items():
         out += [f"## {stream}", "", "| field | type | unit | range | null | meaning | how to fill it |",
                 "|---|---|---|---|---|---|---|"]

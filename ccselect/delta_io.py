@@ -6,15 +6,24 @@ was (its half-written files are not referenced by the log), and a re-run replace
 A new table with CHECK constraints or properties is first created empty with them, in one commit
 (`create_table`), so that adding them never scans data (Delta validates every later write against
 them as it is written); one with neither is created by its first write.
+
+Writers cooperate (issue 61): a step that loses Delta's commit race to another writer (the stream
+and a backfill of the same hour) is run again, a bounded number of times with backoff
+(`retry_conflicts`), then fails naming the other writer's operation.
 """
 from __future__ import annotations
 
-from typing import Iterable
+import json
+import random
+import re
+import time
+from typing import Callable, Iterable, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
 # Imported inside the functions that use them (heavy, not needed to import this module): delta.
 
 PARTITION_COLS = ("node_id", "hour")
+T = TypeVar("T")
 
 
 def _quote(v: str) -> str:
@@ -174,3 +183,65 @@ def ensure_constraints(spark: SparkSession, path: str, constraints: dict[str, st
     for name, expr in constraints.items():
         if f"delta.constraints.{name.lower()}" not in props:
             spark.sql(f"ALTER TABLE delta.`{path}` ADD CONSTRAINT {name} CHECK ({expr})")
+
+
+# ---- writers that cooperate ---------------------------------------------------------------------
+
+#: Delta's optimistic-concurrency conflicts: another writer committed to what this one read.
+CONFLICTS = ("ConcurrentAppendException", "ConcurrentDeleteReadException", "ConcurrentDeleteDeleteException",
+             "ConcurrentTransactionException", "MetadataChangedException", "ProtocolChangedException",
+             "DELTA_CONCURRENT_")
+#: How often a conflicted step is tried, and the first wait (doubled each time, with jitter).
+RETRY_ATTEMPTS = 5
+RETRY_BACKOFF_S = 0.5
+
+
+class WriteConflict(RuntimeError):
+    """A step that kept losing Delta's commit race; the message names the other writer."""
+
+
+def conflict_in(error: BaseException) -> bool:
+    """Whether `error` is a lost commit race: Delta's (by name: py4j and pyspark wrap them) or one
+    a caller found itself and marked `conflict = True`."""
+    if getattr(error, "conflict", False):
+        return True
+    text = f"{type(error).__name__}: {error}"
+    return any(name in text for name in CONFLICTS)
+
+
+def other_writer(error: BaseException) -> str:
+    """The winning commit as Delta's conflict message gives it (`Conflicting commit: {...}`): its
+    operation, parameters, version and the writer's metadata (the stream tags its commits)."""
+    text = str(error)
+    m = re.search(r"Conflicting commit: (\{.*\})", text)
+    if not m:
+        return text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
+    try:
+        c = json.loads(m.group(1))
+    except ValueError:
+        return m.group(1)[:300]
+    params = c.get("operationParameters") or {}
+    keep = {k: params[k] for k in ("mode", "predicate") if k in params}
+    who = f" by {c['userMetadata']}" if c.get("userMetadata") else ""
+    return f"{c.get('operation', '?')} {json.dumps(keep)}{who} (version {c.get('version', '?')})"
+
+
+def retry_conflicts(step: Callable[[], T], what: str, attempts: int = RETRY_ATTEMPTS,
+                    backoff_s: float = RETRY_BACKOFF_S, log: Callable[[str], None] | None = None) -> T:
+    """Run `step` (a whole read-then-write, so a retry reads again) up to `attempts` times while
+    it loses a Delta conflict, waiting backoff_s, 2·backoff_s, ... (with jitter) in between; then
+    raise WriteConflict naming the other writer's operation."""
+    for i in range(attempts):
+        try:
+            return step()
+        except Exception as e:      # py4j and pyspark wrap Delta's exceptions: matched by name
+            if not conflict_in(e):
+                raise
+            if i == attempts - 1:
+                raise WriteConflict(f"{what}: gave up after {attempts} attempts; another writer kept committing "
+                                    f"to the same partitions: {other_writer(e)}") from e
+            wait = backoff_s * 2 ** i * (1 + random.random() / 2)
+            if log:
+                log(f"{what}: conflict with {other_writer(e)}; retrying in {wait:.1f} s")
+            time.sleep(wait)
+    raise AssertionError("unreachable")

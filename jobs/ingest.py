@@ -6,14 +6,15 @@ partitions of the files read, so re-ingesting a file replaces its rows.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from pyspark.sql import DataFrame, SparkSession, functions as F
+from pyspark.sql import Column, DataFrame, SparkSession, functions as F
 
 from ccselect import delta_io
 from ccselect.config import Config
-from ccselect.contract import STREAMS
+from ccselect.contract import DUPLICATE_REASON, IDENTITY, STREAMS
 from ccselect.lake import table_path
 from ccselect.spark import conf_set
 from jobs import silver as silver_job
@@ -51,8 +52,9 @@ BRONZE_SHUFFLE = {"spark.sql.adaptive.enabled": "true",
                   "spark.sql.adaptive.coalescePartitions.enabled": "true",
                   "spark.sql.adaptive.coalescePartitions.initialPartitionNum": "200",
                   "spark.sql.adaptive.advisoryPartitionSizeInBytes": "16m"}
-#: The access log has no duplicate rule and so no shuffle: a task holds several whole files, each one
-#: (node, hour), and Delta's writer sorted all of the task's rows by (node, hour) before writing
+#: (Measured when the access log had no duplicate rule and so no shuffle; since issue 61 every
+#: stream's rows come out of the rule's window gathered by (node, hour).) A task held several whole
+#: files, each one (node, hour), and Delta's writer sorted all of the task's rows by (node, hour) before writing
 #: them. With concurrent writers a task writes each (node, hour) as its rows come, a Parquet writer
 #: open for each (past 16 in a task, the rest are sorted as before). Transport and QoE rows come out
 #: of the duplicate rule's window already in that order, and are not sorted either way. Measured on
@@ -103,7 +105,38 @@ def to_audit(bronze: DataFrame, files: DataFrame, ingest_time: datetime) -> Data
                     F.lit(ingest_time).alias("ingest_time")))
 
 
+def identity(stream: str) -> Column:
+    """A bronze row's record identity (contract.IDENTITY): its identity fields, or the whole record."""
+    fields = IDENTITY[stream]
+    return F.struct(*[F.col("record")[f].alias(f) for f in fields]) if fields else F.col("record")
+
+
+def judge_against(bronze: DataFrame, committed: DataFrame, stream: str) -> DataFrame:
+    """Bronze rows of lines read now, judged against the lines a table already holds (`committed`:
+    node_id, hour, source_file, line_no, status, record) — the rule across writes (micro-batches,
+    checkpoints, sources; jobs/README.md "Identity"): a line already committed (the same file and
+    line, read again) is not a new line and is left out; an accepted line whose identity a
+    committed line holds accepted is a repeat (`contract.DUPLICATE_REASON`): the copy committed
+    first wins."""
+    lines = committed.select("source_file", "line_no")
+    held = (committed.where(F.col("status") == "ok").select("node_id", "hour", identity(stream).alias("_held"))
+            .distinct())
+    fresh = bronze.join(lines, ["source_file", "line_no"], "left_anti").withColumn("_id", identity(stream))
+    cond = ((fresh["node_id"] == held["node_id"]) & (fresh["hour"] == held["hour"])
+            & fresh["_id"].eqNullSafe(held["_held"]))
+    seen = fresh.join(held, cond, "left").select(fresh["*"], held["_held"].isNotNull().alias("_repeat"))
+    repeat = F.col("_repeat") & (F.col("status") == "ok")
+    return (seen.withColumn("reason", F.when(repeat, F.lit(DUPLICATE_REASON[stream])).otherwise(F.col("reason")))
+            .withColumn("status", F.when(repeat, F.lit("quarantined")).otherwise(F.col("status")))
+            .withColumn("record", F.when(~repeat, F.col("record")))
+            .select(*BRONZE_COLS))
+
+
 # ---- load ---------------------------------------------------------------------------------------
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr)
+
 
 @dataclass
 class IngestResult:
@@ -198,8 +231,10 @@ def run(spark: SparkSession, cfg: Config, input_dir: str, hours: tuple[str, str]
     result = {"input": input_dir, "files": len(files),
               "partitions": len({(f.node_id, f.hour) for f in files}),
               "skipped": [{"path": s.path, "why": s.why} for s in skipped],
-              "streams": ingest_bronze(spark, cfg, files)}
+              "streams": delta_io.retry_conflicts(lambda: ingest_bronze(spark, cfg, files), "ingest: bronze",
+                                                  log=_warn)}
     if silver:
         keys = {(f.node_id, f.hour) for f in files if f.stream == "transport"}
-        result["silver_rows"] = silver_job.run(spark, cfg, keys, input_dir)
+        result["silver_rows"] = delta_io.retry_conflicts(lambda: silver_job.run(spark, cfg, keys, input_dir),
+                                                         "ingest: silver", log=_warn)
     return result

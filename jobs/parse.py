@@ -23,7 +23,10 @@ Reasons, in the order they are checked:
                                            as the agent files it, and may have started up to
                                            a day (the contract's longest connection) before
   bad_time_order                           ts_end_ms before ts_start_ms
-  duplicate_conn_id, duplicate_session_id  a repeat within the file (the first one is kept)
+  duplicate_conn_id, duplicate_session_id, duplicate_request
+                                           a repeat of a record's identity (contract.IDENTITY) among
+                                           the node-hour's lines read together: the first line by
+                                           (file name, line) is kept
 
 A UTF-8 byte order mark at the start of a line (what some Windows tools put at the top of a file)
 is not part of the record: RFC 8259 §8.1 lets a parser ignore it, and parse does; `raw` keeps it.
@@ -52,7 +55,7 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, Window, functions as F, types as T
 
-from ccselect.contract import CCS, DECISIONS, FEATURES, FIELDS, NET_TYPES, NULLABLE, RANGES
+from ccselect.contract import CCS, DECISIONS, DUPLICATE_REASON, FEATURES, FIELDS, IDENTITY, NET_TYPES, NULLABLE, RANGES
 from ccselect.spark import IS_IP, register_json_record, register_udfs
 
 HOUR_MS = 3_600_000
@@ -86,8 +89,9 @@ NGINX_TOKENS = ("msec", "node_id", "client_ip", "client_port", "status", "bytes_
 ACCESS_EXTRA = {"client_port": int, "tcpinfo_rtt_us": int, "tcpinfo_rttvar_us": int,
                 "tcpinfo_snd_cwnd_segs": int, "tcpinfo_rcv_space_bytes": int, "log_format": str}
 
-#: Streams with a duplicate rule: the key that must be unique within a file.
-DEDUPLICATED = {"transport": "conn_id", "qoe": "session_id"}
+#: Every stream has a duplicate rule (contract.IDENTITY: the fields that must be unique within a
+#: node-hour, or the whole record).
+DEDUPLICATED = dict(IDENTITY)
 
 _SPARK_TYPE = {int: T.LongType(), str: T.StringType()}
 _VARIANT_TYPE = {int: "BIGINT", str: "STRING"}
@@ -235,8 +239,9 @@ def parse(lines: DataFrame, stream: str, impute: tuple[str, ...] = ()) -> DataFr
     """Lines of one stream → lines with `record`, `status` and `reason` (see module docstring).
     `impute`: the fields a record may miss and still be accepted (`imputable`)."""
     register_udfs(lines.sparkSession)
-    key = DEDUPLICATED.get(stream)
-    if key:
+    dedup = stream in DEDUPLICATED
+    key = DEDUPLICATED.get(stream, ())
+    if dedup:
         # The duplicate rule needs each file's lines together: shuffle once by (node, hour), before
         # anything is derived from a line, so that only the lines themselves cross the shuffle (with the
         # parsed record, the keys and the BOM-less text it was much larger; jobs/README.md), which
@@ -304,12 +309,16 @@ def parse(lines: DataFrame, stream: str, impute: tuple[str, ...] = ()) -> DataFr
         rules.append((r["ts_end_ms"] < r["ts_start_ms"], "bad_time_order"))
     reason = F.coalesce(structural, _first_reason(rules))
     df = df.withColumn("reason", reason)
-    if key:
-        # Only lines that pass every other rule compete; the first of them is kept.
-        w = Window.partitionBy("node_id", "hour", "source_file", F.col("record")[key], F.col("reason").isNull()).orderBy("line_no")
+    if dedup:
+        # Only lines that pass every other rule compete, across the node-hour's files read
+        # together (its segments, a `.1` re-send); the first by (file name, line) is kept: the
+        # name without `.jsonl[.gz]`, so that `T0805` comes before its re-send `T0805.1`.
+        ident = [F.col("record")[f] for f in key] if key else [F.col("record")]
+        order = F.regexp_replace("source_file", r"\.jsonl(\.gz)?$", "")
+        w = Window.partitionBy("node_id", "hour", *ident, F.col("reason").isNull()).orderBy(order, "line_no")
         first = F.row_number().over(w) == 1
         df = df.withColumn("reason", F.when(F.col("reason").isNull() & ~first,
-                                            F.lit(f"duplicate_{key}")).otherwise(F.col("reason")))
+                                            F.lit(DUPLICATE_REASON[stream])).otherwise(F.col("reason")))
     # (the record keeps the address as logged; silver writes the canonical one, jobs/silver.py:
     # rewriting it here too tripled the generated code of this stage)
     return (df.withColumn("status", F.when(F.col("reason").isNull(), F.lit("ok")).otherwise(F.lit("quarantined")))

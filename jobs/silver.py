@@ -21,7 +21,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from ccselect import delta_io, files as storage
 from ccselect.config import Config
-from ccselect.contract import FEATURES, NET_TYPES, TRANSPORT_FIELDS
+from ccselect.contract import FEATURES, NET_TYPES, STREAMS, TRANSPORT_FIELDS
 from ccselect.ipaddr import ab_bucket, canonical_text, with_ip
 from ccselect.lake import table_path
 from ccselect.spark import conf_set
@@ -250,17 +250,39 @@ CO_PARTITIONED = {"spark.sql.requireAllClusterKeysForCoPartition": "false",
                   "spark.sql.adaptive.coalescePartitions.enabled": "false"}
 
 
+class BronzeMoved(RuntimeError):
+    """Another writer (the stream, a backfill) committed to the bronze partitions silver was just
+    rebuilt from: the rebuild is run again (`delta_io.retry_conflicts`), so that the last silver
+    written is built from the last bronze (jobs/README.md, "Writers")."""
+    conflict = True
+
+
+def bronze_files(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]]) -> frozenset[str]:
+    """The files of bronze's `keys` partitions now, of the three streams (planning only, no job)."""
+    pred = delta_io.partition_predicate(keys)
+    out: set[str] = set()
+    for stream in STREAMS:
+        path = table_path(cfg, f"bronze.{stream}")
+        if delta_io.is_delta(spark, path):
+            out.update(spark.read.format("delta").load(path).where(pred).inputFiles())
+    return frozenset(out)
+
+
 def run(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], input_dir: str) -> int:
-    """Rebuild silver.connections for the (node_id, hour) partitions `keys`; returns its row count there."""
+    """Rebuild silver.connections for the (node_id, hour) partitions `keys`; returns its row count
+    there. Raises BronzeMoved when bronze changed under it (callers retry)."""
     if not keys:
         return 0
     ref_path = storage.join(input_dir, "reference", "ip_asn_region.csv")
     rows = read_reference(ref_path, cfg) if storage.exists(cfg, ref_path) else []
     transport, access, qoe = extract(spark, cfg, keys)
+    read = bronze_files(spark, cfg, keys)
     conns = build_connections(transport, access, qoe, reference_frame(spark, rows))
     path = table_path(cfg, "silver.connections")
     # add_columns: a silver table written before a column was added (delivery_rate_bps) gains it
     with conf_set(spark, {**CO_PARTITIONED, **silver_parquet(SILVER_COLS)}):
         delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS, add_columns=True,
                                     properties=SILVER_PROPERTIES)
+    if bronze_files(spark, cfg, keys) != read:
+        raise BronzeMoved(f"bronze of {len(keys)} (node, hour) partitions changed while silver was rebuilt from it")
     return spark.read.format("delta").load(path).where(delta_io.partition_predicate(keys)).count()

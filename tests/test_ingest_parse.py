@@ -95,8 +95,9 @@ def test_access_rules_and_nginx_format(spark):
     cases = [
         (access(), None),
         (access(net_type=None), None),
-        (access(net_type=_DROP), None),
-        (access(conn_id="c1"), None),  # several requests per connection are normal
+        (access(net_type=_DROP, ts_ms=H0 + 11), None),
+        (access(conn_id="c1", ts_ms=H0 + 12), None),  # several requests per connection are normal
+        (access(), "duplicate_request"),  # the same request again (contract.IDENTITY: the whole record)
         (access(net_type="satellite"), "unknown_net_type"),
         (access(status=99), "out_of_range:status"),
         (access(ts_ms=H0 + 3_600_000), "out_of_hour"),
