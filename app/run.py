@@ -174,14 +174,18 @@ def main(cfg: Config, hourly_hours: int = 2, fresh: bool = False, probe: bool = 
     # 6. the emulation of the last hourly hour
     last = (train_at + timedelta(hours=hourly_hours - 1)).strftime(HOUR_FMT)
     emulated = _emulate(spark, cfg, last, hourly_hours)
+    # 7. the lake's invariants (`ccs audit`, jobs/audit.py)
+    from jobs import audit
+    audited = audit.run(spark, cfg)
+    _say("audit: clean" if audited["clean"] else "audit: broken:\n  " + "\n  ".join(audited["lines"]))
     ok = (train["state"] == "reused" or train["state"].endswith("success")) and len(hourly) == hourly_hours and \
         all(r["state"].endswith("success") for r in hourly) and "error" not in emulated and \
         (probed is None or all(n["as_table"] == n["connections"] for n in probed["nodes"].values())) and \
-        (streamed is None or "error" not in streamed)
+        (streamed is None or "error" not in streamed) and audited["clean"]
     summary = _summary(cfg, manifest, time.time() - t0, reused, why if not deploy else None, probed, emulated,
                        streamed)
     return {"ok": ok, "summary": summary, "train": train, "hourly": hourly, "probe": probed,
-            "emulation": emulated, "reused": reused, "stream": streamed}
+            "emulation": emulated, "reused": reused, "stream": streamed, "audit": audited}
 
 
 # ---- steps --------------------------------------------------------------------------------------

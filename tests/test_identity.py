@@ -96,6 +96,9 @@ def assert_one_batch_ingest(spark, cfg, batch):
     audit = _table(spark, cfg, "gold.ingest_audit")
     assert audit.where("lines_read != accepted + quarantined").count() == 0
     assert audit.groupBy("source_file").count().where("count > 1").count() == 0, "one audit row per file"
+    from jobs import audit as lake_audit
+    res = lake_audit.run(spark, cfg)
+    assert res["clean"], res["lines"]
 
 
 def test_a_new_checkpoint_over_ingested_segments(spark, tmp_path, inputs):

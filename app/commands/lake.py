@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
     app.command("labels")(labels_cmd)
     app.command("validate")(validate_cmd)
     app.command("stream")(stream_cmd)
+    app.command("audit")(audit_cmd)
 
 
 def _session(config: Optional[str], app_name: str):
@@ -138,3 +139,21 @@ def labels_cmd(
     n_train = write_window(spark, cfg, ts, "gold.training_set", window)
     n_best = write_window(spark, cfg, labels.best_cc_per_prefix24(conns, min_sessions), "gold.best_cc_prefix24", window)
     _emit({"window": window, "training_rows": n_train, "prefix24_rows": n_best}, False)
+
+
+def audit_cmd(
+    as_json: bool = typer.Option(False, "--json", help="print the whole report as JSON"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Check the lake's invariants: one row per identity, audit balanced with bronze, silver traceable to bronze, predictions one per silver row (exit 1 on any break)."""
+    from jobs import audit
+    cfg, spark = _session(config, "ccs-audit")
+    result = audit.run(spark, cfg)
+    if as_json:
+        typer.echo(json.dumps(result, indent=2, sort_keys=True, default=str))
+    else:
+        for line in result["lines"]:
+            typer.echo(line)
+        typer.echo("audit: clean" if result["clean"] else f"audit: {len(result['findings'])} checks broken")
+    if not result["clean"]:
+        raise typer.Exit(1)
