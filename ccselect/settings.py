@@ -433,15 +433,17 @@ class PrefixLadder(_Section):
     # clients] under it (issue 57: one connection made a /16 entry); a level not named needs
     # [1, 1]. A last-level prefix below its support gets no entry (the edge's default CC).
     # Defaults measured on the tests' small fleet (8 nodes × 6 h, seed 11; quick champion, all 6
-    # hours inferred, 13,056 connections): against declined-only counting (support 0) they move
-    # 0.0001 more of the request weight to another CC (0.0873 → 0.0874; model-decided rows 1.9%)
-    # and raise the declined connections left on the default 0.803 → 0.808, for 16% more
-    # entries (4,282 → 4,975, v6 /64s going down to /128s); 50/8 and 100/16 at /16 cost more
-    # entries for ≤ 0.0008 more. The /16 of one connection (issue 57, item 2) needs 20 and 4.
-    # Against the table before issue 57, 8.7% of the request weight changes CC on that fleet,
-    # nearly all of it declined rows (12% fallbacks) that a model entry no longer covers.
+    # hours inferred, 13,056 connections), candidates against declined-only counting (support 0,
+    # 4,282 entries): these (/16 10/2, /24 3/2) changed the same request weight (0.0873; the
+    # support rule moves at most 0.0009 at any candidate) for 4,585 entries; 20/4 and 5/2 cost
+    # 4,975 (v6 /64s going down to /128s), 50/8 5,410, 100/16 5,654, for at most a point more
+    # of the declined connections left on the default (0.803 at support 0, 0.804 here, 0.808 at
+    # 20/4, 0.813 at 100/16). The /16 of one connection (issue 57, item 2) needs 10 and 2.
+    # Against the table before issue 57 (with the evidence rule too, support 20/4), 4.8% of that
+    # fleet's request weight gets another CC at the edge (2.7% in its last hour); 78% of the
+    # declined connections have no entry over them (29% before).
     min_support: dict[int, dict[int, tuple[int, int]]] = field(default_factory=lambda: {
-        "v4": {16: (20, 4), 24: (5, 2)}, "v6": {32: (20, 4), 48: (10, 3), 64: (5, 2)}})
+        "v4": {16: (10, 2), 24: (3, 2)}, "v6": {32: (10, 2), 48: (5, 2), 64: (3, 2)}})
 
     def __post_init__(self):
         ladder, purity, support = {}, {}, {}
