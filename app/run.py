@@ -437,7 +437,7 @@ def _selection_lines(cfg: Config, champ: dict) -> list[str]:
         sel = json.loads(mlflow.artifacts.load_text(f"runs:/{champ['run_id']}/selection/table.json"))
     except Exception:  # noqa: BLE001 — a champion trained without the selection has no such artifact
         return [f"  variant {champ.get('variant') or '?'} (set in the configuration, not selected)"]
-    out = [f"  variant {sel['variant']}, chosen by the {sel['rule']}:"]
+    out = [f"  variant {sel['variant']}, selected: {sel['rule']}"]
     for r in sel["table"]:
         mark = "←" if r["variant"] == sel["variant"] else " "
         out.append(f"    {mark} {r['variant']:14s} mean {r['mean']:.3f} worst {r['worst']:.3f} std {r['std']:.3f}")

@@ -54,6 +54,12 @@ def select_variant(params: TrainParams, data: TrainData, node: np.ndarray,
     if unknown:
         raise ValueError(f"unknown candidates {sorted(unknown)}; one of {sorted(VARIANTS)}")
     node = np.asarray(node).astype(str)
+    if len(set(node.tolist())) < 2:
+        # no fold can hold a training node out: nothing to choose on, and the caller says so
+        rule = f"fewer than two training nodes: no leave-node-out fold, the first candidate ({candidates[0]})"
+        if log:
+            log(f"select: {rule}")
+        return Selection(candidates[0], [], [], rule)
     folds = node_folds(node, n_folds, seed)
     data = training_nodes_only(data, unl_node, node)
     table = []

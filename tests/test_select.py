@@ -58,6 +58,13 @@ def test_selection_reads_only_training_nodes():
     assert clean.variant == min(ok, key=lambda r: (r["std"], -r["mean"]))["variant"], "Appendix D's rule"
 
 
+def test_one_training_node_keeps_the_first_candidate_and_says_so():
+    data, node, unl_node = _data(nodes=("a",))
+    sel = select_variant(TrainParams(epochs=1, min_steps=0, device="cpu"), data, node, ("aliccs", "mlp"),
+                         unl_node=unl_node)
+    assert sel.variant == "aliccs" and sel.table == [] and "fewer than two training nodes" in sel.rule
+
+
 def test_ccs_train_select_registers_the_folds_choice(tmp_path, small_lake):
     import yaml
     from typer.testing import CliRunner
