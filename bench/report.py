@@ -42,6 +42,8 @@ SOURCES = {
     "autoplex": ("AutoPlex statistics, the Arrow engine and Spark vs DuckDB", "python bench/autoplex.py", ["bench/results/autoplex.json"]),
     "invariance": ("Invariance across nodes: the default fleet and the strong-shift preset (issue 28)",
                    "python bench/invariance.py", ["bench/results/invariance.json"]),
+    "handshake-window": ("The client's first window: how much of the access type it carries (issue 55)",
+                         "python bench/handshake_window.py", ["bench/results/handshake_window.json"]),
     "capacity": ("Throughput goals and the capacity plan (issue 31)", "python bench/capacity.py",
                  ["bench/results/capacity.json"]),
     "freshness": ("The stream: log record to enforced table, and throughput (issue 26)", "python bench/freshness.py",

@@ -62,9 +62,10 @@ _LARGE_CELL = ((1400, 0.50), (1380, 0.30), (1360, 0.20))
 # 3. the path through the BRAS or the mobile gateway (World._gateways): RTT, jitter and MSS clamp
 #    differ by pool, and which is nearer depends on where the node sits (`in_carrier_node_share`).
 # What keeps its meaning everywhere (X_y) is radio-side: the uplink scheduling delay inside the
-# handshake (traffic.py, connection time), RTT variation of the radio link, and client OSes
-# sizing TCP windows per network type. A plain model fitted on a few nodes leans on 1-3 and
-# misses on nodes whose branches differ; prefix-group invariance (§3.1) is meant to drop them.
+# handshake (traffic.py, connection time) and RTT variation of the radio link (the client's
+# first window follows its stack's rule, sim/stacks.py, not the access type). A plain model
+# fitted on a few nodes leans on 1-3 and misses on nodes whose branches differ; prefix-group
+# invariance (§3.1) is meant to drop them.
 BROADBAND_PLANTS = (
     AccessPlant("pppoe", _LARGE_WIFI),
     AccessPlant("ds-lite", ((1420, 0.8), (1412, 0.2))),
@@ -118,6 +119,16 @@ class SimParams:
     nat_host_share: float = 0.08
     #: share of cellular connections that are 5G rather than 4G (our pick).
     share_5g_of_cell: float = 0.15
+    #: the client's first window (sim/stacks.py; docs/simulator.md "The client's first window").
+    #: Stress knob, swept there: the share of Android clients on kernels older than 4.19 (60 × the
+    #: phone's own MSS instead of 64 KB); Android 12 made 4.19 the oldest kernel a new device may
+    #: launch with, so it is the share of phones launched before that still in use.
+    android_legacy_kernel_share: float = 0.1
+    #: named knob, off by default: the share of Android cellular clients whose radio's receive
+    #: buffer is a 2G/3G one (AOSP config_tcp_buffers, EDGE tcp_rmem default 26,280), the one
+    #: way the access type reaches the first window on current Android (LTE, NR and Wi-Fi share
+    #: 1 MiB, above the 64 KB cap).
+    legacy_radio_buffer_share: float = 0.0
     #: share of (region, large ISP) branches whose broadband is not PPPoE (DS-Lite or L2TP), and
     #: whose mobile core gives UEs MTU 1500 (our pick; see BROADBAND_PLANTS above).
     odd_broadband_share: float = 0.3

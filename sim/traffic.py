@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from sim import congestion, physics
+from sim import congestion, physics, stacks
 from sim.params import BROADBAND_PLANTS, CELLULAR_PLANTS, ISPS, REGIONS
 from sim.tables import CcTable
 from sim.world import World, unit
@@ -19,12 +19,6 @@ from sim.world import World, unit
 SERVICES = np.array(["video", "live", "image"])
 SERVICE_P = np.array([0.55, 0.15, 0.30])
 _MEAN_EXTRA_REQ = np.array([3.0, 5.0, 1.0])
-# client OS initial receive windows (bytes) by access type — Android sizes its TCP buffers per
-# network type, iOS and PCs do not (our pick of common values; M-Lab rcv_space 14,600 at start).
-_WND_ANDROID_WIFI = (np.array([65160, 87380, 131072]), np.array([0.6, 0.2, 0.2]))
-_WND_ANDROID_CELL = (np.array([29200, 65160, 43690]), np.array([0.45, 0.35, 0.2]))
-_WND_IOS = (np.array([65535, 131072]), np.array([0.7, 0.3]))
-_WND_PC = (np.array([64240, 65535, 29200]), np.array([0.5, 0.3, 0.2]))
 
 
 @dataclass
@@ -33,11 +27,6 @@ class NodeHour:
     access: pl.DataFrame
     qoe: pl.DataFrame
     truth: pl.DataFrame
-
-
-def _choice(rng: np.random.Generator, values_probs: tuple[np.ndarray, np.ndarray], n: int) -> np.ndarray:
-    values, probs = values_probs
-    return values[rng.choice(len(values), size=n, p=probs)]
 
 
 def _mss_profile(rng: np.random.Generator, isp: np.ndarray, cell: np.ndarray, plant_bb: np.ndarray,
@@ -150,8 +139,8 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
                              ps.access_scale[pref], loss_mult, fair_share, node.buffer_mult)
     isp = ps.isp[pref]
     plant_bb, plant_cell = ps.plant_bb[pref], ps.plant_cell[pref]
-    mss = _mss_profile(rng, isp, cell, plant_bb, plant_cell)
-    mss = np.minimum(np.minimum(mss - np.where(fam6, 20, 0), ps.mss_clamp[pref]), ps.gw_clamp[pref][rows, pool])
+    mss_announced = _mss_profile(rng, isp, cell, plant_bb, plant_cell)
+    mss = np.minimum(np.minimum(mss_announced - np.where(fam6, 20, 0), ps.mss_clamp[pref]), ps.gw_clamp[pref][rows, pool])
     # planted fault (ALICCS §3.2's /16 whose MSS misled the model): the /16's IPv4 connections
     # are logged with an anomalous MSS; the path, the transfer and every other feature keep the
     # real MSS, so MSS is the only feature that is off
@@ -227,8 +216,17 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     os_u = rng.random(n)
     android = os_u < ps.android_share[pref]
     pc = (~cell) & (os_u > 0.8 + 0.2 * ps.android_share[pref])
-    init_wnd = np.where(android, np.where(cell, _choice(rng, _WND_ANDROID_CELL, n), _choice(rng, _WND_ANDROID_WIFI, n)),
-                        np.where(pc, _choice(rng, _WND_PC, n), _choice(rng, _WND_IOS, n)))
+    # the client's first window from its stack's own rule (sim/stacks.py, docs/simulator.md "The
+    # client's first window"): its OS and kernel, its receive buffer and its *own* MSS — the LAN's
+    # 1500-byte MTU behind a home gateway (which clamps the MSS on the way, not the phone's
+    # buffer), the PDN's MTU on a phone. Four rows of uniforms, as the four draws this replaced
+    # took, so every later draw of the node-hour is unchanged.
+    u_stack = rng.random((4, n))
+    stack = np.where(android, np.where(u_stack[0] < p.android_legacy_kernel_share, stacks.ANDROID_LEGACY_KERNEL,
+                                       stacks.ANDROID), np.where(pc, stacks.WINDOWS, stacks.IOS))
+    legacy_radio = android & cell & (u_stack[1] < p.legacy_radio_buffer_share)
+    client_mss = np.where(cell, mss_announced, 1460) - np.where(fam6, 20, 0)
+    init_wnd = stacks.established_window(stack, client_mss, legacy_radio)
     rmem_max = np.where(android, np.where(cell, 4 << 20, 2 << 20), np.where(pc, 6 << 20, 4 << 20))
     growth = np.clip(np.log2(np.maximum(bytes_c, 1) / init_wnd), 0, 8) * rng.uniform(0.6, 1.0, n)
     max_wnd = np.minimum(rmem_max, init_wnd * 2.0 ** growth)

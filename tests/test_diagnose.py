@@ -5,8 +5,16 @@ in headless Chromium to a screenshot that is not blank.
 
 And the paper's own case, as a deployment: a champion learns from the small fleet's first hours;
 from hour FAULT_START on, one /16's MSS is anomalous (the simulator's planted fault) while every
-other feature stays normal. Diagnosing the later hours, `--worst 1` names that /16 and puts
-`mss_bytes` first among its over-relied features; on the same hours without the fault it does not."""
+other feature stays normal. The operator sees that /16's accuracy fall and diagnoses it (`ccs
+diagnose --prefix`, as §3.2: "when encountering a low accuracy within a specific /16 IP prefix, we
+applied Shapley analysis"): `mss_bytes` comes first among its over-relied features; on the same
+hours without the fault it is not over-relied there.
+
+Since the client's window follows the stacks' own rules (sim/stacks.py, issue 55), the champion
+leans on the MSS less: on this fleet the faulted /16's accuracy falls from 0.981 to 0.942 (52
+labelled rows), where it fell to 0.692 with the per-type window tables. That is no longer the
+fleet's worst /16 (a few /16s with 5-10 rows sit near 0.5 either way), so `--worst 1` no longer
+finds it on its own; the diagnosis of the /16 still names the MSS."""
 from __future__ import annotations
 
 import os
@@ -79,8 +87,8 @@ FAULT_START = 3  # the small fleet's hour from which the planted fault is presen
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory, spark, small_lake):
     """One deployment on a copy of the small lake: a champion trained on hours 0..FAULT_START-1;
-    the tree distilled and `diagnose --worst 1` run over the later hours as they are ("clean");
-    then those hours re-ingested from the same fleet simulated with the planted MSS fault from
+    the tree distilled and the planted /16 diagnosed (`--prefix`) over the later hours as they
+    are ("clean"); then those hours re-ingested from the same fleet simulated with the planted MSS fault from
     FAULT_START on (earlier hours identical), and distilled and diagnosed again ("fault")."""
     import json
 
@@ -98,13 +106,14 @@ def deployment(tmp_path_factory, spark, small_lake):
     version = _champion(spark, cfg, stats, *train)
     out = {"cfg": cfg, "version": version, "live": live}
     small = json.load(open(os.path.join(lake.fleet_dir, "manifest.json")))["params"]
+    params = SimParams(**{**small, "fault_mss_prefix16": "auto", "fault_start_hour": FAULT_START})
+    fleet = str(dest / "fleet_fault")
+    out["fault16"] = simulate(params, fleet, workers=1, progress=False)["fault_mss_prefix16"]
     for case in ("clean", "fault"):
         if case == "fault":
-            params = SimParams(**{**small, "fault_mss_prefix16": "auto", "fault_start_hour": FAULT_START})
-            fleet = str(dest / "fleet_fault")
-            out["fault16"] = simulate(params, fleet, workers=1, progress=False)["fault_mss_prefix16"]
             ingest.run(spark, cfg, fleet, hours=live)
-        out[case] = {"distill": run_distill(spark, cfg, *live), "diagnose": run_diagnose(spark, cfg, worst=1)}
+        out[case] = {"distill": run_distill(spark, cfg, *live),
+                     "diagnose": run_diagnose(spark, cfg, prefix=out["fault16"])}
         print(case, {k: out[case]["distill"][k] for k in ("rows", "depth", "fidelity", "dnn_accuracy")},
               out[case]["diagnose"]["global_top"], out[case]["diagnose"]["subsets"])
     return out
@@ -113,21 +122,20 @@ def deployment(tmp_path_factory, spark, small_lake):
 def test_planted_mss_fault_is_named_with_mss_first(deployment):
     d = deployment["fault"]["diagnose"]
     assert d["window"] == "{}..{}".format(*deployment["live"])
-    worst = d["subsets"][0]
-    assert worst["kind"] == "prefix16" and worst["key"] == deployment["fault16"], d["subsets"]
-    assert worst["over_relied"][:1] == ["mss_bytes"], worst
-    assert worst["top"][0] == "mss_bytes"
-    # the champion fails there by the job's own measure (a /16 below the threshold is diagnosed by
-    # default): the anomaly, not the clients, moved
-    assert worst["accuracy"] < deployment["cfg"].settings.diagnose.accuracy_threshold, worst
+    sub = d["subsets"][0]
+    assert sub["key"] == deployment["fault16"], d["subsets"]
+    assert sub["over_relied"][:1] == ["mss_bytes"], sub
+    assert "mss_bytes" in sub["top"][:3], sub
+    # the anomaly, not the clients, moved: the same /16 over the same hours scores lower with it
+    clean = deployment["clean"]["diagnose"]["subsets"][0]
+    assert sub["accuracy"] < clean["accuracy"], (sub, clean)
 
 
 def test_without_the_fault_mss_is_not_blamed(deployment):
-    # the same champion on the same later hours, only the fault missing
-    worst = deployment["clean"]["diagnose"]["subsets"][0]
-    assert "mss_bytes" not in worst["over_relied"][:1], worst
-    assert worst["accuracy"] > deployment["fault"]["diagnose"]["subsets"][0]["accuracy"]
-    assert worst["key"] != deployment["fault16"] or worst["over_relied"][:1] != ["mss_bytes"]
+    # the same champion on the same later hours and the same /16, only the fault missing
+    sub = deployment["clean"]["diagnose"]["subsets"][0]
+    assert sub["key"] == deployment["fault16"], sub
+    assert "mss_bytes" not in sub["over_relied"], sub
 
 
 def test_distilled_tree_registered_and_linked(clean):
