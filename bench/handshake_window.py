@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from sim.params import SimParams  # noqa: E402
 from sim.traffic import generate_node_hour  # noqa: E402
 from sim.world import World  # noqa: E402
+# Imported inside the functions that use them (heavy, not needed to import this module): sklearn.
 
 SUBSETS = {"mss": ["mss_bytes"], "window": ["init_snd_wnd_bytes"], "mss+window": ["mss_bytes", "init_snd_wnd_bytes"],
            "mss+window+connection_time": ["mss_bytes", "init_snd_wnd_bytes", "connection_time_us"],
