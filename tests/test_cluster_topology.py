@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+import yaml
 
 from ccs_testing import REPO, processes_naming, raw_section, write_cluster_config, write_config
 
@@ -186,9 +187,12 @@ def _local_reference(tmp, fleet_dir: str) -> dict:
     from export.delivery.publish import init_keys
     root = tmp / "local"
     root.mkdir()
+    # the cluster's variant (cluster-local.yaml fixes one; local.yaml selects it on folds), so both
+    # modes train the same model
+    variant = yaml.safe_load((REPO / "infra" / "conf" / "cluster-local.yaml").read_text())["pipeline"]["variant"]
     cfg = load_config(write_config(
         root, airflow={"home": str(root / "airflow")},
-        pipeline={**raw_section("pipeline"), "raw_dir": fleet_dir, **PIPELINE, "deploy": False},
+        pipeline={**raw_section("pipeline"), "raw_dir": fleet_dir, **PIPELINE, "variant": variant, "deploy": False},
         model={**raw_section("model"), "gate": RELAXED_GATE}))
     init_keys(cfg)
     proc = run_in_airflow(cfg, ["sequence", json.dumps(_plan(deploy=False))], timeout=2400)
