@@ -30,7 +30,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-import yaml
 
 from ccs_testing import REPO, processes_naming, raw_section, write_cluster_config, write_config
 
