@@ -164,3 +164,12 @@ class Load:
                 break
             self.seen.append((peer[0], sock_cc(acc)))
             acc.close()
+
+
+def ns_agent(edge, ns: str, *args) -> str:
+    """`ccs-edge ARGS` of `edge`'s agent inside the network namespace `ns` (`nsenter --net`:
+    `ip netns exec` remounts /sys and loses the cgroup and bpf mounts); asserts rc 0, returns stdout."""
+    r = subprocess.run(["nsenter", f"--net=/run/netns/{ns}", *edge.agent._argv(*args)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, f"{args[0]} in {ns}: rc {r.returncode}, {r.stderr.strip()!r}"
+    return r.stdout

@@ -9,20 +9,13 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from _edge_helpers import cc_of, in_cgroup, listener, other_ccs, sysctl_cc
+from _edge_helpers import cc_of, in_cgroup, listener, ns_agent, other_ccs, sysctl_cc
 from conftest import Edge
 
 from export.artifact import table_format as tf
 from export.edge.agent import Service
 
 pytestmark = pytest.mark.kernel
-
-
-def _ns_agent(edge, ns, *args):
-    r = subprocess.run(["nsenter", f"--net=/run/netns/{ns}", *edge.agent._argv(*args)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, f"{args[0]} in {ns}: rc {r.returncode}, {r.stderr.strip()!r}"
-    return r.stdout
 
 
 def _routes(ns, table):
@@ -36,7 +29,7 @@ def _routed(e, ns, runner, table, within):
     with in_cgroup(e.cgroup):
         ls = e.track(runner.call(listener))
     e.configure([Service(ls.getsockname()[1], "video")], attach=False)
-    _ns_agent(e, ns, "attach", "--cgroup", e.cgroup)
+    ns_agent(e, ns, "attach", "--cgroup", e.cgroup)
     return ls
 
 
@@ -47,40 +40,40 @@ def test_agents_flush_only_their_own_routes(edge, edge_binary, keys, tmp_path, n
     try:
         _routed(edge, ns, runner, "100", "127.60.0.0/16")
         ls_b = _routed(other, ns, runner, "101", "127.61.0.0/16")
-        _ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.1.0/24", a)], 1).manifest)
-        _ns_agent(other, ns, "load", other.table([tf.Entry("127.61.1.0/24", b)], 1).manifest)
+        ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.1.0/24", a)], 1).manifest)
+        ns_agent(other, ns, "load", other.table([tf.Entry("127.61.1.0/24", b)], 1).manifest)
         assert len(_routes(ns, "100")) == 1 and len(_routes(ns, "101")) == 1, "each agent's route in its table"
         mine = _routes(ns, "101")
 
-        _ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.2.0/24", a)], 2).manifest)
+        ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.2.0/24", a)], 2).manifest)
         assert _routes(ns, "101") == mine, "the first agent's load left the second's route"
-        _ns_agent(edge, ns, "rollback")
+        ns_agent(edge, ns, "rollback")
         assert _routes(ns, "101") == mine and _routes(ns, "100") == [], "its rollback flushed only its own"
-        _ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.3.0/24", a)], 3).manifest)
+        ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.3.0/24", a)], 3).manifest)
         # moved to another table: the routes of the old one go with the next load
         edge.config.route_table = "102"
         edge.agent.write_config(edge.config)
-        _ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.3.0/24", a)], 4).manifest)
+        ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.3.0/24", a)], 4).manifest)
         assert _routes(ns, "100") == [] and len(_routes(ns, "102")) == 1, \
             f"moved to table 102: 100 {_routes(ns, '100')}, 102 {_routes(ns, '102')}"
         assert _routes(ns, "101") == mine, "and the second agent's route stays"
         # route CCs turned off: attach flushes its own, and only its own
         edge.config.route_table = edge.config.route_within = edge.config.route_spec = ""
         edge.agent.write_config(edge.config)
-        _ns_agent(edge, ns, "attach", "--cgroup", edge.cgroup)
+        ns_agent(edge, ns, "attach", "--cgroup", edge.cgroup)
         assert _routes(ns, "102") == [] and _routes(ns, "101") == mine, "attach with route CCs off"
         edge.config.route_table, edge.config.route_within, edge.config.route_spec = \
             "100", "127.60.0.0/16", "type local dev lo"
         edge.agent.write_config(edge.config)
-        _ns_agent(edge, ns, "attach", "--cgroup", edge.cgroup)
-        _ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.4.0/24", a)], 5).manifest)
-        _ns_agent(edge, ns, "detach")
+        ns_agent(edge, ns, "attach", "--cgroup", edge.cgroup)
+        ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.4.0/24", a)], 5).manifest)
+        ns_agent(edge, ns, "detach")
         assert _routes(ns, "100") == [], "detach flushed the first agent's routes"
         assert _routes(ns, "101") == mine, f"the second agent's route after the first's detach: {_routes(ns, '101')}"
-        st = _ns_agent(other, ns, "status", "--json")
+        st = ns_agent(other, ns, "status", "--json")
         assert '"routes": 1}' in st, f"the second agent counts its own routes: {st[st.find('route_ccs'):][:120]}"
         assert runner.call(cc_of, ls_b, "127.61.1.7") == b, "the second agent still enforces"
-        _ns_agent(other, ns, "detach")
+        ns_agent(other, ns, "detach")
         assert _routes(ns, "101") == [], "the second agent's detach"
     finally:
         for e in (edge, other):

@@ -15,7 +15,7 @@ import socket
 import subprocess
 
 import pytest
-from _edge_helpers import cc_of, client, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
+from _edge_helpers import cc_of, client, in_cgroup, listener, ns_agent, other_ccs, sock_cc, sysctl_cc
 
 from export.artifact import table_format as tf
 from export.edge.agent import Service
@@ -23,13 +23,6 @@ from export.edge.agent import Service
 pytestmark = pytest.mark.kernel
 
 TABLE, WITHIN = "100", "127.60.0.0/16"
-
-
-def _ns_agent(edge, ns, *args):
-    r = subprocess.run(["nsenter", f"--net=/run/netns/{ns}", *edge.agent._argv(*args)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, f"{args[0]} in {ns}: rc {r.returncode}, {r.stderr.strip()!r}"
-    return r.stdout
 
 
 def _ns_sysctl_cc(ns, cc):
@@ -62,7 +55,7 @@ def _outgoing_cc(ls, src):
 
 def _counter(edge, ns, name):
     import json
-    return json.loads(_ns_agent(edge, ns, "status", "--json"))["counters"][name]
+    return json.loads(ns_agent(edge, ns, "status", "--json"))["counters"][name]
 
 
 @pytest.fixture
@@ -92,12 +85,12 @@ def test_route_ccs_reach_only_the_enforced_listener(edge, confined):
     far = edge.track(runner.call(listener, socket.AF_INET, "127.60.1.1"))  # what an outgoing connection reaches
     edge.configure([Service(served.getsockname()[1], "video"),
                     Service(reno.getsockname()[1], "video")], attach=False)
-    _ns_agent(edge, ns, "attach", "--cgroup", edge.cgroup)
+    ns_agent(edge, ns, "attach", "--cgroup", edge.cgroup)
     for s in (served, unserved, reno):
         runner.call(s.listen, 64)
     entries = [tf.Entry("127.60.1.0/24", a), tf.Entry("127.60.1.128/25", "keep"),
                tf.Entry("127.60.2.0/24", b)]
-    _ns_agent(edge, ns, "load", edge.table(entries, 1).manifest)
+    ns_agent(edge, ns, "load", edge.table(entries, 1).manifest)
     routes = subprocess.run(["ip", "-n", ns, "route", "show", "table", TABLE, "proto", "204"],
                             capture_output=True, text=True).stdout
     assert routes.count("congctl") == 2, f"two routes in table {TABLE}: {routes!r}"
@@ -133,7 +126,7 @@ def test_route_ccs_reach_only_the_enforced_listener(edge, confined):
     assert runner.call(cc_of, fresh, "127.60.9.9") == b, "after the sysctl: a miss gets the new default"
     assert runner.call(cc_of, second, "127.60.1.9") == b, "after the sysctl: the second service too"
 
-    _ns_agent(edge, ns, "detach")
+    ns_agent(edge, ns, "detach")
     rules = subprocess.run(["ip", "-n", ns, "rule", "show", "lookup", TABLE], capture_output=True,
                            text=True).stdout
     assert rules.strip() == "", f"detach took the agent's rule out: {rules!r}"
