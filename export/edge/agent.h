@@ -12,6 +12,7 @@
  *   status.c    status [--json]
  *   translog.c  ring buffer -> JSONL transport log (rotated segments or hourly files), TTL
  *               watchdog (log, run)
+ *   metrics.c   metrics [FILE]: counters and state in Prometheus's text format (run: metrics_file)
  */
 #ifndef CCS_AGENT_H
 #define CCS_AGENT_H
@@ -47,6 +48,7 @@ struct config {
 	char route_table[32];    /* route CCs (routes.c): the routing table; "" = off */
 	char route_spec[256];    /*   what each route says besides prefix, table, proto and congctl */
 	char route_within[1024]; /*   comma-separated prefixes the routes are confined to */
+	char metrics_file[PATH_MAX]; /* run rewrites it (metrics.c): node_exporter's textfile; "" = off */
 	int n_services;
 	struct service services[MAX_SERVICES];
 };
@@ -122,5 +124,9 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade);
 int cmd_rollback(void);
 int cmd_status(bool json);
 int cmd_log(const char *out, bool drain, bool watch);
+int cmd_metrics(const char *path);
+
+/* metrics.c: run's loop calls it; it rewrites metrics_file when due */
+void metrics_tick(void);
 
 #endif /* CCS_AGENT_H */

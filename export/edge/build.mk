@@ -17,7 +17,7 @@ EDGE_LDLIBS   := -lbpf -lelf -lz -lcrypto -lcjson
 EDGE_HDRS     := $(EDGE_SRC)/ccs_table.h $(EDGE_SRC)/ccs.h
 # the agent: ccs.c (main) and one file per concern, sharing agent.h
 EDGE_AGENT_SRCS := $(addprefix $(EDGE_SRC)/,ccs.c config.c util.c attach.c manifest.c table.c \
-                     routes.c status.c translog.c)
+                     routes.c status.c translog.c metrics.c)
 
 .PHONY: edge edge-clean
 edge: $(EDGE_OUT)/ccs-edge $(EDGE_OUT)/ccs-loadgen

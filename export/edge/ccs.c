@@ -16,7 +16,8 @@
  *                                               of the version rule when it is older: logged)
  *     status [--json]
  *     log --out DIR [--drain]                   write <DIR>/transport/<node>/<hour>.jsonl
- *     run --out DIR                             log + TTL watchdog until SIGTERM
+ *     run --out DIR                             log + TTL watchdog until SIGTERM (+ metrics_file)
+ *     metrics [FILE]                            Prometheus text format, to stdout or FILE (metrics.c)
  *
  * Everything lives in pinned objects under the pin dir (default /sys/fs/bpf/ccs): the cgroup
  * link and every map, so enforcement survives the agent exiting, crashing or restarting.
@@ -64,7 +65,7 @@ static void usage(void)
 		"usage: ccs-edge [--config FILE] [--pin-dir DIR] [--pubkey PEM] [--node-id ID] CMD\n"
 		"  attach --cgroup PATH [--sample-rate R] | detach [--purge] | policy\n"
 		"  load MANIFEST [--json] [--allow-downgrade VERSION] | rollback | status [--json]\n"
-		"  log --out DIR [--drain] | run [--out DIR]\n");
+		"  log --out DIR [--drain] | run [--out DIR] | metrics [FILE]\n");
 }
 
 static int libbpf_print_fn(enum libbpf_print_level level, const char *fmt, va_list args)
@@ -190,6 +191,8 @@ static int dispatch(const struct args *a)
 		return cmd_status(a->json);
 	if (!strcmp(cmd, "log"))
 		return cmd_log(a->out, a->drain, false);
+	if (!strcmp(cmd, "metrics"))
+		return cmd_metrics(a->np > 1 ? a->pos[1] : NULL);
 	if (!strcmp(cmd, "run"))
 		return cmd_log(a->out, false, true);
 	usage();

@@ -43,7 +43,7 @@ struct pos {
 
 static const char *const top_keys[] = {
 	"node_id", "cgroup", "pin_dir", "public_key", "default_cc", "sample_rate", "log_dir",
-	"rotate_minutes", "route_table", "route_spec", "route_within", "services", NULL,
+	"rotate_minutes", "route_table", "route_spec", "route_within", "metrics_file", "services", NULL,
 };
 static const char *const service_keys[] = { "port", "name", "ab", "caps", "flow_mode", NULL };
 
@@ -425,7 +425,7 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 	if (k < 0) {
 		cfg_err(p, "unknown key \"%s\" (known: node_id, cgroup, pin_dir, public_key, "
 			"default_cc, sample_rate, log_dir, rotate_minutes, route_table, route_spec, "
-			"route_within, services)", key);
+			"route_within, metrics_file, services)", key);
 		return -1;
 	}
 	if (seen[k]) {
@@ -469,6 +469,8 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 		return set_str(p, key, cfg.pin_dir, sizeof(cfg.pin_dir), val);
 	if (!strcmp(key, "public_key"))
 		return set_str(p, key, cfg.public_key, sizeof(cfg.public_key), val);
+	if (!strcmp(key, "metrics_file"))
+		return set_str(p, key, cfg.metrics_file, sizeof(cfg.metrics_file), val);
 	return set_str(p, key, cfg.log_dir, sizeof(cfg.log_dir), val);
 }
 

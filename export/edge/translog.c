@@ -873,6 +873,8 @@ int cmd_log(const char *out, bool drain, bool watch)
 			watch_link(&link_warned);
 			last_wd = clock_ns(CLOCK_MONOTONIC);
 		}
+		if (watch)
+			metrics_tick();
 	} while (!stop && (!drain || n > 0));
 	if (stop)   /* what closed before the signal goes into the files closed now */
 		ring_drain(&ring, &lg);
