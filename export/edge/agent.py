@@ -47,7 +47,7 @@ class Service:
 
 FLOW_MODES = ("off", "fill", "combine", "flow", "prior")
 _STR_KEYS = ("node_id", "cgroup", "pin_dir", "public_key", "default_cc", "log_dir", "route_table",
-             "route_spec", "route_within")
+             "route_spec", "route_within", "metrics_file")
 _SERVICE_KEYS = {"port", "name", "ab", "caps", "flow_mode"}
 
 
@@ -76,6 +76,9 @@ class EdgeConfig:
     route_table: str = ""
     route_spec: str = ""
     route_within: str = ""
+    # Prometheus text format for node_exporter's textfile collector, rewritten by `run`
+    # (export/edge/metrics.c); "" = off
+    metrics_file: str = ""
     services: list[Service] = field(default_factory=list)
 
     def to_yaml(self) -> str:
