@@ -41,6 +41,7 @@ from app.pipeline import _fleet_and_store_for
 from ccselect.config import Config, load_config
 from ccselect.hours import HOUR_FMT, hour_shift
 from ccselect.spark import get_spark
+from evaluation.emulate import POLICIES
 from export.artifact import signing
 from export.edge.agent import DEFAULT_BINARY
 from export.edge.probe import kernel_ready, probe
@@ -379,9 +380,7 @@ def _emulation_lines(res: dict | None) -> list[str]:
              f"(QoE = 1 − {res['alpha']}·rebuffer − {1 - res['alpha']:.1f}·retransmission; gold.emulation)",
              f"  {'policy':16s}{'QoE':>9s}{'rebuffer':>10s}{'retrans':>9s}{'reb p85':>9s}{'gap closed':>12s}"
              f"{'truth gain':>12s}"]
-    for name in ("cubic", "bbr", "oracle", "aliccs", "aliccs_fill", "aliccs_combine", "aliccs_flow", "aliccs_prior",
-                 "aliccs_stream", "aliccs_stream_prior", "configanator",
-                 "disco", "pytheas", "true_type", "true_table", "true_table_stream"):
+    for name in POLICIES:      # the emulation's own list: a policy added there is shown here
         d = pol.get(name)
         if not d or "qoe" not in d:
             continue

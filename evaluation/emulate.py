@@ -32,9 +32,10 @@ before the emulated range, or, for Pytheas, online from its own choices):
 - `aliccs`: the purity-aggregated table (export.tables.aggregate, Algorithm 1) built from the previous
   hour's gold.predictions (the last `pipeline.export_window_hours` of them, as the hourly export
   does), looked up by longest-prefix match; a miss keeps the default CC — what the edge enforces
-  in the hour after the hourly export. Only model decisions make entries: fallbacks and
-  out-of-domain rows (`ood`) keep the default CC, and the summary's `baselines.aliccs` counts the
-  table's source predictions per decision.
+  in the hour after the hourly export. Only model decisions make entries, and every decision the
+  model declined (fallback, `ood`, `evidence`) counts against its prefix's purity and support, as
+  in the export (export/tables/aggregate.py); the summary's `baselines.aliccs` counts the table's
+  source predictions per decision.
 - `aliccs_fill`, `aliccs_combine`, `aliccs_flow`, `aliccs_prior`: that table with the handshake tree it carries
   (`ccs handshake`, distill/handshake.py; export/tables/flow.py), decided per session exactly as
   the kernel does in the service's flow mode (table_format.decide; export/edge/README.md): `fill`
@@ -66,6 +67,14 @@ before the emulated range, or, for Pytheas, online from its own choices):
   initial window, the handshake's RTT — `HANDSHAKE_FEATURES`) to the CC that did better in its /24
   and window over the training hours (Disco [47]; Antelope is the same per flow, Appendix E). Only
   the handshake: the rest of a session's TCP statistics exist once it has run under some CC.
+- `disco_type`: Disco's tree on the same handshake features, trained on the network-type label
+  instead (the labelled training sessions, Wi-Fi → CUBIC, 4G/5G → BBR, as ALICCS §4.2 maps the
+  type): Disco given ALICCS's own label, so that a gap between `disco` and `aliccs` is not only
+  Disco's noisier per-prefix QoE label (issue 55).
+- `gbdt`: the hourly table built as `aliccs`'s (the same source predictions, the same OOD, evidence
+  and fallback declines, the same ladder and purity), with every model decision's type predicted
+  instead by gradient-boosted trees (models/gbdt.py) trained on the labelled training sessions'
+  twelve log features — the skeptic's classifier in ALICCS's place (issue 55).
 - `pytheas`: group-based exploration–exploitation (Pytheas [26]): per user group (region + ASN)
   and node, a discounted UCB bandit over the two CCs, updated with each session's outcome.
 - `true_type` (only with the simulator's truth): Wi-Fi → CUBIC, 4G/5G → BBR by the true network
@@ -104,6 +113,7 @@ from export.artifact import table_format as tf
 from export.tables.aggregate import address_decisions, ladder_entries, model_weights
 from export.tables.flow import table_tree
 from features.prefixes import prefix_means_frame
+from models import gbdt
 from models.configanator import choose_classes, network_class
 # Imported inside the functions that use them (heavy, not needed to import this module): sklearn.
 
@@ -111,7 +121,7 @@ CCS = ("cubic", "bbr")
 POLICIES = ("cubic", "bbr", "oracle", "oracle_insample", "aliccs", "aliccs_fill", "aliccs_combine", "aliccs_flow",
             "aliccs_prior", "aliccs_stream", "aliccs_stream_fill", "aliccs_stream_combine", "aliccs_stream_flow",
             "aliccs_stream_prior",
-            "configanator", "disco", "pytheas", "true_type", "true_table", "true_table_stream")
+            "configanator", "disco", "disco_type", "gbdt", "pytheas", "true_type", "true_table", "true_table_stream")
 #: the policies of the table with its handshake tree, and the kernel's flow mode each emulates
 FLOW_POLICIES = {"aliccs_fill": "fill", "aliccs_combine": "combine", "aliccs_flow": "flow", "aliccs_prior": "prior",
                  "aliccs_stream_fill": "fill", "aliccs_stream_combine": "combine", "aliccs_stream_flow": "flow",
@@ -181,12 +191,20 @@ def sessions(conns: DataFrame, p: EmulateSettings) -> DataFrame:
         "conn_id", "node_id", "hour", "in_range", "client_ip", "ug_id", "cc", *FEATURES,
         F.coalesce(F.col("prefix24"), F.col("prefix48"), F.col("client_ip")).alias("prefix"),
         typ.alias("net_type"),
+        _type_label(F.col("label")).alias("type_label"),
         (F.floor(F.col("ts_start_ms") / wms) * wms).cast("long").alias("window_ms"),
         F.least(F.col("rebuffer_ms") / F.col("play_ms"), F.lit(1.0)).alias("reb"),
         F.when(F.col("data_segs_out") > 0, F.col("total_retrans") / F.col("data_segs_out"))
         .otherwise(0.0).alias("ret"),
         (F.crc32(F.col("conn_id")) % 2).cast("int").alias("fold"),
         F.col("ts_start_ms"), end.cast("long").alias("ts_end_ms"))
+
+
+def _type_label(label):
+    """The training label as 1 (Wi-Fi) / 0 (4G/5G) / null: silver's `label` is already 1/0 (features/labels.py);
+    a hand-made trace may give the type's name."""
+    t = F.lower(label.cast("string"))
+    return F.when(t.isin("1", "wifi"), 1).when(t.isin("0", "4g", "5g", "cell"), 0).cast("int")
 
 
 def _cell_stats(s: DataFrame, keys: list[str], suffix: str) -> DataFrame:
@@ -371,8 +389,9 @@ def table_lookup(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSet
     export of the previous hour (ALICCS Algorithm 1 over gold.predictions, the export's ladder and
     purity thresholds), longest-prefix matched — as `_ecc` (its CC) and `_pur` (its purity in
     permille, as the table carries it); both null on a miss. Only `decision == "model"`
-    predictions make entries. None without gold.predictions. With `counts` (a dict), it receives
-    the source predictions per decision."""
+    predictions make entries; the declined ones count against purity, as the export counts them.
+    None without gold.predictions. With `counts` (a dict), it receives the source predictions per
+    decision."""
     settings = cfg.settings.export
     hours = [r["hour"] for r in est.select("hour").distinct().collect()]
     pred_path = table_path(cfg, "gold.predictions")
@@ -384,7 +403,7 @@ def table_lookup(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSet
         counts.update({r["decision"]: int(r["count"]) for r in spark.read.format("delta").load(pred_path)
                        .where(F.col("hour").isin(src_hours)).groupBy("decision").count().collect()})
     # a prediction of hour t goes into the tables of hours t .. t + n − 1 (pipeline.export_window_hours)
-    preds = (spark.read.format("delta").load(pred_path).where(F.col("hour").isin(src_hours) & (F.col("decision") == "model"))
+    preds = (spark.read.format("delta").load(pred_path).where(F.col("hour").isin(src_hours))
              .withColumn("slot", F.explode(F.array(*[hour_shift_col("hour", k) for k in range(n_hours)]))))
     return match_entries(est, hour_shift_col("hour", -p.table_lag_hours), slot_entries(preds, settings), settings)
 
@@ -420,8 +439,8 @@ def stream_lag_hours(p: EmulateSettings, max_lag_minutes: int) -> int:
 
 def extract_stream_predictions(spark: SparkSession, cfg: Config, lo: str, hi: str, p: EmulateSettings,
                                max_lag_minutes: int) -> DataFrame | None:
-    """The model predictions (gold.predictions, decision == "model") a streaming table live in
-    hours lo..hi can hold, each with its connection's end (`ts_end_ms`, from silver.connections:
+    """The predictions (gold.predictions, every decision: the declined ones count against purity,
+    as the export counts them) a streaming table live in hours lo..hi can hold, each with its connection's end (`ts_end_ms`, from silver.connections:
     predictions carry the hour, not the time). None without gold.predictions."""
     pred_path = table_path(cfg, "gold.predictions")
     if not os.path.exists(pred_path):
@@ -430,7 +449,7 @@ def extract_stream_predictions(spark: SparkSession, cfg: Config, lo: str, hi: st
     span = F.col("hour").between(first, hi)
     ends = (spark.read.format("delta").load(table_path(cfg, "silver.connections")).where(span)
             .select("conn_id", "node_id", "hour", "ts_end_ms"))
-    return (spark.read.format("delta").load(pred_path).where(span & (F.col("decision") == "model"))
+    return (spark.read.format("delta").load(pred_path).where(span)
             .join(ends, ["conn_id", "node_id", "hour"]).where(F.col("ts_end_ms").isNotNull()))
 
 
@@ -607,6 +626,69 @@ def disco_policy(train: DataFrame, est: DataFrame, p: EmulateSettings) -> tuple[
         return pd.Series(bc.value.predict(x[list(feats)].to_numpy(dtype=np.float64)))
     out = est.select("conn_id", predict(F.struct(*_log_features(feats))).alias("choice"))
     return out, {"train_rows": len(data), "share_bbr_labels": float((data["best"] == "bbr").mean())}
+
+
+def _type_cc(label):
+    """ALICCS §4.2's mapping: Wi-Fi (1) → CUBIC, 4G/5G (0) → BBR."""
+    return F.when(label == 1, "cubic").otherwise("bbr")
+
+
+def disco_type_policy(train: DataFrame, est: DataFrame, p: EmulateSettings) -> tuple[DataFrame, dict]:
+    """Disco's tree (`disco_policy`: the handshake features, the same depth and leaves) trained on
+    the labelled training sessions' network type instead of the per-prefix QoE label; the type it
+    predicts maps to the CC as ALICCS's table does."""
+    from sklearn.tree import DecisionTreeClassifier
+
+    feats = HANDSHAKE_FEATURES
+    data = (train.where(F.col("type_label").isNotNull()).select("conn_id", *_log_features(feats), "type_label")
+            .toPandas().sort_values("conn_id", ignore_index=True))
+    if data.empty or data["type_label"].nunique() < 2:
+        return est.select("conn_id", F.lit(p.default_cc).alias("choice")), {"train_rows": len(data)}
+    tree = DecisionTreeClassifier(max_depth=p.tree_depth, min_samples_leaf=p.tree_min_leaf, random_state=p.seed)
+    tree.fit(data[list(feats)].to_numpy(), data["type_label"].to_numpy())
+    bc = est.sparkSession.sparkContext.broadcast(tree)
+
+    @F.pandas_udf("int")                 # Arrow batches, never a row at a time (STYLE)
+    def predict(x: pd.DataFrame) -> pd.Series:
+        return pd.Series(bc.value.predict(x[list(feats)].to_numpy(dtype=np.float64)).astype(np.int32))
+    out = est.select("conn_id", _type_cc(predict(F.struct(*_log_features(feats)))).alias("choice"))
+    return out, {"train_rows": len(data), "share_wifi_labels": float((data["type_label"] == 1).mean())}
+
+
+def gbdt_table_policy(spark: SparkSession, cfg: Config, train: DataFrame, est: DataFrame,
+                      p: EmulateSettings) -> tuple[DataFrame, dict]:
+    """The hourly table of `table_lookup` with the classifier swapped: gradient-boosted trees
+    (models/gbdt.py, its defaults and `p.seed`) trained on the labelled training sessions' twelve
+    log1p features (trees need no standardization: it is monotone per feature) decide the type of
+    every source prediction the champion decided (`decision == "model"`), threshold 0.5; every
+    declined prediction stays declined, so both tables answer the same connections."""
+    settings = cfg.settings.export
+    data = (train.where(F.col("type_label").isNotNull()).select("conn_id", *_log_features(FEATURES), "type_label")
+            .toPandas().sort_values("conn_id", ignore_index=True))
+    hours = [r["hour"] for r in est.select("hour").distinct().collect()]
+    pred_path = table_path(cfg, "gold.predictions")
+    info = {"train_rows": len(data)}
+    if data.empty or data["type_label"].nunique() < 2 or not hours or not os.path.exists(pred_path):
+        return est.select("conn_id", F.lit(p.default_cc).alias("choice")), info
+    model = gbdt.fit(data[list(FEATURES)].to_numpy(), data["type_label"].to_numpy(), seed=p.seed)
+    bc = spark.sparkContext.broadcast(model)
+
+    @F.pandas_udf("double")              # Arrow batches, never a row at a time (STYLE)
+    def p_wifi(x: pd.DataFrame) -> pd.Series:
+        return pd.Series(gbdt.predict_proba(bc.value, x[list(FEATURES)].to_numpy(dtype=np.float64)))
+    n_hours = max(1, cfg.settings.pipeline.export_window_hours)
+    src_hours = sorted({hour_shift(h, -p.table_lag_hours - k) for h in hours for k in range(n_hours)})
+    silver = (spark.read.format("delta").load(table_path(cfg, "silver.connections")).where(F.col("hour").isin(src_hours))
+              .select("conn_id", "node_id", "hour", *_log_features(FEATURES)))
+    preds = (spark.read.format("delta").load(pred_path).where(F.col("hour").isin(src_hours))
+             .select("conn_id", "node_id", "hour", "client_ip", "requests", "cc", "decision", "default_cc")
+             .join(silver, ["conn_id", "node_id", "hour"], "left"))
+    model_cc = F.when(p_wifi(F.struct(*FEATURES)) >= 0.5, "cubic").otherwise("bbr")
+    preds = (preds.withColumn("cc", F.when(F.col("decision") == "model", model_cc).otherwise(F.col("cc")))
+             .withColumn("slot", F.explode(F.array(*[hour_shift_col("hour", k) for k in range(n_hours)]))))
+    looked = match_entries(est, hour_shift_col("hour", -p.table_lag_hours), slot_entries(preds, settings), settings)
+    info["share_wifi_labels"] = float((data["type_label"] == 1).mean())
+    return aliccs_choice(est, looked, p), info
 
 
 def pytheas_policy(hist: DataFrame, p: EmulateSettings) -> DataFrame:
@@ -985,6 +1067,10 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
                 choices[name], info[name] = configanator_policy(train, est, p)
             elif name == "disco":
                 choices[name], info[name] = disco_policy(train, est, p)
+            elif name == "disco_type":
+                choices[name], info[name] = disco_type_policy(train, est, p)
+            elif name == "gbdt":
+                choices[name], info[name] = gbdt_table_policy(spark, cfg, train, est, p)
             elif name == "pytheas":
                 choices[name] = pytheas_policy(est_all, p)
             elif name == "true_type":
