@@ -8,9 +8,10 @@ STAMP   := $(VENV)/.installed
 SYSSTAMP := $(VENV)/.sysdeps
 export CCS_HOME := $(CURDIR)
 # Debian packages the kernel side, the headless-browser tests, the agent, the topology's Postgres and
-# our JVM functions (javac: ccselect/spark.py udf_jar) need.
+# monitoring (Prometheus, Alertmanager, node_exporter; promtool for the rules' tests) and our JVM
+# functions (javac: ccselect/spark.py udf_jar) need.
 DEB_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libssl-dev libcjson-dev pkg-config iproute2 chromium \
-            postgresql openjdk-17-jdk-headless
+            postgresql openjdk-17-jdk-headless prometheus prometheus-alertmanager prometheus-node-exporter
 
 .PHONY: help setup run test test-cluster bench results clean sysdeps python warm mlflow airflow notebooks \
         cluster-up cluster-down cluster-status

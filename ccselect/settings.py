@@ -99,10 +99,20 @@ class ClusterSettings(_Section):
     worker_memory: str = "3g"
     s3proxy_version: str = "4.1.0"                      # org.gaul:s3proxy from Maven Central
     buckets: tuple[str, ...] = ()                       # created on the store at `up`
+    # monitoring (app/cluster/monitoring.py, issue 59): Debian's Prometheus and Alertmanager at
+    # these URLs (None: not part of the topology), node_exporter in each edge host on its address
+    prometheus: str | None = None                       # e.g. http://127.0.0.1:19090
+    alertmanager: str | None = None                     # e.g. http://127.0.0.1:19093
+    node_exporter_port: int = 9100
+    scrape_interval_s: float = 15.0                     # scrape and rule evaluation interval
 
     def __post_init__(self):
         if self.workers < 1 or self.worker_cores < 1:
             raise ValueError("cluster.workers and cluster.worker_cores must be at least 1")
+        if bool(self.prometheus) != bool(self.alertmanager):
+            raise ValueError("cluster.prometheus and cluster.alertmanager go together (both, or neither)")
+        if self.scrape_interval_s <= 0:
+            raise ValueError(f"cluster.scrape_interval_s must be positive, got {self.scrape_interval_s}")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,8 @@ file under `cluster.home` (app/cluster/proc.py):
                artifacts and the signed tables live on;
   edges        the fleet's edge hosts (`pipeline.fleet` nodes with `netns`): a network namespace
                each, linked to this machine by a veth, with its agent attached (root only);
+  monitoring   node_exporter in each edge host, Debian's Prometheus scraping them with the rules of
+               infra/prometheus/, and its Alertmanager (only with `cluster.prometheus` set);
   postgres     Debian's PostgreSQL: the metadata database of Airflow and of MLflow;
   spark        a Spark standalone master and `cluster.workers` workers (the pyspark distribution);
   mlflow       the MLflow tracking server, its store on Postgres, its artifacts on the object store;
@@ -28,7 +30,7 @@ from ccselect.config import Config, project_root
 from app.cluster.proc import ClusterError, Server
 
 #: the parts in the order `up` starts them (`down` stops them in reverse)
-PARTS = ("objectstore", "edges", "postgres", "spark", "mlflow", "airflow")
+PARTS = ("objectstore", "edges", "monitoring", "postgres", "spark", "mlflow", "airflow")
 
 
 def part(name: str):

@@ -9,7 +9,8 @@ linked to the network the object store is on:
                 store's address is the only one of this machine it can reach (IPv6 off on both
                 ends, so no link-local way around it either)
 and its agent: the node's cgroup, its program attached (`ccs-edge attach`, pins under its pin dir)
-and the long-running `ccs-edge run` (transport log and TTL watchdog) in the namespace, with its
+and the long-running `ccs-edge run` (transport log, TTL watchdog, its metrics file under `metrics/`
+for the node's node_exporter: app/cluster/monitoring.py) in the namespace, with its
 config, log and pid file under `<cluster.home>/edges/<node_id>/`, beside the tables the node
 pulls (export/delivery/rollout.py `pull`). The rollout then reaches each node only through the
 agent's commands in its namespace and the store.
@@ -67,6 +68,12 @@ def link(node: Node) -> tuple[str, str, str]:
         raise ClusterError(f"{node.node_id}: store_endpoint's {host_ip} is not another address of "
                            f"{iface.network} (the node's `address` {node.address})")
     return node.netns, f"{host_ip}/{iface.network.prefixlen}", str(iface)
+
+
+def textfile_dir(cfg: Config, node: Node) -> Path:
+    """The folder a node's agent rewrites its metrics in (`metrics_file`, export/edge/metrics.c),
+    which the node's node_exporter reads (app/cluster/monitoring.py)."""
+    return Path(host_dir(cfg, node.node_id)) / "metrics"
 
 
 def servers(cfg: Config) -> list[Server]:
@@ -134,6 +141,9 @@ def up(cfg: Config, env: dict[str, str]) -> None:
         if node.config.cgroup:
             os.makedirs(node.config.cgroup, exist_ok=True)
         node.config.public_key = node.config.public_key or pub
+        if not node.config.metrics_file:
+            textfile_dir(cfg, node).mkdir(parents=True, exist_ok=True)
+            node.config.metrics_file = str(textfile_dir(cfg, node) / "ccs.prom")
         agent = _agent(node)
         try:
             if not agent.status().get("attached"):

@@ -1,0 +1,213 @@
+"""Prometheus and Alertmanager in the one-machine topology (issue 59, app/cluster/monitoring.py):
+two edge hosts in network namespaces of their own (app/cluster/edges.py), each with its agent
+rewriting its metrics file and node_exporter serving it on the node's address; Prometheus on this
+machine scrapes both over their veths with infra/prometheus/rules.yml and sends to Alertmanager.
+
+Read back through Prometheus's HTTP API: the series of a table load, a miss, a hit and an A/B
+control on one node. Fault drill: the other node's table is left to expire (a TTL of seconds), and
+CcsTableExpired fires through Prometheus's alerts API and reaches Alertmanager's, for that node
+only. Scrape and evaluation every second. The fleet is infra/fleet-netns.yaml with this run's
+names, subnets and ports, so a `ccs cluster up` beside it is not touched.
+
+A `cluster` test (make test-cluster) that needs root, BPF and the Debian packages; skipped with the
+reason otherwise, except under CI=true."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+
+import pytest
+import yaml
+
+from ccs_testing import REPO
+
+pytestmark = [pytest.mark.cluster, pytest.mark.kernel]
+
+
+def _unavailable(reason: str):
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"the monitoring topology test cannot run under CI: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _free_subnets(n: int) -> list[int]:
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    used = {int(a.split()[3].split(".")[2]) for a in out.splitlines() if a.split()[3].startswith("10.231.")}
+    return [i for i in range(100, 250) if i not in used][:n]
+
+
+def _config(tmp_path, binary: str | None):
+    """cluster-local.yaml under tmp_path: this run's fleet (two hosts, a plain and an A/B service
+    each), Prometheus and Alertmanager on free ports, everything every second."""
+    from ccselect.config import load_config
+    doc = yaml.safe_load((REPO / "infra" / "fleet-netns.yaml").read_text())
+    tag = os.getpid() % 100000
+    for i, (node, octet) in enumerate(zip(doc["nodes"], _free_subnets(len(doc["nodes"])))):
+        node["node_id"] = f"{node['node_id']}-m{tag}"
+        node["netns"] = f"ccsm{tag}-{i}"
+        node["address"] = f"10.231.{octet}.2/24"
+        node["store_endpoint"] = f"http://10.231.{octet}.1:9"
+        if binary:
+            node["binary"] = binary
+        a = node["agent"]
+        a["cgroup"] = f"{a['cgroup']}-m{tag}"
+        a["pin_dir"] = f"{a['pin_dir']}-m{tag}"
+        a["services"] = [{"port": 443, "name": "video", "ab": False}, {"port": 80, "name": "web", "ab": True}]
+    (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(doc))
+    raw = yaml.safe_load((REPO / "infra" / "conf" / "cluster-local.yaml").read_text())
+    raw["cluster"].update(home=str(tmp_path / "cluster"), prometheus=f"http://127.0.0.1:{_free_port()}",
+                          alertmanager=f"http://127.0.0.1:{_free_port()}", scrape_interval_s=1)
+    raw["export"].update(out=str(tmp_path / "export"), keys_dir=str(tmp_path / "keys"))
+    raw["pipeline"]["fleet"] = str(tmp_path / "fleet.yaml")
+    (tmp_path / "ccs.yaml").write_text(yaml.safe_dump(raw))
+    return load_config(tmp_path / "ccs.yaml")
+
+
+def _get(url: str):
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def _query(cfg, promql: str) -> dict:
+    """{node: value} of an instant query through Prometheus's HTTP API."""
+    url = f"{cfg.settings.cluster.prometheus}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
+    d = _get(url)
+    assert d["status"] == "success", d
+    return {r["metric"].get("node"): float(r["value"][1]) for r in d["data"]["result"]}
+
+
+def _wait(what: str, check, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.5)
+    raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r})")
+
+
+def _connect(ns, ls, src: str) -> str:
+    """A client inside the node (from `src` on its lo) to the node's listener; the accepted
+    socket's CC."""
+    from export.edge.probe import client, sock_cc
+    c = ns.call(client, src)
+    try:
+        ns.call(c.connect, ls.getsockname()[:2])
+        a, _ = ls.accept()
+        try:
+            return sock_cc(a)
+        finally:
+            a.close()
+    finally:
+        c.close()
+
+
+@pytest.mark.timeout(420)
+def test_prometheus_scrapes_the_edge_hosts_and_an_expiry_fires(tmp_path):
+    if os.geteuid() != 0:
+        _unavailable("needs root (eBPF, cgroups, network namespaces)")
+    from export.edge.probe import kernel_ready
+    if why := kernel_ready():
+        _unavailable(why)
+    for tool in ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter", "nsenter", "ip"):
+        if shutil.which(tool) is None:
+            _unavailable(f"{tool} is not installed (make sysdeps)")
+    binary = os.environ.get("CCS_EDGE_BINARY")
+    if not binary:
+        r = subprocess.run(["make", "-C", str(REPO), "-f", "export/edge/build.mk", "edge"],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, f"make edge failed:\n{r.stdout}\n{r.stderr}"
+
+    from app.cluster import edges, env as cluster_env, monitoring
+    from export.artifact import signing, table_format as tf
+    from export.delivery.publish import key_paths
+    from export.edge.probe import NetnsRunner, in_cgroup, listener, system_cc
+
+    cfg = _config(tmp_path, binary)
+    priv, pub = key_paths(cfg)
+    os.makedirs(os.path.dirname(priv), exist_ok=True)
+    key = signing.generate_key()
+    signing.save_keypair(key, priv, pub)
+    live_node, drill_node = edges.nodes(cfg)
+    runners, socks = [], []
+    try:
+        edges.up(cfg, cluster_env(cfg))
+        monitoring.up(cfg, cluster_env(cfg))
+
+        default = system_cc()
+        other = next(c for c in ("cubic", "reno", "bbr") if c != default)
+        now = int(time.time())
+        # the node under traffic: a table for an hour; the drill node: one that expires in 8 s
+        for node, version, ttl in ((live_node, 11, 3600), (drill_node, 12, 8)):
+            m = signing.write_table([tf.Entry("127.60.0.0/16", other)], version, "m-1", now + ttl,
+                                    str(tmp_path / "tables" / node.node_id), key, created=now)
+            node.config.public_key = pub     # as edges.up gives it to the running agent
+            a = node.agent()
+            try:
+                a.load(m.manifest)
+            finally:
+                a.close()
+
+        ns = NetnsRunner(live_node.netns)
+        runners.append(ns)
+        with in_cgroup(live_node.config.cgroup):
+            plain = ns.call(listener, socket.AF_INET, "127.0.0.1", 443)
+            ab = ns.call(listener, socket.AF_INET, "127.0.0.1", 80)
+        socks += [plain, ab]
+        assert _connect(ns, plain, "127.60.0.9") == other, "setup: a hit gets the table's CC"
+        assert _connect(ns, plain, "127.61.0.9") == default, "setup: a miss keeps the default"
+        even = next(s for s in (f"127.60.2.{i}" for i in range(1, 60)) if not tf.ab_bucket_odd(s))
+        assert _connect(ns, ab, even) == default, "setup: an A/B control keeps the default"
+
+        # both targets up, as Prometheus sees them
+        nodes = {live_node.node_id, drill_node.node_id}
+        _wait("both edge hosts scraped", lambda: _query(cfg, 'up{job="ccs-edge"}') == {n: 1.0 for n in nodes})
+        # the series of the load, the hit, the miss and the A/B control, read back from Prometheus
+        want = {
+            f'ccs_edge_table_version{{slot="live",node="{live_node.node_id}"}}': 11.0,
+            f'ccs_edge_lookup_hits_total{{entry="{other}",node="{live_node.node_id}"}}': 1.0,
+            f'ccs_edge_lookup_misses_total{{node="{live_node.node_id}"}}': 1.0,
+            f'ccs_edge_ab_control_total{{node="{live_node.node_id}"}}': 1.0,
+            f'ccs_edge_table_enforced{{node="{live_node.node_id}"}}': 1.0,
+        }
+        for q, v in want.items():
+            _wait(q, lambda q=q, v=v: _query(cfg, q) == {live_node.node_id: v} or None, timeout=30)
+        assert _query(cfg, 'ccs_edge_table_version{slot="live"}') == {live_node.node_id: 11.0,
+                                                                      drill_node.node_id: 12.0}
+
+        # the drill: the short table expires; its node's alert fires, the other node's does not
+        prom = cfg.settings.cluster.prometheus
+        firing = _wait("CcsTableExpired firing in Prometheus", lambda: [
+            a for a in _get(f"{prom}/api/v1/alerts")["data"]["alerts"]
+            if a["labels"]["alertname"] == "CcsTableExpired" and a["state"] == "firing"], timeout=60)
+        assert [a["labels"]["node"] for a in firing] == [drill_node.node_id], firing
+        am = cfg.settings.cluster.alertmanager
+        got = _wait("CcsTableExpired in Alertmanager", lambda: [
+            a for a in _get(f"{am}/api/v2/alerts?" + urllib.parse.urlencode(
+                {"filter": 'alertname="CcsTableExpired"'}))], timeout=30)
+        assert [(a["labels"]["node"], a["status"]["state"], a["labels"]["severity"]) for a in got] == \
+            [(drill_node.node_id, "active", "page")], got
+        assert got[0]["annotations"]["runbook_url"] == "docs/operations-alerts.md#ccstableexpired"
+        assert _query(cfg, f'ccs_edge_table_enforced{{node="{drill_node.node_id}"}}') == {drill_node.node_id: 0.0}
+    finally:
+        for s in socks:
+            s.close()
+        for r in runners:
+            r.close()
+        for s in reversed(monitoring.servers(cfg)):
+            s.stop()
+        edges.down(cfg)
+    assert not any(s.running() for s in monitoring.servers(cfg)), "every monitoring server stopped"
