@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ccselect.contract import HANDSHAKE_FEATURES
+from ccselect.contract import FEATURES, HANDSHAKE_FEATURES
 
 
 class ConfigError(ValueError):
@@ -115,17 +115,32 @@ class ClusterSettings(_Section):
             raise ValueError(f"cluster.scrape_interval_s must be positive, got {self.scrape_interval_s}")
 
 
+#: `ingest.imputable_features`' default: the send window, which `tcp_info` gives only from Linux
+#: 6.2 on (`tcpi_snd_wnd`, docs/contract.md); every other Table 4 feature is in `tcp_info` or
+#: `ss -ti` on any kernel the agent runs on, so a record without one is broken, not old.
+SEND_WINDOW_FEATURES = ("init_snd_wnd_bytes", "max_snd_wnd_bytes", "min_snd_wnd_bytes")
+
+
 @dataclass(frozen=True)
 class IngestSettings(_Section):
     """`ingest:` what ingest accepts (jobs/parse.py). `missing_features`: a transport record
     missing some of the Table 4 features (older kernels do not report the send window) is
-    `quarantine`d naming every missing field, or, with `impute`, accepted with them null and
-    listed in silver's `imputed` (training leaves such rows out; inference uses the training mean)."""
+    `quarantine`d naming every missing field, or, with `impute`, accepted with the missing ones
+    that `imputable_features` names null and listed in silver's `imputed` (training leaves such
+    rows out; inference uses the training mean); a record missing any other field is quarantined
+    naming exactly those (issue 57: a record with none of the twelve features, or without
+    `mss_bytes`, was accepted and scored at the training mean). The default list is the send
+    window (SEND_WINDOW_FEATURES), as many as `infer.ood_max_imputed` (3) still scores."""
     missing_features: str = "quarantine"
+    imputable_features: tuple[str, ...] = SEND_WINDOW_FEATURES
 
     def __post_init__(self):
         if self.missing_features not in ("quarantine", "impute"):
             raise ValueError(f"ingest.missing_features must be quarantine or impute, not {self.missing_features!r}")
+        unknown = [f for f in self.imputable_features if f not in FEATURES]
+        if unknown:
+            raise ValueError(f"ingest.imputable_features: {unknown} are not Table 4 features "
+                             f"(contract.FEATURES: {', '.join(FEATURES)})")
 
 
 @dataclass(frozen=True)
@@ -269,6 +284,22 @@ class SelectSettings(_Section):
 
 
 @dataclass(frozen=True)
+class NodeStatsSettings(_Section):
+    """`model.node_stats:` per-node standardization of a `*_nodestd` variant (features/node_stats.py):
+    a (node, hour) is standardized over the node's connections of the `hours` hours ending with
+    it (the scored hour included); a node with fewer than `min_conns` there gets the fleet's
+    statistics the model was trained with. A trained model records both; inference uses its own."""
+    hours: int = 24
+    min_conns: int = 200
+
+    def __post_init__(self):
+        if self.hours < 1:
+            raise ValueError(f"model.node_stats.hours must be at least 1, got {self.hours}")
+        if self.min_conns < 1:
+            raise ValueError(f"model.node_stats.min_conns must be at least 1, got {self.min_conns}")
+
+
+@dataclass(frozen=True)
 class GateSettings(_Section):
     """`model.gate:` validation gate of a newly registered version (models/registry.py): held-out
     per-node accuracy, and at most max_drop_vs_champion below @champion's mean and worst node."""
@@ -285,6 +316,7 @@ class ModelSettings(_Section):
     configanator: ConfiganatorSettings = field(default_factory=ConfiganatorSettings)
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
     select: SelectSettings = field(default_factory=SelectSettings)
+    node_stats: NodeStatsSettings = field(default_factory=NodeStatsSettings)
 
 
 PRECISIONS = ("fp32", "bf16")
@@ -510,6 +542,18 @@ class GuardsSettings(_Section):
     require_gate: bool = True         # every model version behind the decisions passed its gate
     max_flip_share: float = 0.30      # of traffic whose CC changes against the live table
     min_coverage: float = 0.50        # of model-decided addresses the table covers
+    # size caps (issue 58): a generated table that ran away is refused before the store, as the
+    # agent's own caps would refuse it (ccs.h CCS_MAX_ENTRIES, ccs_table.h CCS_TREE_MAX_NODES)
+    max_entries: int = 1_000_000      # prefix entries in one table
+    max_tree_nodes: int = 255         # a flow tree with this many nodes or more ran into the cap
+    max_artifact_bytes: int = 64 << 20   # the encoded table (.bin)
+    # growth against the live table: entries and bytes at most max_growth × the live one's,
+    # checked once the live table has growth_floor_entries (a young fleet's table may grow fast)
+    max_growth: float = 1.5
+    growth_floor_entries: int = 100
+    # hysteresis: the share of traffic whose CC the table would send back to what the table
+    # before the live one gave it, undoing the live table's own change (good/bad alternation)
+    max_revert_share: float = 0.10   # a third of max_flip_share; the guard prints each table's share
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,16 @@
   an address gets the entry's CC where the edge enforces it, else its default CC);
 - coverage (manifest) at least `export.guards.min_coverage`;
 - no entry overlaps reserved or bogon address space (RFC 6890 special-purpose registries, plus
-  IPv6 outside 2000::/3).
+  IPv6 outside 2000::/3);
+- size (issue 58): entries, flow-tree nodes and encoded bytes within `export.guards`' caps (a tree
+  that reaches `max_tree_nodes` ran into its generator's limit); entries and bytes at most
+  `max_growth` × the live table's once it has `growth_floor_entries`. The anchor is a public 2025
+  outage in which a generated edge file doubled in size, passed every format check and took a
+  proxy fleet down;
+- hysteresis (issue 58): the table may not send more than `max_revert_share` of the traffic back
+  to the CC the table before the live one gave it, undoing the live table's change — that is how
+  good and bad versions alternate. A table held back this way waits: the next export, built from
+  newer predictions, is judged again. An operator who means to go back uses `ccs rollback`.
 """
 from __future__ import annotations
 
@@ -97,40 +106,108 @@ def check_bogons(report: GuardReport, entries) -> None:
                len(bad))
 
 
-def flip_share(preds, new_entries, live_entries) -> float:
-    """Request-weighted share of the predictions' client addresses whose effective CC differs
-    between the live table and the new one (Spark; longest-prefix match as the kernel does)."""
+def _effective(p: str):
+    return F.when(F.col(f"{p}_effective"), F.col(f"{p}_cc")).otherwise(F.col("default_cc"))
 
+
+def change_shares(preds, new_entries, live_entries, previous_entries=None) -> tuple[float, float]:
+    """(flip, revert), request-weighted over the predictions' client addresses (Spark;
+    longest-prefix match as the kernel does; an address gets the entry's CC where the edge enforces
+    it, else its default CC): `flip` the share whose CC differs between the live table and the new
+    one; `revert` the share whose CC the live table changed from the previous table's and the new
+    one changes back (0 without a previous table). One pass for both."""
     aw = agg.address_weights(agg.address_decisions(preds))
     aw = agg.lpm(agg.lpm(aw, list(new_entries), "new"), list(live_entries), "live")
-    eff = lambda p: F.when(F.col(f"{p}_effective"), F.col(f"{p}_cc")).otherwise(F.col("default_cc"))  # noqa: E731
+    if previous_entries is not None:
+        aw = agg.lpm(aw, list(previous_entries), "prev")
+        back = (~_effective("live").eqNullSafe(_effective("prev"))) & _effective("new").eqNullSafe(_effective("prev"))
+    else:
+        back = F.lit(False)
     s = aw.agg(F.sum("w_all").alias("w"),
-               F.sum(F.when(~eff("new").eqNullSafe(eff("live")), F.col("w_all")).otherwise(0)).alias("flip")).first()
-    return (int(s["flip"] or 0) / int(s["w"])) if s["w"] else 0.0
+               F.sum(F.when(~_effective("new").eqNullSafe(_effective("live")), F.col("w_all")).otherwise(0)).alias("flip"),
+               F.sum(F.when(back, F.col("w_all")).otherwise(0)).alias("back")).first()
+    if not s["w"]:
+        return 0.0, 0.0
+    return int(s["flip"] or 0) / int(s["w"]), int(s["back"] or 0) / int(s["w"])
 
 
-def check_flips(report: GuardReport, cfg, preds, new_entries, live: tf.Table | None) -> None:
-    cap = cfg.settings.export.guards.max_flip_share
+def flip_share(preds, new_entries, live_entries) -> float:
+    """Request-weighted share of the predictions' client addresses whose effective CC differs
+    between the live table and the new one (`change_shares`)."""
+    return change_shares(preds, new_entries, live_entries)[0]
+
+
+def check_flips(report: GuardReport, cfg, preds, new_entries, live: tf.Table | None,
+                previous: tf.Table | None = None) -> None:
+    """The flip cap against the live table, and the hysteresis against the table before it."""
+    g = cfg.settings.export.guards
+    cap = g.max_flip_share
     if live is None:
         report.add("flips", True, "no live table: nothing to flip against", None)
         return
-    share = flip_share(preds, new_entries, live.entries)
+    share, back = change_shares(preds, new_entries, live.entries, previous.entries if previous is not None else None)
     report.add("flips", share <= cap,
                f"the table would flip {share:.1%} of traffic against live version {live.version}, more "
                f"than {cap:.1%} (export.guards.max_flip_share)" if share > cap
                else f"flips {share:.1%} of traffic against live version {live.version} (≤ {cap:.1%})", share)
+    if previous is None:
+        report.add("hysteresis", True, "no table before the live one: nothing to alternate with", None)
+        return
+    report.add("hysteresis", back <= g.max_revert_share,
+               f"held back: the table would send {back:.1%} of traffic back to the CC of version {previous.version}, "
+               f"undoing live version {live.version}'s change (more than {g.max_revert_share:.1%}, "
+               f"export.guards.max_revert_share); a table alternating with its predecessor waits for the next "
+               f"export, and `ccs rollback` is the operator's way back" if back > g.max_revert_share
+               else f"sends {back:.1%} of traffic back to version {previous.version}'s CC "
+                    f"(≤ {g.max_revert_share:.1%})", back)
 
 
-def run_all(cfg, manifest: dict, entries, preds=None, live: tf.Table | None = None) -> GuardReport:
-    """All guards on an exported table (its manifest and entries); `preds` are the predictions it
-    was built from (needed for the flip check when there is a live table)."""
+def check_size(report: GuardReport, cfg, table: tf.Table, live: tf.Table | None = None) -> None:
+    """Entries, tree nodes and encoded bytes within the caps; and against the live table's."""
+    g = cfg.settings.export.guards
+    size = len(tf.encode(table))
+    nodes = len(table.tree.nodes) if table.tree is not None else 0
+    n = len(table.entries)
+    over = []
+    if n > g.max_entries:
+        over.append(f"{n:,} entries, over the cap of {g.max_entries:,} (export.guards.max_entries)")
+    if nodes >= g.max_tree_nodes:
+        over.append(f"a flow tree of {nodes} nodes reached the cap of {g.max_tree_nodes} "
+                    "(export.guards.max_tree_nodes): its generator ran into its limit")
+    if size > g.max_artifact_bytes:
+        over.append(f"{size:,} bytes, over the cap of {g.max_artifact_bytes:,} (export.guards.max_artifact_bytes)")
+    report.add("size", not over, "; ".join(over) if over else
+               f"{n:,} entries, {nodes} tree nodes, {size:,} bytes (within the caps)", {"entries": n, "tree_nodes": nodes,
+                                                                                     "bytes": size})
+    if live is None:
+        report.add("growth", True, "no live table to grow from", None)
+        return
+    n_live, size_live = len(live.entries), len(tf.encode(live))
+    if n_live < g.growth_floor_entries:
+        report.add("growth", True, f"the live table has {n_live} entries, under export.guards.growth_floor_entries "
+                                   f"({g.growth_floor_entries}): growth not judged", None)
+        return
+    grew = max(n / n_live, size / size_live)
+    report.add("growth", grew <= g.max_growth,
+               f"the table is {n / n_live:.2f}× the live version {live.version}'s entries ({n:,} against {n_live:,}) and "
+               f"{size / size_live:.2f}× its bytes, over export.guards.max_growth ({g.max_growth}×)" if grew > g.max_growth
+               else f"{grew:.2f}× the live version {live.version} (≤ {g.max_growth}×)", grew)
+
+
+def run_all(cfg, manifest: dict, entries, preds=None, live: tf.Table | None = None,
+            table: tf.Table | None = None, previous: tf.Table | None = None) -> GuardReport:
+    """All guards on an exported table (its manifest and entries, and the decoded `table` for the
+    size caps); `preds` are the predictions it was built from (needed for the flip check when there
+    is a live table); `previous` is the table made current before the live one (the hysteresis)."""
     report = GuardReport()
     check_gate(report, cfg, list(manifest.get("model_versions") or
                                  ([manifest["model_version"]] if manifest.get("model_version") else [])))
     check_coverage(report, cfg, float(manifest.get("coverage", 0.0)))
     check_bogons(report, entries)
+    if table is not None:
+        check_size(report, cfg, table, live)
     if live is not None and preds is None:
         report.add("flips", False, "a live table exists but no predictions were given to compare")
     else:
-        check_flips(report, cfg, preds, entries, live)
+        check_flips(report, cfg, preds, entries, live, previous)
     return report

@@ -62,6 +62,9 @@ def publish(spark, cfg: Config, store: Store, version: int | None = None, log=pr
     man, table = signing.read_manifest(row["manifest_path"], signing.load_public_key(pub))
     with tempfile.TemporaryDirectory(prefix="ccs-live-") as scratch:
         live = live_table(store, pub, scratch)
+        prev = store.previous() if live is not None else None
+        previous = (signing.read_manifest(store.fetch(prev, scratch), signing.load_public_key(pub))[1]
+                    if prev is not None else None)
     hours = man["source_hours"]
     if live is None:
         preds = None
@@ -69,7 +72,7 @@ def publish(spark, cfg: Config, store: Store, version: int | None = None, log=pr
         preds = aggregate.window_predictions(spark, cfg, hours["from_ms"], hours["to_ms"])
     else:
         preds = aggregate.extract(spark, cfg, hours["from"], hours["to"])
-    report = guards.run_all(cfg, man, table.entries, preds, live)
+    report = guards.run_all(cfg, man, table.entries, preds, live, table=table, previous=previous)
     for name, c in report.checks.items():
         log(f"guard {name}: {'ok' if c['ok'] else 'REFUSED'} — {c['detail']}")
     report.raise_if_refused()
