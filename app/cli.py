@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "app.commands.contract",
     "app.commands.relocate",
     "app.commands.cluster",
+    "app.commands.fleet",
 )
 
 
