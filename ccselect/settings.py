@@ -545,7 +545,7 @@ class GuardsSettings(_Section):
     # size caps (issue 58): a generated table that ran away is refused before the store, as the
     # agent's own caps would refuse it (ccs.h CCS_MAX_ENTRIES, ccs_table.h CCS_TREE_MAX_NODES)
     max_entries: int = 1_000_000      # prefix entries in one table
-    max_tree_nodes: int = 255         # a flow tree with this many nodes or more ran into the cap
+    max_tree_nodes: int = 255         # a tree this large ran into its cap: handshake.depth 6 makes ≤ 127
     max_artifact_bytes: int = 64 << 20   # the encoded table (.bin)
     # growth against the live table: entries and bytes at most max_growth × the live one's,
     # checked once the live table has growth_floor_entries (a young fleet's table may grow fast)
