@@ -324,7 +324,7 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024, flow_only: b
     signing.save_keypair(key, f"{tmp}/priv.pem", f"{tmp}/pub.pem")
     ports = (free_port(), free_port())
     cfg = EdgeConfig(node_id="bench", cgroup=cgroup, pin_dir=f"/sys/fs/bpf/{name}",
-                     public_key=f"{tmp}/pub.pem", sample_rate=0.0,
+                     public_key=f"{tmp}/pub.pem", sample_rate=0.0, state_dir=f"{tmp}/state",
                      services=[Service(ports[0], "enforced"), Service(ports[1], "plain")])
     agent = EdgeAgent(config=cfg)
     old_stats = open(STATS).read().strip()

@@ -1,5 +1,10 @@
 """Ed25519 signing and the JSON manifest of an exported prefix table (format: ccs_table.h).
 
+The manifest's `epoch` is the deployment epoch (issue 56, item 3): tables are ordered by
+(epoch, version); a new lake, store or key whose versions start again is signed in the next epoch,
+opened by an explicit, logged operator command (`ccs keys epoch --new`, export/delivery/epoch.py).
+Versions and epochs are at most SERIAL_MAX (2^53 - 1, the agent's bound, ccs.h CCS_SERIAL_MAX).
+
 Layout in `out_dir` for table version V:
   table-V.bin                   binary table (export/artifact/table_format.py)
   table-V.manifest.json         manifest: format, version, model_version, created, expires,
@@ -27,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from export.artifact import table_format as tf
 
 SIG_SUFFIX = ".sig"
+SERIAL_MAX = 2**53 - 1   # the most a version or epoch may be (export/edge/ccs.h CCS_SERIAL_MAX)
 
 
 class SignatureError(ValueError):
@@ -89,12 +95,14 @@ class TablePaths:
 
 def manifest_bytes(table_bin: bytes, table_name: str, version: int, model_version: str,
                    created: int, expires: int, n_v4: int, n_v6: int,
-                   extra: dict | None = None, tree_nodes: int = 0, tree_model: str = "") -> bytes:
+                   extra: dict | None = None, tree_nodes: int = 0, tree_model: str = "",
+                   epoch: int = 0) -> bytes:
     """The manifest JSON. `extra` (export details: source hours, coverage, agreement, ...) goes
     after the fields the agent reads; an extra key must not repeat one of them (the agent, like
     `read_manifest`, refuses a manifest with a duplicate key)."""
     m = {
         "format": tf.FORMAT,
+        "epoch": int(epoch),
         "version": int(version),
         "model_version": str(model_version),
         "created": int(created),
@@ -106,6 +114,9 @@ def manifest_bytes(table_bin: bytes, table_name: str, version: int, model_versio
         # and, through sha256, its nodes; the agent checks nodes against the .bin's header
         "tree": {"model": str(tree_model), "nodes": int(tree_nodes)},
     }
+    for k in ("epoch", "version"):
+        if not 0 <= m[k] <= SERIAL_MAX:
+            raise ValueError(f"manifest {k} {m[k]} is outside 0..2^53-1 (the agent refuses it)")
     for k, v in (extra or {}).items():
         if k in m or k in ("v4", "v6"):
             raise ValueError(f"manifest extra field {k!r} would shadow a field the agent reads")
@@ -116,9 +127,10 @@ def manifest_bytes(table_bin: bytes, table_name: str, version: int, model_versio
 def write_table(entries, version: int, model_version: str, expires: int, out_dir: str,
                 private_key: Ed25519PrivateKey, created: int | None = None,
                 extra: dict | None = None, tree: tf.Tree | None = None,
-                tree_model: str = "") -> TablePaths:
+                tree_model: str = "", epoch: int = 0) -> TablePaths:
     """Encode `entries` (table_format.Entry) and the flow tree `tree` (table_format.Tree, or
-    None), write the .bin, the manifest (naming the tree's model `tree_model`) and its signature.
+    None), write the .bin, the manifest (naming the tree's model `tree_model`, and the deployment
+    `epoch`) and its signature.
 
     `expires` and `created` are unix seconds. Returns the three paths.
     """
@@ -138,7 +150,8 @@ def write_table(entries, version: int, model_version: str, expires: int, out_dir
                        os.path.join(out_dir, f"table-{int(version)}.manifest.json" + SIG_SUFFIX))
     man = manifest_bytes(blob, name, version, model_version, created, expires,
                          table.n_v4, table.n_v6, extra,
-                         tree_nodes=len(tree.nodes) if tree is not None else 0, tree_model=tree_model)
+                         tree_nodes=len(tree.nodes) if tree is not None else 0, tree_model=tree_model,
+                         epoch=epoch)
     for path, data in ((paths.table, blob), (paths.manifest, man),
                        (paths.signature, sign(man, private_key))):
         tmp = path + ".tmp"

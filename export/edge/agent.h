@@ -8,6 +8,7 @@
  *   attach.c    attach / detach / policy (the only user of the skeleton)
  *   manifest.c  signature over the manifest bytes, then the manifest's fields (cJSON)
  *   table.c     load (verify the .bin, build the lookup hash, swap) and rollback
+ *   floor.c     the version rule's (epoch, version) floor, kept on disk (state_dir)
  *   routes.c    route CCs: the live table's CCs as routes (congctl), a head start for the program
  *   status.c    status [--json]
  *   translog.c  ring buffer -> JSONL transport log (rotated segments or hourly files), TTL
@@ -49,6 +50,9 @@ struct config {
 	char route_spec[256];    /*   what each route says besides prefix, table, proto and congctl */
 	char route_within[1024]; /*   comma-separated prefixes the routes are confined to */
 	char metrics_file[PATH_MAX]; /* run rewrites it (metrics.c): node_exporter's textfile; "" = off */
+	char state_dir[PATH_MAX]; /* the version floor's folder (floor.c); default
+				   * /var/lib/ccs-edge/<the pin dir's last component> */
+	__u64 version_max_step;  /* the most a table's version may pass the floor's in one epoch */
 	int n_services;
 	struct service services[MAX_SERVICES];
 };
@@ -59,6 +63,7 @@ extern struct config cfg;
 /* the fields of a verified manifest (ccs_table.h documents the format) */
 struct manifest {
 	__u64 format;
+	__u64 epoch;         /* the deployment epoch (0 when the manifest has none: older tables) */
 	__u64 version;
 	__u64 created;
 	__u64 expires;
@@ -81,6 +86,28 @@ struct link_state {
 	const char *state;  /* "ok", "none", "severed", "elsewhere", "unreadable" */
 	bool attached;      /* state "ok": the program runs for the configured cgroup */
 };
+
+/*
+ * The version rule's floor (floor.c): the newest (epoch, version) made live here and its table's
+ * sha256, the epoch's start, and the overrides (older tables made live on purpose), on disk.
+ */
+struct floor {
+	bool present;            /* the file exists (else: no table was made live here since) */
+	__u64 epoch;
+	__u64 version;
+	__u8 sha256[32];
+	__u64 updated_unix;
+	__u64 epoch_since_unix;  /* when this agent first made a table of `epoch` live */
+	__u64 overrides;
+	__u64 override_unix;
+	__u64 override_from_epoch, override_from;
+	__u64 override_to_epoch, override_to;
+};
+
+/* floor.c: 0 (f->present says whether there is one), or -1 after printing why */
+int floor_path(char *buf, size_t n);
+int floor_read(struct floor *f);
+int floor_write(const struct floor *f);
 
 /* config.c */
 int load_config(const char *path);
@@ -119,8 +146,9 @@ bool slot_consistent(const struct ccs_meta *m, __u32 trie_id);
 int cmd_attach(void);
 int cmd_detach(bool purge);
 int cmd_policy(void);
-/* allow_downgrade: 0, or the manifest's version, named by the operator (load --allow-downgrade V) */
-int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade);
+/* allow_downgrade: NULL, or the table the operator names (load --allow-downgrade [EPOCH:]VERSION) */
+int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade);
+int cmd_floor(bool json);
 int cmd_rollback(void);
 int cmd_status(bool json);
 int cmd_log(const char *out, bool drain, bool watch);

@@ -47,7 +47,9 @@ class Service:
 
 FLOW_MODES = ("off", "fill", "combine", "flow", "prior")
 _STR_KEYS = ("node_id", "cgroup", "pin_dir", "public_key", "default_cc", "log_dir", "route_table",
-             "route_spec", "route_within", "metrics_file")
+             "route_spec", "route_within", "metrics_file", "state_dir")
+# the agent's bound on one table's step past the floor's version, within an epoch (ccs.h)
+VERSION_MAX_STEP = 100000
 _SERVICE_KEYS = {"port", "name", "ab", "caps", "flow_mode"}
 
 
@@ -79,6 +81,10 @@ class EdgeConfig:
     # Prometheus text format for node_exporter's textfile collector, rewritten by `run`
     # (export/edge/metrics.c); "" = off
     metrics_file: str = ""
+    # the version rule's floor, on disk (export/edge/floor.c): "" = /var/lib/ccs-edge/<pin dir name>
+    state_dir: str = ""
+    # the most one table's version may pass the floor's within an epoch (1..2^32)
+    version_max_step: int = VERSION_MAX_STEP
     services: list[Service] = field(default_factory=list)
 
     def to_yaml(self) -> str:
@@ -86,6 +92,8 @@ class EdgeConfig:
                  if getattr(self, k) != ""]
         lines.append(f"sample_rate: {float(self.sample_rate)!r}")
         lines.append(f"rotate_minutes: {int(self.rotate_minutes)}")
+        if int(self.version_max_step) != VERSION_MAX_STEP:
+            lines.append(f"version_max_step: {int(self.version_max_step)}")
         lines.append("services:")
         for s in self.services:
             lines.append(f"  - {{port: {int(s.port)}, name: {_yaml_str(s.name or 'svc' + str(s.port))}, "
@@ -101,7 +109,7 @@ class EdgeConfig:
             d = yaml.safe_load(f) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{path}: not a mapping")
-        unknown = set(d) - set(_STR_KEYS) - {"sample_rate", "rotate_minutes", "services"}
+        unknown = set(d) - set(_STR_KEYS) - {"sample_rate", "rotate_minutes", "version_max_step", "services"}
         if unknown:
             raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
         svcs = []
@@ -129,10 +137,16 @@ class EdgeConfig:
         if isinstance(rotate, bool) or not isinstance(rotate, int) or rotate not in (0, *ROTATE_MINUTES):
             raise ValueError(f"{path}: rotate_minutes {rotate!r} does not divide the hour "
                              f"(one of {', '.join(map(str, ROTATE_MINUTES))}; or 0 for hourly files)")
+        step = d.get("version_max_step", VERSION_MAX_STEP)
+        if isinstance(step, bool) or not isinstance(step, int) or not 1 <= step <= 2**32:
+            raise ValueError(f"{path}: version_max_step {step!r} is not an integer in 1..2^32")
         known = {k: ("" if d[k] is None else str(d[k])) for k in _STR_KEYS if k in d}
+        if known.get("state_dir") and not known["state_dir"].startswith("/"):
+            raise ValueError(f"{path}: state_dir {known['state_dir']!r} is not an absolute path")
         if bool(known.get("route_table")) != bool(known.get("route_within")):
             raise ValueError(f"{path}: route_table and route_within go together (route CCs: both, or neither)")
-        return cls(services=svcs, sample_rate=float(rate), rotate_minutes=rotate, **known)
+        return cls(services=svcs, sample_rate=float(rate), rotate_minutes=rotate,
+                   version_max_step=step, **known)
 
 
 def _unlink(path: str) -> None:
@@ -198,19 +212,25 @@ class EdgeAgent:
     def policy(self) -> str:
         return self._run("policy")
 
-    def load(self, manifest: str, allow_downgrade: bool | int = False) -> dict:
+    def load(self, manifest: str, allow_downgrade: bool | int | str = False) -> dict:
         """Verify and swap in a table; returns the agent's timings. Raises on refusal.
 
-        Versions only go forward: a table older than one loaded before is refused (replay)
-        unless `allow_downgrade` -- True (the manifest's own version) or that version -- makes
-        it the explicit override the agent logs and counts (status()["overrides"])."""
+        (epoch, version) only goes forward: a table older than one loaded before is refused
+        (replay) unless `allow_downgrade` -- True (the manifest's own epoch and version), that
+        version (of the floor's epoch) or "EPOCH:VERSION" -- names it: the explicit override the
+        agent logs and counts (status()["overrides"])."""
         args = ["load", manifest, "--json"]
         if allow_downgrade is not False and allow_downgrade is not None:
             if allow_downgrade is True:
                 with open(manifest, "rb") as f:
-                    allow_downgrade = int(json.loads(f.read())["version"])
-            args += ["--allow-downgrade", str(int(allow_downgrade))]
+                    m = json.loads(f.read())
+                allow_downgrade = f"{int(m.get('epoch', 0))}:{int(m['version'])}"
+            args += ["--allow-downgrade", str(allow_downgrade)]
         return json.loads(self._run(*args))
+
+    def floor(self) -> dict:
+        """The version rule's floor as the agent keeps it on disk (`ccs-edge floor --json`)."""
+        return json.loads(self._run("floor", "--json"))
 
     def rollback(self) -> str:
         """The previous slot's table made live again (to an older version: the agent's own

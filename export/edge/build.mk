@@ -16,7 +16,7 @@ EDGE_CFLAGS   ?= -O2 -g -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-i
 EDGE_LDLIBS   := -lbpf -lelf -lz -lcrypto -lcjson
 EDGE_HDRS     := $(EDGE_SRC)/ccs_table.h $(EDGE_SRC)/ccs.h
 # the agent: ccs.c (main) and one file per concern, sharing agent.h
-EDGE_AGENT_SRCS := $(addprefix $(EDGE_SRC)/,ccs.c config.c util.c attach.c manifest.c table.c \
+EDGE_AGENT_SRCS := $(addprefix $(EDGE_SRC)/,ccs.c config.c util.c attach.c manifest.c table.c floor.c \
                      routes.c status.c translog.c metrics.c)
 
 .PHONY: edge edge-clean

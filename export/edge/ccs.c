@@ -8,10 +8,11 @@
  *     attach --cgroup PATH [--sample-rate R]   load + attach (or replace the program in place)
  *     detach [--purge]                          detach; --purge also unpins every map
  *     policy                                    re-apply the services of the config
- *     load MANIFEST [--json] [--allow-downgrade V]
- *                                               verify, build a new trie, swap it in; versions
- *                                               only go forward unless V (the manifest's version)
+ *     load MANIFEST [--json] [--allow-downgrade [E:]V]
+ *                                               verify, build a new trie, swap it in; (epoch,
+ *                                               version) only goes forward unless the manifest's
  *                                               is named: an explicit, logged override
+ *     floor [--json]                            the version rule's floor (state_dir), no pin dir
  *     rollback                                  make the previous table live again (an override
  *                                               of the version rule when it is older: logged)
  *     status [--json]
@@ -64,7 +65,8 @@ static void usage(void)
 	fprintf(stderr,
 		"usage: ccs-edge [--config FILE] [--pin-dir DIR] [--pubkey PEM] [--node-id ID] CMD\n"
 		"  attach --cgroup PATH [--sample-rate R] | detach [--purge] | policy\n"
-		"  load MANIFEST [--json] [--allow-downgrade VERSION] | rollback | status [--json]\n"
+		"  load MANIFEST [--json] [--allow-downgrade [EPOCH:]VERSION] | rollback\n"
+		"  status [--json] | floor [--json]\n"
 		"  log --out DIR [--drain] | run [--out DIR] | metrics [FILE]\n");
 }
 
@@ -153,6 +155,12 @@ static int apply_settings(struct args *a)
 		return -1;
 	if (!a->out && cfg.log_dir[0])
 		a->out = cfg.log_dir;
+	if (!cfg.state_dir[0]) {   /* the floor of the enforcer the pin dir names */
+		const char *base = strrchr(cfg.pin_dir, '/');
+
+		base = base && base[1] ? base + 1 : cfg.pin_dir;
+		snprintf(cfg.state_dir, sizeof(cfg.state_dir), "/var/lib/ccs-edge/%s", base);
+	}
 	return 0;
 }
 
@@ -171,20 +179,10 @@ static int dispatch(const struct args *a)
 			usage();
 			return 2;
 		}
-		unsigned long long v = 0;
-		char *end = NULL;
-
-		if (a->downgrade) {
-			errno = 0;
-			v = strtoull(a->downgrade, &end, 10);
-			if (!*a->downgrade || *end || errno || !v || a->downgrade[0] == '-') {
-				die_msg("--allow-downgrade VERSION: the manifest's version, not \"%s\"",
-					a->downgrade);
-				return 2;
-			}
-		}
-		return cmd_load(a->pos[1], a->json, v);
+		return cmd_load(a->pos[1], a->json, a->downgrade);
 	}
+	if (!strcmp(cmd, "floor"))
+		return cmd_floor(a->json);
 	if (!strcmp(cmd, "rollback"))
 		return cmd_rollback();
 	if (!strcmp(cmd, "status"))

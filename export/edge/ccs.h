@@ -8,6 +8,17 @@
 #define CCS_SLOTS 2            /* double buffer: live table + previous one (rollback) */
 #define CCS_MAX_ENTRIES 4000000 /* hard cap on one table */
 #define CCS_MODEL_VERSION_MAX 64 /* manifest model_version: at most 63 bytes + NUL */
+/*
+ * A manifest's epoch and version: at most 2^53 - 1, the integers every JSON reader keeps exact
+ * (json.loads, cJSON's doubles, JavaScript). The agent refuses a table above it, so no signed
+ * version can take the last value of a 64-bit counter (issue 56, item 3).
+ */
+#define CCS_SERIAL_MAX 9007199254740991ull
+/* the default bound on how far one table's version may pass the floor's, within one epoch */
+#define CCS_VERSION_MAX_STEP 100000ull
+/* the highest epoch an agent with no floor yet takes (its first table): above it the epochs left
+ * would be few; later epochs go up one at a time */
+#define CCS_FIRST_EPOCH_MAX 1048576ull
 
 /*
  * The lookup (issue 29): an exact-match hash per slot, searched by binary search on prefix

@@ -29,6 +29,7 @@ struct config cfg = {
 	.default_cc = "",
 	.sample_rate = 0.01,
 	.rotate_minutes = 1,
+	.version_max_step = CCS_VERSION_MAX_STEP,
 };
 
 #define MAX_LINE 4096
@@ -43,7 +44,8 @@ struct pos {
 
 static const char *const top_keys[] = {
 	"node_id", "cgroup", "pin_dir", "public_key", "default_cc", "sample_rate", "log_dir",
-	"rotate_minutes", "route_table", "route_spec", "route_within", "metrics_file", "services", NULL,
+	"rotate_minutes", "route_table", "route_spec", "route_within", "metrics_file", "state_dir",
+	"version_max_step", "services", NULL,
 };
 static const char *const service_keys[] = { "port", "name", "ab", "caps", "flow_mode", NULL };
 
@@ -425,7 +427,7 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 	if (k < 0) {
 		cfg_err(p, "unknown key \"%s\" (known: node_id, cgroup, pin_dir, public_key, "
 			"default_cc, sample_rate, log_dir, rotate_minutes, route_table, route_spec, "
-			"route_within, metrics_file, services)", key);
+			"route_within, metrics_file, state_dir, version_max_step, services)", key);
 		return -1;
 	}
 	if (seen[k]) {
@@ -471,6 +473,22 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 		return set_str(p, key, cfg.public_key, sizeof(cfg.public_key), val);
 	if (!strcmp(key, "metrics_file"))
 		return set_str(p, key, cfg.metrics_file, sizeof(cfg.metrics_file), val);
+	if (!strcmp(key, "state_dir")) {
+		if (val[0] && val[0] != '/') {
+			cfg_err(p, "state_dir \"%s\": an absolute path", val);
+			return -1;
+		}
+		return set_str(p, key, cfg.state_dir, sizeof(cfg.state_dir), val);
+	}
+	if (!strcmp(key, "version_max_step")) {
+		/* 1 .. 2^32: past that a handful of tables would use up an epoch's 2^53 versions */
+		unsigned long step;
+
+		if (parse_uint(p, key, val, 1, 4294967296ul, &step))
+			return -1;
+		cfg.version_max_step = step;
+		return 0;
+	}
 	return set_str(p, key, cfg.log_dir, sizeof(cfg.log_dir), val);
 }
 

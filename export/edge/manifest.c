@@ -7,8 +7,9 @@
  *   - the file is one JSON object in UTF-8, nothing after it (json.loads: no "Extra data");
  *   - a key repeated in any object is refused (json.loads would keep the last one, cJSON keeps
  *     both: the manifest would mean different things to different readers);
- *   - format, version, created, expires, entries.v4, entries.v6 are JSON integers in the range
- *     of their header fields (no 5.0, 5e0, "5", objects or arrays); model_version, table and
+ *   - format, version, created, expires, entries.v4, entries.v6 (and epoch, when there) are JSON
+ *     integers in the range of their header fields, version and epoch at most CCS_SERIAL_MAX
+ *     (no 5.0, 5e0, "5", objects or arrays); model_version, table and
  *     sha256 are strings; entries is an object; a \u0000 escape is refused anywhere;
  *   - format 2 only (the flow tree): tree is an object, tree.model a string (at most 63 bytes),
  *     tree.nodes an integer in 0..CCS_TREE_MAX_NODES.
@@ -346,7 +347,7 @@ static int read_fields(const struct jdoc *d, struct manifest *m)
 	const cJSON *ents, *tree;
 
 	if (get_uint(d, d->root, "format", "format", UINT16_MAX, &m->format) ||
-	    get_uint(d, d->root, "version", "version", UINT64_MAX, &m->version) ||
+	    get_uint(d, d->root, "version", "version", CCS_SERIAL_MAX, &m->version) ||
 	    get_str(d->root, "model_version", "model_version", m->model_version,
 		    sizeof(m->model_version)) ||
 	    get_uint(d, d->root, "created", "created", UINT64_MAX, &m->created) ||
@@ -364,6 +365,11 @@ static int read_fields(const struct jdoc *d, struct manifest *m)
 	    get_uint(d, ents, "v6", "entries.v6", UINT32_MAX, &m->n_v6) ||
 	    get_str(d->root, "table", "table", m->table, sizeof(m->table)) ||
 	    get_str(d->root, "sha256", "sha256", m->sha256, sizeof(m->sha256)))
+		return -1;
+	/* the deployment epoch (issue 56): a manifest without one is epoch 0, the tables signed
+	 * before epochs; the version rule (table.c) orders tables by (epoch, version) */
+	if (cJSON_GetObjectItemCaseSensitive(d->root, "epoch") &&
+	    get_uint(d, d->root, "epoch", "epoch", CCS_SERIAL_MAX, &m->epoch))
 		return -1;
 	if (m->format != CCS_TABLE_FORMAT) {
 		die_msg("refused: unsupported format %llu (manifest field \"format\"): this agent reads "

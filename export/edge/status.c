@@ -173,7 +173,9 @@ int cmd_status(bool json)
 	struct ccs_log_state logst = {};
 	bool has_log = false;
 	bool has_model[CCS_SLOTS] = {}, ok[CCS_SLOTS] = {};
-	__u64 *vals = NULL, floor;
+	__u64 *vals = NULL, floor, floor_epoch = 0;
+	struct floor fl;
+	bool fl_ok;
 	FILE *o = stdout;
 
 	if (ctl_fd < 0 || meta_fd < 0 || cnt_fd < 0) {
@@ -206,6 +208,17 @@ int cmd_status(bool json)
 	for (slot = 0; slot < CCS_SLOTS; slot++)
 		if (ok[slot] && meta[slot].version > floor)
 			floor = meta[slot].version;
+	/* the version rule's floor is the file (floor.c) once there is one; a damaged one is shown
+	 * as null (every load refuses, naming the file) */
+	fl_ok = !floor_read(&fl);
+	if (fl_ok && fl.present) {
+		floor = fl.version;
+		floor_epoch = fl.epoch;
+		ver.overrides = fl.overrides;
+		ver.override_unix = fl.override_unix;
+		ver.override_from = fl.override_from;
+		ver.override_to = fl.override_to;
+	}
 	link_state(&ls);
 	prog_info(ls.prog_id, &pinfo);
 	vals = calloc(ncpu, sizeof(__u64));
@@ -236,9 +249,19 @@ int cmd_status(bool json)
 		"\"run_cnt\": %llu, \"run_time_ns\": %llu, ", ctl.generation, ls.link_id, ls.prog_id,
 		(unsigned long long)ls.cgroup_id, (unsigned long long)pinfo.run_cnt,
 		(unsigned long long)pinfo.run_time_ns);
-	fprintf(o, "\"version_floor\": %llu, \"overrides\": {\"count\": %llu, \"last\": ",
-		(unsigned long long)floor, (unsigned long long)ver.overrides);
-	if (ver.overrides)
+	if (fl_ok)
+		fprintf(o, "\"version_floor\": %llu, \"epoch_floor\": %llu, ",
+			(unsigned long long)floor, (unsigned long long)floor_epoch);
+	else
+		fprintf(o, "\"version_floor\": null, \"epoch_floor\": null, ");
+	fprintf(o, "\"version_max_step\": %llu, \"overrides\": {\"count\": %llu, \"last\": ",
+		(unsigned long long)cfg.version_max_step, (unsigned long long)ver.overrides);
+	if (ver.overrides && fl_ok && fl.present)
+		fprintf(o, "{\"at\": %llu, \"from_epoch\": %llu, \"from\": %llu, \"to_epoch\": "
+			"%llu, \"to\": %llu}", (unsigned long long)fl.override_unix,
+			(unsigned long long)fl.override_from_epoch, (unsigned long long)fl.override_from,
+			(unsigned long long)fl.override_to_epoch, (unsigned long long)fl.override_to);
+	else if (ver.overrides)
 		fprintf(o, "{\"at\": %llu, \"from\": %llu, \"to\": %llu}",
 			(unsigned long long)ver.override_unix, (unsigned long long)ver.override_from,
 			(unsigned long long)ver.override_to);

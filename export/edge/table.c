@@ -15,6 +15,7 @@
  * slot is marked invalid; the flip makes table and tree live together, and a rollback to a table
  * without a tree stops the tree's decisions with that same one-word flip.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -516,7 +517,10 @@ struct state {
 	__u32 trie_id[CCS_SLOTS];   /* map id of the trie in ccs_tables[slot], 0 if none */
 	bool ok[CCS_SLOTS];         /* slot_consistent() */
 	struct ccs_version ver;
-	__u64 floor;                /* the newest version made live here (the version rule) */
+	__u64 floor;                /* the newest version the pinned maps saw made live here */
+	struct floor fl;            /* the version rule's floor: the file (floor.c), else seeded from
+				     * a pin dir older than it (epoch 0, `floor` above) */
+	bool has_floor;             /* a table was made live here before (fl means something) */
 };
 
 static void close_slots(struct slots *s)
@@ -605,6 +609,19 @@ static int read_state(const struct slots *s, struct state *st)
 	for (slot = 0; slot < CCS_SLOTS; slot++)
 		if (st->ok[slot] && st->meta[slot].version > st->floor)
 			st->floor = st->meta[slot].version;
+	if (floor_read(&st->fl))
+		return -1;
+	st->has_floor = st->fl.present;
+	if (!st->fl.present && st->floor) {
+		/* a pin dir from before the floor file: its versions are epoch 0 */
+		st->has_floor = true;
+		st->fl.version = st->floor;
+		memcpy(st->fl.sha256, st->ver.highest_sha256, sizeof(st->fl.sha256));
+		for (slot = 0; slot < CCS_SLOTS; slot++)
+			if (st->ok[slot] && st->meta[slot].version == st->floor)
+				memcpy(st->fl.sha256, st->meta[slot].sha256, sizeof(st->fl.sha256));
+		st->fl.overrides = st->ver.overrides;
+	}
 	return 0;
 }
 
@@ -636,41 +653,22 @@ static int settle_live(const struct slots *s, struct state *st)
 }
 
 /*
- * Record a table made live in ccs_version: the newest version (and its sha256) moves up, never
- * down; an override (an older table made live) is counted with when/from/to, and logged.
+ * The pinned ccs_version map: a copy of the floor (its version and sha256, the overrides) for
+ * readers of the pin dir; the floor itself is the file (floor.c), written before the flip.
  */
-static int record_version(const struct slots *s, const struct state *st, __u64 version,
-			  const __u8 *sha256, __u64 live_before, bool override, const char *how)
+static int record_version(const struct slots *s, const struct floor *f)
 {
-	struct ccs_version v = st->ver;
+	struct ccs_version v = {};
 	__u32 zero = 0;
 
-	if (override)
-		fprintf(stderr, "ccs-edge: version rule overridden (%s): table %llu made live, older "
-			"than table %llu loaded before (live was %llu)\n", how,
-			(unsigned long long)version, (unsigned long long)st->floor,
-			(unsigned long long)live_before);
 	if (s->version_fd < 0)
 		return 0;
-	if (version > v.highest || (version == v.highest && !override)) {
-		v.highest = version;
-		memcpy(v.highest_sha256, sha256, sizeof(v.highest_sha256));
-	}
-	if (st->floor > v.highest) {  /* a pin dir from before ccs_version: take the slots' */
-		int i;
-
-		for (i = 0; i < CCS_SLOTS; i++)
-			if (st->ok[i] && st->meta[i].version == st->floor) {
-				v.highest = st->floor;
-				memcpy(v.highest_sha256, st->meta[i].sha256, sizeof(v.highest_sha256));
-			}
-	}
-	if (override) {
-		v.overrides++;
-		v.override_unix = time(NULL);
-		v.override_from = live_before;
-		v.override_to = version;
-	}
+	v.highest = f->version;
+	memcpy(v.highest_sha256, f->sha256, sizeof(v.highest_sha256));
+	v.overrides = f->overrides;
+	v.override_unix = f->override_unix;
+	v.override_from = f->override_from;
+	v.override_to = f->override_to;
 	if (bpf_map_update_elem(s->version_fd, &zero, &v, BPF_ANY)) {
 		die_msg("write %s/ccs_version: %s", cfg.pin_dir, strerror(errno));
 		return -1;
@@ -678,25 +676,146 @@ static int record_version(const struct slots *s, const struct state *st, __u64 v
 	return 0;
 }
 
+/*
+ * The floor after making table (epoch, version, sha256) live: a newer table becomes the floor;
+ * an older one (an override: load --allow-downgrade, rollback) leaves it and is counted, with
+ * the floor it went below and the table it made live, and logged.
+ */
+static void next_floor(const struct state *st, struct floor *f, __u64 epoch, __u64 version,
+		       const __u8 *sha256, bool override, const char *how, __u64 live_before)
+{
+	__u64 now = (__u64)time(NULL);
+
+	*f = st->fl;
+	f->present = true;
+	if (override) {
+		fprintf(stderr, "ccs-edge: version rule overridden (%s): table %llu (epoch %llu) made "
+			"live, older than table %llu (epoch %llu) loaded before (live was %llu)\n", how,
+			(unsigned long long)version, (unsigned long long)epoch,
+			(unsigned long long)st->fl.version, (unsigned long long)st->fl.epoch,
+			(unsigned long long)live_before);
+		f->overrides++;
+		f->override_unix = now;
+		f->override_from_epoch = st->fl.epoch;
+		f->override_from = st->fl.version;
+		f->override_to_epoch = epoch;
+		f->override_to = version;
+		return;
+	}
+	if (st->has_floor && epoch != st->fl.epoch)
+		fprintf(stderr, "ccs-edge: epoch %llu opened here by table %llu (the floor was table "
+			"%llu of epoch %llu): from now on no table of an older epoch loads without an "
+			"override\n", (unsigned long long)epoch, (unsigned long long)version,
+			(unsigned long long)st->fl.version, (unsigned long long)st->fl.epoch);
+	if (!st->has_floor || epoch != st->fl.epoch || !st->fl.epoch_since_unix)
+		f->epoch_since_unix = now;
+	f->epoch = epoch;
+	f->version = version;
+	memcpy(f->sha256, sha256, sizeof(f->sha256));
+	f->updated_unix = now;
+}
+
 enum rule { RULE_NEWER, RULE_SAME_TABLE, RULE_ALREADY_LIVE, RULE_OVERRIDE, RULE_REFUSED };
 
-/*
- * The version rule: a table newer than every table made live here loads; the newest one again
- * (same version, same sha256) loads too, and is a no-op if it is the live one; anything else
- * only with --allow-downgrade naming its version (an explicit override, logged).
- */
-static enum rule version_rule(const struct state *st, const struct table *t, __u64 allow)
+/* (epoch, version) order */
+static int cmp_serial(__u64 e1, __u64 v1, __u64 e2, __u64 v2)
 {
-	__u64 v = t->man.version;
-	int live = live_slot(st), i;
+	if (e1 != e2)
+		return e1 < e2 ? -1 : 1;
+	return v1 < v2 ? -1 : v1 > v2;
+}
+
+/* --allow-downgrade [EPOCH:]VERSION; a bare VERSION means the floor's epoch */
+static int parse_named(const char *s, const struct state *st, __u64 *e, __u64 *v)
+{
+	const char *colon = strchr(s, ':');
+	char *end;
+
+	*e = st->fl.epoch;
+	errno = 0;
+	if (colon) {
+		if (!isdigit((unsigned char)s[0]))
+			goto bad;
+		*e = strtoull(s, &end, 10);
+		if (errno || end != colon)
+			goto bad;
+		s = colon + 1;
+	}
+	if (!isdigit((unsigned char)s[0]))
+		goto bad;
+	*v = strtoull(s, &end, 10);
+	if (errno || *end || !*v)
+		goto bad;
+	return 0;
+bad:
+	die_msg("--allow-downgrade [EPOCH:]VERSION: the manifest's (epoch and) version, not \"%s\"",
+		s);
+	return -1;
+}
+
+/*
+ * The version rule (issue 56, item 3), on (epoch, version) against the floor, the newest table
+ * made live here (floor.c keeps it on disk, through restarts, `detach --purge` and reboots):
+ *   - a newer version of the floor's epoch loads if it passes the floor's by at most
+ *     version_max_step (no single table can take the epoch's last versions);
+ *   - the next epoch (floor's + 1, never more) loads with a version of at most
+ *     version_max_step: an epoch is opened by an operator, one at a time, and its versions
+ *     start again (a new lake or store numbers from 1);
+ *   - the floor's own table again (same epoch, version, sha256) loads, a no-op if it is live;
+ *   - anything older only with --allow-downgrade naming it (an explicit override, logged);
+ *   - an agent with no floor yet takes its first table whatever its version, if its epoch is
+ *     at most CCS_FIRST_EPOCH_MAX.
+ */
+static enum rule version_rule(const struct state *st, const struct table *t, const char *allow)
+{
+	__u64 e = t->man.epoch, v = t->man.version, ne = 0, nv = 0, step = cfg.version_max_step;
+	const struct floor *f = &st->fl;
+	int live = live_slot(st), c, i;
 	bool same = false;
 
-	if (v > st->floor)
+	if (allow && parse_named(allow, st, &ne, &nv))
+		return RULE_REFUSED;
+	if (!st->has_floor) {
+		if (e > CCS_FIRST_EPOCH_MAX) {
+			die_msg("refused: table %llu is of epoch %llu, and this agent has no floor yet: a "
+				"first table's epoch is at most %llu (epochs go up one at a time)",
+				(unsigned long long)v, (unsigned long long)e, CCS_FIRST_EPOCH_MAX);
+			return RULE_REFUSED;
+		}
 		return RULE_NEWER;
-	if (v == st->floor) {
-		if (st->ver.highest == v && !memcmp(st->ver.highest_sha256, t->sha256, 32))
+	}
+	c = cmp_serial(e, v, f->epoch, f->version);
+	if (c > 0 && e == f->epoch) {
+		if (v - f->version <= step)
+			return RULE_NEWER;
+		die_msg("refused: table %llu is %llu versions past table %llu, the newest of epoch %llu "
+			"loaded here: more than version_max_step (%llu). One table may not use up an "
+			"epoch's versions; if the numbering restarted or jumped on purpose, open the "
+			"next epoch (`ccs keys epoch --new`) and sign the table in it",
+			(unsigned long long)v, (unsigned long long)(v - f->version),
+			(unsigned long long)f->version, (unsigned long long)e,
+			(unsigned long long)step);
+		return RULE_REFUSED;
+	}
+	if (c > 0) {
+		if (e != f->epoch + 1) {
+			die_msg("refused: table %llu is of epoch %llu, but this agent is in epoch %llu: "
+				"epochs go up by one (an operator opens each: `ccs keys epoch --new`)",
+				(unsigned long long)v, (unsigned long long)e, (unsigned long long)f->epoch);
+			return RULE_REFUSED;
+		}
+		if (v > step) {
+			die_msg("refused: table %llu opens epoch %llu, but a new epoch's versions start "
+				"again: at most version_max_step (%llu)", (unsigned long long)v,
+				(unsigned long long)e, (unsigned long long)step);
+			return RULE_REFUSED;
+		}
+		return RULE_NEWER;
+	}
+	if (c == 0) {
+		if (!memcmp(f->sha256, t->sha256, 32))
 			same = true;
-		for (i = 0; i < CCS_SLOTS; i++)
+		for (i = 0; i < CCS_SLOTS && !st->fl.present; i++)   /* a pin dir from before the file */
 			if (st->ok[i] && st->meta[i].version == v && !memcmp(st->meta[i].sha256, t->sha256, 32))
 				same = true;
 		if (same && live >= 0 && st->ok[live] && st->meta[live].version == v &&
@@ -705,20 +824,23 @@ static enum rule version_rule(const struct state *st, const struct table *t, __u
 		if (same)
 			return RULE_SAME_TABLE;
 	}
-	if (allow && allow == v)
+	if (allow && ne == e && nv == v)
 		return RULE_OVERRIDE;
 	if (allow)
-		die_msg("refused: --allow-downgrade %llu does not name this manifest's version %llu",
-			(unsigned long long)allow, (unsigned long long)v);
-	else if (v == st->floor)
+		die_msg("refused: --allow-downgrade %s does not name this manifest's version %llu "
+			"(epoch %llu)%s", allow, (unsigned long long)v, (unsigned long long)e,
+			e != f->epoch ? ": a table of another epoch than the floor's is named EPOCH:VERSION"
+				      : "");
+	else if (c == 0)
 		die_msg("refused: table %llu was loaded here before with another sha256: a version "
-			"names one table (load --allow-downgrade %llu to override)",
-			(unsigned long long)v, (unsigned long long)v);
+			"names one table (load --allow-downgrade %llu:%llu to override)",
+			(unsigned long long)v, (unsigned long long)e, (unsigned long long)v);
 	else
-		die_msg("refused: table %llu is older than table %llu, loaded here before: versions only "
-			"go forward (replay). To go back: `ccs-edge rollback` (the previous slot) or "
-			"`ccs-edge load MANIFEST --allow-downgrade %llu`", (unsigned long long)v,
-			(unsigned long long)st->floor, (unsigned long long)v);
+		die_msg("refused: table %llu (epoch %llu) is older than table %llu (epoch %llu), loaded "
+			"here before: versions only go forward (replay). To go back: `ccs-edge rollback` "
+			"(the previous slot) or `ccs-edge load MANIFEST --allow-downgrade %llu:%llu`",
+			(unsigned long long)v, (unsigned long long)e, (unsigned long long)f->version,
+			(unsigned long long)f->epoch, (unsigned long long)e, (unsigned long long)v);
 	return RULE_REFUSED;
 }
 
@@ -743,8 +865,7 @@ static __u64 expiry_mono_ns(__u64 expires_unix, time_t now)
  * status refuse to trust, and the next load overwrites.
  */
 static int swap_in(const struct slots *s, const struct state *st, const struct table *t,
-		   int trie_fd, const struct ccs_meta *lens, int tree_fd, time_t now, bool override,
-		   __u32 *slotp)
+		   int trie_fd, const struct ccs_meta *lens, int tree_fd, time_t now, __u32 *slotp)
 {
 	struct ccs_flow flow = {};
 	struct bpf_map_info tinfo = {};
@@ -755,7 +876,6 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 	struct bpf_map_info info = {};
 	__u32 zero = 0, slot, len = sizeof(info);
 	int live = live_slot(st);
-	__u64 live_before = live >= 0 && st->ok[live] ? st->meta[live].version : 0;
 
 	slot = live >= 0 ? (__u32)(live + 1) % CCS_SLOTS : 0;
 	/* 1. the slot is about to change: invalid from here until step 4 */
@@ -839,12 +959,13 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 		fprintf(stderr, "ccs-edge: table %llu is live; marking slot %u live (ccs_meta) failed: "
 			"%s (the next load or rollback marks it)\n", (unsigned long long)meta.version,
 			slot, strerror(errno));
-	return record_version(s, st, meta.version, meta.sha256, live_before, override,
-			      "load --allow-downgrade");
+	return 0;
 }
 
-int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
+int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade)
 {
+	struct floor nf;
+	int live;
 	struct slots s = { -1, -1, -1, -1, -1, -1, -1 };
 	struct state st;
 	struct table t = {};
@@ -911,8 +1032,18 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 			goto cleanup;
 	}
 	t2 = clock_ns(CLOCK_MONOTONIC);
-	if (swap_in(&s, &st, &t, trie_fd, &lens, tree_fd, now, rule == RULE_OVERRIDE, &slot))
+	/* the floor on disk first: a crash after the flip must not leave it below the live table */
+	live = live_slot(&st);
+	next_floor(&st, &nf, t.man.epoch, t.man.version, t.sha256, rule == RULE_OVERRIDE,
+		   "load --allow-downgrade", live >= 0 && st.ok[live] ? st.meta[live].version : 0);
+	if (floor_write(&nf)) {
+		die_msg("refused: table %llu not made live: the version floor could not be kept (%s)",
+			(unsigned long long)t.man.version, cfg.state_dir);
 		goto cleanup;
+	}
+	if (swap_in(&s, &st, &t, trie_fd, &lens, tree_fd, now, &slot))
+		goto cleanup;
+	record_version(&s, &nf);
 	t3 = clock_ns(CLOCK_MONOTONIC);
 	err = 0;
 	/* 7. route CCs for the new live table (routes.c): a head start only, so after the swap; a
@@ -929,11 +1060,11 @@ int cmd_load(const char *manifest_path, bool json, __u64 allow_downgrade)
 		}
 	}
 	if (json)
-		printf("{\"loaded\": true, \"version\": %llu, \"slot\": %u, \"override\": %s, "
+		printf("{\"loaded\": true, \"epoch\": %llu, \"version\": %llu, \"slot\": %u, \"override\": %s, "
 		       "\"entries\": {\"v4\": %u, \"v6\": %u}, \"tree_nodes\": %zu, \"verify_ms\": %.3f, "
 		       "\"build_ms\": %.3f, \"swap_us\": %.3f, \"total_ms\": %.3f, \"routes\": %d, "
 		       "\"routes_ms\": %.3f}\n",
-		       (unsigned long long)t.man.version, slot,
+		       (unsigned long long)t.man.epoch, (unsigned long long)t.man.version, slot,
 		       rule == RULE_OVERRIDE ? "true" : "false", t.h->n_v4, t.h->n_v6, t.n_nodes, (t1 - t0) / 1e6,
 		       (t2 - t1) / 1e6, (t3 - t2) / 1e3, (t3 - t0) / 1e6, n_routes,
 		       t4 ? (t4 - t3) / 1e6 : 0.0);
@@ -968,6 +1099,8 @@ int cmd_rollback(void)
 	int lock_fd = -1, err = 1, live;
 	__u32 zero = 0, prev;
 	__u64 live_before;
+	struct floor nf;
+	bool override;
 
 	if (open_slots(&s))
 		goto cleanup;
@@ -1015,6 +1148,18 @@ int cmd_rollback(void)
 		goto cleanup;
 	}
 	live_before = st.ok[live] ? st.meta[live].version : 0;
+	/* going back is the rollback's own override, unless the slot holds the floor's table; the
+	 * floor on disk first (it does not move down: the override is counted) */
+	override = !st.has_floor || m->version != st.fl.version ||
+		   memcmp(m->sha256, st.fl.sha256, sizeof(m->sha256));
+	next_floor(&st, &nf, st.fl.epoch, m->version, m->sha256, override, "rollback", live_before);
+	if (override) {   /* the slot's epoch is not kept: the override names the floor's */
+		nf.override_to_epoch = st.fl.epoch;
+	}
+	if (floor_write(&nf)) {
+		die_msg("rollback: refused: the version floor could not be kept (%s)", cfg.state_dir);
+		goto cleanup;
+	}
 	ctl = st.ctl;
 	ctl.live = prev + 1;
 	ctl.generation++;
@@ -1023,8 +1168,7 @@ int cmd_rollback(void)
 		goto cleanup;
 	}
 	printf("rolled back to table %llu (slot %u)\n", (unsigned long long)m->version, prev);
-	err = record_version(&s, &st, m->version, m->sha256, live_before, m->version < st.floor,
-			     "rollback") ? 1 : 0;
+	err = record_version(&s, &nf) ? 1 : 0;
 	/* route CCs: the table rolled back from is not in memory here: its routes go, and the
 	 * program switches every connection itself until the next load writes routes again. If
 	 * they stay, they are stale: the rollback fails, naming the step */

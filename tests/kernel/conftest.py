@@ -82,8 +82,12 @@ class Edge:
         self.tables = str(tmp_path / "tables")
         self.logs = str(tmp_path / "logs")
         os.makedirs(self.cgroup)
+        # the version floor (floor.c), the test's own; CCS_EDGE_NO_STATE_DIR=1 leaves it out of
+        # the config, for an agent older than it (with CCS_EDGE_BINARY)
+        self.state_dir = str(tmp_path / "state")
         self.config = EdgeConfig(node_id="test-node", cgroup=self.cgroup, pin_dir=self.pin_dir,
-                                 public_key=keys["public_path"], sample_rate=0.0)
+                                 public_key=keys["public_path"], sample_rate=0.0,
+                                 state_dir="" if os.environ.get("CCS_EDGE_NO_STATE_DIR") else self.state_dir)
         self.agent = EdgeAgent(config=self.config, binary=binary)
         self.sockets = []
         self.procs = []
@@ -96,12 +100,12 @@ class Edge:
             self.agent.attach(self.cgroup)
 
     def table(self, entries, version, expires_in=3600, created=None, key=None, model_version=None,
-              tree=None, tree_model=""):
+              tree=None, tree_model="", epoch=0, out=None):
         now = int(time.time())
         return signing.write_table(entries, version, model_version or f"test-model-{version}",
-                                   (created or now) + expires_in, self.tables,
+                                   (created or now) + expires_in, out or self.tables,
                                    key or self.keys["private"], created=created or now,
-                                   tree=tree, tree_model=tree_model)
+                                   tree=tree, tree_model=tree_model, epoch=epoch)
 
     def resign(self, manifest, text):
         """Replace a manifest's bytes and sign them with the test key: the signature holds, so
