@@ -42,6 +42,27 @@ def keys_init_cmd(
     typer.echo(json.dumps({"private_key": priv, "public_key": pub}, indent=1))
 
 
+@keys_app.command("epoch")
+def keys_epoch_cmd(
+    new: bool = typer.Option(False, "--new", help="open the next epoch (logged beside the key)"),
+    reason: str = typer.Option("", "--reason", help="why: the new lake, store or key (required with --new)"),
+    fleet_epoch: Optional[int] = typer.Option(None, "--fleet-epoch", help="with --new: the fleet's epoch (`ccs-edge floor`), when this keys dir is behind it"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """The deployment epoch tables are signed in; --new opens the next one (a new lake, store or
+    key whose versions start again: docs/edge-versions.md). Agents take the next epoch's tables
+    from then on and refuse the older epoch's."""
+    from export.delivery import epoch
+    cfg = load_config(config)
+    try:
+        if new:
+            e = epoch.open_next(cfg, reason, fleet_epoch)
+            typer.echo(f"epoch {e} opened: the next export signs its tables in it ({reason})", err=True)
+        typer.echo(json.dumps({"epoch": epoch.current(cfg), "opened": epoch.history(cfg)}, indent=1))
+    except epoch.EpochError as exc:
+        raise typer.BadParameter(str(exc))
+
+
 def export_cmd(
     hours: str = typer.Option(..., "--hours", help="HOUR or FROM..TO (inclusive) of gold.predictions"),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),

@@ -118,6 +118,10 @@ def load_fleet(path: str, cfg, public_key: str | None = None) -> Fleet:
         conf.node_id = conf.node_id if conf.node_id != "edge" else nid
         if public_key and not conf.public_key:
             conf.public_key = public_key
+        if not conf.state_dir:
+            # the version floor (export/edge/floor.c) of a node of this fleet lives with its
+            # lake, beside the node's tables: a fresh data root is a new lake, and starts again
+            conf.state_dir = os.path.abspath(os.path.join(host_dir(cfg, nid), "state"))
         netns = d.get("netns")
         default_dir = (os.path.join(host_dir(cfg, nid), "tables") if netns
                        else os.path.join(cfg.data_root, "fleet", nid, "tables"))
@@ -159,9 +163,10 @@ def deploy_node(node: Node, store: Store, version: int, health: Health,
                 log: Callable[[str], None] = print, allow_older: bool = False) -> dict:
     """Load `version` on one node and judge its health; → report dict (`healthy`, `reasons`...).
 
-    The agent's versions only go forward: a version older than one the node loaded before
-    (status `version_floor`) is refused as a replay unless `allow_older`, which loads it with
-    the agent's explicit, logged override (`--allow-downgrade <version>`; a fleet rollback)."""
+    The agent's (epoch, version) only goes forward: a table older than the node's floor (status
+    `epoch_floor`, `version_floor`) is refused as a replay unless `allow_older`, which loads it
+    with the agent's explicit, logged override naming it (`--allow-downgrade EPOCH:VERSION`; a
+    fleet rollback). A newer epoch or version needs no override."""
     agent = node.agent()
     rep = {"node_id": node.node_id, "canary": node.canary, "version": version, "healthy": False,
            "reasons": []}
@@ -186,12 +191,16 @@ def deploy_node(node: Node, store: Store, version: int, health: Health,
                            "s": round(time.monotonic() - t_pull, 3)}
         else:
             manifest = store.fetch(version, node.table_dir)
-        older = version < int(s0.get("version_floor") or 0)
+        epoch = int(store.manifest(version).get("epoch", 0))
+        floor = (int(s0.get("epoch_floor") or 0), int(s0.get("version_floor") or 0))
+        older = (epoch, version) < floor
         if older and allow_older:
-            log(f"{node.node_id}: version {version} is older than version {s0['version_floor']} "
-                "loaded there before: loading it with the agent's version-rule override")
+            log(f"{node.node_id}: table {version} (epoch {epoch}) is older than table {floor[1]} "
+                f"(epoch {floor[0]}) loaded there before: loading it with the agent's version-rule "
+                "override")
         try:
-            rep["load"] = agent.load(manifest, allow_downgrade=version if older and allow_older else False)
+            rep["load"] = agent.load(manifest, allow_downgrade=f"{epoch}:{version}" if older and allow_older
+                                     else False)
         except EdgeAgentError as exc:
             rep["reasons"].append(f"load refused: {(exc.stderr or str(exc)).strip()}")
             return rep
@@ -246,13 +255,16 @@ def deploy(fleet: Fleet, store: Store, version: int, health: Health,
     """Canaries, then the rest; stop and roll back on failed health. The store's current version
     becomes `version` only when every node is healthy.
 
-    `allow_older`: may a node go back to a version older than one it loaded (the agent's
-    override of its version rule)? None (default): only when the store itself goes back, i.e.
-    `version` is older than the store's current version -- `ccs rollback` republishing the
-    previous version; a table the store never made current cannot be replayed this way."""
+    `allow_older`: may a node go back to a table older than one it loaded (the agent's
+    override of its version rule)? None (default): only when the store itself goes back -- the
+    table is one the store made current before (its history) and older, by (epoch, version),
+    than the store's current one: `ccs rollback` republishing the previous version. A table the
+    store never made current, or one newer than its current one, gets no override: a newer
+    epoch or version loads without one, and an older one a node refuses stays refused."""
     if allow_older is None:
         cur = store.current()
-        allow_older = cur is not None and version < cur
+        allow_older = (cur is not None and version in store.state()["history"]
+                       and store.serial(version) < store.serial(cur))
     result = {"version": version, "nodes": {}, "ok": False, "rolled_back": {}}
     loaded: list[tuple[Node, dict]] = []
     for phase, nodes in (("canary", fleet.canaries), ("rest", fleet.rest)):

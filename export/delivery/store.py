@@ -163,9 +163,22 @@ class Store:
             local = os.path.join(src, n)
             if not os.path.exists(local):
                 raise StoreError(f"cannot publish version {version}: {local} is missing")
+        # a version names one table: another table under the same number (a new lake numbering
+        # from 1 into an old store) would replace what nodes and the history point at
+        b, m, s = self.names(version)
+        held = self.backend.read(posixpath.join("tables", m))
+        if held is not None:
+            with open(os.path.join(src, m), "rb") as f:
+                if f.read() != held:
+                    theirs = json.loads(held)
+                    raise StoreError(
+                        f"cannot publish version {version} (epoch {int(man.get('epoch', 0))}): the "
+                        f"store already holds another table {version} (epoch "
+                        f"{int(theirs.get('epoch', 0))}, sha256 {theirs.get('sha256', '?')[:12]}). "
+                        "A lake whose numbering started again publishes to a new store, in a new "
+                        "epoch (`ccs keys epoch --new`)")
         # the .bin and signature first, the manifest last: a reader never sees a manifest
         # without its table
-        b, m, s = self.names(version)
         for n in (b, s, m):
             self.backend.put_file(os.path.join(src, n), posixpath.join("tables", n))
         return version
@@ -182,6 +195,10 @@ class Store:
             self.backend.get_file(posixpath.join("tables", n), local + ".part")
             os.replace(local + ".part", local)
         return os.path.join(dest_dir, m)
+
+    def serial(self, version: int) -> tuple[int, int]:
+        """(epoch, version) of a table in the store: the order the agents keep."""
+        return int(self.manifest(version).get("epoch", 0)), int(version)
 
     def manifest(self, version: int) -> dict:
         data = self.backend.read(posixpath.join("tables", self.names(version)[1]))

@@ -58,6 +58,7 @@ from ccselect.lake import table_path
 from ccselect.settings import BITS, FAMILIES, PrefixLadder
 from distill.handshake import load_handshake
 from export.artifact import signing, table_format as tf
+from export.delivery import epoch as deploy_epoch   # the signer's deployment epoch (issue 56)
 from export.tables.flow import table_tree
 
 # Algorithm 1's ladder and purity tiers (`export.ladder`, `export.purity`): ccselect.settings.PrefixLadder,
@@ -720,7 +721,8 @@ def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None
                           "min_leaf_permille": tree.min_leaf_permille} if tree else None
     out_dir = out_dir or settings.out
     paths = signing.write_table(entries, version, version_main, expires, out_dir, private_key,
-                                created=now, extra=extra, tree=tree, tree_model=tree_model)
+                                created=now, extra=extra, tree=tree, tree_model=tree_model,
+                                epoch=deploy_epoch.current(cfg))
     with open(paths.manifest) as f:
         manifest = json.load(f)
     record(spark, cfg, manifest, os.path.abspath(paths.manifest))

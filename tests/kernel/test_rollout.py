@@ -14,7 +14,7 @@ from _edge_helpers import CGROUP_ROOT, connect_accept, in_cgroup, listener, othe
 
 from export.artifact import signing, table_format as tf
 from export.delivery.rollout import Health, deploy, load_fleet
-from export.delivery.store import Store
+from export.delivery.store import Store, StoreError
 
 pytestmark = pytest.mark.kernel
 
@@ -40,6 +40,8 @@ class LocalFleet:
                           "binary": binary,
                           "agent": {"cgroup": n["cgroup"], "pin_dir": n["pin_dir"], "public_key": public_key,
                                     "sample_rate": 0.0,
+                                    **({} if os.environ.get("CCS_EDGE_NO_STATE_DIR")   # conftest.py
+                                       else {"state_dir": str(tmp_path / n["node_id"] / "state")}),
                                     "services": [{"port": n["listener"].getsockname()[1], "name": "video"}]}}
                          for n in self.nodes]}
         with open(self.path, "w") as f:
@@ -95,10 +97,10 @@ def fleet_env(edge_binary, keys, tmp_path):
         lf.cleanup(cfg)
 
 
-def _table(keys, out, version, cc):
+def _table(keys, out, version, cc, epoch=0):
     now = int(time.time())
     return signing.write_table([tf.Entry("127.0.0.0/8", cc)], version, "1", now + 3600, out,
-                               keys["private"], created=now, extra={"coverage": 1.0})
+                               keys["private"], created=now, extra={"coverage": 1.0}, epoch=epoch)
 
 
 def _cc_through(lf, i, src="127.70.1.2"):
@@ -244,3 +246,44 @@ def test_refused_load_on_canary_stops_rollout(fleet_env, keys, tmp_path):
     assert not res["ok"] and "load refused" in res["stopped"] and "bad signature" in res["stopped"], res
     assert store.current() is None
     assert lf.status(cfg, 0)["table"] is None and lf.status(cfg, 1)["table"] is None
+
+
+def test_new_lake_in_the_next_epoch_rolls_out_without_an_override(fleet_env, keys, tmp_path):
+    """Issue 56, item 3: the fleet ran an old lake's table 7; a new lake numbers from 1. Signed
+    in the next epoch its tables 1 then 2 roll out through a new store with no override (before
+    the epoch, the canary refused table 1 as a replay of 7, and table 2 after it). The new lake's
+    table 1 cannot replace the old store's own table 1, and `ccs rollback` to table 1 (in the
+    store's history, older by (epoch, version)) is the one override the rollout passes."""
+    cfg, lf = fleet_env
+    a, b = other_ccs(sysctl_cc())
+    health = Health(wait_s=0.2, min_rate_ratio=0.5)
+    fleet = lf.fleet(cfg)
+    old_store = Store(str(tmp_path / "old-store"))
+    old_store.publish(_table(keys, str(tmp_path / "old-lake-1"), 1, b).manifest)
+    old_store.publish(_table(keys, str(tmp_path / "old-lake"), 7, a).manifest)
+    assert deploy(fleet, old_store, 7, health)["ok"]
+    new_store = Store(str(tmp_path / "new-store"))
+    for version, cc in ((1, b), (2, a)):
+        m = _table(keys, str(tmp_path / "new-lake"), version, cc, epoch=1).manifest
+        if version == 1:
+            with pytest.raises(StoreError, match="already holds another table 1"):
+                old_store.publish(m)
+        new_store.publish(m)
+        res = deploy(fleet, new_store, version, health, log=print)
+        assert res["ok"], res
+        for i in range(2):
+            st = lf.status(cfg, i)
+            assert (st["epoch_floor"], st["version_floor"]) == (1, version), st
+            assert st["overrides"]["count"] == 0, f"node {i}: no override for a newer epoch: {st}"
+            assert res["nodes"][fleet.nodes[i].node_id]["load"]["override"] is False
+            assert _cc_through(lf, i) == cc
+    # the store goes back: table 1 of epoch 1, with the agents' override naming it
+    res = deploy(fleet, new_store, 1, health)
+    assert res["ok"] and new_store.current() == 1, res
+    for i in range(2):
+        st = lf.status(cfg, i)
+        assert st["overrides"]["count"] == 1 and st["overrides"]["last"]["to_epoch"] == 1, st
+        assert (st["epoch_floor"], st["version_floor"]) == (1, 2), "the floor does not move down"
+    # the old store's table 7 is a replay now: refused, no override (never the store's history here)
+    res = deploy(fleet, old_store, 7, health)
+    assert not res["ok"] and "versions only go forward" in res["stopped"], res
