@@ -577,6 +577,31 @@ class RolloutSettings(_Section):
         return Health(self.health_wait_s, self.min_rate_ratio)
 
 
+@dataclass(frozen=True)
+class CanarySettings(_Section):
+    """`export.canary:` the canary's A/B on outcomes (evaluation/canary.py, issue 58): an
+    always-valid mixture SPRT per metric over the kernel's CRC32 arms, looked at as often as
+    wanted. `alpha` bounds the false-rollback rate of a table that changes nothing (split over
+    the metrics); `tau` is the mixing prior's spread of the log ratio (the effect sizes the test
+    is most sensitive to); a table is promoted early once every metric's interval excludes a harm
+    above `harm_margin` (relative), rolled back once one shows harm, and promoted when
+    `max_minutes` pass with neither; a look needs `min_clusters` client addresses per arm."""
+    alpha: float = 0.05
+    tau: float = 0.2
+    harm_margin: float = 0.05
+    min_clusters: int = 200
+    max_minutes: float = 30.0
+    metrics: tuple[str, ...] = ("retrans_rate", "rebuffer_rate")
+
+    def __post_init__(self):
+        if not 0 < self.alpha < 1:
+            raise ValueError(f"export.canary.alpha must be in (0, 1), got {self.alpha}")
+        if self.tau <= 0 or self.harm_margin < 0 or self.min_clusters < 2 or self.max_minutes <= 0:
+            raise ValueError("export.canary: tau > 0, harm_margin >= 0, min_clusters >= 2 and max_minutes > 0")
+        if not self.metrics or set(self.metrics) - {"retrans_rate", "rebuffer_rate"}:
+            raise ValueError(f"export.canary.metrics must be among retrans_rate, rebuffer_rate, not {self.metrics}")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExportSettings(PrefixLadder):
     """`export:` the prefix ladder and purity (PrefixLadder), the tables' lifetime and folder, the
@@ -588,6 +613,7 @@ class ExportSettings(PrefixLadder):
     rollout: RolloutSettings
     expiry_hours: float = 6.0
     guards: GuardsSettings = field(default_factory=GuardsSettings)
+    canary: CanarySettings = field(default_factory=CanarySettings)
     # the handshake tree (issue 27): each table carries `<name>-handshake@champion` (`ccs
     # handshake`) when flow_tree and there is one; an entry below flow_min_purity_permille is
     # "mixed", so a service in flow mode fill, combine or prior lets the tree decide for it; a

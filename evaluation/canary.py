@@ -1,0 +1,151 @@
+"""The canary's A/B on outcomes (issue 58): after a table is loaded on the canary, its treatment
+arm (odd CRC32 of the client address: the table's CC) and control arm (even: the default CC),
+the kernel's own split (ALICCS §4.3), are compared from the canary's own logs as the stream
+ingests them, and the rollout promotes, keeps observing, or rolls back.
+
+The metrics are `evaluation.abtest`'s ratio metrics (retransmitted over sent segments; stall
+over play time), each a ratio of sums with the client address as the unit (the delta method on
+per-address cluster sums, `ArmMoments`). A rollout looks at the canary every minute or so, as
+long as it likes, and stops at the first look that decides: a fixed-sample test read that way
+rolls back good tables far more often than its α says. So the test is sequential and
+*always valid* — the mixture sequential probability ratio test (mSPRT) of Johari, Pekelis and
+Walsh, "Always Valid Inference: Continuous Monitoring of A/B Tests" (Operations Research 70(3),
+2022), §3, with the normal mixture over the log ratio θ = log(R_t / R_c):
+
+    Λ_n = sqrt(V / (V + τ²)) · exp(τ² θ̂² / (2 V (V + τ²))),
+
+where θ̂ is the log ratio at the look and V its delta-method variance. P(Λ_n ≥ 1/α at any look)
+≤ α when the table changes nothing, whatever the looks. Inverting it gives an always-valid
+confidence sequence θ̂ ± h with h = sqrt(V (V + τ²) / τ² · (2 log(1/α) + log((V + τ²) / V))),
+intersected over the looks so it only narrows.
+
+Per table, with the metrics' α split evenly (Bonferroni) so that the false-rollback rate of a
+table that changes nothing is at most `alpha`:
+
+- **roll back** at the first look where a metric's interval lies wholly above 0 (treatment
+  worse: more retransmission or more stalls);
+- **promote** early once every metric's interval lies below log(1 + `harm_margin`) (any harm
+  smaller than the margin), or when `max_minutes` pass without a rollback (the window is
+  bounded: an effect the test cannot see by then is below what the canary can judge);
+- else **observe**. A look with fewer than `min_clusters` addresses in an arm decides nothing.
+
+Pure Python on collected moments (`arm_moments` rows, `decide`), so the tests run it on numpy
+sums; `canary_moments` is the Spark extract over silver.connections.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import DataFrame, functions as F
+
+from ccselect.settings import CanarySettings
+from evaluation.abtest import ArmMoments, arm_moments, metric_rows
+
+#: a metric for which a higher treatment rate is worse (every metric here)
+HARM_IF_HIGHER = {"retrans_rate": True, "rebuffer_rate": True}
+PROMOTE, OBSERVE, ROLLBACK = "promote", "observe", "rollback"
+
+
+def msprt_lambda(theta: float, var: float, tau: float) -> float:
+    """The normal-mixture likelihood ratio Λ of the log ratio `theta` with variance `var`."""
+    t2 = tau * tau
+    return math.sqrt(var / (var + t2)) * math.exp(min(t2 * theta * theta / (2 * var * (var + t2)), 700.0))
+
+
+def cs_halfwidth(var: float, tau: float, alpha: float) -> float:
+    """Half the width of the always-valid (1 − α) confidence sequence at a look with variance `var`."""
+    t2 = tau * tau
+    return math.sqrt(var * (var + t2) / t2 * (2 * math.log(1 / alpha) + math.log((var + t2) / var)))
+
+
+@dataclass
+class MetricState:
+    """One metric's running interval of θ (intersected over the looks) and its last look."""
+    lo: float = -math.inf
+    hi: float = math.inf
+    looks: int = 0
+    last: dict = field(default_factory=dict)
+
+
+@dataclass
+class Canary:
+    """The sequential state of one table on one canary: feed it the cumulative moments at each
+    look (`look`), read `decision`."""
+    settings: CanarySettings
+    states: dict[str, MetricState] = field(default_factory=dict)
+    decision: str = OBSERVE
+    reason: str = "no look yet"
+
+    def look(self, minute: float, moments: dict[str, dict[str, ArmMoments]]) -> str:
+        """`moments`: metric → {"control": ArmMoments, "treatment": ArmMoments}, cumulative since
+        the load; `minute`: minutes since the load. Returns (and keeps) the decision; once
+        `promote` or `rollback`, later looks change nothing."""
+        if self.decision != OBSERVE:
+            return self.decision
+        s = self.settings
+        alpha = s.alpha / len(s.metrics)
+        margin = math.log1p(s.harm_margin)
+        judged, harm, safe = 0, [], 0
+        for metric in s.metrics:
+            st = self.states.setdefault(metric, MetricState())
+            arms = moments.get(metric, {})
+            c, t = arms.get("control"), arms.get("treatment")
+            if c is None or t is None or min(c.clusters, t.clusters) < s.min_clusters or not c.ratio or not t.ratio:
+                st.last = {"minute": minute, "clusters": [c.clusters if c else 0, t.clusters if t else 0], "judged": False}
+                continue
+            vc, vt = c.ratio_var(), t.ratio_var()
+            var = vc / c.ratio ** 2 + vt / t.ratio ** 2
+            theta = math.log(t.ratio / c.ratio)
+            if var <= 0:
+                continue
+            h = cs_halfwidth(var, s.tau, alpha)
+            st.lo, st.hi, st.looks = max(st.lo, theta - h), min(st.hi, theta + h), st.looks + 1
+            lam = msprt_lambda(theta, var, s.tau)
+            st.last = {"minute": minute, "clusters": [c.clusters, t.clusters], "judged": True,
+                       "control": c.ratio, "treatment": t.ratio, "rel_change": math.exp(theta) - 1,
+                       "cs": [math.exp(st.lo) - 1, math.exp(st.hi) - 1], "lambda": lam, "alpha": alpha}
+            judged += 1
+            worse_if_higher = HARM_IF_HIGHER[metric]
+            if (st.lo > 0) if worse_if_higher else (st.hi < 0):
+                harm.append(metric)
+            elif (st.hi < margin) if worse_if_higher else (st.lo > -margin):
+                safe += 1
+        if harm:
+            self.decision = ROLLBACK
+            self.reason = "; ".join(f"{m}: treatment {self.states[m].last['rel_change']:+.1%} against control, "
+                                    f"always-valid interval [{self.states[m].last['cs'][0]:+.1%}, "
+                                    f"{self.states[m].last['cs'][1]:+.1%}] above 0" for m in harm)
+        elif judged == len(s.metrics) and safe == judged:
+            self.decision = PROMOTE
+            self.reason = f"every metric's always-valid interval below +{s.harm_margin:.0%} after {minute:g} min"
+        elif minute >= s.max_minutes:
+            self.decision = PROMOTE
+            self.reason = (f"no harm shown in {minute:g} min (the window, export.canary.max_minutes); "
+                           f"{judged} of {len(s.metrics)} metrics had enough clients")
+        else:
+            self.reason = f"observing: {judged} of {len(s.metrics)} metrics judged at {minute:g} min"
+        return self.decision
+
+    def evidence(self) -> dict[str, Any]:
+        return {"decision": self.decision, "reason": self.reason,
+                "metrics": {m: st.last for m, st in self.states.items()}}
+
+
+def moments_by_metric(rows: list[dict[str, Any]]) -> dict[str, dict[str, ArmMoments]]:
+    """Collected `arm_moments` rows of the segment `all` → metric → arm → ArmMoments."""
+    out: dict[str, dict[str, ArmMoments]] = {}
+    for m in rows:
+        if m["segment_kind"] != "all":
+            continue
+        out.setdefault(m["metric"], {})[m["arm"]] = ArmMoments(
+            int(m["conns"]), int(m["clusters"]), *[float(m[k]) for k in ("sy", "sx", "syy", "sxx", "sxy")])
+    return out
+
+
+def canary_moments(conns: DataFrame, node_id: str, from_ms: int, to_ms: int) -> dict[str, dict[str, ArmMoments]]:
+    """The canary's cumulative moments since its load: silver.connections rows of `node_id`
+    that ended in [from_ms, to_ms) (Spark), by metric and arm."""
+    mine = conns.where((F.col("node_id") == node_id) & F.col("ts_end_ms").between(from_ms, to_ms - 1))
+    return moments_by_metric([r.asDict() for r in arm_moments(metric_rows(mine)).collect()])

@@ -1,0 +1,54 @@
+"""A canary's two arms minute by minute, for judging the sequential test of evaluation/canary.py
+(issue 58) on many replays: clients split by address parity (the kernel's CRC32 split), each with
+its own path (a retransmission rate and a stall share drawn once per client, so connections of
+one client are correlated, as the delta method's cluster unit assumes), returning over the
+minutes; the treatment arm's rates multiplied by `effect` (1: a table that changes nothing).
+
+Not a fleet model: the per-client spreads are a stress setting (log-normal, σ 1 — wider than a
+homogeneous pool, so the cluster variance matters), not a measurement. The fleet simulator
+(sim/traffic.py) is what the rest of the project measures on."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from evaluation.abtest import ArmMoments
+
+
+@dataclass(frozen=True)
+class ArmsSetting:
+    clients: int = 4000              # distinct client addresses behind the canary
+    conns_per_minute: int = 600      # connections that end each minute
+    retrans_median: float = 0.02     # per-client retransmission rate: log-normal around this
+    stall_median: float = 0.01       # per-client stall share of play time
+    spread: float = 1.0              # σ of the per-client log-normals
+    segs_mean: float = 300.0         # data segments sent per connection (Poisson)
+    play_ms: int = 60_000            # play time per connection
+
+
+def replay(rng: np.random.Generator, minutes: int, effect_retrans: float = 1.0, effect_stall: float = 1.0,
+           s: ArmsSetting = ArmsSetting()):
+    """Yield (minute, {metric: {arm: ArmMoments}}) cumulative after each minute 1..minutes."""
+    treated = np.arange(s.clients) % 2 == 1
+    p_ret = np.minimum(s.retrans_median * np.exp(rng.normal(0, s.spread, s.clients)), 0.5)
+    p_stall = np.minimum(s.stall_median * np.exp(rng.normal(0, s.spread, s.clients)), 0.5)
+    p_ret = np.where(treated, np.minimum(p_ret * effect_retrans, 0.9), p_ret)
+    p_stall = np.where(treated, np.minimum(p_stall * effect_stall, 0.9), p_stall)
+    sums = {m: (np.zeros(s.clients), np.zeros(s.clients)) for m in ("retrans_rate", "rebuffer_rate")}
+    conns = np.zeros(s.clients, dtype=np.int64)
+    for minute in range(1, minutes + 1):
+        who = rng.integers(0, s.clients, s.conns_per_minute)
+        segs = rng.poisson(s.segs_mean, s.conns_per_minute) + 1
+        ret = rng.binomial(segs, p_ret[who])
+        stall = np.round(s.play_ms * np.minimum(rng.exponential(p_stall[who]), 1.0))
+        np.add.at(conns, who, 1)
+        for m, (y, x) in (("retrans_rate", (ret, segs)), ("rebuffer_rate", (stall, np.full(len(who), s.play_ms)))):
+            np.add.at(sums[m][0], who, y)
+            np.add.at(sums[m][1], who, x)
+        seen = conns > 0
+        out = {}
+        for m, (y, x) in sums.items():
+            out[m] = {arm: ArmMoments.of_clusters(y[seen & sel], x[seen & sel], int(conns[seen & sel].sum()))
+                      for arm, sel in (("control", ~treated), ("treatment", treated))}
+        yield minute, out
