@@ -44,7 +44,10 @@ def test_defaults_are_what_the_code_used_before():
     assert dataclasses.asdict(st.AbtestSettings()) == {"confidence": 0.95, "min_clusters": 30}
     assert st.RolloutSettings(store="x").health == st.Health(wait_s=2.0, min_rate_ratio=0.5)
     assert dataclasses.asdict(st.GuardsSettings()) == {"require_gate": True, "max_flip_share": 0.30,
-                                                        "min_coverage": 0.50}
+                                                        "min_coverage": 0.50, "max_entries": 1_000_000,
+                                                        "max_tree_nodes": 255, "max_artifact_bytes": 64 << 20,
+                                                        "max_growth": 1.5, "growth_floor_entries": 100,
+                                                        "max_revert_share": 0.10}
     assert st.MlflowSettings(tracking_uri="u", artifact_root="a").model_name == "ccs-nettype"
     s = load_config(SHIPPED[0]).settings
     assert (s.autoplex.period_minutes, s.autoplex.group_by) == (30, ("ug_id",))
