@@ -107,6 +107,8 @@ struct snapshot {
 	struct ccs_model model[CCS_SLOTS];
 	bool has_model[CCS_SLOTS];
 	struct ccs_version ver;
+	struct floor fl;                /* the version rule's floor on disk (floor.c) */
+	bool floor_ok;                  /* readable (absent counts: no table was made live yet) */
 	struct ccs_log_state log;
 	bool has_log;
 	__u64 cnt[CCS_CNT__MAX];
@@ -186,6 +188,8 @@ static void read_snapshot(struct snapshot *s)
 		read_percpu("ccs_counters", s->cnt, CCS_CNT__MAX);
 		s->has_fcnt = read_percpu("ccs_flow_counters", s->fcnt, CCS_FCNT__MAX);
 	}
+	/* a damaged floor file: floor_read says so on stderr (every load refuses until it is put right) */
+	s->floor_ok = !floor_read(&s->fl);
 	link_state(&s->ls);
 	if (s->ls.prog_id && (prog_fd = bpf_prog_get_fd_by_id(s->ls.prog_id)) >= 0) {
 		bpf_obj_get_info_by_fd(prog_fd, &s->prog, &ilen);
@@ -328,12 +332,22 @@ static void print_state(FILE *o, const struct snapshot *s)
 	header(o, "ccs_edge_program_run_seconds_total", "counter",
 	       "Time spent in the sock_ops program (kernel bpf_stats; 0 while stats are off).");
 	fprintf(o, "ccs_edge_program_run_seconds_total %.9f\n", (double)s->prog.run_time_ns / 1e9);
+	/* the floor is the file once there is one (floor.c), the pinned ccs_version before it */
+	header(o, "ccs_edge_version_floor_readable", "gauge",
+	       "0 when the version floor's file is damaged: no table loads until it is put right.");
+	fprintf(o, "ccs_edge_version_floor_readable %d\n", s->floor_ok);
 	header(o, "ccs_edge_version_floor", "gauge",
-	       "The newest table version ever made live here: a load needs one at least as new.");
-	fprintf(o, "ccs_edge_version_floor %llu\n", (unsigned long long)s->ver.highest);
+	       "The newest table version made live here: a load needs one at least as new (in its epoch).");
+	fprintf(o, "ccs_edge_version_floor %llu\n", (unsigned long long)(s->floor_ok && s->fl.present ?
+									 s->fl.version : s->ver.highest));
+	header(o, "ccs_edge_epoch_floor", "gauge",
+	       "The deployment epoch of the newest table made live here (0: tables without one).");
+	fprintf(o, "ccs_edge_epoch_floor %llu\n", (unsigned long long)(s->floor_ok && s->fl.present ?
+								       s->fl.epoch : 0));
 	header(o, "ccs_edge_version_overrides_total", "counter",
 	       "Older tables made live by an explicit override (rollback, load --allow-downgrade).");
-	fprintf(o, "ccs_edge_version_overrides_total %llu\n", (unsigned long long)s->ver.overrides);
+	fprintf(o, "ccs_edge_version_overrides_total %llu\n", (unsigned long long)(s->floor_ok && s->fl.present ?
+										   s->fl.overrides : s->ver.overrides));
 	header(o, "ccs_edge_route_ccs_enabled", "gauge", "1 when route CCs are configured.");
 	fprintf(o, "ccs_edge_route_ccs_enabled %d\n", routes_enabled());
 	if (routes_enabled() && (routes = routes_count()) >= 0) {
