@@ -69,7 +69,7 @@ def edge_agent(tmp_path):
     os.makedirs(cgroup)
     conf = EdgeConfig(node_id="metrics-node", cgroup=cgroup, pin_dir=f"/sys/fs/bpf/{name}",
                       public_key=str(tmp_path / "pub.pem"), sample_rate=1.0,
-                      metrics_file=str(tmp_path / "textfile" / "ccs.prom"))
+                      metrics_file=str(tmp_path / "textfile" / "ccs.prom"), state_dir=str(tmp_path / "state"))
     agent = EdgeAgent(config=conf, binary=binary)
     agent.key = key
     try:
@@ -138,9 +138,9 @@ def test_metrics_of_a_node_with_traffic(edge_agent, tmp_path):
         agent.attach(agent.config.cgroup)
         now = int(time.time())
         old = signing.write_table([tf.Entry("127.50.0.0/16", other)], 3, "m-3", now + 600,
-                                  str(tmp_path / "t"), agent.key, created=now - 100)
+                                  str(tmp_path / "t"), agent.key, created=now - 100, epoch=2)
         new = signing.write_table([tf.Entry("127.50.0.0/16", other), tf.Entry("10.9.0.0/16", other)],
-                                  4, "m-4", now + 900, str(tmp_path / "t"), agent.key, created=now - 40)
+                                  4, "m-4", now + 900, str(tmp_path / "t"), agent.key, created=now - 40, epoch=2)
         agent.load(old.manifest)
         agent.load(new.manifest)
         assert _connect(plain, "127.50.0.9") == other, "setup: a hit gets the table's CC"
@@ -205,7 +205,9 @@ def test_metrics_of_a_node_with_traffic(edge_agent, tmp_path):
                                                  ("sha256", status["table"]["sha256"])))] == 1
         assert m[("ccs_edge_attached", ())] == 1 and m[("ccs_edge_link_state", (("state", "ok"),))] == 1
         assert m[("ccs_edge_route_ccs_enabled", ())] == 0
-        assert m[("ccs_edge_version_floor", ())] == 4
+        assert m[("ccs_edge_version_floor", ())] == 4 == status["version_floor"]
+        assert m[("ccs_edge_epoch_floor", ())] == 2 == status["epoch_floor"], "the deployment epoch"
+        assert m[("ccs_edge_version_floor_readable", ())] == 1
         assert m[("ccs_edge_agent_info", (("node_id", "metrics-node"), ("default_cc", "")))] == 1
         assert m[("ccs_edge_service_info", (("port", str(ab.getsockname()[1])), ("service", "web"),
                                             ("ab", "true"), ("caps", "false"), ("flow_mode", "off")))] == 1

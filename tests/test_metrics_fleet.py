@@ -67,7 +67,7 @@ def test_two_local_nodes(cfg, tmp_path):
         cg = os.path.join(CGROUP_ROOT, f"{tag}-{i}")
         os.makedirs(cg)
         nodes.append({"node_id": name, "canary": i == 0, "binary": binary,
-                      "agent": {"cgroup": cg, "pin_dir": f"/sys/fs/bpf/{tag}-{i}",
+                      "agent": {"cgroup": cg, "pin_dir": f"/sys/fs/bpf/{tag}-{i}", "state_dir": str(tmp_path / f"state-{i}"),
                                 "public_key": str(tmp_path / "pub.pem"), "sample_rate": 0.0,
                                 "services": [{"port": 0, "name": "video"}]}})
     from export.delivery.rollout import load_fleet
@@ -88,7 +88,7 @@ def test_two_local_nodes(cfg, tmp_path):
         other = next(c for c in ("cubic", "reno", "bbr") if c != default)
         now = int(time.time())
         m = signing.write_table([tf.Entry("127.70.0.0/16", other)], 21, "m-21", now + 3600,
-                                str(tmp_path / "t"), key, created=now)
+                                str(tmp_path / "t"), key, created=now, epoch=5)
         a = loaded[0].agent()
         try:
             a.load(m.manifest)
@@ -106,7 +106,8 @@ def test_two_local_nodes(cfg, tmp_path):
         rows = {r["node"]: r for r in json.loads(out)}
         assert code == 3, out
         a_row, b_row = rows["edge-a"], rows["edge-b"]
-        assert (a_row["version"], a_row["enforced"], a_row["attached"], a_row["attention"]) == (21, True, True, [])
+        assert (a_row["version"], a_row["epoch"], a_row["enforced"], a_row["attached"], a_row["attention"]) == \
+            (21, 5, True, True, [])
         assert a_row["lookups"] == 2 and a_row["mix"][f"hit_{other}"] == 0.5 and a_row["mix"]["miss"] == 0.5
         assert 3500 < a_row["expires_in_s"] <= 3600 and a_row["errors"] == {}
         assert b_row["version"] is None and b_row["attention"] == ["no live table"], b_row

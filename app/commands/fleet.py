@@ -37,7 +37,9 @@ def node_row(node: Node, status: dict | None, error: str | None, margin_s: float
     lookups = cnt.get("lookups", 0)
     row |= {
         "attached": bool(status.get("attached")), "link": status.get("link"),
-        "version": t.get("version"), "epoch": t.get("epoch"), "model_version": t.get("model_version"),
+        # the epoch of the newest table made live on the node (the version rule's floor): the
+        # agent keeps no epoch per slot
+        "version": t.get("version"), "epoch": status.get("epoch_floor"), "model_version": t.get("model_version"),
         "age_s": t.get("age_s"), "expires_in_s": t.get("expires_in_s"), "expired": t.get("expired"),
         "enforced": bool(t.get("enforced")),
         "previous": (status.get("previous") or {}).get("version"),
