@@ -4,15 +4,17 @@ rewriting its metrics file and node_exporter serving it on the node's address; P
 machine scrapes both over their veths with infra/prometheus/rules.yml and sends to Alertmanager.
 
 Read back through Prometheus's HTTP API: the series of a table load, a miss, a hit and an A/B
-control on one node. Fault drill: the other node's table is left to expire (a TTL of seconds), and
-CcsTableExpired fires through Prometheus's alerts API and reaches Alertmanager's, for that node
-only. Scrape and evaluation every second. The fleet is infra/fleet-netns.yaml with this run's
+control on one node. Fault drills on the other node, each alert firing through Prometheus's alerts
+API and reaching Alertmanager's, for that node only: its table left to expire (a TTL of seconds:
+CcsTableExpired), and its log volume full (a tmpfs with no room left under its log folder, records
+to write: CcsLogErrors). Scrape and evaluation every second. The fleet is infra/fleet-netns.yaml with this run's
 names, subnets and ports, so a `ccs cluster up` beside it is not touched.
 
 A `cluster` test (make test-cluster) that needs root, BPF and the Debian packages; skipped with the
 reason otherwise, except under CI=true."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,6 +23,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
+from pathlib import Path
 
 import pytest
 import yaml
@@ -65,6 +68,8 @@ def _config(tmp_path, binary: str | None):
         a["cgroup"] = f"{a['cgroup']}-m{tag}"
         a["pin_dir"] = f"{a['pin_dir']}-m{tag}"
         a["services"] = [{"port": 443, "name": "video", "ab": False}, {"port": 80, "name": "web", "ab": True}]
+        a["sample_rate"] = 1.0 if i == 1 else 0.0      # the drill node logs every connection
+        a["state_dir"] = str(tmp_path / f"state-{i}")  # the version floor: not under /var/lib
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(doc))
     raw = yaml.safe_load((REPO / "infra" / "conf" / "cluster-local.yaml").read_text())
     raw["cluster"].update(home=str(tmp_path / "cluster"), prometheus=f"http://127.0.0.1:{_free_port()}",
@@ -73,6 +78,32 @@ def _config(tmp_path, binary: str | None):
     raw["pipeline"]["fleet"] = str(tmp_path / "fleet.yaml")
     (tmp_path / "ccs.yaml").write_text(yaml.safe_dump(raw))
     return load_config(tmp_path / "ccs.yaml")
+
+
+@contextlib.contextmanager
+def _full_volume(path: Path):
+    """A tmpfs at path with no room left (a ballast file takes it all), unmounted on the way out."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "ccs-test-full", str(path)], check=True)
+    try:
+        try:
+            with open(path / "ballast", "wb") as f:
+                f.write(b"\0" * (1 << 20))
+        except OSError:
+            pass        # ENOSPC: the volume is full
+        yield path
+    finally:
+        if subprocess.run(["umount", str(path)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)])
+
+
+def _firing(cfg, alertname: str) -> list[str]:
+    """The nodes `alertname` fires for, in Prometheus and in Alertmanager (both must agree)."""
+    prom = [a["labels"]["node"] for a in _get(f"{cfg.settings.cluster.prometheus}/api/v1/alerts")["data"]["alerts"]
+            if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
+    am = [a["labels"]["node"] for a in _get(f"{cfg.settings.cluster.alertmanager}/api/v2/alerts?" + urllib.parse.urlencode(
+        {"filter": f'alertname="{alertname}"'})) if a["status"]["state"] == "active"]
+    return sorted(prom) if sorted(prom) == sorted(am) else []
 
 
 def _get(url: str):
@@ -143,7 +174,10 @@ def test_prometheus_scrapes_the_edge_hosts_and_an_expiry_fires(tmp_path):
     signing.save_keypair(key, priv, pub)
     live_node, drill_node = edges.nodes(cfg)
     runners, socks = [], []
+    stack = contextlib.ExitStack()
     try:
+        # the drill node's log folder (edges.up: <host dir>/log) on a full volume
+        stack.enter_context(_full_volume(Path(edges.host_dir(cfg, drill_node.node_id)) / "log"))
         edges.up(cfg, cluster_env(cfg))
         monitoring.up(cfg, cluster_env(cfg))
 
@@ -171,6 +205,14 @@ def test_prometheus_scrapes_the_edge_hosts_and_an_expiry_fires(tmp_path):
         assert _connect(ns, plain, "127.61.0.9") == default, "setup: a miss keeps the default"
         even = next(s for s in (f"127.60.2.{i}" for i in range(1, 60)) if not tf.ab_bucket_odd(s))
         assert _connect(ns, ab, even) == default, "setup: an A/B control keeps the default"
+        # records for the drill node's full log volume
+        dns = NetnsRunner(drill_node.netns)
+        runners.append(dns)
+        with in_cgroup(drill_node.config.cgroup):
+            dls = dns.call(listener, socket.AF_INET, "127.0.0.1", 443)
+        socks.append(dls)
+        for i in range(1, 21):
+            _connect(dns, dls, f"127.62.0.{i}")
 
         # both targets up, as Prometheus sees them
         nodes = {live_node.node_id, drill_node.node_id}
@@ -202,6 +244,9 @@ def test_prometheus_scrapes_the_edge_hosts_and_an_expiry_fires(tmp_path):
             [(drill_node.node_id, "active", "page")], got
         assert got[0]["annotations"]["runbook_url"] == "docs/operations-alerts.md#ccstableexpired"
         assert _query(cfg, f'ccs_edge_table_enforced{{node="{drill_node.node_id}"}}') == {drill_node.node_id: 0.0}
+        # the full log volume: the log degraded, CcsLogErrors for that node only
+        assert _wait("CcsLogErrors firing", lambda: _firing(cfg, "CcsLogErrors"), timeout=60) == [drill_node.node_id]
+        assert _query(cfg, "ccs_edge_log_degraded") == {live_node.node_id: 0.0, drill_node.node_id: 1.0}
     finally:
         for s in socks:
             s.close()
@@ -209,5 +254,8 @@ def test_prometheus_scrapes_the_edge_hosts_and_an_expiry_fires(tmp_path):
             r.close()
         for s in reversed(monitoring.servers(cfg)):
             s.stop()
-        edges.down(cfg)
+        try:
+            edges.down(cfg)
+        finally:
+            stack.close()
     assert not any(s.running() for s in monitoring.servers(cfg)), "every monitoring server stopped"
