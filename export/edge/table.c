@@ -726,9 +726,9 @@ static int cmp_serial(__u64 e1, __u64 v1, __u64 e2, __u64 v2)
 }
 
 /* --allow-downgrade [EPOCH:]VERSION; a bare VERSION means the floor's epoch */
-static int parse_named(const char *s, const struct state *st, __u64 *e, __u64 *v)
+static int parse_named(const char *named, const struct state *st, __u64 *e, __u64 *v)
 {
-	const char *colon = strchr(s, ':');
+	const char *s = named, *colon = strchr(s, ':');
 	char *end;
 
 	*e = st->fl.epoch;
@@ -749,7 +749,7 @@ static int parse_named(const char *s, const struct state *st, __u64 *e, __u64 *v
 	return 0;
 bad:
 	die_msg("--allow-downgrade [EPOCH:]VERSION: the manifest's (epoch and) version, not \"%s\"",
-		s);
+		named);
 	return -1;
 }
 
@@ -1006,6 +1006,14 @@ int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade)
 	if (rule == RULE_ALREADY_LIVE) {
 		slot = (__u32)live_slot(&st);
 		err = 0;
+		/* a pin dir from before the floor file: its floor goes to disk now, so that a purge
+		 * or reboot from here on keeps it */
+		if (!st.fl.present) {
+			st.fl.present = true;
+			st.fl.updated_unix = st.fl.epoch_since_unix = (__u64)now;
+			if (floor_write(&st.fl))
+				err = -1;
+		}
 		/* route CCs: the live table's routes written again (an agent restarted, or routes
 		 * turned on since it was loaded) */
 		if (routes_enabled() && routes_sync(t.ents, t.n) < 0) {
@@ -1014,8 +1022,9 @@ int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade)
 			err = -1;
 		}
 		if (json)
-			printf("{\"loaded\": true, \"unchanged\": true, \"version\": %llu, \"slot\": %u, "
-			       "\"entries\": {\"v4\": %u, \"v6\": %u}}\n", (unsigned long long)t.man.version,
+			printf("{\"loaded\": true, \"unchanged\": true, \"epoch\": %llu, \"version\": %llu, "
+			       "\"slot\": %u, \"entries\": {\"v4\": %u, \"v6\": %u}}\n",
+			       (unsigned long long)t.man.epoch, (unsigned long long)t.man.version,
 			       slot, t.h->n_v4, t.h->n_v6);
 		else
 			printf("table %llu is already live (slot %u): nothing to do\n",
