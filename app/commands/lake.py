@@ -11,6 +11,8 @@ import typer
 
 from ccselect.hours import parse_hours
 from ccselect.spark import session_for
+
+from app.stream_metrics import StreamMetrics
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
 
@@ -56,6 +58,7 @@ def stream_cmd(
     once: bool = typer.Option(False, "--once", help="process the segments there now, then stop (Trigger.AvailableNow)"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many seconds"),
     deploy: Optional[bool] = typer.Option(None, "--deploy/--no-deploy", help="roll tables out to the fleet (default: pipeline.deploy as root)"),
+    metrics_file: Optional[str] = typer.Option(None, "--metrics-file", help="keep the stream's metrics in this file, Prometheus's text format for node_exporter's textfile collector (app/stream_metrics.py)"),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Fresh tables: ingest, score and re-aggregate the edge's log segments as they arrive (Spark
@@ -63,9 +66,13 @@ def stream_cmd(
     every `stream.table_minutes` of traffic when it changed enough; stop with SIGTERM."""
     from app import stream
     cfg, spark = _session(config, "ccs-stream")
-    with contextlib.redirect_stdout(sys.stderr):      # the rollout's guard lines are log, not the result
-        result = stream.run(spark, cfg, input or cfg.settings.pipeline.raw_dir, once=once, deploy=deploy,
-                            timeout_s=timeout, log=lambda m: typer.echo(m, err=True))
+    src = input or cfg.settings.pipeline.raw_dir
+    log = lambda m: typer.echo(m, err=True)  # noqa: E731
+    with contextlib.ExitStack() as stack:
+        if metrics_file:
+            log = stack.enter_context(StreamMetrics(metrics_file, src, cfg.settings.export.out, log))
+        with contextlib.redirect_stdout(sys.stderr):      # the rollout's guard lines are log, not the result
+            result = stream.run(spark, cfg, src, once=once, deploy=deploy, timeout_s=timeout, log=log)
     _emit(result, True)
 
 
