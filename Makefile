@@ -63,8 +63,22 @@ $(VENV)/.spark-warm: $(STAMP)
 run: setup
 	$(PY) -m app.cli run
 
+# The kernel tests that start no Spark (no `spark`, `main_job`, `small_lake` or `small_fleet`
+# fixture) run in a second pytest beside the rest: they mostly wait on the agent, the kernel and the
+# clock, while the rest keeps the cores busy. Their output follows the main run's; either failing
+# fails `make test`. (Two processes, never two Spark sessions.)
+KERNEL_BESIDE = $(shell grep -L -E '\b(spark|main_job|small_lake|small_fleet)\b' tests/kernel/test_*.py)
+BESIDE_LOG := var/test-kernel-beside.log
+
 test: setup
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not cluster"
+	@mkdir -p var; echo "beside (output in $(BESIDE_LOG) until the main run ends): $(KERNEL_BESIDE)"; \
+	$(if $(KERNEL_BESIDE),$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m "not cluster" $(KERNEL_BESIDE),true) \
+	  >$(BESIDE_LOG) 2>&1 & beside=$$!; \
+	trap 'kill $$beside 2>/dev/null' INT TERM; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "not cluster" $(addprefix --ignore=,$(KERNEL_BESIDE)); \
+	rc=$$?; wait $$beside; krc=$$?; \
+	echo "---- the kernel tests run beside ($(BESIDE_LOG)):"; cat $(BESIDE_LOG); \
+	echo "make test: main run exit $$rc, kernel tests beside exit $$krc"; exit $$(( rc || krc ))
 
 # The production topology on one machine (app/cluster/): Spark standalone, s3proxy, Postgres,
 # the MLflow server, Airflow's scheduler. `ccs cluster status` exits 3 when a part is down.
