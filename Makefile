@@ -103,6 +103,7 @@ bench: setup
 	@mkdir -p bench/results
 	$(PY) bench/simulate.py
 	$(PY) bench/kernel.py
+	$(PY) bench/metrics_cost.py
 	$(PY) bench/ingest.py --conns $(BENCH_INGEST_CONNS)
 	$(PY) bench/train.py --rows $(BENCH_TRAIN_ROWS)
 	$(PY) bench/infer.py

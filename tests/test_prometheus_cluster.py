@@ -247,6 +247,18 @@ def test_prometheus_scrapes_the_edge_hosts_and_an_expiry_fires(tmp_path):
         # the full log volume: the log degraded, CcsLogErrors for that node only
         assert _wait("CcsLogErrors firing", lambda: _firing(cfg, "CcsLogErrors"), timeout=60) == [drill_node.node_id]
         assert _query(cfg, "ccs_edge_log_degraded") == {live_node.node_id: 0.0, drill_node.node_id: 1.0}
+
+        # the same two nodes through `ccs fleet status` (their agents, in their namespaces)
+        from typer.testing import CliRunner
+
+        from app.cli import app
+        r = CliRunner().invoke(app, ["fleet", "status", "--fleet", str(tmp_path / "fleet.yaml"),
+                                     "--config", str(cfg.path), "--json"])
+        rows = {row["node"]: row for row in json.loads(r.output)}
+        assert r.exit_code == 3, r.output
+        assert (rows[live_node.node_id]["version"], rows[live_node.node_id]["attention"]) == (11, [])
+        assert rows[drill_node.node_id]["attention"][0] == "live table expired", rows
+        assert "transport log degraded" in rows[drill_node.node_id]["attention"], rows
     finally:
         for s in socks:
             s.close()
