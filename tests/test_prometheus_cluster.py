@@ -6,8 +6,9 @@ machine scrapes both over their veths with infra/prometheus/rules.yml and sends 
 Read back through Prometheus's HTTP API: the series of a table load, a miss, a hit and an A/B
 control on one node. Fault drills on the other node, each alert firing through Prometheus's alerts
 API and reaching Alertmanager's, for that node only: its table left to expire (a TTL of seconds:
-CcsTableExpired), and its log volume full (a tmpfs with no room left under its log folder, records
-to write: CcsLogErrors). Scrape and evaluation every second. The fleet is infra/fleet-netns.yaml with this run's
+CcsTableExpired), its log volume full (a tmpfs with no room left under its log folder, records
+to write: CcsLogErrors), and the node detached (its program off the cgroup: CcsNodeDetached, after
+the rule's minute). `ccs fleet status` over both nodes names the same. Scrape and evaluation every second. The fleet is infra/fleet-netns.yaml with this run's
 names, subnets and ports, so a `ccs cluster up` beside it is not touched.
 
 A `cluster` test (make test-cluster) that needs root, BPF and the Debian packages; skipped with the
@@ -146,8 +147,8 @@ def _connect(ns, ls, src: str) -> str:
         c.close()
 
 
-@pytest.mark.timeout(420)
-def test_prometheus_scrapes_the_edge_hosts_and_an_expiry_fires(tmp_path):
+@pytest.mark.timeout(480)
+def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
     if os.geteuid() != 0:
         _unavailable("needs root (eBPF, cgroups, network namespaces)")
     from export.edge.probe import kernel_ready
@@ -213,6 +214,14 @@ def test_prometheus_scrapes_the_edge_hosts_and_an_expiry_fires(tmp_path):
         socks.append(dls)
         for i in range(1, 21):
             _connect(dns, dls, f"127.62.0.{i}")
+        # then the drill node detached (its program off the web server's cgroup: CcsNodeDetached
+        # after its minute), once the program has handed over the 20 records
+        da = drill_node.agent()
+        try:
+            _wait("the drill node's 20 records emitted", lambda: da.status()["counters"]["log_emitted"] == 20)
+            da.detach()
+        finally:
+            da.close()
 
         # both targets up, as Prometheus sees them
         nodes = {live_node.node_id, drill_node.node_id}
@@ -257,8 +266,11 @@ def test_prometheus_scrapes_the_edge_hosts_and_an_expiry_fires(tmp_path):
         rows = {row["node"]: row for row in json.loads(r.output)}
         assert r.exit_code == 3, r.output
         assert (rows[live_node.node_id]["version"], rows[live_node.node_id]["attention"]) == (11, [])
-        assert rows[drill_node.node_id]["attention"][0] == "live table expired", rows
+        assert rows[drill_node.node_id]["attention"][:2] == ["not attached (link none)", "live table expired"], rows
         assert "transport log degraded" in rows[drill_node.node_id]["attention"], rows
+        # the detached node, after CcsNodeDetached's minute
+        assert _wait("CcsNodeDetached firing", lambda: _firing(cfg, "CcsNodeDetached"), timeout=120) == \
+            [drill_node.node_id]
     finally:
         for s in socks:
             s.close()
