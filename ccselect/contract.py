@@ -155,15 +155,26 @@ def segment_file_name(ts_ms: int, rotate_minutes: int = 1, seq: int = 0) -> str:
 #:   pred_net_type "wifi" or "cell" (argmax)
 #:   cc            the CC chosen for the connection: Wi-Fi → cubic, 4G/5G → bbr when trusted,
 #:                 else `default_cc` (ALICCS §4.2 fallback strategy)
-#:   decision      "model" (trusted: p_wifi ≥ wifi threshold or p_cell ≥ 4G threshold), "fallback", or
-#:                 "ood" (the champion's guard found the connection unlike its training data: default CC)
+#:   decision      one of PREDICTION_DECISIONS (PREDICTION_DECISION_DOCS says when each is made)
 #:   requests      HTTP requests on the connection (from silver; purity is weighted by it)
 PREDICTION_COLS = (
     "conn_id", "client_ip", "family", "prefix16", "prefix24", "prefix48", "prefix64", "ug_id",
     "requests", "p_wifi", "p_cell", "pred_net_type", "cc", "decision", "default_cc",
     "model_name", "model_version", "node_id", "hour",
 )
-PREDICTION_DECISIONS = ("model", "fallback", "ood")
+PREDICTION_DECISIONS = ("model", "fallback", "ood", "evidence")
+#: decision → when inference makes it (models/infer.py, models/infer_arrow.py: `evidence` first,
+#: then `ood`, then the thresholds); every decision but `model` keeps `default_cc`.
+PREDICTION_DECISION_DOCS = {
+    "model": "trusted: the predicted type's probability reaches its threshold (`infer.wifi_threshold`, "
+             "`infer.cell_threshold`): Wi-Fi → `infer.wifi_cc`, 4G/5G → `infer.cell_cc`",
+    "fallback": "the model is not confident enough either way: default_cc (ALICCS §4.2 fallback strategy)",
+    "ood": "the champion's guard found the connection unlike its training data, or it has more than "
+           "`infer.ood_max_imputed` imputed features: default_cc",
+    "evidence": "too little data for its features to mean what they meant in training (fewer than "
+                "`infer.min_data_segs` data segments, `infer.min_bytes_acked` bytes acknowledged or "
+                "`infer.min_duration_us` of life): default_cc, before the guard and the thresholds",
+}
 
 #: What the edge knows of a connection when it picks its CC (sock_ops PASSIVE_ESTABLISHED, the
 #: final ACK of the handshake just in): the transport fields the program fills at that moment —
@@ -292,9 +303,10 @@ FIELD_DOCS: dict[str, dict[str, tuple[str, str, str]]] = {
 
 def render_markdown() -> str:
     """docs/contract.md: every field of FIELDS with its type, unit, range, nullability, meaning
-    and how to fill it (FIELD_DOCS)."""
+    and how to fill it (FIELD_DOCS), and the decisions of gold.predictions."""
     out = ["# The data contract: field reference", "",
-           "Generated from `ccselect/contract.py` (`FIELDS`, `NULLABLE`, `RANGES`, `FIELD_DOCS`) by "
+           "Generated from `ccselect/contract.py` (`FIELDS`, `NULLABLE`, `RANGES`, `FIELD_DOCS`, "
+           "`PREDICTION_DECISIONS`) by "
            "`ccs contract --markdown`; do not edit by hand. The layout, the streams and the quarantine "
            "rules: `docs/architecture.md` \"Inputs\" and `jobs/README.md`. Check logs against it with "
            "`ccs validate DIR`.", "",
@@ -329,4 +341,10 @@ def render_markdown() -> str:
             cells = [f"`{name}`", typ.__name__, unit, rng_s, null, meaning, source]
             out.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         out.append("")
+    out += ["## gold.predictions: decision", "",
+            "What `ccs infer` writes as a connection's `decision` (`PREDICTION_DECISIONS`); the export "
+            "counts every decision but `model` as declined (against a prefix's purity).", "",
+            "| decision | when |", "|---|---|"]
+    out += [f"| `{d}` | {PREDICTION_DECISION_DOCS[d]} |" for d in PREDICTION_DECISIONS]
+    out.append("")
     return "\n".join(out)
