@@ -61,7 +61,7 @@ from ccselect.spark import conf_set
 from jobs import silver as silver_job
 from jobs.ingest import (AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, judge_against, to_audit, to_bronze,
                          to_quarantine)
-from jobs.parse import imputable
+from jobs.parse import imputable_of
 from jobs.sources import SourceFile, classify, explode_lines
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, and our modules that load torch or mlflow (models, export, app.pipeline).
 
@@ -272,7 +272,7 @@ class StreamJob:
         for stream in STREAMS:
             if not any(f.stream == stream for f in files):
                 continue
-            impute = imputable(cfg.settings.ingest.missing_features, stream)
+            impute = imputable_of(cfg.settings.ingest, stream)
             path = table_path(cfg, f"bronze.{stream}")
             b = to_bronze(lines.where(F.col("stream") == stream), stream, ingest_time, impute)
             held, read_version, done = as_before(spark, path, self.app_id, batch_id)

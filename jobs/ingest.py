@@ -18,8 +18,8 @@ from ccselect.contract import DUPLICATE_REASON, IDENTITY, STREAMS
 from ccselect.lake import table_path
 from ccselect.spark import conf_set
 from jobs import silver as silver_job
-from jobs.parse import imputable, parse
-from jobs.sources import SourceFile, discover_all, read_lines
+from jobs.parse import imputable_of, parse
+from jobs.sources import MISSING_REFERENCE_EFFECT, SourceFile, discover_all, missing_reference, read_lines
 
 BRONZE_COLS = ("stream", "node_id", "hour", "source_file", "line_no", "raw", "ingest_time", "status",
                "reason", "record")
@@ -175,7 +175,7 @@ def _ingest_bronze(spark: SparkSession, cfg: Config, files: list[SourceFile], in
         if not sfiles:
             continue
         keys = {(f.node_id, f.hour) for f in sfiles}
-        impute = imputable(cfg.settings.ingest.missing_features, stream)
+        impute = imputable_of(cfg.settings.ingest, stream)
         bronze = to_bronze(read_lines(spark, sfiles), stream, ingest_time, impute)
         with conf_set(spark, {**BRONZE_SHUFFLE, **BRONZE_WRITERS}):
             delta_io.replace_partitions(bronze, table_path(cfg, f"bronze.{stream}"), keys,
@@ -223,16 +223,25 @@ def summarize(audit: DataFrame) -> dict:
 
 def run(spark: SparkSession, cfg: Config, input_dir: str, hours: tuple[str, str] | None = None,
         silver: bool = True) -> dict:
-    """The whole ingest for every node-hour file under `input_dir` (optionally an hour range)."""
+    """The whole ingest for every node-hour file under `input_dir` (optionally an hour range).
+
+    The result says what a reader of the lake must know beside the counts: `missing_reference`,
+    the enrich step's reference file (`jobs.sources.REFERENCE`) when transport logs were read and
+    it is not there (silver then leaves every `ug_id` null), with `warnings` saying so."""
     files, skipped = discover_all(input_dir, hours, cfg=cfg)
     if not files:
         raise FileNotFoundError(f"no node-hour files under {input_dir}" + (f" for hours {hours}" if hours else "")
                                 + "".join(f"; not read: {s.path} ({s.why})" for s in skipped[:5]))
+    missing = missing_reference(input_dir, files, cfg) if silver else None
     result = {"input": input_dir, "files": len(files),
               "partitions": len({(f.node_id, f.hour) for f in files}),
               "skipped": [{"path": s.path, "why": s.why} for s in skipped],
+              "missing_reference": missing,
+              "warnings": [f"missing {missing}: {MISSING_REFERENCE_EFFECT}"] if missing else [],
               "streams": delta_io.retry_conflicts(lambda: ingest_bronze(spark, cfg, files), "ingest: bronze",
                                                   log=_warn)}
+    for w in result["warnings"]:
+        _warn(f"ingest: {w}")
     if silver:
         keys = {(f.node_id, f.hour) for f in files if f.stream == "transport"}
         result["silver_rows"] = delta_io.retry_conflicts(lambda: silver_job.run(spark, cfg, keys, input_dir),

@@ -31,11 +31,14 @@ Reasons, in the order they are checked:
 A UTF-8 byte order mark at the start of a line (what some Windows tools put at the top of a file)
 is not part of the record: RFC 8259 §8.1 lets a parser ignore it, and parse does; `raw` keeps it.
 
-Missing model features: with `impute` (the fields `ingest.missing_features: impute` allows, the
-Table 4 features; jobs.parse.imputable), a record whose only missing fields are among them is
-accepted with those fields null — silver lists them in `imputed`, training leaves such rows out
-and inference standardizes them to the training mean (features/scaling.py). By default nothing is
-imputable and such a record is quarantined naming every missing field.
+Missing model features: with `impute` (the fields `ingest.missing_features: impute` allows: those
+`ingest.imputable_features` names, by default the send window; jobs.parse.imputable), a record
+whose only missing fields are among them is accepted with those fields null — silver lists them in
+`imputed`, training leaves such rows out and inference standardizes them to the training mean
+(features/scaling.py). A record missing any other required field is quarantined as `missing_key:`
+naming exactly the missing fields that are not imputable (issue 57: the imputable send-window
+fields were listed beside `bytes_acked` as if they were at fault). By default nothing is imputable
+and such a record is quarantined naming every missing field.
 
 Hot path: `ccs_json_record_<stream>` (jvm/src/ccselect/udf/JsonRecord.java, one pass over the
 line's characters) says what from_json does not: that no top-level key is repeated and each
@@ -55,7 +58,8 @@ from __future__ import annotations
 
 from pyspark.sql import Column, DataFrame, Window, functions as F, types as T
 
-from ccselect.contract import CCS, DECISIONS, DUPLICATE_REASON, FEATURES, FIELDS, IDENTITY, NET_TYPES, NULLABLE, RANGES
+from ccselect.contract import CCS, DECISIONS, DUPLICATE_REASON, FIELDS, IDENTITY, NET_TYPES, NULLABLE, RANGES
+from ccselect.settings import IngestSettings
 from ccselect.spark import IS_IP, register_json_record, register_udfs
 
 HOUR_MS = 3_600_000
@@ -64,15 +68,25 @@ NOT_SURE, PLAIN, TEXT_AFTER = 0, 1, 2
 #: a transport record may start this long before the hour it closed in (contract: duration_us ≤ a day)
 MAX_CONN_MS = RANGES["duration_us"][1] // 1000
 BOM = "\ufeff"
-#: `ingest.missing_features` → the fields a transport record may miss and still be accepted
-MISSING_POLICIES = {"quarantine": (), "impute": FEATURES}
+#: `ingest.missing_features`: whether a transport record may miss the imputable features
+MISSING_POLICIES = ("quarantine", "impute")
 
 
-def imputable(policy: str, stream: str) -> tuple[str, ...]:
-    """The fields of `stream` that `ingest.missing_features: policy` lets a record miss."""
+def imputable(policy: str, stream: str, features: tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """The fields of `stream` that `ingest.missing_features: policy` lets a record miss: under
+    `impute`, `features` (`ingest.imputable_features`; None: its default, the send window)."""
     if policy not in MISSING_POLICIES:
         raise ValueError(f"ingest.missing_features must be one of {sorted(MISSING_POLICIES)}, not {policy!r}")
-    return MISSING_POLICIES[policy] if stream == "transport" else ()
+    if features is None:
+        features = IngestSettings().imputable_features
+    else:
+        IngestSettings(policy, tuple(features))          # the same checks as the configuration's
+    return tuple(features) if policy == "impute" and stream == "transport" else ()
+
+
+def imputable_of(ingest: IngestSettings, stream: str) -> tuple[str, ...]:
+    """`imputable` for a configuration's `ingest:` section."""
+    return imputable(ingest.missing_features, stream, ingest.imputable_features)
 RTT_FIELDS = ("min_rtt_us", "min_rtt_var_us", "max_rtt_var_us", "min_rto_us", "min_srtt_us", "max_srtt_us")
 #: Non-negative counters and durations of the access log and the QoE beacons (no upper contract
 #: range: a day is the absurd bound).
@@ -137,14 +151,16 @@ def _json_diagnosis(raw: Column, stream: str, impute: tuple[str, ...] = (), text
     need = [n for n in FIELDS[stream] if n not in NULLABLE.get(stream, set())]
     # The first field (contract order) with a problem says which kind. A missing imputable field is
     # no problem on its own; a missing required one is, and then the reason names every missing
-    # field: the chain says "missing_key:" and the list is put in once, after it (each expression
-    # here appears once: repeating the list in every branch made the generated code 20× larger).
+    # field that is not imputable (the imputable ones are not at fault): the chain says
+    # "missing_key:" and the list is put in once, after it (each expression here appears once:
+    # repeating the list in every branch made the generated code 20× larger).
     chain = F.when(v.isNull() | ~is_object, F.lit("bad_json"))
     for name, typ in FIELDS[stream].items():
         if name in need and name not in impute:
             chain = chain.when(absent[name], F.lit("missing_key:"))
         chain = chain.when(~absent[name] & (types[name] != _VARIANT_TYPE[typ]), F.lit(f"wrong_type:{name}"))
-    listed = F.concat(F.lit("missing_key:"), F.concat_ws(",", *[F.when(absent[n], F.lit(n)) for n in need]))
+    listed = F.concat(F.lit("missing_key:"), F.concat_ws(",", *[F.when(absent[n], F.lit(n)) for n in need
+                                                                if n not in impute]))
     return F.replace(chain, F.lit("missing_key:"), listed)
 
 

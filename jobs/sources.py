@@ -34,6 +34,26 @@ _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 #: Top-level entries of an input folder that are expected and not logs (the IP→ASN/region
 #: reference silver reads, the simulator's manifest).
 EXPECTED_TOP = ("reference", "manifest.json")
+#: The reference the enrich step reads (jobs/silver.py: client address → ug_id), under the input folder.
+REFERENCE = ("reference", "ip_asn_region.csv")
+#: What a missing reference costs, as ingest's and validate's reports say it.
+MISSING_REFERENCE_EFFECT = ("every connection's ug_id is null (no user groups, no AutoPlex caps): "
+                            "put the IP→ASN/region table (cidr,asn,isp,region) there")
+
+
+def reference_path(input_dir: str) -> str:
+    return storage.join(input_dir, *REFERENCE)
+
+
+def missing_reference(input_dir: str, files: list[SourceFile], cfg: Config | None = None) -> str | None:
+    """The reference file's path when transport logs are among `files` and it is not under
+    `input_dir` (an object store's is looked up with `cfg`, unchecked without it), else None."""
+    if not any(f.stream == "transport" for f in files):
+        return None
+    path = reference_path(input_dir)
+    if storage.is_remote(input_dir):
+        return None if cfg is None or storage.exists(cfg, path) else path
+    return None if os.path.exists(path) else os.path.abspath(path)
 
 
 @dataclass(frozen=True, order=True)

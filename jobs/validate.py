@@ -33,9 +33,12 @@ per-line rules cannot see because each line on its own is plausible:
 
 A problem is any quarantined line, any file not read, any suspicious unit, and a transport log
 without `reference/ip_asn_region.csv` beside it (ingest then leaves every connection's `ug_id`
-null: no user groups, no AutoPlex caps); `ccs validate` exits 1 when there is one. The summary
-also names the setting that would accept what was refused (`hints`): transport lines quarantined
-only for missing model features are accepted by `ingest.missing_features: impute`.
+null: no user groups, no AutoPlex caps; ingest's result says so too); `ccs validate` exits 1
+when there is one. The summary also names the setting that would accept what was refused
+(`hints`): transport lines quarantined only for missing imputable features are accepted by
+`ingest.missing_features: impute`; lines quarantined only for missing model features that
+`ingest.imputable_features` does not name would be accepted with them added there (the hint
+says how many such rows `infer.ood_max_imputed` would still send to the default CC).
 """
 from __future__ import annotations
 
@@ -44,8 +47,9 @@ import os
 from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
 from ccselect.contract import FEATURES, STREAMS
+from ccselect.settings import InferSettings, IngestSettings
 from jobs.parse import BOM, HOUR_MS, imputable, parse
-from jobs.sources import SourceFile, discover_all, read_lines
+from jobs.sources import MISSING_REFERENCE_EFFECT, SourceFile, discover_all, missing_reference, read_lines
 
 #: Example lines kept per (stream, reason), and how much of each raw line is shown.
 EXAMPLES = 3
@@ -58,8 +62,6 @@ RTO_MS_MEDIAN_US = 20_000
 COMMON_MSS = frozenset({536, 1220, 1240, 1260, 1280, 1300, 1320, 1340, 1360, 1380, 1400, 1410, 1420, 1428,
                         1432, 1436, 1440, 1448, 1452, 1460, 8940, 8948, 8960, 9000, 65483})
 TS_FIELDS = {"transport": "ts_end_ms", "access": "ts_ms", "qoe": "ts_ms"}
-#: what silver joins for user groups (jobs/silver.py), under the input folder
-REFERENCE = os.path.join("reference", "ip_asn_region.csv")
 
 
 # ---- extract ------------------------------------------------------------------------------------
@@ -172,20 +174,24 @@ def notices(parsed: DataFrame, stream: str, impute: tuple[str, ...]) -> list[dic
 
 
 def run(spark: SparkSession, input_dir: str, hours: tuple[str, str] | None = None,
-        k: int = EXAMPLES, missing_features: str = "quarantine") -> dict:
+        k: int = EXAMPLES, missing_features: str = "quarantine",
+        imputable_features: tuple[str, ...] | None = None) -> dict:
     """Validate every file ingest would read under `input_dir` with ingest's rules
-    (`missing_features`: the ingest.missing_features policy); returns the report (a dict:
-    `streams`, `files`, `examples`, `unknown_files`, `suspicious`, `notices`, `problems`). Writes
-    nothing."""
+    (`missing_features`, `imputable_features`: the ingest section's settings, None for its default);
+    returns the report (a dict: `streams`, `files`, `examples`, `unknown_files`, `suspicious`,
+    `notices`, `missing_reference`, `hints`, `problems`). Writes nothing."""
+    if imputable_features is None:
+        imputable_features = IngestSettings().imputable_features
     files, unknown = list_files(input_dir, hours)
     report: dict = {"input": os.path.abspath(input_dir), "hours": list(hours) if hours else None,
                     "streams": {}, "files": [], "examples": {}, "unknown_files": unknown, "suspicious": [],
-                    "notices": [], "missing_features": missing_features}
+                    "notices": [], "missing_features": missing_features,
+                    "imputable_features": list(imputable_features)}
     for stream in STREAMS:
         sfiles = [f for f in files if f.stream == stream]
         if not sfiles:
             continue
-        impute = imputable(missing_features, stream)
+        impute = imputable(missing_features, stream, tuple(imputable_features))
         parsed = parse(read_lines(spark, sfiles), stream, impute).select(
             "node_id", "hour", "hour_start_ms", "source_file", "line_no", "raw", "status", "reason",
             "record").persist()
@@ -211,31 +217,43 @@ def run(spark: SparkSession, input_dir: str, hours: tuple[str, str] | None = Non
         report["streams"][stream] = {
             "files": len(mine), **{key: sum(f[key] for f in mine) for key in ("lines_read", "accepted", "quarantined")},
             "by_reason": dict(sorted(by_reason.items()))}
-    report["missing_reference"] = missing_reference(input_dir, files)
+    # (an object store's reference is not looked up here: validate runs without the configuration)
+    report["missing_reference"] = None if "://" in input_dir else missing_reference(input_dir, files)
     report["hints"] = hints(report)
     report["problems"] = problems(report)
     return report
 
 
-def missing_reference(input_dir: str, files: list[SourceFile]) -> str | None:
-    """The reference file's path when transport logs are there and it is not (a local folder;
-    an object store's is not checked here)."""
-    if "://" in input_dir or not any(f.stream == "transport" for f in files):
-        return None
-    path = os.path.join(input_dir, REFERENCE)
-    return None if os.path.exists(path) else path
-
-
 def hints(report: dict) -> list[str]:
     """Which setting would accept what was refused: transport lines quarantined only for missing
-    model features (`missing_key:` listing features alone) under `missing_features: quarantine`."""
-    if report.get("missing_features", "quarantine") != "quarantine":
-        return []
+    model features (`missing_key:` listing features alone). Those missing only features that
+    `ingest.imputable_features` names are accepted by `missing_features: impute`; the others only
+    with their features added to `imputable_features` (and `impute`), and a row with more than
+    `infer.ood_max_imputed` imputed features is then scored `ood` (the default CC)."""
+    policy = report.get("missing_features", "quarantine")
+    allowed = set(report.get("imputable_features", IngestSettings().imputable_features))
     by_reason = report["streams"].get("transport", {}).get("by_reason", {})
-    n = sum(c for reason, c in by_reason.items() if reason.startswith("missing_key:")
-            and set(reason.removeprefix("missing_key:").split(",")) <= set(FEATURES))
-    return [f"transport: ingest.missing_features: impute would accept the {n} line(s) quarantined only "
-            "for missing model features (silver lists them in `imputed`; training leaves them out)"] if n else []
+    features_only = {tuple(reason.removeprefix("missing_key:").split(",")): n for reason, n in by_reason.items()
+                     if reason.startswith("missing_key:")
+                     and set(reason.removeprefix("missing_key:").split(",")) <= set(FEATURES)}
+    out = []
+    n = sum(c for names, c in features_only.items() if set(names) <= allowed)
+    if n and policy == "quarantine":
+        out.append(f"transport: ingest.missing_features: impute would accept the {n} line(s) quarantined only "
+                   f"for missing imputable features ({', '.join(sorted(allowed))}; silver lists them in "
+                   "`imputed`; training leaves them out)")
+    others = {names: c for names, c in features_only.items() if not set(names) <= allowed}
+    if others:
+        # (under quarantine a reason names every missing feature, under impute only the others)
+        extra = sorted({f for names in others for f in names} - allowed, key=FEATURES.index)
+        total = sum(others.values())
+        cap = InferSettings().ood_max_imputed
+        ood = sum(c for names, c in others.items() if cap >= 0 and len(names) > cap)
+        out.append(f"transport: ingest.imputable_features with {', '.join(extra)} added (and "
+                   f"ingest.missing_features: impute) would accept the {total} line(s) quarantined only for "
+                   f"missing model features; at least {ood} of them would miss more than infer.ood_max_imputed "
+                   f"({cap}) features and be scored ood (the default CC)")
+    return out
 
 
 def _per_file(stream: str, sfiles: list[SourceFile], rows) -> list[dict]:
@@ -262,6 +280,5 @@ def problems(report: dict) -> list[str]:
     out += [f"file not read: {u['path']} ({u['why']})" for u in report["unknown_files"]]
     out += [f"{s['stream']}: {s['check']} in {s['file']}: {s['detail']}" for s in report["suspicious"]]
     if report.get("missing_reference"):
-        out.append(f"missing {report['missing_reference']}: ingest leaves every connection's ug_id null "
-                   "(no user groups, no AutoPlex caps)")
+        out.append(f"missing {report['missing_reference']}: {MISSING_REFERENCE_EFFECT}")
     return out

@@ -172,8 +172,8 @@ def test_validate_reports_the_missing_reference_and_the_setting_that_accepts(spa
     fleet_dir = small_fleet[0]
     tf = next(f for f in discover(fleet_dir) if f.stream == "transport")
     recs = _lines(tf.path)[:20]
-    no_rtt = [{k: v for k, v in r.items() if k not in ("min_rtt_us", "min_srtt_us")} for r in recs[:2]]
-    _write(tmp_path / "logs" / "transport" / tf.node_id / f"{tf.hour}.jsonl", recs[2:] + no_rtt)
+    no_wnd = [{k: v for k, v in r.items() if k not in ("init_snd_wnd_bytes", "min_snd_wnd_bytes")} for r in recs[:2]]
+    _write(tmp_path / "logs" / "transport" / tf.node_id / f"{tf.hour}.jsonl", recs[2:] + no_wnd)
     report = validate.run(spark, str(tmp_path / "logs"))
     assert report["streams"]["transport"]["quarantined"] == 2
     ref = str(tmp_path / "logs" / "reference" / "ip_asn_region.csv")

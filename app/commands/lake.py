@@ -87,7 +87,8 @@ def validate_cmd(
     from jobs import validate
     cfg, spark = _session(config, "ccs-validate")
     report = validate.run(spark, path, parse_hours(hours), k=examples,
-                          missing_features=cfg.settings.ingest.missing_features)
+                          missing_features=cfg.settings.ingest.missing_features,
+                          imputable_features=cfg.settings.ingest.imputable_features)
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True, default=str))
     else:
