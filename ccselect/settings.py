@@ -104,6 +104,9 @@ class ClusterSettings(_Section):
     prometheus: str | None = None                       # e.g. http://127.0.0.1:19090
     alertmanager: str | None = None                     # e.g. http://127.0.0.1:19093
     node_exporter_port: int = 9100
+    # node_exporter on this machine for the data path's textfiles (`ccs stream --metrics-file
+    # <cluster.home>/monitoring/textfile/ccs-stream.prom`): job ccs-platform; None: not started
+    platform_exporter: str | None = None                # e.g. http://127.0.0.1:19100
     scrape_interval_s: float = 15.0                     # scrape and rule evaluation interval
 
     def __post_init__(self):

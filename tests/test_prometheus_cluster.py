@@ -74,7 +74,8 @@ def _config(tmp_path, binary: str | None):
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(doc))
     raw = yaml.safe_load((REPO / "infra" / "conf" / "cluster-local.yaml").read_text())
     raw["cluster"].update(home=str(tmp_path / "cluster"), prometheus=f"http://127.0.0.1:{_free_port()}",
-                          alertmanager=f"http://127.0.0.1:{_free_port()}", scrape_interval_s=1)
+                          alertmanager=f"http://127.0.0.1:{_free_port()}", scrape_interval_s=1,
+                          platform_exporter=f"http://127.0.0.1:{_free_port()}")
     raw["export"].update(out=str(tmp_path / "export"), keys_dir=str(tmp_path / "keys"))
     raw["pipeline"]["fleet"] = str(tmp_path / "fleet.yaml")
     (tmp_path / "ccs.yaml").write_text(yaml.safe_dump(raw))
@@ -226,6 +227,8 @@ def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
         # both targets up, as Prometheus sees them
         nodes = {live_node.node_id, drill_node.node_id}
         _wait("both edge hosts scraped", lambda: _query(cfg, 'up{job="ccs-edge"}') == {n: 1.0 for n in nodes})
+        _wait("the platform's node_exporter scraped (the stream's textfile folder)",
+              lambda: _query(cfg, 'up{job="ccs-platform"}') == {None: 1.0})
         # the series of the load, the hit, the miss and the A/B control, read back from Prometheus
         want = {
             f'ccs_edge_table_version{{slot="live",node="{live_node.node_id}"}}': 11.0,

@@ -5,6 +5,10 @@ machine, and node_exporter inside each edge host's network namespace.
                   on its own address (`cluster.node_exporter_port`), with only the textfile
                   collector on the folder the node's agent rewrites its metrics file in
                   (export/edge/metrics.c): what an edge of a real fleet runs
+  platform        node_exporter on this machine at `cluster.platform_exporter` (when set), its
+                  textfile collector on `<cluster.home>/monitoring/textfile/`, where `ccs stream
+                  --metrics-file` keeps the data path's metrics (app/stream_metrics.py): job
+                  `ccs-platform`
   alertmanager    `cluster.alertmanager`'s address; alerts kept, none sent anywhere (a receiver
                   without integrations: the operator points it at their pager)
   prometheus      `cluster.prometheus`'s address; scrapes every node's node_exporter over its veth
@@ -50,13 +54,26 @@ def _exporters(cfg: Config) -> list[tuple[Node, Server]]:
                        port, _node_ip(n))) for n in edges.nodes(cfg)]
 
 
+def platform_textfile_dir(cfg: Config) -> Path:
+    """Where the data path's textfiles go (`ccs stream --metrics-file <this>/ccs-stream.prom`)."""
+    return _dir(cfg) / "textfile"
+
+
+def _platform(cfg: Config) -> list[Server]:
+    url = cfg.settings.cluster.platform_exporter
+    if not url:
+        return []
+    host, port = address(url, 9100)
+    return [Server("node-exporter-platform", _dir(cfg) / "node-exporter", port, host)]
+
+
 def servers(cfg: Config) -> list[Server]:
     c = cfg.settings.cluster
     if not c.prometheus:
         return []
     am_host, am_port = address(c.alertmanager, 9093)
     p_host, p_port = address(c.prometheus, 9090)
-    return ([s for _, s in _exporters(cfg)]
+    return ([s for _, s in _exporters(cfg)] + _platform(cfg)
             + [Server("alertmanager", _dir(cfg) / "alertmanager", am_port, am_host),
                Server("prometheus", _dir(cfg) / "prometheus", p_port, p_host)])
 
@@ -75,7 +92,8 @@ def prometheus_config(cfg: Config) -> dict:
             "job_name": "ccs-edge",
             "static_configs": [{"targets": [f"{s.host}:{s.port}"], "labels": {"node": n.node_id}}
                                for n, s in _exporters(cfg)],
-        }],
+        }] + [{"job_name": "ccs-platform", "static_configs": [{"targets": [f"{s.host}:{s.port}"]}]}
+              for s in _platform(cfg)],
     }
 
 
@@ -96,8 +114,8 @@ def _binary(name: str) -> str:
 
 
 def up(cfg: Config, env: dict[str, str]) -> None:
-    """node_exporter in every edge host, then Alertmanager, then Prometheus (each left alone when
-    it runs already); Prometheus is up when /-/ready answers."""
+    """node_exporter in every edge host and the platform's, then Alertmanager, then Prometheus
+    (each left alone when it runs already); Prometheus is up when /-/ready answers."""
     c = cfg.settings.cluster
     if not c.prometheus:
         return
@@ -113,6 +131,14 @@ def up(cfg: Config, env: dict[str, str]) -> None:
             _binary("node_exporter"), f"--web.listen-address={srv.host}:{srv.port}",
             "--collector.disable-defaults", "--collector.textfile",
             f"--collector.textfile.directory={tdir}"], env=env, timeout=30)
+    for srv in _platform(cfg):
+        if srv.running():
+            continue
+        free_port(srv.host, srv.port)
+        platform_textfile_dir(cfg).mkdir(parents=True, exist_ok=True)
+        srv.start([_binary("node_exporter"), f"--web.listen-address={srv.host}:{srv.port}",
+                   "--collector.disable-defaults", "--collector.textfile",
+                   f"--collector.textfile.directory={platform_textfile_dir(cfg)}"], env=env, timeout=30)
     am, prom = servers(cfg)[-2:]
     for srv, conf, argv in (
             (am, alertmanager_config(cfg), lambda f: [
