@@ -83,7 +83,7 @@ def test_signing_bounds_and_epoch_field(tmp_path):
 
 
 def test_opening_an_epoch_is_explicit_and_logged(cfg):
-    from export.delivery import epoch
+    from export.artifact import epoch
     assert epoch.current(cfg) == 0 and epoch.history(cfg) == []
     with pytest.raises(epoch.EpochError, match="reason"):
         epoch.open_next(cfg, "  ")

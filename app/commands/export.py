@@ -52,7 +52,7 @@ def keys_epoch_cmd(
     """The deployment epoch tables are signed in; --new opens the next one (a new lake, store or
     key whose versions start again: docs/edge-versions.md). Agents take the next epoch's tables
     from then on and refuse the older epoch's."""
-    from export.delivery import epoch
+    from export.artifact import epoch
     cfg = load_config(config)
     try:
         if new:

@@ -2,7 +2,7 @@
 
 The manifest's `epoch` is the deployment epoch (issue 56, item 3): tables are ordered by
 (epoch, version); a new lake, store or key whose versions start again is signed in the next epoch,
-opened by an explicit, logged operator command (`ccs keys epoch --new`, export/delivery/epoch.py).
+opened by an explicit, logged operator command (`ccs keys epoch --new`, export/artifact/epoch.py).
 Versions and epochs are at most SERIAL_MAX (2^53 - 1, the agent's bound, ccs.h CCS_SERIAL_MAX).
 
 Layout in `out_dir` for table version V:

@@ -58,7 +58,7 @@ from ccselect.lake import table_path
 from ccselect.settings import BITS, FAMILIES, PrefixLadder
 from distill.handshake import load_handshake
 from export.artifact import signing, table_format as tf
-from export.delivery import epoch as deploy_epoch   # the signer's deployment epoch (issue 56)
+from export.artifact import epoch as deploy_epoch   # the signer's deployment epoch (issue 56)
 from export.tables.flow import table_tree
 
 # Algorithm 1's ladder and purity tiers (`export.ladder`, `export.purity`): ccselect.settings.PrefixLadder,
