@@ -28,7 +28,7 @@ from ccselect.config import Config, load_config, project_root
 # Imported inside the functions that use them (heavy, not needed to import this module): airflow, pendulum,
 # psycopg2.
 
-DAG_IDS = ("ccs_hourly", "ccs_train", "ccs_autoplex")
+DAG_IDS = ("ccs_hourly", "ccs_train", "ccs_autoplex", "ccs_maintain")
 
 
 #: a deployment on one machine of 2 cores: tasks at once, DAG files parsed at once

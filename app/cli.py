@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "app.commands.relocate",
     "app.commands.cluster",
     "app.commands.fleet",
+    "app.commands.maintain",
 )
 
 

@@ -64,6 +64,17 @@ def ingest_hour(hour: str, cfg: Config | None = None) -> dict:
             "streams": res["streams"]}
 
 
+# ---- the lake's upkeep ----------------------------------------------------------------------------
+
+def maintain_lake(cfg: Config | None = None) -> dict:
+    """Compaction of closed hours, retention and VACUUM of every table (jobs/maintain.py)."""
+    from jobs import maintain
+    cfg = cfg or load_config()
+    res = maintain.run(_spark(cfg, "ccs-maintain"), cfg)
+    return {k: res[k] for k in ("files_before", "files_after", "vacuumed_files", "retention_days")} | {
+        "tables": len(res["tables"])}
+
+
 # ---- AutoPlex -----------------------------------------------------------------------------------
 
 def autoplex_period(start: datetime, cfg: Config | None = None) -> dict:

@@ -50,8 +50,17 @@ class SparkSettings(_Section):
 
 @dataclass(frozen=True)
 class LakeSettings(_Section):
-    """`lake:` Delta tables live at <root>/<layer>/<table>."""
+    """`lake:` Delta tables live at <root>/<layer>/<table>. `ccs maintain` (jobs/maintain.py)
+    compacts a table's closed hours (all but the newest `open_hours`, which the stream still
+    appends to) and keeps time travel for `retention_days` (VACUUM's retention, and the Delta
+    log's and deleted files' retention as table properties)."""
     root: str
+    retention_days: float = 7.0       # Delta's own default for deleted files (delta.deletedFileRetentionDuration)
+    open_hours: int = 2
+
+    def __post_init__(self):
+        if self.retention_days < 0 or self.open_hours < 0:
+            raise ValueError("lake: retention_days and open_hours must be >= 0")
 
 
 @dataclass(frozen=True)
