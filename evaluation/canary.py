@@ -133,6 +133,12 @@ class Canary:
                 "metrics": {m: st.last for m, st in self.states.items()}}
 
 
+def cluster_moments(sums: dict[str, dict[str, tuple]]) -> dict[str, dict[str, ArmMoments]]:
+    """metric → arm → (Y_i, X_i, connections), per-client sums → the same keys with ArmMoments."""
+    return {m: {arm: ArmMoments.of_clusters(y, x, conns) for arm, (y, x, conns) in arms.items()}
+            for m, arms in sums.items()}
+
+
 def moments_by_metric(rows: list[dict[str, Any]]) -> dict[str, dict[str, ArmMoments]]:
     """Collected `arm_moments` rows of the segment `all` → metric → arm → ArmMoments."""
     out: dict[str, dict[str, ArmMoments]] = {}

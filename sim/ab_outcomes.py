@@ -13,8 +13,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from evaluation.abtest import ArmMoments
-
 
 @dataclass(frozen=True)
 class ArmsSetting:
@@ -29,7 +27,9 @@ class ArmsSetting:
 
 def replay(rng: np.random.Generator, minutes: int, effect_retrans: float = 1.0, effect_stall: float = 1.0,
            s: ArmsSetting = ArmsSetting()):
-    """Yield (minute, {metric: {arm: ArmMoments}}) cumulative after each minute 1..minutes."""
+    """Yield (minute, {metric: {arm: (Y, X, connections)}}) cumulative after each minute 1..minutes:
+    the per-client sums Y_i, X_i of the clients seen so far (evaluation.canary.cluster_moments
+    makes the delta method's moments of them)."""
     treated = np.arange(s.clients) % 2 == 1
     p_ret = np.minimum(s.retrans_median * np.exp(rng.normal(0, s.spread, s.clients)), 0.5)
     p_stall = np.minimum(s.stall_median * np.exp(rng.normal(0, s.spread, s.clients)), 0.5)
@@ -49,6 +49,6 @@ def replay(rng: np.random.Generator, minutes: int, effect_retrans: float = 1.0, 
         seen = conns > 0
         out = {}
         for m, (y, x) in sums.items():
-            out[m] = {arm: ArmMoments.of_clusters(y[seen & sel], x[seen & sel], int(conns[seen & sel].sum()))
+            out[m] = {arm: (y[seen & sel], x[seen & sel], int(conns[seen & sel].sum()))
                       for arm, sel in (("control", ~treated), ("treatment", treated))}
         yield minute, out

@@ -19,8 +19,8 @@ S = CanarySettings()
 
 def _run(rng, effect_retrans=1.0, effect_stall=1.0, settings=S, minutes=None):
     c = canary.Canary(settings)
-    for minute, moments in replay(rng, int(minutes or settings.max_minutes), effect_retrans, effect_stall):
-        if c.look(minute, moments) != canary.OBSERVE:
+    for minute, sums in replay(rng, int(minutes or settings.max_minutes), effect_retrans, effect_stall):
+        if c.look(minute, canary.cluster_moments(sums)) != canary.OBSERVE:
             return c.decision, minute, c
     return c.decision, minutes, c
 
@@ -37,7 +37,8 @@ def test_null_tables_are_rolled_back_at_most_at_alpha_with_a_look_every_minute()
         rollbacks += decision == canary.ROLLBACK
     rng = np.random.default_rng(59)
     for _ in range(200):
-        for minute, moments in replay(rng, 30):
+        for minute, sums in replay(rng, 30):
+            moments = canary.cluster_moments(sums)
             hit = False
             for m in S.metrics:
                 c, t = moments[m]["control"], moments[m]["treatment"]
