@@ -565,7 +565,7 @@ class GuardsSettings(_Section):
     growth_floor_entries: int = 100
     # hysteresis: the share of traffic whose CC the table would send back to what the table
     # before the live one gave it, undoing the live table's own change (good/bad alternation)
-    max_revert_share: float = 0.10   # a third of max_flip_share; the guard prints each table's share
+    max_revert_share: float = 0.10   # make run's stream tables changed 2.9–3.3% of traffic each (docs/results/main-job.md)
 
 
 @dataclass(frozen=True)
