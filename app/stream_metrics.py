@@ -9,7 +9,7 @@ CcsStreamDown) and the newest segment waiting in the input folder (the lag behin
 CcsStreamLag). The file is written whole or not at all (a temporary file beside it, then rename).
 
 Series (ccs_stream_ prefix, counters _total, seconds):
-  heartbeat_timestamp_seconds, batches_total, segments_total, lines_read_total,
+  heartbeat_timestamp_seconds, started_timestamp_seconds, batches_total, segments_total, lines_read_total,
   rows_accepted_total, rows_quarantined_total, batch_duration_seconds (last batch),
   batch_stage_duration_seconds{stage} (last batch), last_batch_timestamp_seconds,
   processed_segment_timestamp_seconds (mtime of the newest segment a batch took in),
@@ -45,6 +45,8 @@ class StreamMetrics:
         self.last: dict = {}
         self.table: dict = {}
         self.processed_ts: float | None = None
+        # before its first batch a stream has processed nothing: the lag counts from its start
+        self.started_ts = time.time()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -133,6 +135,8 @@ class StreamMetrics:
             rollouts, processed = dict(self.rollouts), self.processed_ts
         metric("ccs_stream_heartbeat_timestamp_seconds", "gauge",
                "When the stream's metrics were last written (Unix time).", [("", round(now, 3))])
+        metric("ccs_stream_started_timestamp_seconds", "gauge",
+               "When this stream process started (Unix time).", [("", round(self.started_ts, 3))])
         for name, help_ in (("batches", "Micro-batches processed."),
                             ("segments", "Log segments taken in by micro-batches."),
                             ("lines_read", "Lines read from new segments."),
