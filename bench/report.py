@@ -48,6 +48,8 @@ SOURCES = {
                  ["bench/results/capacity.json"]),
     "freshness": ("The stream: log record to enforced table, and throughput (issue 26)", "python bench/freshness.py",
                   ["bench/results/freshness.json"]),
+    "canary": ("The canary's sequential A/B: false rollbacks and time to roll back (issue 58)", "python bench/canary.py",
+               ["bench/results/canary.json"]),
 }
 
 #: leaves of a JSON longer than this many characters are shown as a block, not in the table
