@@ -1,4 +1,5 @@
-"""`ccs keys init`, `ccs export`, `ccs rollout`, `ccs rollback`: signed prefix tables to the edge.
+"""`ccs keys init`, `ccs export`, `ccs rollout` (and `ccs rollout status`), `ccs rollback`,
+`ccs freeze` / `ccs unfreeze`: signed prefix tables to the edge.
 
 The export and delivery modules pull in pyspark, so each command imports them when it runs (the
 CLI's start stays quick)."""
@@ -18,14 +19,29 @@ from export.delivery.rollout import deploy
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
 keys_app = typer.Typer(help="Ed25519 keys that sign exported tables.", no_args_is_help=True)
+rollout_app = typer.Typer(help="Guards, publish, then the fleet cohort by cohort; `status`: where it stands.",
+                          invoke_without_command=True)
 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(keys_app, name="keys")
     app.command("export")(export_cmd)
-    app.command("rollout")(rollout_cmd)
+    app.add_typer(rollout_app, name="rollout")
     app.command("rollback")(rollback_cmd)
+    app.command("freeze")(freeze_cmd)
+    app.command("unfreeze")(unfreeze_cmd)
     app.command("undeploy")(undeploy_cmd)
+
+
+def _gate(cfg, gate: str, look_s: float):
+    """The gate a cohort passes before the next (export/delivery/gates.py)."""
+    from export.delivery import gates
+    if gate == "health":
+        return gates.health_gate
+    if gate == "canary":
+        spark = get_spark(cfg, "ccs-rollout-canary")
+        return gates.CanaryVerdict(cfg.settings.export.canary, gates.silver_moments(spark, cfg), look_s=look_s)
+    raise typer.BadParameter(f"--gate {gate}: health or canary")
 
 
 @keys_app.command("init")
@@ -81,29 +97,132 @@ def export_cmd(
     typer.echo(json.dumps(man, indent=1))
 
 
+@rollout_app.callback()
 def rollout_cmd(
-    fleet: str = typer.Option("infra/fleet.yaml", "--fleet", help="fleet file (nodes, canaries)"),
+    ctx: typer.Context,
+    fleet: str = typer.Option("infra/fleet.yaml", "--fleet", help="fleet file (nodes, cohorts)"),
     version: Optional[int] = typer.Option(None, "--version", help="exported version (default: latest)"),
     store_url: Optional[str] = typer.Option(None, "--store", help="artifact store (default: export.rollout.store)"),
+    gate: str = typer.Option("health", "--gate", help="what promotes a cohort: health (connection rate) or "
+                             "canary (the A/B on outcomes from silver.connections, export.canary)"),
+    look_s: float = typer.Option(60.0, "--look-s", help="with --gate canary: seconds between looks"),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
-    """Guards, publish to the artifact store, then canaries → health → the rest."""
+    """Guards, publish to the artifact store, then the fleet's cohorts in order (canary first),
+    each gated before the next; decisions in gold.rollout_decisions. Refused while frozen."""
+    if ctx.invoked_subcommand:
+        return
+    from export.delivery.freeze import Frozen
+    from export.delivery.gates import DecisionLog
     from export.delivery.guards import GuardRefused
     from export.delivery.publish import PublishError, fleet_and_store, publish
     cfg = load_config(config)
     fl, store = fleet_and_store(cfg, fleet, store_url)
+    g = _gate(cfg, gate, look_s)
     spark = get_spark(cfg, "ccs-rollout")
     try:
         pub = publish(spark, cfg, store, version, log=typer.echo)
+        res = deploy(fl, store, pub["version"], cfg.settings.export.rollout.health, log=typer.echo, gate=g,
+                     decisions=DecisionLog.for_config(cfg))
     except PublishError as exc:
         raise typer.BadParameter(str(exc))
-    except GuardRefused as exc:
+    except (GuardRefused, Frozen) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2)
-    res = deploy(fl, store, pub["version"], cfg.settings.export.rollout.health, log=typer.echo)
     typer.echo(json.dumps(res, indent=1, default=str))
     if not res["ok"]:
         raise typer.Exit(1)
+
+
+@rollout_app.command("status")
+def rollout_status_cmd(
+    fleet: Optional[str] = typer.Option(None, "--fleet", help="fleet file: show its cohorts"),
+    store_url: Optional[str] = typer.Option(None, "--store", help="artifact store (default: export.rollout.store)"),
+    last: int = typer.Option(10, "--last", help="decisions shown (gold.rollout_decisions)"),
+    as_json: bool = typer.Option(False, "--json"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """The store's current table and history, the freeze (if any) and its log, the fleet's
+    cohorts, and the newest gate decisions."""
+    from ccselect.lake import table_path
+    from export.delivery import freeze
+    from export.delivery.gates import DECISIONS_TABLE, read_decisions
+    from export.delivery.publish import key_paths
+    from export.delivery.rollout import load_fleet
+    from export.delivery.store import store_for
+    cfg = load_config(config)
+    store = store_for(cfg, store_url)
+    st = store.state()
+    out = {"store": store.url, "current": st["current"],
+           "current_epoch": store.serial(st["current"])[0] if st["current"] is not None else None,
+           "history": st["history"][-10:], "freeze": freeze.current(store),
+           "freeze_log": freeze.history(store)[-5:],
+           "decisions": read_decisions(table_path(cfg, DECISIONS_TABLE), last)}
+    if fleet:
+        fl = load_fleet(fleet, cfg, public_key=key_paths(cfg)[1])
+        out["cohorts"] = {c: [n.node_id for n in ns] for c, ns in fl.cohorts}
+    if as_json:
+        typer.echo(json.dumps(out, indent=1, default=str))
+        return
+    typer.echo(f"store {out['store']}: current table {out['current']} (epoch {out['current_epoch']}), "
+               f"history {out['history']}")
+    typer.echo(f"FROZEN: {freeze.describe(out['freeze'])}" if out["freeze"] else "not frozen")
+    for r in out["freeze_log"]:
+        typer.echo(f"  {r['at']} {r['action']} by {r['who']}: {r['why']}")
+    for c, ns in (out.get("cohorts") or {}).items():
+        typer.echo(f"cohort {c}: {', '.join(ns)}")
+    for r in out["decisions"]:
+        typer.echo(f"{r['rollout_id']} cohort {r['cohort']} ({r['node_ids']}) table {r['epoch']}:{r['version']} "
+                   f"at {r['minute']:g} min: {r['decision']} — {r['reason']}")
+
+
+def freeze_cmd(
+    reason: str = typer.Option(..., "--reason", help="why (kept in the store's freeze record and log)"),
+    who: Optional[str] = typer.Option(None, "--who", help="who freezes (default: user@host)"),
+    fleet: Optional[str] = typer.Option(None, "--fleet", help="also put every node of this fleet file back on the pinned table"),
+    store_url: Optional[str] = typer.Option(None, "--store", help="artifact store (default: export.rollout.store)"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """The operator's kill switch: pin the store's current table fleet-wide and refuse every
+    publish and rollout until `ccs unfreeze` (export/delivery/freeze.py)."""
+    from export.delivery import freeze
+    from export.delivery.publish import fleet_and_store
+    from export.delivery.store import store_for
+    cfg = load_config(config)
+    store = store_for(cfg, store_url)
+    try:
+        rec = freeze.freeze(store, reason, who)
+    except (freeze.Frozen, ValueError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2)
+    typer.echo(freeze.describe(rec), err=True)
+    out = {"freeze": rec}
+    if fleet and rec["pinned"] is not None:
+        fl, _ = fleet_and_store(cfg, fleet, store_url)
+        res = deploy(fl, store, rec["pinned"], cfg.settings.export.rollout.health, log=typer.echo, allow_older=True)
+        out["pinned_on_fleet"] = res
+        if not res["ok"]:
+            typer.echo(json.dumps(out, indent=1, default=str))
+            raise typer.Exit(1)
+    typer.echo(json.dumps(out, indent=1, default=str))
+
+
+def unfreeze_cmd(
+    reason: str = typer.Option(..., "--reason", help="why the freeze can be lifted"),
+    who: Optional[str] = typer.Option(None, "--who", help="who lifts it (default: user@host)"),
+    store_url: Optional[str] = typer.Option(None, "--store", help="artifact store (default: export.rollout.store)"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """Lift the freeze: rollouts and publishing go on."""
+    from export.delivery import freeze
+    from export.delivery.store import StoreError, store_for
+    cfg = load_config(config)
+    try:
+        rec = freeze.unfreeze(store_for(cfg, store_url), reason, who)
+    except (StoreError, ValueError) as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2)
+    typer.echo(json.dumps(rec, indent=1))
 
 
 def rollback_cmd(
@@ -111,7 +230,9 @@ def rollback_cmd(
     store_url: Optional[str] = typer.Option(None, "--store", help="artifact store (default: export.rollout.store)"),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
-    """Republish the store's previous version to the fleet (canaries first, same health checks)."""
+    """Republish the store's previous version to the fleet (canaries first, same health checks).
+    Refused while frozen (the freeze already pins a table)."""
+    from export.delivery.freeze import Frozen
     from export.delivery.publish import fleet_and_store
     cfg = load_config(config)
     fl, store = fleet_and_store(cfg, fleet, store_url)
@@ -119,7 +240,11 @@ def rollback_cmd(
     if prev is None:
         typer.echo(f"no previous version in the store {store.url}", err=True)
         raise typer.Exit(2)
-    res = deploy(fl, store, prev, cfg.settings.export.rollout.health, log=typer.echo)
+    try:
+        res = deploy(fl, store, prev, cfg.settings.export.rollout.health, log=typer.echo)
+    except Frozen as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(2)
     typer.echo(json.dumps(res, indent=1, default=str))
     if not res["ok"]:
         raise typer.Exit(1)

@@ -1,5 +1,8 @@
 """`ccs rollout` / `ccs rollback`: publish a signed table to the artifact store, then load it on
-the fleet — canaries first, health checked through `ccs-edge status` — then on the rest.
+the fleet cohort by cohort — the canary first, health checked through `ccs-edge status`, then a
+gate (export/delivery/gates.py: health, or the canary's A/B on outcomes) before the next cohort
+(infra/fleet.yaml's `cohorts:`: canary, then e.g. 10%, 50%, all; without it canary then rest).
+A frozen store (export/delivery/freeze.py, `ccs freeze`) refuses every rollout.
 
 Health of a node after a load (issue 7): the table is active (the live version is the new one and
 enforced), no setsockopt error appeared since the load, and the connection rate (the program's
@@ -17,6 +20,7 @@ namespace, and it pulls the table itself, over its own link, from the store at `
 """
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -29,6 +33,7 @@ import yaml
 from ccselect.config import project_root
 from ccselect.settings import Health  # cfg.settings.export.rollout.health
 from export.artifact import signing
+from export.delivery.gates import PROMOTE, ROLLBACK, Decision, DecisionLog, GateContext, health_gate
 from export.delivery.store import Store, StoreError
 from export.edge.agent import EdgeAgent, EdgeAgentError, EdgeConfig, Service
 
@@ -62,6 +67,7 @@ class Node:
     netns: str | None = None           # the node's network namespace (a remote host), or None
     address: str | None = None         # its address on the link to the host (CIDR), with netns
     store_endpoint: str | None = None  # the store as the node reaches it (http://host:port)
+    cohort: str = ""                   # its cohort's name (the fleet file's `cohorts:`)
 
     def agent(self) -> EdgeAgent:
         kw = {"binary": self.binary} if self.binary else {}
@@ -73,6 +79,7 @@ class Node:
 @dataclass
 class Fleet:
     nodes: list[Node] = field(default_factory=list)
+    order: list[str] = field(default_factory=lambda: ["canary", "rest"])   # the cohorts, in rollout order
 
     @property
     def canaries(self) -> list[Node]:
@@ -81,6 +88,55 @@ class Fleet:
     @property
     def rest(self) -> list[Node]:
         return [n for n in self.nodes if not n.canary]
+
+    @property
+    def cohorts(self) -> list[tuple[str, list[Node]]]:
+        """(name, nodes) in rollout order; a cohort no node fell into (a share of a small fleet)
+        is left out."""
+        out = [(c, [n for n in self.nodes if n.cohort == c]) for c in self.order]
+        return [(c, ns) for c, ns in out if ns]
+
+
+def _cohorts(raw: dict, nodes: list[Node], path: str) -> list[str]:
+    """Each node's cohort from the fleet file; → the cohorts' order.
+
+    Without `cohorts:` (the fleet files before issue 58): `canary` (the nodes with `canary: true`)
+    then `rest`. With it, a list of names or `{name, share}`: the first is the canary cohort
+    (the nodes with `canary: true` or `cohort: <its name>`); a node with `cohort: NAME` is in
+    that cohort; the others fill the cohorts after the first in order, a cohort with `share: S`
+    taking nodes (in the file's order) until S of the whole fleet has had the table, the last
+    cohort (no share: `all`) taking what is left."""
+    spec = raw.get("cohorts")
+    if spec is None:
+        for n in nodes:
+            n.cohort = "canary" if n.canary else "rest"
+        return ["canary", "rest"]
+    cohorts = [c if isinstance(c, dict) else {"name": c} for c in spec]
+    names = [str(c["name"]) for c in cohorts]
+    if len(cohorts) < 2 or len(set(names)) != len(names):
+        raise ValueError(f"{path}: cohorts must name at least two distinct cohorts (the canary first): {names}")
+    shares = [c.get("share") for c in cohorts[1:-1]]
+    if cohorts[-1].get("share") not in (None, 1, 1.0) or any(
+            x is None or not 0 < float(x) <= 1 for x in shares) or shares != sorted(shares):
+        raise ValueError(f"{path}: each cohort between the first and the last needs a share in (0, 1], "
+                         f"growing; the last takes the rest: {cohorts}")
+    for n, want in zip(nodes, raw.get("_explicit", [])):
+        if want is not None and str(want) not in names:
+            raise ValueError(f"{path}: node {n.node_id}: cohort {want!r} is not in cohorts {names}")
+        if n.canary and want is not None and str(want) != names[0]:
+            raise ValueError(f"{path}: node {n.node_id} has canary: true and cohort {want!r}")
+        n.cohort = names[0] if n.canary else (str(want) if want is not None else "")
+        n.canary = n.cohort == names[0]
+    total = len(nodes)
+    free = [n for n in nodes if not n.cohort]
+    for c in cohorts[1:]:
+        share = c.get("share")
+        have = sum(1 for n in nodes if n.cohort and names.index(n.cohort) <= names.index(str(c["name"])))
+        want = total if share is None else math.ceil(float(share) * total - 1e-9)
+        while free and have < want:
+            free.pop(0).cohort = str(c["name"])
+            have += 1
+    return names
 
 
 def _expand(value: str, cfg) -> str:
@@ -98,9 +154,11 @@ def host_dir(cfg, node_id: str) -> str:
 def load_fleet(path: str, cfg, public_key: str | None = None) -> Fleet:
     """Nodes from a fleet file: each with `node_id`, `canary`, optional `table_dir`, and its agent
     config either inline (`agent:` mapping, EdgeConfig fields) or as a file (`edge_config:`);
-    optionally `netns`, `address` and `store_endpoint` (a node on a host of its own)."""
+    optionally `netns`, `address` and `store_endpoint` (a node on a host of its own), and
+    `cohort` (the file's `cohorts:`, `_cohorts`)."""
     with open(path) as f:
         raw = yaml.safe_load(f) or {}
+    raw["_explicit"] = [d.get("cohort") for d in raw.get("nodes") or []]
     base = os.path.dirname(os.path.abspath(path))
     nodes = []
     for d in raw.get("nodes") or []:
@@ -130,9 +188,10 @@ def load_fleet(path: str, cfg, public_key: str | None = None) -> Fleet:
                           str(netns) if netns else None, d.get("address"), d.get("store_endpoint")))
     if not nodes:
         raise ValueError(f"{path}: no nodes")
+    order = _cohorts(raw, nodes, path)
     if not any(n.canary for n in nodes):
         raise ValueError(f"{path}: no canary node (set canary: true on at least one)")
-    return Fleet(nodes)
+    return Fleet(nodes, order)
 
 
 def _counters(st: dict) -> dict:
@@ -251,9 +310,19 @@ def rollback_node(node: Node, rep: dict, log: Callable[[str], None] = print) -> 
 
 
 def deploy(fleet: Fleet, store: Store, version: int, health: Health,
-           log: Callable[[str], None] = print, allow_older: bool | None = None) -> dict:
-    """Canaries, then the rest; stop and roll back on failed health. The store's current version
-    becomes `version` only when every node is healthy.
+           log: Callable[[str], None] = print, allow_older: bool | None = None,
+           gate: Callable[[GateContext], Decision] | None = None,
+           decisions: DecisionLog | None = None) -> dict:
+    """The fleet's cohorts in order (canary first); each node's health checked after its load,
+    then the cohort's gate asked (`gates.health_gate` by default; `gates.CanaryVerdict` judges the
+    cohort's A/B on outcomes) before the next cohort. Failed health, or a gate's `rollback` or
+    `observe`, stops the rollout and rolls back every node loaded so far; a gate's `rollback`
+    also freezes the fleet (export/delivery/freeze.py). Each gate decision goes to `decisions`
+    (gold.rollout_decisions). The store's current version becomes `version` only when every
+    cohort passed.
+
+    A frozen store refuses every rollout (raises freeze.Frozen, naming the freeze) but the
+    pinned table's own, which puts nodes back on it.
 
     `allow_older`: may a node go back to a table older than one it loaded (the agent's
     override of its version rule)? None (default): only when the store itself goes back -- the
@@ -261,24 +330,49 @@ def deploy(fleet: Fleet, store: Store, version: int, health: Health,
     than the store's current one: `ccs rollback` republishing the previous version. A table the
     store never made current, or one newer than its current one, gets no override: a newer
     epoch or version loads without one, and an older one a node refuses stays refused."""
+    from export.delivery import freeze
+    freeze.refuse_if_frozen(store, f"rolling out table {version}", version)
     if allow_older is None:
         cur = store.current()
         allow_older = (cur is not None and version in store.state()["history"]
                        and store.serial(version) < store.serial(cur))
-    result = {"version": version, "nodes": {}, "ok": False, "rolled_back": {}}
+    gate = gate or health_gate
+    decisions = decisions if decisions is not None else DecisionLog()
+    epoch = store.serial(version)[0]
+    rollout_id = f"{epoch}:{version}@{int(time.time() * 1000)}"
+    result = {"version": version, "epoch": epoch, "rollout_id": rollout_id, "nodes": {}, "ok": False,
+              "rolled_back": {}, "cohorts": [c for c, _ in fleet.cohorts], "decisions": decisions.rows}
     loaded: list[tuple[Node, dict]] = []
-    for phase, nodes in (("canary", fleet.canaries), ("rest", fleet.rest)):
+
+    def back() -> None:
+        for n, r in loaded:
+            result["rolled_back"][n.node_id] = rollback_node(n, r, log)
+
+    for index, (cohort, nodes) in enumerate(fleet.cohorts):
         for node in nodes:
             rep = deploy_node(node, store, version, health, log, allow_older=allow_older)
             result["nodes"][node.node_id] = rep
             loaded.append((node, rep))
             if not rep["healthy"]:
-                result["stopped"] = (f"{phase} node {node.node_id} failed health: "
+                result["stopped"] = (f"{cohort} node {node.node_id} failed health: "
                                      + "; ".join(rep["reasons"]))
-                back = [(n, r) for n, r in loaded if phase == "rest" or n.canary]
-                for n, r in back:
-                    result["rolled_back"][n.node_id] = rollback_node(n, r, log)
+                back()
                 return result
+        ctx = GateContext(cohort, index, [n.node_id for n in nodes], version, epoch, int(time.time() * 1000),
+                          {n.node_id: result["nodes"][n.node_id] for n in nodes}, log)
+        d = gate(ctx)
+        decisions.record(rollout_id, ctx, d)
+        log(f"cohort {cohort}: {d.decision} — {d.reason}")
+        if d.decision == PROMOTE:
+            continue
+        result["stopped"] = f"cohort {cohort}: {d.decision}: {d.reason}"
+        back()
+        if d.decision == ROLLBACK and freeze.current(store) is None:
+            result["freeze"] = freeze.freeze(
+                store, f"table {epoch}:{version} rolled back on cohort {cohort}: {d.reason}", who="rollout",
+                evidence={"rollout_id": rollout_id, "cohort": cohort, "nodes": ctx.nodes})
+            log(freeze.describe(result["freeze"]))
+        return result
     store.set_current(version)
     result["ok"] = True
     return result

@@ -7,6 +7,8 @@ fsspec URL (memory://...; its backend's own package must be installed).
 Layout under the store root:
   tables/table-V.bin, tables/table-V.manifest.json, tables/table-V.manifest.json.sig
   state.json   {"current": V or null, "history": [V1, V2, ...]}  (versions in publication order)
+  freeze.json  the operator's kill switch while it holds (export/delivery/freeze.py): who, when,
+               why, the table it pins; freeze-log.json every freeze and unfreeze
 The store only holds signed files; agents verify them (signature, sha256) before loading.
 """
 from __future__ import annotations
@@ -129,7 +131,20 @@ class Store:
     def current(self) -> int | None:
         return self.state()["current"]
 
+    def read_json(self, key: str):
+        """A JSON document of the store's root (freeze.json...), None when absent."""
+        data = self.backend.read(key)
+        return None if data is None else json.loads(data)
+
+    def write_json(self, key: str, doc) -> None:
+        self.backend.replace(key, json.dumps(doc, indent=1).encode())
+
+    def _refuse_if_frozen(self, what: str, version: int | None = None) -> None:
+        from export.delivery import freeze
+        freeze.refuse_if_frozen(self, what, version)
+
     def set_current(self, version: int) -> None:
+        self._refuse_if_frozen(f"making table {int(version)} current", int(version))
         st = self.state()
         if not self.has(version):
             raise StoreError(f"version {version} is not in the store")
@@ -158,6 +173,7 @@ class Store:
         with open(manifest_path) as f:
             man = json.load(f)
         version = int(man["version"])
+        self._refuse_if_frozen(f"publishing table {version}")
         src = os.path.dirname(os.path.abspath(manifest_path))
         for n in self.names(version):
             local = os.path.join(src, n)

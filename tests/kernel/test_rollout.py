@@ -22,10 +22,11 @@ pytestmark = pytest.mark.kernel
 class LocalFleet:
     """Two agents (canary + one), each attached to its own throwaway cgroup with one listener."""
 
-    def __init__(self, binary, public_key, tmp_path, netns_runner=None, bind=None):
+    def __init__(self, binary, public_key, tmp_path, netns_runner=None, bind=None, more=0, cohorts=None):
         tag = f"{os.getpid()}-{int(time.time() * 1000) % 100000}"
         self.nodes = []
-        for nid, canary in ((f"ro-canary-{tag}", True), (f"ro-node-{tag}", False)):
+        for nid, canary in ((f"ro-canary-{tag}", True), (f"ro-node-{tag}", False),
+                            *((f"ro-n{i}-{tag}", False) for i in range(more))):
             cg = os.path.join(CGROUP_ROOT, nid)
             os.makedirs(cg)
             with in_cgroup(cg):
@@ -44,6 +45,8 @@ class LocalFleet:
                                        else {"state_dir": str(tmp_path / n["node_id"] / "state")}),
                                     "services": [{"port": n["listener"].getsockname()[1], "name": "video"}]}}
                          for n in self.nodes]}
+        if cohorts:
+            doc["cohorts"] = cohorts
         with open(self.path, "w") as f:
             yaml.safe_dump(doc, f)
         self.binary = binary

@@ -1,0 +1,175 @@
+"""What decides, after a cohort loaded a table, whether the rollout goes on (issue 58), and the
+record of every such decision, `gold.rollout_decisions`.
+
+A gate is any callable `gate(ctx: GateContext) -> Decision`; `rollout.deploy` asks it once every
+node of a cohort loaded the table and passed the health check (export/delivery/rollout.py), before
+the next cohort. Its decision is one of
+
+- `promote`: on to the next cohort (after the last, the store's current table becomes this one);
+- `observe`: the gate could not decide within its bounded window (e.g. no outcomes arrived):
+  the rollout stops without promoting, the cohorts loaded go back to their previous table, and
+  the fleet is not frozen;
+- `rollback`: the table is rolled back on every node that loaded it (the agent's `rollback`),
+  the store's current table stays, and the fleet is frozen (export/delivery/freeze.py) until an
+  operator lifts it.
+
+Two gates:
+
+- `health_gate` (the default, and the only gate before issue 58): every node passed the health
+  check of `deploy_node` (table active, no setsockopt error, the connection rate above
+  `min_rate_ratio` of the rate before): promote.
+- `CanaryVerdict`: the cohort's A/B on outcomes, evaluation/canary.py's always-valid mSPRT over
+  the kernel's CRC32 arms, looked at every `look_s` seconds on each node's cumulative moments
+  since the load (`silver_moments`: its silver.connections rows, so the stream must be ingesting
+  the node's logs). Each node of the cohort is judged by its own test: any rollback rolls the
+  cohort back; every node promoted promotes; a node with no outcome rows at all by the end of
+  the window (`export.canary.max_minutes`) is named, and the table is not promoted.
+"""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+PROMOTE, OBSERVE, ROLLBACK = "promote", "observe", "rollback"
+DECISIONS_TABLE = "gold.rollout_decisions"
+
+
+@dataclass
+class Decision:
+    decision: str
+    reason: str
+    evidence: dict[str, Any] = field(default_factory=dict)
+    minute: float = 0.0          # minutes since the cohort's load when decided
+
+
+@dataclass
+class GateContext:
+    cohort: str
+    index: int                   # the cohort's place in the fleet's order (0: the canary)
+    nodes: list[str]
+    version: int
+    epoch: int
+    loaded_ms: int               # wall clock, when the cohort's last node loaded the table
+    reports: dict[str, dict]     # node_id → deploy_node's report
+    log: Callable[[str], None] = print
+
+
+def health_gate(ctx: GateContext) -> Decision:
+    """Every node of the cohort passed `deploy_node`'s health check (deploy stops before the gate
+    otherwise): promote."""
+    rates = {n: [ctx.reports[n].get("rate_before"), ctx.reports[n].get("rate_after")] for n in ctx.nodes}
+    return Decision(PROMOTE, "health: table active, no setsockopt error, connection rate held on "
+                    + ", ".join(ctx.nodes), {"gate": "health", "rate_before_after": rates})
+
+
+Moments = Callable[[str, int, int], dict]   # (node_id, from_ms, to_ms) → metric → arm → ArmMoments
+
+
+def silver_moments(spark, cfg) -> Moments:
+    """A node's cumulative arm moments since the load, read again at each look from
+    silver.connections (evaluation.canary.canary_moments over the hours the interval spans)."""
+    from pyspark.sql import functions as F
+
+    from ccselect.hours import hour_of_ms
+    from ccselect.lake import table_path
+    from evaluation.canary import canary_moments
+    path = table_path(cfg, "silver.connections")
+
+    def moments(node_id: str, from_ms: int, to_ms: int) -> dict:
+        conns = (spark.read.format("delta").load(path)
+                 .where(F.col("hour").between(hour_of_ms(from_ms), hour_of_ms(to_ms))))
+        return canary_moments(conns, node_id, from_ms, to_ms)
+    return moments
+
+
+def _outcome_rows(moments: dict) -> int:
+    return max((sum(a.conns for a in arms.values()) for arms in moments.values()), default=0)
+
+
+class CanaryVerdict:
+    """The A/B on outcomes as a gate. `settings`: export.canary (CanarySettings); `moments`: where
+    each look reads a node's cumulative moments (`silver_moments(spark, cfg)` in a deployment);
+    `look_s`: seconds between looks. The window is bounded by `settings.max_minutes` of wall
+    clock since the load."""
+
+    name = "canary"
+
+    def __init__(self, settings, moments: Moments, look_s: float = 60.0):
+        self.settings, self.moments, self.look_s = settings, moments, look_s
+
+    def __call__(self, ctx: GateContext) -> Decision:
+        from evaluation.canary import PROMOTE as C_PROMOTE, ROLLBACK as C_ROLLBACK, Canary
+        tests = {n: Canary(self.settings) for n in ctx.nodes}
+        rows = {n: 0 for n in ctx.nodes}
+        looks: list[dict] = []
+        while True:
+            time.sleep(self.look_s)
+            now = int(time.time() * 1000)
+            minute = round((now - ctx.loaded_ms) / 60_000, 4)
+            for n, c in tests.items():
+                if c.decision != "observe":
+                    continue
+                m = self.moments(n, ctx.loaded_ms, now)
+                rows[n] = _outcome_rows(m)
+                c.look(minute, m)
+            looks.append({"minute": minute, "rows": dict(rows),
+                          "decisions": {n: c.decision for n, c in tests.items()}})
+            evidence = {"gate": self.name, "looks": looks[-20:], "outcome_rows": dict(rows),
+                        "nodes": {n: c.evidence() for n, c in tests.items()}}
+            bad = [n for n, c in tests.items() if c.decision == C_ROLLBACK]
+            if bad:
+                return Decision(ROLLBACK, "; ".join(f"{n}: {tests[n].reason}" for n in bad), evidence, minute)
+            if all(c.decision == C_PROMOTE for c in tests.values()):
+                empty = [n for n in ctx.nodes if rows[n] == 0]
+                if empty:
+                    return Decision(OBSERVE, f"no outcome rows of {', '.join(empty)} in silver.connections "
+                                    f"within {minute:g} min of the load (export.canary.max_minutes "
+                                    f"{self.settings.max_minutes:g}): is the stream ingesting its logs? "
+                                    "Not promoted", evidence, minute)
+                return Decision(PROMOTE, "; ".join(f"{n}: {c.reason}" for n, c in tests.items()), evidence, minute)
+            ctx.log(f"cohort {ctx.cohort}: observing at {minute:g} min ({rows})")
+
+
+class DecisionLog:
+    """Every gate decision of the rollouts: kept in `rows` and, when `path` is given (the lake's
+    gold.rollout_decisions, `for_config`), appended there as a Delta table (delta-rs: no Spark
+    in the rollout's process)."""
+
+    COLUMNS = ("decided_at_ms", "rollout_id", "cohort", "node_ids", "epoch", "version", "minute",
+               "decision", "reason", "evidence")
+
+    def __init__(self, path: str | None = None):
+        self.path, self.rows = path, []
+
+    @classmethod
+    def for_config(cls, cfg) -> "DecisionLog":
+        from ccselect.lake import table_path
+        return cls(table_path(cfg, DECISIONS_TABLE))
+
+    def record(self, rollout_id: str, ctx: GateContext, d: Decision) -> dict:
+        row = {"decided_at_ms": int(time.time() * 1000), "rollout_id": rollout_id, "cohort": ctx.cohort,
+               "node_ids": ",".join(ctx.nodes), "epoch": int(ctx.epoch), "version": int(ctx.version),
+               "minute": float(d.minute), "decision": d.decision, "reason": d.reason,
+               "evidence": json.dumps(d.evidence, default=str, sort_keys=True)}
+        self.rows.append(row)
+        if self.path:
+            import pyarrow as pa
+            from deltalake import write_deltalake
+            schema = pa.schema([("decided_at_ms", pa.int64()), ("rollout_id", pa.string()),
+                                ("cohort", pa.string()), ("node_ids", pa.string()), ("epoch", pa.int64()),
+                                ("version", pa.int64()), ("minute", pa.float64()), ("decision", pa.string()),
+                                ("reason", pa.string()), ("evidence", pa.string())])
+            write_deltalake(self.path, pa.Table.from_pylist([row], schema=schema), mode="append")
+        return row
+
+
+def read_decisions(path: str, limit: int = 20) -> list[dict]:
+    """The newest `limit` rows of gold.rollout_decisions at `path`, oldest first ([] when absent)."""
+    import os
+    if "://" not in path and not os.path.isdir(os.path.join(path, "_delta_log")):
+        return []
+    from deltalake import DeltaTable
+    rows = DeltaTable(path).to_pyarrow_table().to_pylist()
+    return sorted(rows, key=lambda r: r["decided_at_ms"])[-limit:]

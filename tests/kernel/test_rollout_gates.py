@@ -1,0 +1,149 @@
+"""Issue 58's rollout loop through real agents: the operator's freeze, progressive cohorts from the
+fleet file, and a gate on the canary's A/B outcomes (export/delivery/gates.py) whose decisions go
+to gold.rollout_decisions. The outcomes come from sim/ab_outcomes.py (two arms with a known
+effect, a minute of traffic per look) where a deployment reads silver.connections
+(`gates.silver_moments`)."""
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+import yaml
+from _edge_helpers import other_ccs, sysctl_cc
+from test_rollout import LocalFleet, _cc_through, _table, fleet_env  # noqa: F401 (fixture)
+
+from ccselect.settings import CanarySettings
+from evaluation.abtest import ArmMoments
+from export.delivery import freeze, gates
+from export.delivery.rollout import Health, deploy
+from export.delivery.store import Store
+from sim.ab_outcomes import ArmsSetting, replay
+
+pytestmark = pytest.mark.kernel
+HEALTH = Health(wait_s=0.2, min_rate_ratio=0.5)
+
+
+def _cli(cfg, *args):
+    from typer.testing import CliRunner
+
+    from app.cli import app
+    return CliRunner().invoke(app, [*args, "--config", str(cfg.path)])
+
+
+def test_freeze_pins_the_last_good_table_and_stops_every_rollout_until_lifted(fleet_env, keys, tmp_path):
+    cfg, lf = fleet_env
+    a, b = other_ccs(sysctl_cc())
+    store = Store(str(tmp_path / "store"))
+    fleet = lf.fleet(cfg)
+    for v, cc in ((1, a), (2, b)):
+        store.publish(_table(keys, str(tmp_path / "export"), v, cc).manifest)
+    assert deploy(fleet, store, 1, HEALTH)["ok"]
+    # table 2 reached the canary by hand (a rollout half done) when the operator pulls the switch
+    ag = fleet.nodes[0].agent()
+    ag.load(store.fetch(2, fleet.nodes[0].table_dir))
+    ag.close()
+    assert _cc_through(lf, 0) == b
+    cfg.raw["export"]["rollout"]["health_wait_s"] = 0.2
+    with open(cfg.path, "w") as f:
+        yaml.safe_dump(cfg.raw, f)
+    s = str(tmp_path / "store")
+    r = _cli(cfg, "freeze", "--store", s, "--fleet", lf.path, "--who", "ana@ops", "--reason", "retransmissions up on the canary")
+    assert r.exit_code == 0, r.output + str(r.exception)
+    assert [lf.status(cfg, i)["table"]["version"] for i in range(2)] == [1, 1], "the pinned table, fleet-wide"
+    assert _cc_through(lf, 0) == a
+    with pytest.raises(freeze.Frozen, match="refused rolling out table 2: the fleet is frozen since .* by ana@ops: "
+                                            "retransmissions up on the canary — table 1 .* pinned"):
+        deploy(fleet, store, 2, HEALTH)
+    assert _cli(cfg, "rollback", "--store", s, "--fleet", lf.path).exit_code == 2
+    r = _cli(cfg, "rollout", "status", "--store", s, "--fleet", lf.path)
+    assert r.exit_code == 0, r.output + str(r.exception)
+    assert "FROZEN: the fleet is frozen since" in r.output and "by ana@ops: retransmissions up on the canary" in r.output
+    assert f"cohort canary: {fleet.nodes[0].node_id}" in r.output
+    assert _cli(cfg, "unfreeze", "--store", s, "--who", "bo@ops", "--reason", "canary's clients fixed").exit_code == 0
+    assert deploy(fleet, store, 2, HEALTH)["ok"]
+    assert [_cc_through(lf, i) for i in range(2)] == [b, b]
+    assert "not frozen" in _cli(cfg, "rollout", "status", "--store", s).output
+
+
+def _outcomes(effect_retrans: float, effect_stall: float = 1.0, conns_per_minute: int = 600, seed: int = 5):
+    """Each node's arms minute by minute (sim/ab_outcomes.py): a look reads one more minute."""
+    runs: dict[str, object] = {}
+
+    def moments(node_id, from_ms, to_ms):
+        if node_id not in runs:
+            runs[node_id] = replay(np.random.default_rng(seed + len(runs)), 600, effect_retrans=effect_retrans,
+                                   effect_stall=effect_stall, s=ArmsSetting(conns_per_minute=conns_per_minute))
+        arms = next(runs[node_id])[1]
+        return {m: {arm: v if isinstance(v, ArmMoments) else ArmMoments.of_clusters(*v) for arm, v in a.items()}
+                for m, a in arms.items()}
+    return moments
+
+
+@pytest.fixture
+def three_cohorts(edge_binary, keys, tmp_path):
+    from ccs_testing import write_config
+    from ccselect.config import load_config
+    cfg = load_config(write_config(tmp_path))
+    lf = LocalFleet(edge_binary, keys["public_path"], tmp_path, more=1,
+                    cohorts=["canary", {"name": "50%", "share": 0.5}, "all"])
+    try:
+        lf.attach_all(cfg)
+        yield cfg, lf
+    finally:
+        lf.cleanup(cfg)
+
+
+def test_cohorts_pass_the_canary_verdict_and_a_harmful_table_is_rolled_back_and_frozen(three_cohorts, keys, tmp_path):
+    cfg, lf = three_cohorts
+    a, b = other_ccs(sysctl_cc())
+    store = Store(str(tmp_path / "store"))
+    fleet = lf.fleet(cfg)
+    ids = [n.node_id for n in fleet.nodes]
+    assert [(c, [n.node_id for n in ns]) for c, ns in fleet.cohorts] == [("canary", ids[:1]), ("50%", ids[1:2]),
+                                                                          ("all", ids[2:])]
+    log = gates.DecisionLog.for_config(cfg)
+    for v, cc in ((1, a), (2, b)):
+        store.publish(_table(keys, str(tmp_path / "export"), v, cc).manifest)
+    # a table that lowers retransmissions and stalls by 30%: each cohort promoted on its outcomes, in order
+    good = gates.CanaryVerdict(CanarySettings(), _outcomes(0.7, 0.7), look_s=0.01)
+    res = deploy(fleet, store, 1, HEALTH, gate=good, decisions=log, log=lambda m: None)
+    assert res["ok"] and list(res["nodes"]) == ids and store.current() == 1, res.get("stopped")
+    assert [(d["cohort"], d["decision"]) for d in res["decisions"]] == [("canary", "promote"), ("50%", "promote"),
+                                                                          ("all", "promote")]
+    # +50% retransmissions: rolled back on the canary (the agent's rollback), never past it, frozen
+    bad = gates.CanaryVerdict(CanarySettings(), _outcomes(1.5), look_s=0.01)
+    res = deploy(fleet, store, 2, HEALTH, gate=bad, decisions=log, log=lambda m: None)
+    assert not res["ok"] and list(res["nodes"]) == ids[:1], res
+    assert res["rolled_back"][ids[0]]["rolled_back"] and res["rolled_back"][ids[0]]["live_version"] == 1
+    assert [lf.status(cfg, i)["table"]["version"] for i in range(3)] == [1, 1, 1] and store.current() == 1
+    assert [_cc_through(lf, i) for i in range(3)] == [a, a, a]
+    fr = freeze.current(store)
+    assert fr["who"] == "rollout" and fr["pinned"] == 1 and "retrans_rate: treatment +" in fr["why"], fr
+    rows = gates.read_decisions(log.path)
+    assert [(r["cohort"], r["version"], r["decision"]) for r in rows] == [
+        ("canary", 1, "promote"), ("50%", 1, "promote"), ("all", 1, "promote"), ("canary", 2, "rollback")]
+    ev = json.loads(rows[-1]["evidence"])
+    assert ev["gate"] == "canary" and ev["nodes"][ids[0]]["metrics"]["retrans_rate"]["cs"][0] > 0, ev
+    assert rows[-1]["node_ids"] == ids[0] and rows[-1]["minute"] > 0
+    r = _cli(cfg, "rollout", "status", "--store", str(tmp_path / "store"))
+    assert "FROZEN" in r.output and "canary (" + ids[0] + ") table 0:2" in r.output and ": rollback — " in r.output, r.output
+
+
+def test_no_outcomes_within_the_window_does_not_promote(fleet_env, keys, tmp_path):
+    """The canary's logs never reach the lake (no connection ends there): the window ends, the
+    gate says so, the canary goes back, the store's table stays, and nothing is frozen."""
+    cfg, lf = fleet_env
+    a, b = other_ccs(sysctl_cc())
+    store = Store(str(tmp_path / "store"))
+    fleet = lf.fleet(cfg)
+    for v, cc in ((1, a), (2, b)):
+        store.publish(_table(keys, str(tmp_path / "export"), v, cc).manifest)
+    assert deploy(fleet, store, 1, HEALTH)["ok"]
+    silent = gates.CanaryVerdict(CanarySettings(max_minutes=0.01), _outcomes(1.0, conns_per_minute=0), look_s=0.1)
+    res = deploy(fleet, store, 2, HEALTH, gate=silent)
+    assert not res["ok"] and res["decisions"][0]["decision"] == "observe", res
+    assert f"no outcome rows of {fleet.nodes[0].node_id} in silver.connections" in res["stopped"]
+    assert "Not promoted" in res["stopped"] and freeze.current(store) is None
+    assert [lf.status(cfg, i)["table"]["version"] for i in range(2)] == [1, 1] and store.current() == 1
