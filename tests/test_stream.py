@@ -66,6 +66,15 @@ def _ccs(args, config, env=None, check=True):
     return res
 
 
+def _keys_init(config):
+    """`ccs keys init` in this process (a child of its own would only add a start-up)."""
+    from typer.testing import CliRunner
+
+    from app.cli import app
+    res = CliRunner().invoke(app, ["keys", "init", "--config", str(config)])
+    assert res.exit_code == 0, res.output[-2000:] + repr(res.exception)
+
+
 def _table(spark, cfg, name):
     from ccselect.lake import table_path
     return spark.read.format("delta").load(table_path(cfg, name))
@@ -89,7 +98,7 @@ def test_killed_stream_restarts_to_the_batch_result(spark, tmp_path, setup):
 
     # the stream, killed after the bronze commit of its second micro-batch, then restarted
     crashed = _config(tmp_path / "crashed", lake)
-    _ccs(["keys", "init"], crashed)
+    _keys_init(crashed)
     dead = _ccs(["stream", "--input", str(seg), "--once"], crashed, env={"CCS_STREAM_CRASH": "bronze:1"}, check=False)
     assert dead.returncode == -signal.SIGKILL, dead.stderr[-3000:]
     c = load_config(crashed)
@@ -127,7 +136,7 @@ def test_killed_stream_restarts_to_the_batch_result(spark, tmp_path, setup):
 
     # an uninterrupted stream of the same files ends on the same table
     clean = _config(tmp_path / "clean", lake)
-    _ccs(["keys", "init"], clean)
+    _keys_init(clean)
     whole = stream.run(spark, load_config(clean), str(seg), once=True, log=lambda m: None)
     window_c, entries_c, rows_c = _last_table(spark, c)
     window_w, entries_w, rows_w = _last_table(spark, load_config(clean))
