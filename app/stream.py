@@ -340,9 +340,16 @@ class StreamJob:
         p = self.cfg.settings.infer
         src = (self.spark.read.format("delta").load(table_path(self.cfg, "silver.connections"))
                .where(delta_io.partition_predicate(keys)).select(*infer.PASS_THROUGH, *infer.FEATURES))
+        # a per-node standardized champion: each partition's node statistics as `ccs infer` reads
+        # them (silver.node_stats, which this batch's silver rebuild has just refreshed)
+        table = infer.node_scaling(self.cfg, champ, keys, self.spark)
         with conf_set(self.spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": str(int(p.batch_rows))}):
-            infer.load(infer.transform(src, champ, p), self.cfg, keys)
-        return {"model_version": champ.version, "partitions": len(keys)}
+            infer.load(infer.transform(src, champ, p, table), self.cfg, keys)
+        out = {"model_version": champ.version, "partitions": len(keys), "node_stats": infer.node_report(table)}
+        if table is not None and out["node_stats"]["fleet_fallback"]:
+            self.log(f"stream: {out['node_stats']['fleet_fallback']} of {len(keys)} partitions scored on the "
+                     f"fleet's statistics (fleet_fallback: under the champion's minimum of connections)")
+        return out
 
     # ---- the table ---------------------------------------------------------------------------
 

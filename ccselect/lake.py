@@ -12,6 +12,9 @@ from ccselect import delta_io
 from ccselect.config import Config
 
 LAYERS = ("bronze", "silver", "gold")
+#: per (node, hour): count, exact sum and exact sum of squares of each log1p(feature) over every
+#: connection of silver.connections (labelled or not), kept by jobs/silver.py (features/node_stats.py)
+NODE_STATS = "silver.node_stats"
 
 
 def table_path(cfg: Config, name: str) -> str:

@@ -1,7 +1,13 @@
 """What distillation and diagnosis read: the labelled connections of a training window (the
 balanced gold.training_set, ALICCS §3.2 "all features from the training set"), with both the raw
 Table 4 features (the tree's input: its rules read in bytes and microseconds) and the same
-features standardized with the champion's statistics (the DNN's input), through Arrow."""
+features standardized with the champion's statistics (the DNN's input), through Arrow.
+
+A per-node standardized champion (`node_std`) sees each row standardized per (node, hour) over
+the node's trailing traffic (features/node_stats.py), as `ccs infer` scores it: `z` is that, so
+the tree is distilled from (and its fidelity measured against) the model as it is deployed. The
+tree itself still reads raw bytes and microseconds, fleet-wide: it approximates the champion's
+decisions without the per-node shift, and its fidelity says how far that holds."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,7 +18,7 @@ from pyspark.sql import functions as F
 from ccselect import delta_io
 from ccselect.contract import FEATURES
 from ccselect.lake import connections_in, table_path
-from features import labels, scaling
+from features import labels, node_stats, scaling
 
 
 @dataclass
@@ -52,14 +58,19 @@ def training_rows(spark, cfg, lo: str, hi: str):
     return labels.training_set(connections_in(spark, cfg, lo, hi), 0.5)
 
 
-def load_window(spark, cfg, lo: str, hi: str, stats) -> WindowRows:
-    """The window's labelled rows, standardized with `stats` (features/scaling.py, the champion's)."""
+def load_window(spark, cfg, lo: str, hi: str, stats, node_std=None) -> WindowRows:
+    """The window's labelled rows, standardized with `stats` (features/scaling.py, the champion's),
+    and with `node_std` (the champion's NodeStandardization) per (node, hour) on top."""
 
     df = scaling.transform(training_rows(spark, cfg, lo, hi), stats)
-    cols = ["conn_id", "node_id", "client_ip", "prefix16", "prefix24", "label",
+    cols = ["conn_id", "node_id", "hour", "client_ip", "prefix16", "prefix24", "label",
             *FEATURES, *[f"z_{f}" for f in stats.features]]
     pdf = df.select(*cols).orderBy("node_id", "conn_id").toPandas()
     z = pdf[[f"z_{f}" for f in stats.features]].to_numpy(dtype=np.float32)
+    if node_std is not None and len(pdf):
+        node, hour = pdf["node_id"].astype(str).to_numpy(), pdf["hour"].astype(str).to_numpy()
+        table = node_stats.lookup(cfg, set(zip(node, hour)), stats, node_std, spark)
+        z = node_stats.from_fleet_z(z, node, hour, table, stats)
     return WindowRows(
         raw=pdf[list(FEATURES)].to_numpy(dtype=np.float64),
         z=z,

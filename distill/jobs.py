@@ -42,7 +42,7 @@ def run_distill(spark, cfg, lo: str, hi: str, params=None) -> dict:
 
     params = params or cfg.settings.distill
     champion = registry.load_champion(cfg)
-    rows = load_window(spark, cfg, lo, hi, champion.stats)
+    rows = load_window(spark, cfg, lo, hi, champion.stats, champion.node_std)
     if len(rows) == 0:
         raise ValueError(f"no labelled rows in window {lo}..{hi}")
     probs = dnn_probabilities(champion.model, rows.z)
@@ -70,7 +70,7 @@ def run_diagnose(spark, cfg, hours: tuple[str, str] | None = None, prefix: str |
     champion = registry.load_champion(cfg)
     tv = registry.load_tree_for(cfg, champion.version)
     lo, hi = hours or tuple(tv.window.split(".."))
-    rows = load_window(spark, cfg, lo, hi, champion.stats)
+    rows = load_window(spark, cfg, lo, hi, champion.stats, champion.node_std)
     dnn = dnn_probabilities(champion.model, rows.z)
     tree_probs = tv.tree.predict(rows.raw)
     by16 = dg.per_prefix16(rows.prefix16, rows.label, dnn, tree_probs)

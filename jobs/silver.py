@@ -8,6 +8,9 @@ files it there; jobs/parse.py), and its requests and beacons logged in that hour
 A connection that began in an earlier hour keeps that hour's requests in bronze, unjoined: its
 label and request totals come from its closing hour's requests.
 
+silver.node_stats (features/node_stats.py) is rebuilt for the same (node_id, hour) partitions
+after each write: the per-node feature statistics that per-node standardization reads.
+
 `imputed` lists the Table 4 features a record was accepted without (`ingest.missing_features:
 impute`); empty for a complete record.
 """
@@ -25,6 +28,7 @@ from ccselect.contract import FEATURES, NET_TYPES, STREAMS, TRANSPORT_FIELDS
 from ccselect.ipaddr import ab_bucket, canonical_text, with_ip
 from ccselect.lake import table_path
 from ccselect.spark import conf_set
+from features import node_stats
 from features.labels import net_type_label
 from jobs.parse import schema
 
@@ -285,4 +289,6 @@ def run(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], input_dir:
                                     properties=SILVER_PROPERTIES)
     if bronze_files(spark, cfg, keys) != read:
         raise BronzeMoved(f"bronze of {len(keys)} (node, hour) partitions changed while silver was rebuilt from it")
+    # the same partitions' per-node feature statistics (per-node standardization, issue 55)
+    node_stats.write(spark, cfg, keys)
     return spark.read.format("delta").load(path).where(delta_io.partition_predicate(keys)).count()

@@ -14,11 +14,17 @@ gold.predictions, one row per connection, partitioned and replaced by (node_id, 
   `infer.wifi_threshold` (0.8) and a 4G/5G one when P(4G) ≥ `infer.cell_threshold` (0.6); a
   trusted Wi-Fi gets CUBIC and a trusted 4G/5G gets BBR (§2, Table 1), anything else keeps the
   default CC ("fallback").
+- A per-node standardized champion (`champion.node_std`, a `*_nodestd` variant) is scored on
+  features standardized per (node, hour) over the node's own trailing traffic
+  (features/node_stats.py, silver.node_stats), a node with too little traffic on the champion's
+  fleet statistics; the guard reads the same z. The job's result says how many (node, hour)
+  partitions had each (`node_stats`: node / fleet_fallback, and which fell back).
 - Column meanings: ccselect/contract.py PREDICTION_COLS.
 """
 from __future__ import annotations
 
 import io
+import logging
 import math
 import time
 import uuid
@@ -38,6 +44,7 @@ from ccselect.delta_arrow import by_engine
 from ccselect.lake import connections_in, table_path
 from ccselect.settings import InferSettings
 from ccselect.spark import conf_set, get_spark
+from features import node_stats
 from models import infer_arrow
 from models.ood import calibrate
 from models.registry import load_champion
@@ -45,6 +52,7 @@ from models.registry import load_champion
 
 #: what the minimum-evidence rule reads (`infer.min_data_segs`, `min_bytes_acked`, `min_duration_us`)
 EVIDENCE_COLS = ("data_segs_out", "bytes_acked", "duration_us")
+log = logging.getLogger(__name__)
 PASS_THROUGH = ("conn_id", "client_ip", "family", "prefix16", "prefix24", "prefix48", "prefix64", "ug_id",
                 "requests", "node_id", "hour")
 
@@ -146,10 +154,12 @@ def _inplace_forward(model):
 
 
 def score(df: DataFrame, model, stats, precision: str = "fp32", temperature: float = 1.0,
-          guard=None, ood_quantile: float | None = None) -> DataFrame:
+          guard=None, ood_quantile: float | None = None, node_table: dict | None = None) -> DataFrame:
     """Add `p_wifi` (double), calibrated with `temperature`, and `ood` (boolean, false without a
     `guard`: the rows `guard` flags at `ood_quantile`), with the model broadcast once. A missing
-    feature (imputed at ingest, silver's `imputed`) is scored at the training mean (z = 0)."""
+    feature (imputed at ingest, silver's `imputed`) is scored at the training mean (z = 0).
+    With `node_table` ((node, hour) → features.node_stats.NodeScaling), each row is standardized
+    with its partition's statistics instead (`node_stats.standardize_rows`)."""
 
     spark = df.sparkSession
     bc = spark.sparkContext.broadcast((uuid.uuid4().hex, model_bytes(model)))
@@ -160,17 +170,23 @@ def score(df: DataFrame, model, stats, precision: str = "fp32", temperature: flo
 
     temperature = float(temperature)
 
+    per_node = node_table is not None
+    inputs = [*FEATURES, *(("node_id", "hour") if per_node else ())]
+
     @arrow_udf("struct<p_wifi: double, ood: boolean>")
     def p_wifi(x: pa.Array) -> pa.Array:
         # a null (imputed) feature comes out as NaN, which standardize sets to the training mean
         arrays = [c.to_numpy(zero_copy_only=False) for c in x.flatten()]
-        z = standardize(arrays, mean, std)
+        if per_node:
+            z = node_stats.standardize_rows(arrays[:len(FEATURES)], arrays[-2], arrays[-1], node_table, stats)
+        else:
+            z = standardize(arrays, mean, std)
         p = calibrate(predict_wifi(_worker_model(bc, precision, threads), z, precision), temperature)
         ood = guard.flags(z, ood_quantile) if guard is not None else np.zeros(len(p), dtype=bool)
         return pa.StructArray.from_arrays([pa.array(p, type=pa.float64()), pa.array(ood, type=pa.bool_())],
                                           names=["p_wifi", "ood"])
 
-    return (df.withColumn("_scored", p_wifi(F.struct(*[F.col(f) for f in FEATURES])))
+    return (df.withColumn("_scored", p_wifi(F.struct(*[F.col(f) for f in inputs])))
             .withColumn("p_wifi", F.col("_scored.p_wifi")).withColumn("ood", F.col("_scored.ood")).drop("_scored"))
 
 
@@ -212,10 +228,15 @@ def decide(df: DataFrame, p: InferSettings) -> DataFrame:
             .withColumn("default_cc", F.lit(p.default_cc)))
 
 
-def transform(df: DataFrame, champion, p: InferSettings) -> DataFrame:
+def transform(df: DataFrame, champion, p: InferSettings, node_table: dict | None = None) -> DataFrame:
+    """Score and decide; a per-node standardized champion needs `node_table` (`node_scaling`)."""
     guard = getattr(champion, "guard", None) if p.ood_guard else None
     temperature = getattr(champion, "temperature", 1.0) if p.calibrate else 1.0
-    scored = score(df, champion.model, champion.stats, p.precision, temperature, guard, p.ood_quantile)
+    if getattr(champion, "node_std", None) is not None and node_table is None:
+        raise ValueError(f"{champion.name} v{champion.version} is per-node standardized: "
+                         "score it with its node statistics (node_table)")
+    scored = score(df, champion.model, champion.stats, p.precision, temperature, guard, p.ood_quantile,
+                   node_table if getattr(champion, "node_std", None) is not None else None)
     out = (decide(scored, p)
            .withColumn("model_name", F.lit(champion.name))
            .withColumn("model_version", F.lit(str(champion.version))))
@@ -241,8 +262,26 @@ def run(spark: SparkSession | None, cfg: Config, lo: str, hi: str, champion=None
     p = replace(cfg.settings.infer, **({"precision": precision} if precision else {}))
     engine = engine or p.engine
     champion = champion or load_champion(cfg)
-    return by_engine(engine, lambda: _run_arrow(cfg, lo, hi, champion, p, decisions),
-                     lambda: _run_spark(spark or get_spark(cfg, "ccs-infer"), cfg, lo, hi, champion, p, decisions))
+    result = by_engine(engine, lambda: _run_arrow(cfg, lo, hi, champion, p, decisions),
+                       lambda: _run_spark(spark or get_spark(cfg, "ccs-infer"), cfg, lo, hi, champion, p, decisions))
+    ns = result.get("node_stats") or {}
+    if ns.get("fleet_fallback"):
+        log.warning("%d (node, hour) partitions scored on the fleet's statistics (fleet_fallback: fewer than "
+                    "%d connections in the node's last %d hours): %s", ns["fleet_fallback"],
+                    champion.node_std.min_conns, champion.node_std.hours, ", ".join(ns["fallback_partitions"][:20]))
+    return result
+
+
+def node_scaling(cfg: Config, champion, keys, spark: SparkSession | None = None) -> dict | None:
+    """(node, hour) → NodeScaling for the partitions `keys` when the champion is per-node
+    standardized (features/node_stats.py, with the champion's own window and minimum), else None."""
+    ns = getattr(champion, "node_std", None)
+    return None if ns is None else node_stats.lookup(cfg, keys, champion.stats, ns, spark)
+
+
+def node_report(table: dict | None) -> dict | None:
+    """The result's `node_stats`: the champion's standardization and the partitions per source."""
+    return {"standardization": "fleet"} if table is None else {"standardization": "node", **node_stats.summary(table)}
 
 
 def _summary(cfg: Config, lo: str, hi: str, champion, p: InferSettings) -> dict[str, Any]:
@@ -257,9 +296,10 @@ def _summary(cfg: Config, lo: str, hi: str, champion, p: InferSettings) -> dict[
 
 def _run_arrow(cfg: Config, lo: str, hi: str, champion, p: InferSettings, decisions: bool) -> dict[str, Any]:
     path = table_path(cfg, "gold.predictions")
-    r = infer_arrow.run(table_path(cfg, "silver.connections"), path, lo, hi, champion, p, p.precision)
+    r = infer_arrow.run(table_path(cfg, "silver.connections"), path, lo, hi, champion, p, p.precision,
+                        node_scaling=lambda keys: node_scaling(cfg, champion, keys))
     result = {**_summary(cfg, lo, hi, champion, p), "engine": "arrow", "rows": r["rows"],
-              "partitions": r["partitions"]}
+              "partitions": r["partitions"], "node_stats": node_report(r.get("node_table"))}
     if not r["rows"]:
         return result
     result.update({"seconds": r["seconds"], "rows_per_s": round(r["rows"] / r["seconds"]) if r["seconds"] > 0 else None,
@@ -280,13 +320,14 @@ def _run_spark(spark: SparkSession, cfg: Config, lo: str, hi: str, champion, p: 
     if not keys:
         return {**_summary(cfg, lo, hi, champion, p), "engine": "spark", "rows": 0, "partitions": 0}
     t0 = time.perf_counter()
+    table = node_scaling(cfg, champion, keys, spark)
     with conf_set(spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": str(int(p.batch_rows))}):
-        load(transform(src, champion, p), cfg, keys)
+        load(transform(src, champion, p, table), cfg, keys)
     seconds = time.perf_counter() - t0
     path = table_path(cfg, "gold.predictions")
     rows = _written_rows(spark, path)
     result = {**_summary(cfg, lo, hi, champion, p), "engine": "spark", "rows": rows, "partitions": len(keys),
-              "seconds": round(seconds, 3), "rows_per_s": round(rows / seconds) if rows and seconds > 0 else None}
+              "node_stats": node_report(table), "seconds": round(seconds, 3), "rows_per_s": round(rows / seconds) if rows and seconds > 0 else None}
     if decisions:
         out = (spark.read.format("delta").load(path).where(F.col("hour").between(lo, hi))
                .groupBy("decision", "cc").count().collect())

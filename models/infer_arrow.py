@@ -50,6 +50,7 @@ from ccselect.delta_arrow import Unsupported, actions as _actions, check_protoco
 from ccselect.delta_arrow import local_path as _local
 from ccselect.settings import InferSettings
 from models import infer as spark_job  # its scoring functions, called at run time (it imports this module)
+from features import node_stats
 from models.ood import calibrate
 # Imported inside the functions that use them (heavy, not needed to import this module): deltalake, torch.
 
@@ -162,16 +163,23 @@ class _Scorer:
         self.mean, self.std = tuple(champion.stats.mean), tuple(champion.stats.std)
         self.temperature = float(getattr(champion, "temperature", 1.0)) if p.calibrate else 1.0
         self.guard = getattr(champion, "guard", None) if p.ood_guard else None
+        self.stats = champion.stats
+        #: (node, hour) → NodeScaling for a per-node standardized champion (`run` sets it), else None
+        self.node_table = None
         self.labels = {"pred_net_type": ["wifi", "cell"], "decision": ["model", "fallback", "ood", "evidence"],
                        "cc": [p.default_cc, p.wifi_cc, p.cell_cc]}
         self.constants = {"default_cc": p.default_cc, "model_name": champion.name,
                           "model_version": str(champion.version)}
         self.passthrough = [c for c in spark_job.PASS_THROUGH if c not in PARTITION_COLS]
 
-    def batch(self, rb):
-        """One Arrow record batch of silver → the batch of gold.predictions' data columns, and
-        its decision and CC codes."""
-        z = spark_job.standardize([rb.column(f).to_numpy(zero_copy_only=False) for f in FEATURES], self.mean, self.std)
+    def batch(self, rb, key: tuple[str, str] | None = None):
+        """One Arrow record batch of silver (of partition `key`, (node, hour)) → the batch of
+        gold.predictions' data columns, and its decision and CC codes."""
+        cols = [rb.column(f).to_numpy(zero_copy_only=False) for f in FEATURES]
+        if self.node_table is not None:   # the same function as the Spark job's per-node path
+            z = node_stats.standardize(cols, self.node_table[key], self.stats)
+        else:
+            z = spark_job.standardize(cols, self.mean, self.std)
         p_wifi = calibrate(spark_job.predict_wifi(self.model, z, self.precision), self.temperature)
         ood = self.guard.flags(z, self.p.ood_quantile) if self.guard is not None else np.zeros(len(z), bool)
         d = decide_arrays(p_wifi, ood | over_imputed(rb, self.p), self.p, thin_rows(rb, self.p))
@@ -204,7 +212,7 @@ class _Scorer:
         with pq.ParquetWriter(dst, _FILE_SCHEMA, compression="snappy", use_dictionary=_DICTIONARY,
                               write_statistics=_STATISTICS, store_schema=False) as w:
             for rb in reader.iter_batches(batch_size=int(self.p.batch_rows), columns=columns, use_threads=False):
-                out, d = self.batch(rb)
+                out, d = self.batch(rb, (node, hour))
                 w.write_batch(out)
                 counts += np.bincount(d["decision"] * 3 + d["cc"], minlength=12).reshape(4, 3)
                 rows += out.num_rows
@@ -216,9 +224,11 @@ class _Scorer:
 # ---- the job -------------------------------------------------------------------------------------
 
 def run(silver: str, predictions: str, lo: str, hi: str, champion, p: InferSettings, precision: str,
-        workers: int | None = None) -> dict[str, Any]:
+        workers: int | None = None, node_scaling=None) -> dict[str, Any]:
     """Score silver's hours lo..hi into gold.predictions, replacing exactly the (node_id, hour)
-    partitions that have silver rows, in one Delta commit. Raises Unsupported when it cannot."""
+    partitions that have silver rows, in one Delta commit. Raises Unsupported when it cannot.
+    `node_scaling(keys)`: the (node, hour) → NodeScaling table of a per-node standardized
+    champion (`models.infer.node_scaling`), returned as `node_table`."""
     from deltalake import CommitProperties
     from deltalake.transaction import AddAction, RemoveAction
 
@@ -232,6 +242,10 @@ def run(silver: str, predictions: str, lo: str, hi: str, champion, p: InferSetti
         return {"rows": 0, "partitions": 0}
     dt = _ensure_table(predictions)
     scorer = _Scorer(champion, p, precision)
+    if getattr(champion, "node_std", None) is not None:
+        if node_scaling is None:
+            raise ValueError(f"{champion.name} v{champion.version} is per-node standardized: give node_scaling")
+        scorer.node_table = node_scaling({(node, hour) for _, node, hour, _ in files})
     workers = max(1, workers or os.cpu_count() or 1)
     # one thread per file, and one BLAS / OpenMP thread inside it: idle BLAS threads spin and took
     # half the CPU (measured: 3.3 s → 1.8 s for 3 M rows on 2 cores)
@@ -260,7 +274,8 @@ def run(silver: str, predictions: str, lo: str, hi: str, champion, p: InferSetti
                 decisions[key] = decisions.get(key, 0) + int(counts[di, ci])
     rows = int(counts.sum())
     return {"rows": rows, "partitions": len(keys), "files": len(written), "removed_files": len(removes),
-            "seconds": round(seconds, 3), "workers": workers, "decisions_written": dict(sorted(decisions.items()))}
+            "seconds": round(seconds, 3), "workers": workers, "decisions_written": dict(sorted(decisions.items())),
+            "node_table": scorer.node_table}
 
 
 def window_decisions(path: str, lo: str, hi: str) -> dict[str, int]:

@@ -14,7 +14,9 @@ Conventions (shared with `ccs infer`, `ccs export` and the DAGs):
   (4G, Wi-Fi)); the scaler also travels inside the model as an extra file, so loading the
   champion gives the statistics it was trained with; so do the out-of-domain guard
   (`ood/ood_guard.json`) and the temperature (`ood/calibration.json`) of models/ood.py, when the
-  training fitted them (a version without them loads with no guard and temperature 1);
+  training fitted them (a version without them loads with no guard and temperature 1); and, for
+  a per-node standardized variant (`*_nodestd`), its trailing window and minimum count
+  (`node_std.json`, features/node_stats.py; absent: fleet standardization);
 - version tags: `gate` ("pending" until gated, then "passed" | "failed"), `gate_reasons`,
   `window`, `variant`, `train_nodes`, `test_nodes`.
 """
@@ -36,6 +38,7 @@ import pandas as pd
 
 from ccselect.config import Config
 from ccselect.contract import FEATURES
+from features.node_stats import NodeStandardization
 from features.scaling import FeatureStats
 from models.ood import Calibration, DomainGuard
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, torch.
@@ -46,6 +49,7 @@ STATS_ARTIFACT = "feature_stats/feature_stats.json"
 STATS_FILE = "feature_stats.json"
 GUARD_FILE = "ood_guard.json"
 CALIBRATION_FILE = "calibration.json"
+NODE_STD_FILE = "node_std.json"
 #: summary keys of evaluation.evaluate.summary → run metrics
 SUMMARY_METRICS = {"mean": "heldout_mean_accuracy", "worst": "heldout_worst_accuracy",
                    "std": "heldout_std_accuracy", "nodes": "heldout_nodes"}
@@ -66,6 +70,8 @@ class Champion:
     run_id: str
     guard: DomainGuard | None = None
     calibration: Calibration | None = None
+    #: per-node standardization's settings when the model sees per-node standardized features
+    node_std: NodeStandardization | None = None
 
     @property
     def temperature(self) -> float:
@@ -184,12 +190,14 @@ def log_training(cfg: Config, params, trainer_or_model, stats: FeatureStats, per
                  train_nodes: Sequence[str] = (), test_nodes: Sequence[str] = (),
                  input_example: np.ndarray | None = None, extra_params: dict[str, Any] | None = None,
                  extra_metrics: dict[str, float] | None = None, run_name: str | None = None,
-                 guard: DomainGuard | None = None, calibration: Calibration | None = None) -> tuple[str, str]:
+                 guard: DomainGuard | None = None, calibration: Calibration | None = None,
+                 node_std: NodeStandardization | None = None) -> tuple[str, str]:
     """Log a trained model into the active run (or a new one) and register it as a new version
     of cfg's model; returns (run_id, version). `history` (per-epoch metric dicts) is logged with
     `step=` only when given — a run that trained with `epoch_logger()` has them already.
     `guard` and `calibration` (models/ood.py) go into the model's extra files beside the scaler
-    and into the run (artifacts `ood/`, metrics `ood_threshold`, `calibration_*`).
+    and into the run (artifacts `ood/`, metrics `ood_threshold`, `calibration_*`); so does
+    `node_std` (a per-node standardized model; `node_std/node_std.json`, params `node_stats_*`).
     The new version's tag `gate` is "pending" until `gate()`."""
     import mlflow
     import mlflow.pytorch
@@ -213,6 +221,10 @@ def log_training(cfg: Config, params, trainer_or_model, stats: FeatureStats, per
         mlflow.log_text(per_node_df.to_json(orient="records", indent=1), "eval/per_node.json")
         mlflow.log_dict({k: (v if _finite(v) else None) for k, v in summary.items()}, "eval/summary.json")
         mlflow.log_text(stats.to_json(), STATS_ARTIFACT)
+        if node_std is not None:
+            mlflow.log_text(node_std.to_json(), f"node_std/{NODE_STD_FILE}")
+            mlflow.log_params({"standardization": "node", "node_stats_hours": node_std.hours,
+                               "node_stats_min_conns": node_std.min_conns})
         if guard is not None:
             mlflow.log_text(guard.to_json(), f"ood/{GUARD_FILE}")
             mlflow.log_metrics({"ood_threshold": guard.threshold, "ood_quantile": guard.quantile})
@@ -225,7 +237,7 @@ def log_training(cfg: Config, params, trainer_or_model, stats: FeatureStats, per
             if calibration.report:       # on rows it was not fitted on (models/train_job.py)
                 mlflow.log_metrics({f"calibration_report_{k}": float(v) for k, v in calibration.report.items()
                                     if k in ("n", "ece_before", "ece_after") and _finite(v)})
-        variant = str(p.get("variant", ""))
+        variant = str(p.get("variant", "")) + ("_nodestd" if node_std is not None else "")
         run_tags = {"window": window, "variant": variant, "train_nodes": ",".join(sorted(train_nodes)),
                     "test_nodes": ",".join(sorted(test_nodes))}
         mlflow.set_tags(run_tags)
@@ -236,7 +248,8 @@ def log_training(cfg: Config, params, trainer_or_model, stats: FeatureStats, per
         tmp = tempfile.mkdtemp(prefix="ccs-model-")
         try:
             extra_files = []
-            for fname, obj in ((STATS_FILE, stats), (GUARD_FILE, guard), (CALIBRATION_FILE, calibration)):
+            for fname, obj in ((STATS_FILE, stats), (GUARD_FILE, guard), (CALIBRATION_FILE, calibration),
+                               (NODE_STD_FILE, node_std)):
                 if obj is not None:
                     extra_files.append(os.path.join(tmp, fname))
                     with open(extra_files[-1], "w") as fh:
@@ -367,12 +380,13 @@ def load_champion(cfg: Config, dst: str | None = None) -> Champion:
             with open(os.path.join(local, "extra_files", STATS_FILE)) as fh:
                 stats = FeatureStats.from_json(fh.read())
             guard, calibration = _read_extra(local, GUARD_FILE, DomainGuard), _read_extra(local, CALIBRATION_FILE, Calibration)
+            node_std = _read_extra(local, NODE_STD_FILE, NodeStandardization)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         # The alias may have moved while downloading: keep only a consistent (version, files) pair.
         if _alias_version(client, name, CHAMPION) == str(mv.version):
             return Champion(model=model, stats=stats, name=name, version=str(mv.version), run_id=mv.run_id,
-                            guard=guard, calibration=calibration)
+                            guard=guard, calibration=calibration, node_std=node_std)
     raise RuntimeError(f"{uri} kept moving while loading it")
 
 

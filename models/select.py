@@ -9,6 +9,9 @@ of theirs, labelled or unlabelled, reaches the selection; they are scored once, 
 caller.
 
 A node-domain candidate learns from unlabelled rows; here only the training nodes' own.
+A `<variant>_nodestd` candidate (e.g. `mlp_nodestd`) trains and is scored on the same rows
+standardized per (node, hour) over each node's own recent traffic (`x_nodestd`,
+features/node_stats.py: the statistics `ccs infer` applies), which needs no other node's rows.
 """
 from __future__ import annotations
 
@@ -18,10 +21,23 @@ from typing import Callable, Iterable
 import numpy as np
 
 from models.grid import choose, node_folds, subset
-from models.train import VARIANTS, TrainData, TrainParams, fit
+from models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainData, TrainParams, fit
 
 #: deployable variants `ccs infer` serves, the default candidates (model.select.candidates)
 DEFAULT_CANDIDATES = ("mlp", "aliccs", "aliccs_nodes")
+#: a candidate named `<variant>` + NODESTD is `<variant>` on per-node standardized features
+NODESTD = "_nodestd"
+
+
+def base_variant(candidate: str) -> tuple[str, bool]:
+    """(the network variant, whether per-node standardized) of a candidate name; a node-domain
+    variant cannot be per-node standardized here (its unlabelled rows are fleet-standardized)."""
+    nodestd = candidate.endswith(NODESTD)
+    base = candidate[:-len(NODESTD)] if nodestd else candidate
+    if base not in VARIANTS or (nodestd and base in NODE_DOMAIN_VARIANTS):
+        raise ValueError(f"unknown candidate {candidate!r}; one of {sorted(VARIANTS)}, or one of "
+                         f"{sorted(v for v in VARIANTS if v not in NODE_DOMAIN_VARIANTS)} + {NODESTD!r}")
+    return base, nodestd
 
 
 @dataclass
@@ -46,13 +62,14 @@ def training_nodes_only(data: TrainData, unl_node: np.ndarray | None, nodes: Ite
 def select_variant(params: TrainParams, data: TrainData, node: np.ndarray,
                    candidates: Iterable[str] = DEFAULT_CANDIDATES, unl_node: np.ndarray | None = None,
                    n_folds: int = 2, tolerance: float = 0.005, seed: int = 0,
-                   log: Callable[[str], None] | None = None) -> Selection:
+                   log: Callable[[str], None] | None = None, x_nodestd: np.ndarray | None = None) -> Selection:
     """Score every candidate on leave-node-out folds of the training rows `data` (`node` [N] names
-    each row's node; `unl_node` names each unlabelled row's) and choose one."""
+    each row's node; `unl_node` names each unlabelled row's) and choose one. `x_nodestd` [N, F]:
+    the same rows standardized per node, which a `*_nodestd` candidate needs."""
     candidates = tuple(candidates)
-    unknown = set(candidates) - set(VARIANTS)
-    if unknown:
-        raise ValueError(f"unknown candidates {sorted(unknown)}; one of {sorted(VARIANTS)}")
+    for v in candidates:
+        if base_variant(v)[1] and x_nodestd is None:
+            raise ValueError(f"candidate {v} needs the rows standardized per node (x_nodestd)")
     node = np.asarray(node).astype(str)
     if len(set(node.tolist())) < 2:
         # no fold can hold a training node out: nothing to choose on, and the caller says so
@@ -64,12 +81,14 @@ def select_variant(params: TrainParams, data: TrainData, node: np.ndarray,
     data = training_nodes_only(data, unl_node, node)
     table = []
     for v in candidates:
-        p = replace(params, variant=v)
+        base, nodestd = base_variant(v)
+        p = replace(params, variant=base)
+        vdata = replace(data, x=np.asarray(x_nodestd, dtype=np.float32)) if nodestd else data
         per_node: dict[str, float] = {}
         for val in folds:
             is_val = np.isin(node, val)
-            trainer = fit(p, subset(data, np.flatnonzero(~is_val)))
-            pred = trainer.predict_proba(data.x[is_val]) >= 0.5
+            trainer = fit(p, subset(vdata, np.flatnonzero(~is_val)))
+            pred = trainer.predict_proba(vdata.x[is_val]) >= 0.5
             y_val, n_val = data.y[is_val], node[is_val]
             for n in val:
                 m = n_val == n

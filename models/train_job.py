@@ -17,6 +17,12 @@ fitted on every training row (standardized), and the temperature (`infer.calibra
   keeps every argmax, so the per-node accuracy of the held-out nodes is untouched.
 - `training_paths`: fitted on `infer.calibration_share` of the training rows' (node, /24) paths,
   held out of the fit (`calibration_split`).
+
+A `*_nodestd` variant (`mlp_nodestd`, `aliccs_nodestd`, trained or chosen by the selection) sees
+every row standardized per (node, hour) over the node's own trailing traffic
+(features/node_stats.py, `model.node_stats`: the statistics `ccs infer` and `ccs stream` apply),
+a node with too little traffic falling back to the window's fleet statistics; the guard and the
+temperature are fitted on those same rows, and the model records the settings (`node_std`).
 """
 from __future__ import annotations
 
@@ -30,13 +36,14 @@ import numpy as np
 import pandas as pd
 
 from ccselect.config import Config
+from features import node_stats
 from features.scaling import window_stats
 from models import registry
 from models.crossnode import cross_node_split, per_node, summary
 from models.dataset import window_name
 from models.ood import fit_calibration, fit_guard, report
-from models.select import select_variant
-from models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainData, TrainParams, effective_epochs, fit
+from models.select import base_variant, select_variant
+from models.train import NODE_DOMAIN_VARIANTS, TrainData, TrainParams, effective_epochs, fit
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow.
 
 log = logging.getLogger(__name__)
@@ -79,6 +86,17 @@ def heldout_calibration(p_wifi: np.ndarray, y: np.ndarray, node: np.ndarray, see
                                      ip.wifi_threshold, ip.cell_threshold))
 
 
+def node_standardized(spark, cfg: Config, stats, ns: "node_stats.NodeStandardization", tr, te) -> dict:
+    """The training and held-out rows (`Labelled`, fleet-standardized with `stats`) standardized
+    per (node, hour) from silver.node_stats, as `ccs infer` will; with the job's report of which
+    partitions fell back to the fleet's statistics."""
+    keys = set(zip(map(str, tr.node), map(str, tr.hour))) | set(zip(map(str, te.node), map(str, te.hour)))
+    table = node_stats.lookup(cfg, keys, stats, ns, spark)
+    return {"train": node_stats.from_fleet_z(tr.x, tr.node, tr.hour, table, stats),
+            "test": node_stats.from_fleet_z(te.x, te.node, te.hour, table, stats),
+            "report": node_stats.summary(table)}
+
+
 def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: float | None = None,
         seed: int | None = None, epochs: int | None = None, k: int | None = None, gate: bool = True,
         params=None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -89,8 +107,8 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
     say = progress or log.info
     selecting = variant == "select"
     sel = cfg.settings.model.select
-    if not selecting and variant not in VARIANTS:
-        raise ValueError(f"unknown variant {variant!r}; one of {sorted(VARIANTS)} or 'select'")
+    if not selecting:
+        base_variant(variant)   # raises naming the variants it can be
     s = cfg.settings.model.evaluate
     share = float(s.share if share is None else share)
     seed = int(s.seed if seed is None else seed)
@@ -106,14 +124,30 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
     data, groups_pd, groups_info = sp.data, sp.groups, sp.groups_info
     params = params or TrainParams(min_steps=cfg.settings.pipeline.min_steps)
     params = replace(params, seed=seed, **({"epochs": int(epochs)} if epochs is not None else {}))
+    # per-node standardized copies of the rows, from silver.node_stats, when a candidate needs them
+    ns = cfg.settings.model.node_stats
+    node_std = node_stats.NodeStandardization(ns.hours, ns.min_conns)
+    wanted = sel.candidates if selecting else (variant,)
+    nodestd = None
+    if any(base_variant(v)[1] for v in wanted):
+        nodestd = node_standardized(spark, cfg, stats, node_std, tr, te)
+        say(f"per-node standardization over {ns.hours} h (min {ns.min_conns} connections): "
+            f"{nodestd['report']['node']} (node, hour) partitions on their node's statistics, "
+            f"{nodestd['report']['fleet_fallback']} on the fleet's (fleet_fallback)")
     selection = None
     if selecting:
         selection = select_variant(params, data, tr.node, sel.candidates,
                                    unl_node=sp.unlabelled.node if sp.unlabelled is not None else None,
-                                   n_folds=sel.folds, tolerance=sel.tolerance, seed=seed, log=say)
+                                   n_folds=sel.folds, tolerance=sel.tolerance, seed=seed, log=say,
+                                   x_nodestd=nodestd["train"] if nodestd else None)
         variant = selection.variant
         say(f"selected {variant}: {selection.rule}")
-    params = replace(params, variant=variant)
+    base, per_node_std = base_variant(variant)
+    if per_node_std:
+        # from here on the model's rows are the per-node standardized ones: training, guard, calibration
+        tr, te = replace(tr, x=nodestd["train"]), replace(te, x=nodestd["test"])
+        data = replace(data, x=nodestd["train"])
+    params = replace(params, variant=base)
     say(f"{window}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
         f"{len(test_nodes)} nodes; prefix groups K(4G, Wi-Fi) = {data.n_groups}; {variant}, "
         f"{effective_epochs(params, len(data.y))} epochs (at least {params.min_steps} steps)")
@@ -147,7 +181,7 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
         run_id, version = registry.log_training(
             cfg, trainer.p, trainer, stats, pn, summ, window=window, train_nodes=train_nodes,
             test_nodes=test_nodes, input_example=te.x[:5] if len(te) else None,
-            guard=guard, calibration=calibration,
+            guard=guard, calibration=calibration, node_std=node_std if per_node_std else None,
             extra_params={"share": share, "n_train": len(tr), "n_test": len(te), "n_calibration": calibration.n if calibration else 0,
                           "calibration_on": ip.calibration_on,
                           "ood_method": guard.method, "ood_margin": guard.margin,
@@ -174,7 +208,9 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
         "train_seconds": round(train_s, 1), "ood_threshold": guard.threshold,
         "temperature": calibration.temperature if calibration else 1.0,
         "calibration": json.loads(calibration.to_json()) if calibration else None,
-        "selection": selection.to_dict() if selection is not None else None}
+        "selection": selection.to_dict() if selection is not None else None,
+        "node_std": ({"hours": node_std.hours, "min_conns": node_std.min_conns, **nodestd["report"]}
+                     if per_node_std else None)}
     if gate:
         out["gate"] = registry.gate(cfg, version, summ)
         say(f"gate: {'passed → @challenger' if out['gate']['passed'] else 'failed: ' + '; '.join(out['gate']['reasons'])}")

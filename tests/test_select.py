@@ -38,13 +38,18 @@ def test_selection_reads_only_training_nodes():
     node, scored by a model of a fold that did not contain it."""
     data, node, unl_node = _data()
     params = TrainParams(epochs=1, min_steps=0, device="cpu", seed=0)
-    cands = ("mlp", "aliccs_nodes")
-    clean = select_variant(params, data, node, cands, unl_node=unl_node, seed=1)
+    cands = ("mlp", "aliccs_nodes", "mlp_nodestd")
+    # the training rows standardized per node (as train_job gives them): each node's own shift removed
+    x_nodestd = data.x.copy()
+    for n in set(node):
+        x_nodestd[node == n] -= x_nodestd[node == n].mean(0)
+    clean = select_variant(params, data, node, cands, unl_node=unl_node, seed=1, x_nodestd=x_nodestd)
     held = np.isin(unl_node, ["x", "y"])
     x_unl = data.x_unl.copy()
     x_unl[held] = np.nan
     from dataclasses import replace
-    poisoned = select_variant(params, replace(data, x_unl=x_unl), node, cands, unl_node=unl_node, seed=1)
+    poisoned = select_variant(params, replace(data, x_unl=x_unl), node, cands, unl_node=unl_node, seed=1,
+                              x_nodestd=x_nodestd)
     assert clean.to_dict() == poisoned.to_dict(), "a held-out node's rows reached the selection"
     # and the poison does reach a training when it sits on a training node: the check can fail
     x_unl[np.isin(unl_node, ["a"])] = np.nan
@@ -74,17 +79,23 @@ def test_ccs_train_select_registers_the_folds_choice(tmp_path, small_lake):
     from models import registry
     lake = copy_lake(small_lake, tmp_path / "lake")
     raw = yaml.safe_load(lake.cfg_path.read_text())
-    raw.setdefault("model", {})["select"] = {"candidates": ["mlp", "aliccs"], "folds": 2}
+    # a per-node standardized candidate too (features/node_stats.py): its rows from silver.node_stats
+    raw.setdefault("model", {})["select"] = {"candidates": ["mlp", "mlp_nodestd"], "folds": 2}
     lake.cfg_path.write_text(yaml.safe_dump(raw))
     res = CliRunner().invoke(app, ["train", "--hours", f"{lake.lo}..{lake.hi}", "--variant", "select", "--epochs", "1",
                                    "--k", "2", "--seed", "3", "--json", "--config", str(lake.cfg_path)])
     assert res.exit_code == 0, res.output + str(res.exception)
     out = json.loads(res.stdout[res.stdout.index("{"):])
     sel = out["selection"]
-    assert out["variant"] == sel["variant"] in ("mlp", "aliccs"), (out["variant"], sel)
+    assert out["variant"] == sel["variant"] in ("mlp", "mlp_nodestd"), (out["variant"], sel)
+    assert [r["variant"] for r in sel["table"]] == ["mlp", "mlp_nodestd"]
+    assert (out["node_std"] is not None) == (sel["variant"] == "mlp_nodestd"), out["node_std"]
     scored = set().union(*(r["per_node"] for r in sel["table"]))
     assert scored == set(out["train_nodes"]) and not scored & set(out["test_nodes"]), "selection saw a held-out node"
     cfg = lake.cfg()
     registry.configure(cfg)
     logged = json.loads(mlflow.artifacts.load_text(f"runs:/{out['run_id']}/selection/table.json"))
     assert logged == sel and mlflow.get_run(out["run_id"]).data.tags["variant"] == sel["variant"]
+    # the registered model says how it standardizes, and a per-node one names its window
+    params = mlflow.get_run(out["run_id"]).data.params
+    assert (params.get("standardization") == "node") == (sel["variant"] == "mlp_nodestd"), params
