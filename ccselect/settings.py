@@ -468,6 +468,9 @@ def _by_family(d: dict, name: str, fam: int, what: str):
     return d.get(name, d.get(fam))
 
 
+DECLINED_RULES = ("purity", "plurality")     # export.declined_rule
+
+
 @dataclass(frozen=True)
 class PrefixLadder(_Section):
     """`export.ladder` and `export.purity`: ALICCS §3.3 / Algorithm 1, generalized. A prefix ladder
@@ -498,6 +501,12 @@ class PrefixLadder(_Section):
     # declined connections have no entry over them (29% before).
     min_support: dict[int, dict[int, tuple[int, int]]] = field(default_factory=lambda: {
         "v4": {16: (10, 2), 24: (3, 2)}, "v6": {32: (10, 2), 48: (5, 2), 64: (3, 2)}})
+    # `export.declined_rule`: how the decisions the model declined (DECLINED) weigh in a prefix.
+    # purity: DECLINED is one more CC in every prefix's purity (a model CC's purity is over all
+    # decisions). plurality: DECLINED competes only as the plurality: a prefix where it is the
+    # heaviest is judged as under `purity` (no entry; passing, it ends its addresses' descent);
+    # otherwise purity, weight and requests are over the model decisions alone (as before issue 57).
+    declined_rule: str = "purity"
 
     def __post_init__(self):
         ladder, purity, support = {}, {}, {}
@@ -530,6 +539,8 @@ class PrefixLadder(_Section):
         object.__setattr__(self, "ladder", ladder)
         object.__setattr__(self, "purity", purity)
         object.__setattr__(self, "min_support", support)
+        if self.declined_rule not in DECLINED_RULES:
+            raise ValueError(f"export.declined_rule must be one of {DECLINED_RULES}, not {self.declined_rule!r}")
 
     def support(self, family: int, level: int) -> tuple[int, int]:
         """(connections, distinct clients) a prefix of `level` needs to pass (`export.min_support`)."""

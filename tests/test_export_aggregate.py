@@ -3,6 +3,7 @@ own examples on hand-made inputs, hypothesis properties of the reference version
 job checked against the reference."""
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 from collections import defaultdict
 
@@ -71,6 +72,12 @@ def test_purity_is_request_weighted():
     got = agg.reference_aggregate(rows, SETTINGS)
     assert [(str(a.network), a.cc) for a in got] == [("81.20.0.0/16", "cubic")], got
     assert got[0].weight == 42 and got[0].top_weight == 40
+
+
+def test_settings_refuse_an_unknown_declined_rule():
+    assert PrefixLadder().declined_rule == "purity" and PrefixLadder(declined_rule="plurality").declined_rule == "plurality"
+    with pytest.raises(ValueError, match="declined_rule must be one of"):
+        PrefixLadder(declined_rule="majority")
 
 
 def test_settings_refuse_bad_ladders():
@@ -189,20 +196,23 @@ def _random_rows(seed, n):
     return [((v4 if rng.random() < 0.6 else v6)(), rng.choice(CCS), rng.randrange(0, 30)) for _ in range(n)]
 
 
-@pytest.mark.parametrize("seed,collected", [(1, False), (2, False), (1, True), (2, True)])
-def test_spark_job_matches_reference(spark, seed, collected):
-    """The job against the Python reference; `collected`: as run_export runs it — the decisions
-    collected to the driver once, read by both the aggregation and the metrics."""
+@pytest.mark.parametrize("seed,collected,rule", [(1, False, "purity"), (2, False, "purity"), (1, True, "purity"),
+                                                (2, True, "purity"), (1, True, "plurality"), (2, False, "plurality")])
+def test_spark_job_matches_reference(spark, seed, collected, rule):
+    """The job against the Python reference, under each `export.declined_rule`; `collected`: as
+    run_export runs it — the decisions collected to the driver once, read by both the
+    aggregation and the metrics."""
     rows, fallbacks = _random_rows(seed, 400), _random_rows(seed + 100, 40)
     fallbacks.append(("9.9.9.9", "cubic", 5))        # an address no model decision covers
+    settings = dataclasses.replace(SETTINGS, declined_rule=rule)
     preds = _pred_frame(spark, rows, fallbacks)
     decisions = agg.address_decisions(preds)
     if collected:
         decisions = agg.collect_decisions(decisions)
-    got = agg.spark_aggregate(decisions, SETTINGS)
+    got = agg.spark_aggregate(decisions, settings)
     entries = [a.entry() for a in got]
     m = agg.table_metrics(decisions, entries, got)
-    want = agg.reference_aggregate(list(rows) + [(*f, "fallback") for f in fallbacks], SETTINGS)
+    want = agg.reference_aggregate(list(rows) + [(*f, "fallback") for f in fallbacks], settings)
     assert got == want
     table = tf.Table(1, 0, 1, tuple(entries))
     all_rows = list(rows) + list(fallbacks)
@@ -343,3 +353,86 @@ def test_with_caps_takes_each_entrys_main_user_group(spark, tmp_path):
     assert [(str(a.network), a.cc, a.weight) for a in out] == [(str(a.network), a.cc, a.weight) for a in aggs]
     off = load_config(write_config(tmp_path, autoplex={"caps_services": {"video": False}}))
     assert agg.with_caps(spark, off, preds, aggs) == (aggs, {"caps": "off (no service in autoplex.caps_services)"})
+
+
+# ---- export.declined_rule (issue 57): purity and plurality, in the three engines ------------
+def _three_engines(spark, rows, settings):
+    """The reference's entries over (ip, cc, requests[, decision]) rows, checked equal to the
+    export job's (Arrow, `arrow_ladder`) and to the DataFrame ladder's (`ladder_entries`,
+    evaluation/emulate.py's); {prefix: cc}."""
+    ref = agg.reference_aggregate(rows, settings)
+    preds = spark.createDataFrame(
+        [(f"c{i}", r[0], r[1], (r[3] if len(r) > 3 else "model"), "cubic", int(r[2]), "h0") for i, r in enumerate(rows)],
+        "conn_id string, client_ip string, cc string, decision string, default_cc string, requests long, hour string")
+    assert agg.spark_aggregate(agg.address_decisions(preds), settings) == ref, "arrow_ladder"
+    by = ("hour",)
+    assert _ladder_frame_entries(agg.ladder_entries(agg.model_weights(agg.address_decisions(preds, by), by),
+                                                    settings, by)) == ref, "ladder_entries"
+    return ref
+
+
+RULES = ("purity", "plurality")
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_a_mostly_declined_prefix_gets_no_entry_under_either_rule(spark, rule):
+    """Issue 57's case: 35.225.0.0/16 → bbr came from 49 model rows of one address and covered
+    96 OOD rows of the same address. Under either rule DECLINED is the plurality of the /16, its
+    /24 and the address, so none is an entry and the address keeps the default CC; a clean /24
+    beside it keeps its entry."""
+    rows = [("35.225.1.1", "bbr", 1)] * 49 + [("35.225.1.1", "bbr", 1, "ood")] * 96
+    rows += [(f"35.225.2.{i}", "bbr", 1) for i in range(1, 30)]
+    got = _by_net(_three_engines(spark, rows, PrefixLadder(declined_rule=rule)))
+    assert {k: a.cc for k, a in got.items()} == {"35.225.2.0/24": "bbr"}, (rule, list(got))
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_a_passing_declined_plurality_ends_the_descent_under_either_rule(spark, rule):
+    """A /16 that is 96% fallback passes as DECLINED under both rules: no entry there and none
+    below it, though 9.9.0.1 alone is a model address."""
+    rows = [(f"9.9.{i}.{j}", "cubic", 1, "fallback") for i in range(8) for j in range(1, 13)]
+    rows += [("9.9.0.1", "bbr", 1)] * 4
+    assert _three_engines(spark, rows, PrefixLadder(declined_rule=rule)) == []
+
+
+def test_purity_rule_counts_declined_against_a_model_plurality(spark):
+    """20 model addresses (bbr) and one address of 5 OOD rows in a /16: under `purity` the /16's
+    bbr purity is 20/25 (< 0.95), so it splits: the model /24 is an entry, the OOD address none."""
+    rows = [(f"35.225.1.{i}", "bbr", 1) for i in range(1, 21)] + [("35.225.2.1", "bbr", 1, "ood")] * 5
+    got = _by_net(_three_engines(spark, rows, PrefixLadder(declined_rule="purity")))
+    assert list(got) == ["35.225.1.0/24"], list(got)
+    assert (got["35.225.1.0/24"].weight, got["35.225.1.0/24"].purity) == (20, 1.0)
+
+
+def test_plurality_rule_judges_a_model_plurality_on_model_decisions_alone(spark):
+    """The same rows under `plurality`: DECLINED (5) is not the heaviest, so the /16's purity,
+    weight and requests are the model's alone (20 of 20): one /16 entry, as before issue 57."""
+    rows = [(f"35.225.1.{i}", "bbr", 1) for i in range(1, 21)] + [("35.225.2.1", "bbr", 1, "ood")] * 5
+    got = _by_net(_three_engines(spark, rows, PrefixLadder(declined_rule="plurality")))
+    assert list(got) == ["35.225.0.0/16"], list(got)
+    e = got["35.225.0.0/16"]
+    assert (e.cc, e.weight, e.top_weight, e.requests, e.passed) == ("bbr", 20, 20, 20, True), e
+    # the requests that pick the threshold's tier are the model's too: 4,000 model requests (bbr
+    # 3,800 of them, purity 0.95) and 1,500 declined would be the busy tier (≥ 5,000: 0.98) together
+    busy = [(f"35.225.1.{i}", "bbr" if i < 20 else "cubic", 200) for i in range(1, 21)]
+    busy += [("35.225.2.1", "bbr", 1500, "ood")]
+    got = _by_net(_three_engines(spark, busy, PrefixLadder(declined_rule="plurality")))
+    assert list(got) == ["35.225.0.0/16"] and got["35.225.0.0/16"].requests == 4000, list(got)
+
+
+@pytest.mark.parametrize("seed,support", [(5, "default"), (6, "none")])
+def test_plurality_rule_three_engines_agree_with_declined_rows(spark, seed, support):
+    """Random rows, a fifth of them declined (ood, fallback, evidence), under `plurality`: the
+    three engines give the same entries, with the default minimum support and without it."""
+    import random
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(300):
+        ip = f"81.{20 + rng.randrange(2)}.{rng.randrange(4)}.{rng.randrange(1, 6)}"
+        rows.append((ip, rng.choice(("bbr", "cubic")), rng.randrange(0, 20))
+                    + ((rng.choice(("ood", "fallback", "evidence")),) if rng.random() < 0.2 else ()))
+    base = PrefixLadder() if support == "default" else SETTINGS
+    settings = dataclasses.replace(base, declined_rule="plurality")
+    got = _three_engines(spark, rows, settings)
+    assert got != agg.reference_aggregate(rows, dataclasses.replace(base, declined_rule="purity")), \
+        "the rows should tell the rules apart"

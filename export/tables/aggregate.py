@@ -18,7 +18,10 @@ model rows overrode the guard on 96 OOD rows of the same address). A prefix whos
 DECLINED and passes is no entry and ends its addresses' descent: they get the edge's default CC,
 which is what the guard chose for them. No explicit default-CC entry: the default is the node's
 (`default_cc` may differ per node), and an absent entry is that default wherever the table is
-loaded. A prefix passes only with `export.min_support` [connections, distinct clients] under it
+loaded. `export.declined_rule` says how DECLINED weighs: `purity` as above (it dilutes a model
+CC's purity in every prefix); `plurality`, it competes only as the plurality: a prefix where
+DECLINED is the heaviest is judged as under `purity`, any other prefix's purity, weight and
+requests (the threshold's tier) are over its model decisions alone, as before issue 57. A prefix passes only with `export.min_support` [connections, distinct clients] under it
 (all decisions counted); at the last level a prefix below its support is no entry either. The
 manifest gives each declined kind's request-weighted share (`fallback_share`, `ood_share`).
 
@@ -153,6 +156,9 @@ def reference_aggregate(rows: Iterable[tuple], settings: PrefixLadder) -> list[A
                 reqs = sum(r for _, r, _ in ccs.values())
                 conns = sum(n for _, _, n in ccs.values())
                 top_w, cc = max((w, c) for c, (w, _, _) in ccs.items())
+                if settings.declined_rule == "plurality" and cc != DECLINED:   # the model's decisions alone
+                    total = sum(w for c, (w, _, _) in ccs.items() if c != DECLINED)
+                    reqs = sum(r for c, (_, r, _) in ccs.items() if c != DECLINED)
                 supported = conns >= min_conns and clients[key] >= min_clients
                 passed = supported and top_w / total >= settings.threshold(fam, level, reqs)
                 if (passed or (supported and settings.is_last(fam, level))) and cc != DECLINED:
@@ -244,7 +250,8 @@ def spark_aggregate(decisions, settings: PrefixLadder) -> list[Aggregated]:
 
 def ladder_entries(weights, settings: PrefixLadder, by: tuple[str, ...] = ()):
     """The table entries of Algorithm 1 (Appendix F) from `model_weights`' rows (weights summed
-    per prefix and CC, DECLINED counted and never an entry, `export.min_support` required), as a DataFrame (fam, level, key, weight, requests, top_weight, cc,
+    per prefix and CC, DECLINED counted as `export.declined_rule` says and never an entry,
+    `export.min_support` required), as a DataFrame (fam, level, key, weight, requests, top_weight, cc,
     passed); `key` is the prefix's first level/4 hex digits.
 
     One pass instead of one round per level: every prefix of every ladder level gets its purity
@@ -283,12 +290,24 @@ def ladder_entries(weights, settings: PrefixLadder, by: tuple[str, ...] = ()):
             sup_c = F.when(cond, F.lit(c)) if sup_c is None else sup_c.when(cond, F.lit(c))
             sup_k = F.when(cond, F.lit(k)) if sup_k is None else sup_k.when(cond, F.lit(k))
     clients = lad.groupBy(*tree, "level", "key").agg(F.countDistinct("hex").alias("_clients"))
+    model = F.col("cc") != F.lit(DECLINED)
+
+    def _denominator(all_col: str, model_col: str):
+        """A prefix's purity denominator (and its requests, for the threshold's tier): every
+        decision under `purity`; under `plurality` the model's decisions alone unless DECLINED is
+        on top."""
+        if settings.declined_rule == "plurality":
+            return F.when(F.col("top.cc") == F.lit(DECLINED), F.col(all_col)).otherwise(F.col(model_col))
+        return F.col(all_col)
     stats = (lad.groupBy(*tree, "level", "key", "cc").agg(F.sum("w").alias("w"), F.sum("r").alias("r"),
                                                          F.sum("n").alias("n"))
-             .groupBy(*tree, "level", "key").agg(F.sum("w").alias("weight"), F.sum("r").alias("requests"),
+             .groupBy(*tree, "level", "key").agg(F.sum("w").alias("_w_all"), F.sum("r").alias("_r_all"),
+                                                F.sum(F.when(model, F.col("w")).otherwise(0)).alias("_w_model"),
+                                                F.sum(F.when(model, F.col("r")).otherwise(0)).alias("_r_model"),
                                                 F.sum("n").alias("_conns"), F.max(F.struct("w", "cc")).alias("top"))
              .join(clients, [*tree, "level", "key"])
-             .select(*tree, "level", "key", "weight", "requests", F.col("top.w").alias("top_weight"),
+             .select(*tree, "level", "key", _denominator("_w_all", "_w_model").alias("weight"),
+                     _denominator("_r_all", "_r_model").alias("requests"), F.col("top.w").alias("top_weight"),
                      F.col("top.cc").alias("cc"),
                      ((F.col("_conns") >= sup_c) & (F.col("_clients") >= sup_k)).alias("_supported"))
              .withColumn("passed", F.col("_supported") & ((F.col("top_weight") / F.col("weight")) >= thr))
@@ -362,7 +381,8 @@ def _thresholds(settings: PrefixLadder, family: int, level: int, requests: np.nd
 def arrow_ladder(decisions: pa.Table, settings: PrefixLadder) -> list[Aggregated]:
     """Algorithm 1 over `collect_decisions`' rows, level by level as `reference_aggregate` runs it,
     each level one vectorized grouping of the addresses still in play by their prefix. Every
-    decision counts, a declined one as DECLINED (never an entry)."""
+    decision counts, a declined one as DECLINED (never an entry; under `export.declined_rule`
+    plurality, out of the denominator of a prefix whose heaviest CC is a model one)."""
     is_model = pc.fill_null(pc.equal(decisions["decision"], "model"), False)
     named = pc.if_else(is_model, decisions["cc"], pa.scalar(DECLINED, pa.string()))
     ccs = sorted(pc.unique(named).to_pylist())
@@ -387,6 +407,11 @@ def arrow_ladder(decisions: pa.Table, settings: PrefixLadder) -> list[Aggregated
             min_conns, min_clients = settings.support(f, level)
             supported = (conns >= min_conns) & (clients >= min_clients)
             top, top_w = _majority(group, n, cc[rows[todo]], len(ccs), w[rows[todo]])
+            if settings.declined_rule == "plurality":      # a model CC on top: the model's decisions alone
+                model = cc[rows[todo]] != declined
+                by_model = top != declined
+                weight = np.where(by_model, _sums(group[model], n, w[rows[todo]][model]), weight)
+                requests = np.where(by_model, _sums(group[model], n, r[rows[todo]][model]), requests)
             passed = supported & (top_w / weight >= _thresholds(settings, f, level, requests))
             entry = np.flatnonzero((passed | (supported & settings.is_last(f, level))) & (top != declined))
             out += [Aggregated(key_network(f, level, k), ccs[t], wt, tw, rq, ps) for k, t, wt, tw, rq, ps in zip(
