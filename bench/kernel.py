@@ -20,6 +20,17 @@ Measures, with a 100,000-entry table loaded:
     sides make the same CC switch), alternating in the same run; and the accept-rate ratio with
     the tree walked. `--flow` runs only this part (bench/results/kernel_flow.json).
 
+Route CCs are on by default (issue 56): the route_ccs runs use the agent's default route keys
+(route_ccs auto, a route table of the agent's own, every prefix) but for route_spec, `type local
+dev lo`: the load's clients are loopback addresses, which the default route's nexthop does not
+reach. Everything runs in a network namespace the bench makes (it re-executes itself under
+`unshare --net`), with table local's rule moved after the agent's (pref 200), so that the routes
+and rules written are never the root namespace's. Each run also checks that a second service
+outside the cgroup and outgoing connections from inside it, to the routed prefixes, keep the
+namespace's CC (`untouched`), times the route write of the 100k table (`routes_ms`), and times A/B
+control connections (an A/B service, half the clients put back on the default over the route's
+CC: `ab_service`). `uptime` is recorded beside every run.
+
 Needs root, BPF and cgroup v2 at /sys/fs/cgroup/unified. Run: .venv/bin/python bench/kernel.py
 """
 from __future__ import annotations
@@ -271,35 +282,117 @@ def flow_tree_cost(agent, cfg, cgroup, ports, tmp, key, seconds, rounds, batch, 
 
 
 def set_routes(agent: EdgeAgent, cfg: EdgeConfig, cgroup: str, on: bool, sample_rate: float,
-               manifest: str) -> None:
-    """Re-attach with route CCs on (routes in table local for the load's 127.90.0.0/16, the
-    plain side's sources outside it) or off, and the sample rate; then the table loaded again,
-    which writes its routes (an already-live table's routes are written again)."""
-    cfg.route_table = "local" if on else ""
+               manifest: str) -> dict:
+    """Re-attach with route CCs as by default (route_ccs auto: the agent's own table, every
+    prefix; route_spec `type local dev lo` for the loopback clients) or off, and the sample rate;
+    then the table loaded again, which writes its routes (an already-live table's routes are
+    written again). -> the load's output (routes, routes_ms)."""
+    cfg.route_ccs = "auto" if on else "off"
+    cfg.route_table = cfg.route_within = ""
     cfg.route_spec = "type local dev lo" if on else ""
-    cfg.route_within = f"127.{LOAD_NET}.0.0/16" if on else ""
     cfg.sample_rate = sample_rate
     agent.write_config(cfg)
     agent.attach(cgroup)
-    agent.load(manifest, allow_downgrade=True)
+    out = agent.load(manifest, allow_downgrade=True)
+    if on and not agent.status().get("route_ccs"):
+        raise SystemExit(f"bench/kernel.py: route CCs did not come on: {agent.status().get('route_ccs_off')}")
+    return out
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def untouched(agent: EdgeAgent, cgroup: str, default: str, n: int = 200) -> dict:
+    """With route CCs on: n connections from the routed prefixes (127.90.x.y) to a second service
+    outside the cgroup, and n outgoing connections from inside the cgroup to a listener on a
+    routed address; how many got a CC other than the namespace's default (must be 0). And n to a
+    listener inside the cgroup on an unserved port (the program puts the default back)."""
+    from export.edge.probe import client, in_cgroup, listener, sock_cc
+
+    def accepted_ccs(ls, srcs):
+        out = []
+        for src in srcs:
+            c = client(src)
+            c.connect(ls.getsockname())
+            a, _ = ls.accept()
+            out.append(sock_cc(a))
+            a.close()
+            c.close()
+        return out
+
+    srcs = [f"127.{LOAD_NET}.{i % 256}.{1 + i // 256}" for i in range(n)]
+    second = listener()
+    with in_cgroup(cgroup):
+        unserved = listener()
+    far = listener(addr=f"127.{LOAD_NET}.7.1")
+    try:
+        got_second = accepted_ccs(second, srcs)
+        got_unserved = accepted_ccs(unserved, srcs)
+        outgoing = []
+        with in_cgroup(cgroup):
+            socks = [client(f"127.0.0.{2 + i % 200}") for i in range(n)]
+        for c in socks:
+            c.connect(far.getsockname())
+            a, _ = far.accept()
+            outgoing.append(sock_cc(c))
+            a.close()
+            c.close()
+    finally:
+        for s in (second, unserved, far):
+            s.close()
+    bad = lambda xs: sum(x != default for x in xs)  # noqa: E731
+    return {"default_cc": default, "connections_each": n,
+            "second_service_off_default": bad(got_second),
+            "outgoing_off_default": bad(outgoing),
+            "unserved_port_off_default": bad(got_unserved)}
+
+
+def set_ab(agent: EdgeAgent, cfg: EdgeConfig, on: bool) -> None:
+    cfg.services[0].ab = on
+    agent.write_config(cfg)
+    agent.policy()
 
 
 def one_run(agent, cfg, cgroup, ports, tmp, manifest, seconds, rounds, batch) -> dict:
     """One run of the headline figures: program, route_ccs, logging (see the module doc)."""
     out = {}
+    default = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
     for name, routes, rate in (("program", False, 0.0), ("route_ccs", True, 0.0),
                                ("logging", True, 1.0)):
-        set_routes(agent, cfg, cgroup, routes, rate, manifest)
+        up = uptime()
+        loaded = set_routes(agent, cfg, cgroup, routes, rate, manifest)
         daemon = agent.run(f"{tmp}/logs") if rate else None
+        extra = {}
         try:
             if daemon is not None:
                 time.sleep(0.3)
             a = accept_rate(agent, cgroup, ports, seconds, rounds, batch)
             prog = program_time(agent, cgroup, ports, tmp)
+            if name in ("program", "route_ccs"):
+                # A/B control connections: the same load on an A/B service (half the clients,
+                # by CRC32 of the address, kept on the default: over the route's CC with routes)
+                set_ab(agent, cfg, True)
+                try:
+                    c0 = agent.status()["counters"]
+                    ab = program_time(agent, cgroup, ports, tmp)
+                    c1 = agent.status()["counters"]
+                finally:
+                    set_ab(agent, cfg, False)
+                est = c1["established"] - c0["established"]
+                extra["ab_service"] = {
+                    "net_ns_per_connection": ab.get("net_ns_per_connection"),
+                    "net_ns_per_connection_windows": ab.get("net_ns_per_connection_all"),
+                    "ab_control_share": round((c1["ab_control"] - c0["ab_control"]) / est, 3) if est else None,
+                    "cc_reset": c1["cc_reset"] - c0["cc_reset"]}
+            if name == "route_ccs":
+                extra["untouched"] = untouched(agent, cgroup, default)
+                extra["routes"], extra["routes_ms"] = loaded.get("routes"), loaded.get("routes_ms")
         finally:
             if daemon is not None:
                 agent.stop(daemon)
-        out[name] = {"net_ns_per_connection": prog.get("net_ns_per_connection"),
+        out[name] = {"uptime": up, "uptime_after": uptime(), **extra,
+                     "net_ns_per_connection": prog.get("net_ns_per_connection"),
                      "net_ns_per_connection_windows": prog.get("net_ns_per_connection_all"),
                      "runs_per_connection": prog.get("runs_per_connection"),
                      "accept_ratio": a["ratio"], "accept_ratio_p25_p75": a["ratio_rounds_p25_p75"],
@@ -309,11 +402,29 @@ def one_run(agent, cfg, cgroup, ports, tmp, manifest, seconds, rounds, batch) ->
     return out
 
 
+NETNS_ENV = "CCS_BENCH_OWN_NETNS"
+
+
+def own_netns() -> None:
+    """Re-execute under `unshare --net` (a network namespace of the bench's own: the routes and
+    rules the agent writes are never the root namespace's), lo up and table local's rule moved
+    after the agent's (pref 100), so that the agent's table decides for the loopback clients."""
+    if os.environ.get(NETNS_ENV):
+        for fam in ("-4", "-6"):
+            subprocess.run(["ip", fam, "rule", "add", "pref", "200", "lookup", "local"], check=True)
+            subprocess.run(["ip", fam, "rule", "del", "pref", "0"], check=True)
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+        return
+    env = dict(os.environ, **{NETNS_ENV: "1"})
+    os.execvpe("unshare", ["unshare", "--net", sys.executable, *sys.argv], env)
+
+
 def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024, flow_only: bool = False,
          runs: int = RUNS) -> dict:
     if os.geteuid() != 0 or not os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.procs")):
         print("bench/kernel.py: skipped (needs root and cgroup v2 at /sys/fs/cgroup/unified)")
         return {}
+    own_netns()
     subprocess.run(["make", "-C", REPO, "-f", "export/edge/build.mk", "edge"], check=True,
                    stdout=subprocess.DEVNULL)
     tmp = tempfile.mkdtemp(prefix="ccs-bench-")
@@ -325,12 +436,14 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024, flow_only: b
     ports = (free_port(), free_port())
     cfg = EdgeConfig(node_id="bench", cgroup=cgroup, pin_dir=f"/sys/fs/bpf/{name}",
                      public_key=f"{tmp}/pub.pem", sample_rate=0.0, state_dir=f"{tmp}/state",
+                     route_ccs="off",  # the breakdowns: the program alone; the runs turn them on
                      services=[Service(ports[0], "enforced"), Service(ports[1], "plain")])
     agent = EdgeAgent(config=cfg)
     old_stats = open(STATS).read().strip()
     daemon = None
     result = {"kernel": platform.release(), "cpus": os.cpu_count(), "table_entries": N_ENTRIES,
-              "loadavg_start": list(os.getloadavg())}
+              "loadavg_start": list(os.getloadavg()), "uptime_start": uptime(),
+              "netns": "the bench's own (unshare --net)"}
     try:
         set_stats(False)
         # -- reference: the accept rate with only an empty sock_ops program on the cgroup (what
@@ -408,6 +521,18 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024, flow_only: b
         result["median"] = {m: {k: med(m, k) for k in ("net_ns_per_connection", "accept_ratio")}
                             for m in ("program", "route_ccs", "logging")}
         md = result["median"]
+
+        def med_sub(mode, key, sub):
+            xs = [r[mode][key][sub] for r in result["runs"] if r[mode].get(key, {}).get(sub) is not None]
+            return round(statistics.median(xs), 1) if xs else None
+
+        for m in ("program", "route_ccs"):
+            md[m]["ab_service_net_ns_per_connection"] = med_sub(m, "ab_service", "net_ns_per_connection")
+        md["route_ccs"]["routes_ms"] = round(statistics.median(
+            r["route_ccs"]["routes_ms"] for r in result["runs"]), 1)
+        md["route_ccs"]["routes"] = result["runs"][0]["route_ccs"]["routes"]
+        untouched_all = [r["route_ccs"]["untouched"] for r in result["runs"]]
+        result["uptime_end"] = uptime()
         result["goals"] = {
             "net_ns_per_connection": md["route_ccs"]["net_ns_per_connection"],
             "ns_per_connection_le_150": (md["route_ccs"]["net_ns_per_connection"] or 1e9) <= 150,
@@ -420,6 +545,19 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024, flow_only: b
                     "program reads the socket's CC and has nothing to switch); "
                     "net_ns_per_connection_setsockopt: the same with the switch by "
                     "bpf_setsockopt in the program. Accept rates are measured with bpf_stats off.",
+            "route_ccs_default": "on (route_ccs auto, the agent's own table, every prefix; "
+                                 "route_spec type local dev lo for the loopback clients)",
+            "routes_written": md["route_ccs"]["routes"],
+            "routes_write_ms": md["route_ccs"]["routes_ms"],
+            "ab_service_net_ns_per_connection_route_ccs": md["route_ccs"]["ab_service_net_ns_per_connection"],
+            "ab_service_net_ns_per_connection_setsockopt": md["program"]["ab_service_net_ns_per_connection"],
+            "untouched_off_default": {k: sum(u[k] for u in untouched_all)
+                                      for k in ("second_service_off_default", "outgoing_off_default",
+                                                "unserved_port_off_default")},
+            "untouched_connections_each": sum(u["connections_each"] for u in untouched_all),
+            "load_note": "the 2 cores are shared with other work: see uptime beside every run; "
+                         "each mode's figures are the median of the runs, the modes interleaved "
+                         "within each run",
             "accept_ratio_empty_program": result["empty_program_accept_rate"]["ratio"],
             "accept_ratio": md["route_ccs"]["accept_ratio"],
             "accept_ratio_ge_0.97": (md["route_ccs"]["accept_ratio"] or 0) >= 0.97,
@@ -447,7 +585,8 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024, flow_only: b
                     time.sleep(0.1)
             subprocess.run(["rm", "-rf", tmp])
     # the goals and the medians first (the results page lists figures in the file's order)
-    first = {k: result[k] for k in ("goals", "median", "loadavg_start", "loadavg_end") if k in result}
+    first = {k: result[k] for k in ("goals", "median", "loadavg_start", "loadavg_end", "uptime_start",
+                                    "uptime_end") if k in result}
     return _write(first | result, "kernel.json")
 
 

@@ -46,9 +46,10 @@ struct config {
 	char log_dir[PATH_MAX];
 	int rotate_minutes;   /* transport log segments: a divisor of 60; 0 = hourly files */
 	double sample_rate;
-	char route_table[32];    /* route CCs (routes.c): the routing table; "" = off */
+	int route_ccs;           /* route CCs (routes.c): ROUTE_CCS_AUTO (default), _ON or _OFF */
+	char route_table[32];    /*   the routing table; "" = the agent's own (from pin_dir) */
 	char route_spec[256];    /*   what each route says besides prefix, table, proto and congctl */
-	char route_within[1024]; /*   comma-separated prefixes the routes are confined to */
+	char route_within[1024]; /*   comma-separated prefixes the routes are confined to; "" = all */
 	char metrics_file[PATH_MAX]; /* run rewrites it (metrics.c): node_exporter's textfile; "" = off */
 	char state_dir[PATH_MAX]; /* the version floor's folder (floor.c); default
 				   * /var/lib/ccs-edge/<the pin dir's last component> */
@@ -56,6 +57,8 @@ struct config {
 	int n_services;
 	struct service services[MAX_SERVICES];
 };
+
+enum { ROUTE_CCS_AUTO, ROUTE_CCS_ON, ROUTE_CCS_OFF };
 
 /* config file, then command-line options (ccs.c) */
 extern struct config cfg;
@@ -118,6 +121,9 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n);
 int routes_flush(void);
 long routes_count(void);
 __u32 routes_mark(void);
+const char *routes_why(void);
+const char *routes_table(void);
+const char *routes_within(void);
 int routes_check_within(const char *list, char *why, size_t why_n);
 int parse_fraction_option(const char *what, const char *v, double *out);
 int check_node_id(const char *v);

@@ -46,7 +46,8 @@ class Service:
 
 
 FLOW_MODES = ("off", "fill", "combine", "flow", "prior")
-_STR_KEYS = ("node_id", "cgroup", "pin_dir", "public_key", "default_cc", "log_dir", "route_table",
+ROUTE_CCS = ("auto", "on", "off")
+_STR_KEYS = ("node_id", "cgroup", "pin_dir", "public_key", "default_cc", "log_dir", "route_ccs", "route_table",
              "route_spec", "route_within", "metrics_file", "state_dir")
 # the agent's bound on one table's step past the floor's version, within an epoch (ccs.h)
 VERSION_MAX_STEP = 100000
@@ -74,7 +75,14 @@ class EdgeConfig:
     # transport log segments every N minutes (a divisor of the hour); 0: hourly files, appended to
     rotate_minutes: int = 1
     # route CCs (export/edge/routes.c, issue 29): the live table's CCs also as routes (congctl),
-    # in this routing table, each route saying route_spec, for entries inside route_within
+    # in this routing table, each route saying route_spec, for entries inside route_within.
+    # route_ccs: auto (on where the namespace can carry them: policy routing and a nexthop, the
+    # default route's unless route_spec says one; issue 56), on (an error where it cannot), off.
+    # route_table "": the agent's own (from pin_dir); route_within "": every prefix.
+    # The agent's default, and a config file's without the key (from_yaml), is auto. A config
+    # built in code says off unless it asks: the tests, benches and the local fleet run agents in
+    # a shared machine's root network namespace, whose routes they must not write.
+    route_ccs: str = "off"
     route_table: str = ""
     route_spec: str = ""
     route_within: str = ""
@@ -88,8 +96,10 @@ class EdgeConfig:
     services: list[Service] = field(default_factory=list)
 
     def to_yaml(self) -> str:
+        # route_ccs only when not the default (auto), as version_max_step: a config without it
+        # is read the same by an agent from before the key
         lines = [f"{k}: {_yaml_str(getattr(self, k))}" for k in _STR_KEYS
-                 if getattr(self, k) != ""]
+                 if getattr(self, k) not in ("", "auto" if k == "route_ccs" else "")]
         lines.append(f"sample_rate: {float(self.sample_rate)!r}")
         lines.append(f"rotate_minutes: {int(self.rotate_minutes)}")
         if int(self.version_max_step) != VERSION_MAX_STEP:
@@ -143,8 +153,9 @@ class EdgeConfig:
         known = {k: ("" if d[k] is None else str(d[k])) for k in _STR_KEYS if k in d}
         if known.get("state_dir") and not known["state_dir"].startswith("/"):
             raise ValueError(f"{path}: state_dir {known['state_dir']!r} is not an absolute path")
-        if bool(known.get("route_table")) != bool(known.get("route_within")):
-            raise ValueError(f"{path}: route_table and route_within go together (route CCs: both, or neither)")
+        if known.get("route_ccs", "auto") not in ROUTE_CCS:
+            raise ValueError(f"{path}: route_ccs {known['route_ccs']!r} is not one of {', '.join(ROUTE_CCS)}")
+        known.setdefault("route_ccs", "auto")   # the agent's default for a file without it
         return cls(services=svcs, sample_rate=float(rate), rotate_minutes=rotate,
                    version_max_step=step, **known)
 

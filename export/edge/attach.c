@@ -151,9 +151,23 @@ static int open_and_load(struct ccs_bpf **skelp)
 		thresh = (__u64)(cfg.sample_rate * 4294967296.0);
 	skel->rodata->sample_thresh = thresh;
 	skel->rodata->default_cc_id = sysctl_cc_id();
+	/* route CCs on by default where the namespace can carry them (routes.c resolve) */
+	if (cfg.route_ccs == ROUTE_CCS_ON && !routes_enabled()) {
+		die_msg("attach: route_ccs: on, but this namespace cannot carry them: %s", routes_why());
+		ccs_bpf__destroy(skel);
+		*skelp = NULL;
+		return -EOPNOTSUPP;
+	}
+	if (cfg.route_ccs == ROUTE_CCS_AUTO && routes_why()[0])
+		fprintf(stderr, "ccs-edge: attach: route CCs %s: %s%s\n",
+			routes_enabled() ? "on for one family only" : "off",
+			routes_why(), routes_enabled() ? "" : " (the program switches every connection)");
 	skel->rodata->cc_routes = routes_enabled();
 	/* the mark of the agent's ip rule: only this cgroup's listeners' connections see its routes */
 	skel->rodata->route_mark = routes_mark();
+	skel->rodata->mark_cgroup_id = cgroup_id_of(cfg.cgroup);
+	/* the iterator that marks the listeners already listening: loaded only with route CCs on */
+	bpf_program__set_autoload(skel->progs.ccs_mark_listeners, routes_enabled());
 	err = ccs_bpf__load(skel);
 	if (!err && !routes_enabled())
 		routes_flush(); /* route CCs turned off: none of ours may outlive them */
@@ -203,6 +217,42 @@ cleanup:
 	if (cg_fd >= 0)
 		close(cg_fd);
 	return err;
+}
+
+/*
+ * Route CCs: mark the cgroup's listeners that were listening before this attach (the program
+ * marks a listener at TCP_LISTEN_CB, which came before it for them): one pass of the iterator
+ * ccs_mark_listeners over this network namespace's TCP sockets. Its output is the port of each
+ * listener it marked. A failure is said, not fatal: an unmarked listener's connections are
+ * switched by the program, as with route CCs off. -> listeners marked, or -1.
+ */
+static int mark_existing(struct ccs_bpf *skel)
+{
+	struct bpf_link *link;
+	__u16 ports[256];
+	ssize_t n;
+	int fd, marked = 0;
+
+	link = bpf_program__attach_iter(skel->progs.ccs_mark_listeners, NULL);
+	if (!link) {
+		fprintf(stderr, "ccs-edge: attach: route CCs: the listeners already listening stay "
+			"unmarked (iter/tcp: %s); the program switches their connections\n",
+			strerror(errno));
+		return -1;
+	}
+	fd = bpf_iter_create(bpf_link__fd(link));
+	if (fd < 0) {
+		fprintf(stderr, "ccs-edge: attach: route CCs: iterator: %s\n", strerror(errno));
+		bpf_link__destroy(link);
+		return -1;
+	}
+	while ((n = read(fd, ports, sizeof(ports))) > 0)
+		marked += (int)(n / (ssize_t)sizeof(ports[0]));
+	if (n < 0)
+		fprintf(stderr, "ccs-edge: attach: route CCs: iterator read: %s\n", strerror(errno));
+	close(fd);
+	bpf_link__destroy(link);
+	return n < 0 ? -1 : marked;
 }
 
 /*
@@ -284,6 +334,13 @@ int cmd_attach(void)
 		       (unsigned long long)cgroup_id_of(cfg.cgroup), (unsigned long long)ls.cgroup_id);
 	}
 cleanup:
+	if (!err && skel && routes_enabled()) {
+		int m = mark_existing(skel);
+
+		if (m >= 0)
+			printf("route CCs on (table %s, mark 0x%x): %d listener%s already listening marked\n",
+			       routes_table(), routes_mark(), m, m == 1 ? "" : "s");
+	}
 	if (ls.fd >= 0)
 		close(ls.fd);
 	ccs_bpf__destroy(skel);

@@ -75,6 +75,8 @@ const volatile __u8 cc_routes = 0;
  * cgroup's passive connections ever get a route's CC: no other service, no outgoing connection.
  */
 const volatile __u32 route_mark = 0;
+/* the enforced cgroup's id (kernfs id), for ccs_mark_listeners: its listeners and its descendants' */
+const volatile __u64 mark_cgroup_id = 0;
 extern unsigned int CONFIG_HZ __kconfig __weak;
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
@@ -789,6 +791,58 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 		cnt(CCS_CNT_LOG_EMITTED);
 	/* the storage goes with the socket */
 	bpf_sock_ops_cb_flags_set(skops, 0);
+}
+
+/* whether the socket belongs to the cgroup mark_cgroup_id or one below it (at most 32 levels) */
+static __always_inline bool in_mark_cgroup(struct sock *sk)
+{
+	struct cgroup *cg = sk->sk_cgrp_data.cgroup;
+	int i;
+
+	for (i = 0; i < 32 && cg; i++) {
+		struct cgroup_subsys_state *parent;
+
+		if (cg->kn && cg->kn->id == mark_cgroup_id)
+			return true;
+		parent = cg->self.parent;
+		cg = parent ? parent->cgroup : NULL;
+	}
+	return false;
+}
+
+/*
+ * Route CCs: the listeners of the cgroup that were already listening when the program attached
+ * (TCP_LISTEN_CB never comes for them), marked by the rule of mark_listener. The agent runs this
+ * iterator once over its network namespace's TCP sockets after each attach with route CCs on
+ * (attach.c mark_existing); it writes each listener it marked (its port) to the iterator's output,
+ * and counts setsockopt_err for one it could not. bpf_setsockopt is open to iter/tcp programs,
+ * with the socket locked by the iterator (net/ipv4/tcp_ipv4.c bpf_iter_tcp_seq_show).
+ */
+SEC("iter/tcp")
+int ccs_mark_listeners(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	int mark = (int)route_mark;
+	struct tcp_sock *tp;
+	struct sock *sk;
+	__u16 port;
+
+	if (!skc || !route_mark)
+		return 0;
+	tp = bpf_skc_to_tcp_sock(skc);
+	if (!tp)
+		return 0;
+	sk = &tp->inet_conn.icsk_inet.sk;
+	if (sk->__sk_common.skc_state != TCP_LISTEN || sk->sk_mark || ca_chosen(tp) ||
+	    !in_mark_cgroup(sk))
+		return 0;
+	if (bpf_setsockopt(tp, SOL_SOCKET, SO_MARK, &mark, sizeof(mark))) {
+		cnt(CCS_CNT_SETSOCKOPT_ERR);
+		return 0;
+	}
+	port = sk->__sk_common.skc_num;
+	bpf_seq_write(ctx->meta->seq, &port, sizeof(port));
+	return 0;
 }
 
 SEC("sockops")

@@ -44,7 +44,7 @@ struct pos {
 
 static const char *const top_keys[] = {
 	"node_id", "cgroup", "pin_dir", "public_key", "default_cc", "sample_rate", "log_dir",
-	"rotate_minutes", "route_table", "route_spec", "route_within", "metrics_file", "state_dir",
+	"rotate_minutes", "route_ccs", "route_table", "route_spec", "route_within", "metrics_file", "state_dir",
 	"version_max_step", "services", NULL,
 };
 static const char *const service_keys[] = { "port", "name", "ab", "caps", "flow_mode", NULL };
@@ -426,7 +426,7 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 	k = key_index(top_keys, key);
 	if (k < 0) {
 		cfg_err(p, "unknown key \"%s\" (known: node_id, cgroup, pin_dir, public_key, "
-			"default_cc, sample_rate, log_dir, rotate_minutes, route_table, route_spec, "
+			"default_cc, sample_rate, log_dir, rotate_minutes, route_ccs, route_table, route_spec, "
 			"route_within, metrics_file, state_dir, version_max_step, services)", key);
 		return -1;
 	}
@@ -463,6 +463,20 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 	}
 	if (!strcmp(key, "default_cc"))
 		return set_str(p, key, cfg.default_cc, sizeof(cfg.default_cc), val);
+	if (!strcmp(key, "route_ccs")) {
+		static const char *const modes[] = { "auto", "on", "off" };
+		int m;
+
+		for (m = 0; m < 3; m++)
+			if (!strcmp(val, modes[m]))
+				break;
+		if (m == 3) {
+			cfg_err(p, "route_ccs \"%s\": auto, on or off", val);
+			return -1;
+		}
+		cfg.route_ccs = m;
+		return 0;
+	}
 	if (!strcmp(key, "route_table") || !strcmp(key, "route_spec") || !strcmp(key, "route_within"))
 		return parse_route_key(p, key, val);
 	if (!strcmp(key, "cgroup"))
@@ -566,10 +580,5 @@ int load_config(const char *path)
 	}
 	free(line);
 	fclose(f);
-	if (!err && (!cfg.route_table[0]) != (!cfg.route_within[0])) {
-		die_msg("config %s: route_table and route_within go together (route CCs: both, or "
-			"neither)", path);
-		err = -1;
-	}
 	return err;
 }

@@ -53,11 +53,227 @@ struct within {
 
 static const char *const cc_names[] = { "", "cubic", "bbr", "reno" };
 
+/*
+ * On by default (issue 56): route_ccs auto (the default) turns route CCs on where this namespace
+ * can carry them, and says why not where it cannot (status's route_ccs_off, the attach's stderr):
+ *   - policy routing in the kernel (CONFIG_IP_MULTIPLE_TABLES / CONFIG_IPV6_MULTIPLE_TABLES, or
+ *     `ip` itself): `ip -F rule show` must succeed, per family;
+ *   - a nexthop: route_spec, or else the namespace's default route in table main (its via, dev,
+ *     src and onlink words; a multipath default is not taken), per family;
+ * a family without either gets no routes (its connections are switched by the program, as with
+ * route CCs off). route_table unset: a table of this agent's own, from its pin dir (one table per
+ * agent, issue 56 item 7): 1000 + FNV-1a(pin_dir) mod 10^6, under 2^20 so that the mark (its low
+ * 20 bits) is the agent's too. route_within unset: every prefix (only marked sockets look the
+ * table up). With the nexthop taken from the default route, an entry that overlaps any other
+ * route of main (a connected subnet, a more specific route) gets no route: its clients are not
+ * behind the default route, or not all of them. route_ccs on: no policy-routing check (ip's own
+ * failure at the write says what is missing), and no nexthop is an error (attach exits 1 naming
+ * why); off: none, and any left flushed.
+ * Everything here reads the namespace (ip ... show), writes nothing; the result is kept for the
+ * process (attach, load, status each read it once).
+ */
+#define FAMS 2   /* [0] IPv4, [1] IPv6 */
 #define ROUTE_WITHIN_MAX 64
+
+static int parse_within(const char *list, struct within *w, int max, char *why, size_t why_n);
+static bool inside(const struct within *w, int family, const __u8 *a, unsigned len);
+#define MAIN_MAX 256
+
+static struct {
+	int done, on;
+	char table[33];
+	char within[sizeof(cfg.route_within)];
+	bool fam_on[FAMS];
+	char spec[FAMS][256];
+	bool spec_auto[FAMS];           /* taken from the default route: main's others excluded */
+	struct within main_routes[FAMS][MAIN_MAX];
+	int n_main[FAMS];
+	char why[512];
+} rs;
+
+static int fam_ix(int fam)
+{
+	return fam == 4 ? 0 : 1;
+}
+
+/* ip's output of cmd, first `n` bytes, into out; -> ip's exit status (-1: could not run) */
+static int ip_read(const char *cmd, char *out, size_t n)
+{
+	size_t len = 0, r;
+	FILE *p;
+	int st;
+
+	out[0] = 0;
+	p = popen(cmd, "r");
+	if (!p)
+		return -1;
+	while (len + 1 < n && (r = fread(out + len, 1, n - 1 - len, p)) > 0)
+		len += r;
+	out[len] = 0;
+	while (fgetc(p) != EOF)
+		;
+	st = pclose(p);
+	return st == -1 || !WIFEXITED(st) ? -1 : WEXITSTATUS(st);
+}
+
+/* the default route of family fam in main -> spec (via/dev/src/onlink words); 0, or -1 with why */
+static int default_spec(int fam, char *spec, size_t n, char *why, size_t why_n)
+{
+	char cmd[96], out[4096], *line, *save = NULL, *tok, *s2 = NULL;
+	size_t len = 0;
+
+	snprintf(cmd, sizeof(cmd), "ip -%d route show default table main 2>/dev/null", fam);
+	if (ip_read(cmd, out, sizeof(out))) {
+		snprintf(why, why_n, "IPv%d: ip route show default failed", fam);
+		return -1;
+	}
+	line = strtok_r(out, "\n", &save);
+	if (!line || strncmp(line, "default", 7)) {
+		snprintf(why, why_n, "IPv%d: no default route in table main to take a nexthop from "
+			 "(set route_spec)", fam);
+		return -1;
+	}
+	if (save && *save && strstr(save, "nexthop")) {
+		snprintf(why, why_n, "IPv%d: the default route is multipath (set route_spec)", fam);
+		return -1;
+	}
+	spec[0] = 0;
+	for (tok = strtok_r(line, " ", &s2); tok; tok = strtok_r(NULL, " ", &s2)) {
+		bool arg = !strcmp(tok, "via") || !strcmp(tok, "dev") || !strcmp(tok, "src");
+		char *val = arg ? strtok_r(NULL, " ", &s2) : NULL;
+
+		if (arg && val)
+			len += (size_t)snprintf(spec + len, n - len, "%s%s %s", len ? " " : "", tok, val);
+		else if (!strcmp(tok, "onlink"))
+			len += (size_t)snprintf(spec + len, n - len, "%sonlink", len ? " " : "");
+	}
+	if (!strstr(spec, "dev ")) {
+		snprintf(why, why_n, "IPv%d: the default route names no device (set route_spec)", fam);
+		return -1;
+	}
+	return 0;
+}
+
+/* main's routes of family fam other than the default, as prefixes (rs.main_routes); 0 or -1 */
+static int main_routes(int fam)
+{
+	static const char *const types[] = { "unicast", "unreachable", "blackhole", "prohibit",
+					     "throw", "local", "broadcast", "anycast", "multicast",
+					     "nat", NULL };
+	char cmd[96], *out, *line, *save = NULL;
+	int i = fam_ix(fam), t;
+
+	out = malloc(1 << 20);
+	if (!out)
+		return -1;
+	snprintf(cmd, sizeof(cmd), "ip -%d route show table main 2>/dev/null", fam);
+	if (ip_read(cmd, out, 1 << 20)) {
+		free(out);
+		return -1;
+	}
+	rs.n_main[i] = 0;
+	for (line = strtok_r(out, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char pfx[64], why[128];
+		struct within w;
+
+		if (line[0] == ' ' || line[0] == '\t' || !strncmp(line, "default", 7))
+			continue;
+		if (sscanf(line, "%63s", pfx) != 1)
+			continue;
+		for (t = 0; types[t]; t++)
+			if (!strcmp(pfx, types[t]) && sscanf(line + strlen(types[t]), "%63s", pfx) != 1)
+				break;
+		if (!strchr(pfx, '/'))   /* a host route: ip prints it without its length */
+			strncat(pfx, fam == 4 ? "/32" : "/128", sizeof(pfx) - strlen(pfx) - 1);
+		if (parse_within(pfx, &w, 1, why, sizeof(why)) != 1)
+			continue;
+		if (rs.n_main[i] == MAIN_MAX) {
+			free(out);
+			return -1;
+		}
+		rs.main_routes[i][rs.n_main[i]++] = w;
+	}
+	free(out);
+	return 0;
+}
+
+static unsigned long table_of_pin_dir(const char *pin)
+{
+	__u32 h = 2166136261u;
+
+	for (; *pin; pin++)
+		h = (h ^ (__u8)*pin) * 16777619u;
+	return 1000 + h % 1000000;
+}
+
+static void resolve(void)
+{
+	char out[256], cmd[64], why[2][256] = { "", "" };
+	int fam, i;
+
+	if (rs.done)
+		return;
+	rs.done = 1;
+	/* off: only a configured table besides the recorded one (ccs_routes) is flushed; an agent
+	 * that never wrote routes touches no table */
+	if (cfg.route_table[0])
+		snprintf(rs.table, sizeof(rs.table), "%s", cfg.route_table);
+	if (cfg.route_ccs == ROUTE_CCS_OFF) {
+		snprintf(rs.why, sizeof(rs.why), "route_ccs: off in the config");
+		return;
+	}
+	if (!rs.table[0])
+		snprintf(rs.table, sizeof(rs.table), "%lu", table_of_pin_dir(cfg.pin_dir));
+	snprintf(rs.within, sizeof(rs.within), "%s", cfg.route_within[0] ? cfg.route_within :
+		 "0.0.0.0/0,::/0");
+	for (fam = 4; fam <= 6; fam += 2) {
+		i = fam_ix(fam);
+		/* auto only: with route_ccs on, ip's own failure at the write says what is missing */
+		snprintf(cmd, sizeof(cmd), "ip -%d rule show 2>/dev/null", fam);
+		if (cfg.route_ccs == ROUTE_CCS_AUTO && ip_read(cmd, out, sizeof(out))) {
+			snprintf(why[i], sizeof(why[i]), "IPv%d: `ip -%d rule show` failed (no policy "
+				 "routing in this kernel, or no ip)", fam, fam);
+			continue;
+		}
+		if (cfg.route_spec[0]) {
+			snprintf(rs.spec[i], sizeof(rs.spec[i]), "%s", cfg.route_spec);
+		} else if (default_spec(fam, rs.spec[i], sizeof(rs.spec[i]), why[i], sizeof(why[i])) ||
+			   main_routes(fam)) {
+			if (!why[i][0])
+				snprintf(why[i], sizeof(why[i]), "IPv%d: table main unreadable", fam);
+			continue;
+		} else {
+			rs.spec_auto[i] = true;
+		}
+		rs.fam_on[i] = true;
+	}
+	rs.on = rs.fam_on[0] || rs.fam_on[1];
+	snprintf(rs.why, sizeof(rs.why), "%s%s%s", why[0], why[0][0] && why[1][0] ? "; " : "", why[1]);
+}
 
 bool routes_enabled(void)
 {
-	return cfg.route_table[0] != 0;
+	resolve();
+	return rs.on;
+}
+
+/* why route CCs are off, or which family is (""  when both are on) */
+const char *routes_why(void)
+{
+	resolve();
+	return rs.why;
+}
+
+const char *routes_table(void)
+{
+	resolve();
+	return rs.table;
+}
+
+const char *routes_within(void)
+{
+	resolve();
+	return rs.within;
 }
 
 /* the prefixes of `list` (route_within's syntax) -> w[], at most max; -1 with why[] on a malformed one */
@@ -203,8 +419,8 @@ static int own_tables(char t[2][33])
 		return -1;
 	if (t[0][0])
 		k++;
-	if (cfg.route_table[0] && (!k || strcmp(t[0], cfg.route_table)))
-		snprintf(t[k++], sizeof(t[0]), "%s", cfg.route_table);
+	if (routes_table()[0] && (!k || strcmp(t[0], routes_table())))
+		snprintf(t[k++], sizeof(t[0]), "%s", routes_table());
 	return k;
 }
 
@@ -232,7 +448,7 @@ static __u32 mark_of(const char *t)
 /* the mark the program gives the cgroup's listeners, 0 with route CCs off */
 __u32 routes_mark(void)
 {
-	return routes_enabled() ? mark_of(cfg.route_table) : 0;
+	return routes_enabled() ? mark_of(routes_table()) : 0;
 }
 
 /* whether the namespace holds this agent's rule for table t, family fam (-1: ip cannot say) */
@@ -267,8 +483,8 @@ static size_t rule_lines(int fam, const char *keep, char *buf, size_t n)
 
 	buf[0] = 0;
 	if (k < 0) {   /* no ccs_routes: the configured table's only */
-		k = cfg.route_table[0] ? 1 : 0;
-		snprintf(t[0], sizeof(t[0]), "%s", cfg.route_table);
+		k = routes_table()[0] ? 1 : 0;
+		snprintf(t[0], sizeof(t[0]), "%s", routes_table());
 	}
 	for (i = 0; i < k; i++) {
 		bool mine = keep && !strcmp(t[i], keep);
@@ -324,41 +540,45 @@ int routes_flush(void)
 int routes_sync(const struct ccs_table_entry *ents, size_t n)
 {
 	struct within w[ROUTE_WITHIN_MAX];
-	char type[32] = "", why[256];
-	const char *spec = cfg.route_spec;
+	char why[256];
 	int nw, fam, err = 0;
 	size_t i, k, count = 0;
 
 	if (!routes_enabled())
 		return 0;
-	nw = parse_within(cfg.route_within, w, ROUTE_WITHIN_MAX, why, sizeof(why));
+	nw = parse_within(rs.within, w, ROUTE_WITHIN_MAX, why, sizeof(why));
 	if (nw < 0) {
 		die_msg("route CCs: %s", why);
 		return -1;
 	}
-	/* "type T rest": ip takes the route type before the prefix */
-	if (!strncmp(cfg.route_spec, "type ", 5)) {
-		const char *sp = cfg.route_spec + 5;
-		size_t tl = strcspn(sp, " ");
-
-		snprintf(type, sizeof(type), "%.*s", (int)(tl < sizeof(type) ? tl : sizeof(type) - 1), sp);
-		spec = sp + tl + strspn(sp + tl, " ");
-	}
 	for (fam = 4; fam <= 6; fam += 2) {
 		size_t cap = 1 << 16, len = 0, lines = 0;
-		char *buf = malloc(cap);
+		const char *spec = rs.spec[fam_ix(fam)];
+		const struct within *mr = rs.main_routes[fam_ix(fam)];
+		int nmr = rs.spec_auto[fam_ix(fam)] ? rs.n_main[fam_ix(fam)] : 0;
+		char type[32] = "", *buf;
 
+		/* "type T rest": ip takes the route type before the prefix */
+		if (!strncmp(spec, "type ", 5)) {
+			const char *sp = spec + 5;
+			size_t tl = strcspn(sp, " ");
+
+			snprintf(type, sizeof(type), "%.*s", (int)(tl < sizeof(type) ? tl : sizeof(type) - 1), sp);
+			spec = sp + tl + strspn(sp + tl, " ");
+		}
+		buf = malloc(cap);
 		if (!buf) {
 			die_msg("route CCs: out of memory");
 			return -1;
 		}
 		len += flush_lines(buf, cap);
-		/* this agent's rule added if missing (an old table's taken out) */
-		len += rule_lines(fam, cfg.route_table, buf + len, cap - len);
-		for (i = 0; i < n; i++) {
+		/* this agent's rule added if missing (an old table's taken out); a family that cannot
+		 * carry route CCs gets its rule and routes taken out only */
+		len += rule_lines(fam, rs.fam_on[fam_ix(fam)] ? rs.table : NULL, buf + len, cap - len);
+		for (i = 0; rs.fam_on[fam_ix(fam)] && i < n; i++) {
 			const struct ccs_table_entry *e = &ents[i];
 			char a[INET6_ADDRSTRLEN], line[512];
-			int m;
+			int m, j;
 
 			if (e->family != fam || e->cc < 1 || e->cc > CCS_CC_MAX ||
 			    (e->flags & CCS_ENTRY_LOW_CONF))
@@ -368,9 +588,21 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n)
 					break;
 			if (k == (size_t)nw)
 				continue;
+			/* a nexthop from the default route: not for a prefix another route of main
+			 * covers in part or whole (either inside the other) */
+			for (j = 0; j < nmr; j++) {
+				struct within ew = { .family = fam, .len = e->prefix_len };
+
+				memcpy(ew.addr, e->addr, sizeof(ew.addr));
+				if (inside(&mr[j], fam, e->addr, e->prefix_len) ||
+				    inside(&ew, fam, mr[j].addr, mr[j].len))
+					break;
+			}
+			if (j < nmr)
+				continue;
 			inet_ntop(fam == 4 ? AF_INET : AF_INET6, e->addr, a, sizeof(a));
 			m = snprintf(line, sizeof(line), "route replace %s%s%s/%u table %s proto %d %s congctl %s\n",
-				     type, type[0] ? " " : "", a, e->prefix_len, cfg.route_table,
+				     type, type[0] ? " " : "", a, e->prefix_len, rs.table,
 				     CCS_ROUTE_PROTO, spec, cc_names[e->cc]);
 			if (len + (size_t)m + 1 > cap) {
 				char *nb = realloc(buf, cap * 2);
@@ -387,10 +619,10 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n)
 			len += (size_t)m;
 			lines++;
 		}
-		if (ip_batch(fam, buf, lines, "write the table's routes"))
+		if (len && ip_batch(fam, buf, lines, "write the table's routes"))
 			err = -1;
-		else if (fam == 6 && !err && record_table(cfg.route_table))
-			err = -1;   /* both families written: ours are in route_table now */
+		else if (fam == 6 && !err && record_table(rs.table))
+			err = -1;   /* both families written: ours are in the agent's table now */
 		count += lines;
 		free(buf);
 	}

@@ -285,13 +285,17 @@ int cmd_status(bool json)
 	/* route CCs (routes.c): off, or the table, the prefixes and the routes of ours now */
 	if (routes_enabled()) {
 		fprintf(o, "\"route_ccs\": {\"table\": ");
-		json_str(o, cfg.route_table);
+		json_str(o, routes_table());
 		fprintf(o, ", \"within\": ");
-		json_str(o, cfg.route_within);
-		fprintf(o, ", \"routes\": %ld}, ", routes_count());
+		json_str(o, routes_within());
+		fprintf(o, ", \"routes\": %ld, \"mark\": %u}, ", routes_count(), routes_mark());
 	} else {
 		fprintf(o, "\"route_ccs\": null, ");
 	}
+	/* why they are off, or off for one family ("" when on for both) */
+	fprintf(o, "\"route_ccs_off\": ");
+	json_str(o, routes_why());
+	fprintf(o, ", ");
 	print_log(o, has_log ? &logst : NULL);
 	print_counters(o, cnt_fd, fcnt_fd, vals, ncpu, has_log ? &logst : NULL);
 	fprintf(o, "}\n");

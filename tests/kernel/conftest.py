@@ -85,8 +85,12 @@ class Edge:
         # the version floor (floor.c), the test's own; CCS_EDGE_NO_STATE_DIR=1 leaves it out of
         # the config, for an agent older than it (with CCS_EDGE_BINARY)
         self.state_dir = str(tmp_path / "state")
+        # route CCs off: the agent runs in the root network namespace here, whose routes and rules
+        # no test writes; the route tests turn them on in a namespace of their own (ns_edge).
+        # With CCS_EDGE_BINARY (an agent from before route_ccs) the key is left out: off there
         self.config = EdgeConfig(node_id="test-node", cgroup=self.cgroup, pin_dir=self.pin_dir,
                                  public_key=keys["public_path"], sample_rate=0.0,
+                                 route_ccs="auto" if os.environ.get("CCS_EDGE_BINARY") else "off",
                                  state_dir="" if os.environ.get("CCS_EDGE_NO_STATE_DIR") else self.state_dir)
         self.agent = EdgeAgent(config=self.config, binary=binary)
         self.sockets = []

@@ -26,6 +26,7 @@ def _routes(ns, table):
 
 def _routed(e, ns, runner, table, within):
     e.config.route_table, e.config.route_spec, e.config.route_within = table, "type local dev lo", within
+    e.config.route_ccs = "on"
     with in_cgroup(e.cgroup):
         ls = e.track(runner.call(listener))
     e.configure([Service(ls.getsockname()[1], "video")], attach=False)
@@ -52,6 +53,7 @@ def test_agents_flush_only_their_own_routes(edge, edge_binary, keys, tmp_path, n
         ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.3.0/24", a)], 3).manifest)
         # moved to another table: the routes of the old one go with the next load
         edge.config.route_table = "102"
+        edge.config.route_ccs = "on"
         edge.agent.write_config(edge.config)
         ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.3.0/24", a)], 4).manifest)
         assert _routes(ns, "100") == [] and len(_routes(ns, "102")) == 1, \
@@ -59,11 +61,13 @@ def test_agents_flush_only_their_own_routes(edge, edge_binary, keys, tmp_path, n
         assert _routes(ns, "101") == mine, "and the second agent's route stays"
         # route CCs turned off: attach flushes its own, and only its own
         edge.config.route_table = edge.config.route_within = edge.config.route_spec = ""
+        edge.config.route_ccs = "off"
         edge.agent.write_config(edge.config)
         ns_agent(edge, ns, "attach", "--cgroup", edge.cgroup)
         assert _routes(ns, "102") == [] and _routes(ns, "101") == mine, "attach with route CCs off"
         edge.config.route_table, edge.config.route_within, edge.config.route_spec = \
             "100", "127.60.0.0/16", "type local dev lo"
+        edge.config.route_ccs = "on"
         edge.agent.write_config(edge.config)
         ns_agent(edge, ns, "attach", "--cgroup", edge.cgroup)
         ns_agent(edge, ns, "load", edge.table([tf.Entry("127.60.4.0/24", a)], 5).manifest)
@@ -71,7 +75,7 @@ def test_agents_flush_only_their_own_routes(edge, edge_binary, keys, tmp_path, n
         assert _routes(ns, "100") == [], "detach flushed the first agent's routes"
         assert _routes(ns, "101") == mine, f"the second agent's route after the first's detach: {_routes(ns, '101')}"
         st = ns_agent(other, ns, "status", "--json")
-        assert '"routes": 1}' in st, f"the second agent counts its own routes: {st[st.find('route_ccs'):][:120]}"
+        assert '"routes": 1,' in st, f"the second agent counts its own routes: {st[st.find('route_ccs'):][:120]}"
         assert runner.call(cc_of, ls_b, "127.61.1.7") == b, "the second agent still enforces"
         ns_agent(other, ns, "detach")
         assert _routes(ns, "101") == [], "the second agent's detach"
@@ -80,6 +84,7 @@ def test_agents_flush_only_their_own_routes(edge, edge_binary, keys, tmp_path, n
             subprocess.run(["nsenter", f"--net=/run/netns/{ns}", *e.agent._argv("detach")],
                            capture_output=True)
             e.config.route_table = e.config.route_within = e.config.route_spec = ""
+            e.config.route_ccs = "off"
             e.agent.write_config(e.config)
         other.cleanup()
 

@@ -65,12 +65,14 @@ def confined(edge, netns):
         subprocess.run(["ip", "-n", ns, *cmd], check=True)
     edge.config.route_table, edge.config.route_spec, edge.config.route_within = \
         TABLE, "type local dev lo", WITHIN
+    edge.config.route_ccs = "on"
     try:
         yield ns, runner
     finally:
         subprocess.run(["nsenter", f"--net=/run/netns/{ns}", *edge.agent._argv("detach")],
                        capture_output=True)
         edge.config.route_table = edge.config.route_within = edge.config.route_spec = ""
+        edge.config.route_ccs = "off"
         edge.agent.write_config(edge.config)
 
 

@@ -54,6 +54,7 @@ def ns_edge(edge, netns):
     netns and cgroup, attached from inside the netns; its routes left nowhere at the end."""
     name, runner = netns
     edge.config.route_table = "local"
+    edge.config.route_ccs = "on"
     edge.config.route_spec = "type local dev lo"
     edge.config.route_within = WITHIN
     with in_cgroup(edge.cgroup):
@@ -67,6 +68,7 @@ def ns_edge(edge, netns):
         _ns_agent(edge, name, "detach")
         # the fixture's own detach runs in the root namespace: with route CCs off it flushes none
         edge.config.route_table = edge.config.route_within = edge.config.route_spec = ""
+        edge.config.route_ccs = "off"
         edge.agent.write_config(edge.config)
 
 
