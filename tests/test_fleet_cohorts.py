@@ -86,3 +86,16 @@ def test_freeze_refuses_publish_and_current_until_lifted(tmp_path):
     assert [(r["action"], r["who"]) for r in freeze.history(store)] == [("freeze", "ana@ops"), ("unfreeze", "bo@ops")]
     with pytest.raises(Exception, match="not frozen"):
         freeze.unfreeze(store, "twice")
+
+
+def test_a_decision_recorded_again_replaces_its_row(tmp_path):
+    from export.delivery import gates
+    log = gates.DecisionLog(str(tmp_path / "rollout_decisions"))
+    ctx = gates.GateContext("canary", 0, ["n0"], 3, 1, 0, {})
+    log.record("r1", ctx, gates.Decision("observe", "first look", {"looks": 1}, 1.0))
+    log.record("r2", ctx, gates.Decision("promote", "r2's", {}, 2.0))
+    log.record("r1", ctx, gates.Decision("rollback", "it's worse", {"looks": 2}, 3.0))
+    rows = gates.read_decisions(log.path)
+    assert sorted((r["rollout_id"], r["decision"], r["reason"], r["minute"]) for r in rows) == [
+        ("r1", "rollback", "it's worse", 3.0), ("r2", "promote", "r2's", 2.0)]
+    assert gates.read_decisions(str(tmp_path / "none")) == []

@@ -134,8 +134,8 @@ class CanaryVerdict:
 
 class DecisionLog:
     """Every gate decision of the rollouts: kept in `rows` and, when `path` is given (the lake's
-    gold.rollout_decisions, `for_config`), appended there as a Delta table (delta-rs: no Spark
-    in the rollout's process)."""
+    gold.rollout_decisions, `for_config`), written there as a Delta table (delta-rs: no Spark in
+    the rollout's process), one row per (rollout_id, cohort)."""
 
     COLUMNS = ("decided_at_ms", "rollout_id", "cohort", "node_ids", "epoch", "version", "minute",
                "decision", "reason", "evidence")
@@ -161,7 +161,14 @@ class DecisionLog:
                                 ("cohort", pa.string()), ("node_ids", pa.string()), ("epoch", pa.int64()),
                                 ("version", pa.int64()), ("minute", pa.float64()), ("decision", pa.string()),
                                 ("reason", pa.string()), ("evidence", pa.string())])
-            write_deltalake(self.path, pa.Table.from_pylist([row], schema=schema), mode="append")
+            data = pa.Table.from_pylist([row], schema=schema)
+            if read_decisions(self.path, 1):
+                # one row per (rollout, cohort): recording it again (a stream run judged again)
+                # replaces it
+                q = "rollout_id = '{}' AND cohort = '{}'".format(*(v.replace("'", "''") for v in (rollout_id, ctx.cohort)))
+                write_deltalake(self.path, data, mode="overwrite", predicate=q)
+            else:
+                write_deltalake(self.path, data, mode="append")
         return row
 
 
