@@ -335,6 +335,14 @@ def _stream(spark, cfg: Config, hours: list[str], deploy: bool, digest: str) -> 
         res = stream.run(spark, cfg, raw, once=True, deploy=deploy, max_files=nodes * 3 * 15, log=lambda m: None)
     except Exception as e:  # noqa: BLE001 — reported in the summary, and the run is not ok
         return {"error": f"{type(e).__name__}: {e}"}
+    # the canary's A/B verdict of each streamed table, on the simulated arms after its boundary
+    # (export/delivery/stream_canary.py), recorded in gold.rollout_decisions
+    from export.delivery.store import store_for
+    from export.delivery.stream_canary import verdicts
+    try:
+        res["canary"] = {str(v["version"]): v for v in verdicts(spark, cfg, res["tables"], store=store_for(cfg))}
+    except Exception as e:  # noqa: BLE001 — reported in the summary
+        res["canary_error"] = f"{type(e).__name__}: {e}"
     return {"hours": hours, **res}
 
 
@@ -352,6 +360,11 @@ def _stream_lines(res: dict | None) -> list[str]:
         lines.append(f"  v{t['version']}: window to {datetime.fromtimestamp(t['boundary'] / 1000, timezone.utc):%H:%M}Z, "
                      f"{t['entries']} entries, " + ("the stream's first table" if t.get("changed") is None else
                                                     f"{t['changed']:.1%} of traffic changed CC") + f"; {state}")
+        if str(t.get("version")) in (res.get("canary") or {}):
+            from export.delivery.stream_canary import summary_line
+            lines.append(summary_line(res["canary"][str(t["version"])]))
+    if res.get("canary_error"):
+        lines.append(f"  canary verdicts failed: {res['canary_error']}")
     return lines
 
 
