@@ -36,6 +36,7 @@ def wired(edge, netns):
     """(server ns, its runner, client ns, its runner): a veth pair, the server's default route via
     the client side, the client addresses routed back over the pair."""
     srv, srv_run = netns
+    was = edge.config.route_ccs
     with make_netns("ccs-cli") as (cli, cli_run):
         a, b = "ccsa", "ccsb"   # names of each namespace's own
         _ip(srv, "link", "add", a, "type", "veth", "peer", "name", b, "netns", cli)
@@ -51,7 +52,7 @@ def wired(edge, netns):
         finally:
             subprocess.run(["nsenter", f"--net=/run/netns/{srv}", *edge.agent._argv("detach")],
                            capture_output=True)
-            edge.config.route_ccs = "off"
+            edge.config.route_ccs = was
             edge.agent.write_config(edge.config)
 
 
@@ -84,7 +85,6 @@ def test_route_ccs_on_by_default_with_the_default_routes_nexthop(edge, wired):
     with in_cgroup(edge.cgroup):
         served = edge.track(srv_run.call(listener, socket.AF_INET, "0.0.0.0"))
     second = edge.track(srv_run.call(listener, socket.AF_INET, "0.0.0.0"))
-    assert edge.config.route_ccs == "off"
     edge.config.route_ccs = "auto"   # the default: the key left out of the config
     edge.configure([Service(served.getsockname()[1], "video"),
                     Service(second.getsockname()[1], "other")], attach=False)
@@ -145,6 +145,7 @@ def test_route_ccs_on_by_default_with_the_default_routes_nexthop(edge, wired):
 
 def test_route_ccs_off_where_the_namespace_cannot_carry_them(edge, netns):
     ns, runner = netns   # lo only: no default route to take a nexthop from
+    was = edge.config.route_ccs
     default = sysctl_cc(ns)
     a, _ = other_ccs(default)
     with in_cgroup(edge.cgroup):
@@ -183,7 +184,7 @@ def test_route_ccs_off_where_the_namespace_cannot_carry_them(edge, netns):
         rc, out, err = _agent(edge, ns, "status")
         assert rc != 0 and "route_ccs" in err and "sometimes" in err, f"rc {rc}, {err!r}"
     finally:
-        edge.config.route_ccs = "off"
+        edge.config.route_ccs = was
         edge.agent.write_config(edge.config)
         subprocess.run(["nsenter", f"--net=/run/netns/{ns}", *edge.agent._argv("detach")],
                        capture_output=True)
