@@ -23,16 +23,19 @@ def lake(spark, small_lake):
     return cfg, conns, (lo // 3_600_000 + 1) * 3_600_000    # a table at the second hour's start
 
 
-def test_looks_read_the_moments_the_canary_reads(lake):
+def test_looks_read_the_moments_the_canary_reads(spark, lake):
     cfg, conns, b = lake
     node = stream_canary.canary_node(conns, b, b + 30 * 60_000)
     top = (conns.where(F.col("ts_end_ms").between(b, b + 30 * 60_000 - 1)).groupBy("node_id").count()
            .orderBy(F.desc("count")).first())
     assert top["count"] == conns.where((F.col("node_id") == node) & F.col("ts_end_ms").between(b, b + 30 * 60_000 - 1)).count()
     rows = stream_canary.minute_sums(conns, node, b, 30)
+    live = gates.silver_moments(spark, cfg)       # the live gate's read of silver.connections
     for minutes in (7, 30):
         ours = stream_canary.cumulative(rows, minutes)
         theirs = canary_moments(conns, node, b, b + minutes * 60_000)
+        if minutes == 30:
+            assert live(node, b, b + minutes * 60_000) == theirs
         assert set(ours) == set(theirs) and ours, (ours, theirs)
         for metric, arms in theirs.items():
             for arm, m in arms.items():
