@@ -142,7 +142,10 @@ def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None =
         return {"version": pub["version"], "published": True, "deployed": False,
                 "why": "not root: stopped at the signed artifact in the store" if os.geteuid() != 0
                 else "pipeline.deploy is false"}
-    res = deploy(fleet, store, pub["version"], cfg.settings.export.rollout.health)
+    from export.delivery.gates import DecisionLog
+    # each cohort's gate decision (here the health gate) in gold.rollout_decisions, as `ccs rollout`
+    res = deploy(fleet, store, pub["version"], cfg.settings.export.rollout.health,
+                 decisions=DecisionLog.for_config(cfg))
     if not res["ok"]:
         raise RuntimeError(f"rollout of v{version} stopped: {res.get('stopped')}; rolled back "
                            f"{sorted(res.get('rolled_back', {}))}")
