@@ -345,7 +345,7 @@ class StreamJob:
         table = infer.node_scaling(self.cfg, champ, keys, self.spark)
         with conf_set(self.spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": str(int(p.batch_rows))}):
             infer.load(infer.transform(src, champ, p, table), self.cfg, keys)
-        out = {"model_version": champ.version, "partitions": len(keys), "node_stats": infer.node_report(table)}
+        out = {"model_version": champ.version, "partitions": len(keys), "node_stats": infer.node_report(table, champ)}
         if table is not None and out["node_stats"]["fleet_fallback"]:
             self.log(f"stream: {out['node_stats']['fleet_fallback']} of {len(keys)} partitions scored on the "
                      f"fleet's statistics (fleet_fallback: under the champion's minimum of connections)")

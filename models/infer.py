@@ -279,9 +279,12 @@ def node_scaling(cfg: Config, champion, keys, spark: SparkSession | None = None)
     return None if ns is None else node_stats.lookup(cfg, keys, champion.stats, ns, spark)
 
 
-def node_report(table: dict | None) -> dict | None:
-    """The result's `node_stats`: the champion's standardization and the partitions per source."""
-    return {"standardization": "fleet"} if table is None else {"standardization": "node", **node_stats.summary(table)}
+def node_report(table: dict | None, champion=None) -> dict:
+    """The result's `node_stats`: the champion's standardization and the partitions per source
+    (none scored: no partitions)."""
+    if table is None and getattr(champion, "node_std", None) is None:
+        return {"standardization": "fleet"}
+    return {"standardization": "node", **node_stats.summary(table or {})}
 
 
 def _summary(cfg: Config, lo: str, hi: str, champion, p: InferSettings) -> dict[str, Any]:
@@ -299,7 +302,7 @@ def _run_arrow(cfg: Config, lo: str, hi: str, champion, p: InferSettings, decisi
     r = infer_arrow.run(table_path(cfg, "silver.connections"), path, lo, hi, champion, p, p.precision,
                         node_scaling=lambda keys: node_scaling(cfg, champion, keys))
     result = {**_summary(cfg, lo, hi, champion, p), "engine": "arrow", "rows": r["rows"],
-              "partitions": r["partitions"], "node_stats": node_report(r.get("node_table"))}
+              "partitions": r["partitions"], "node_stats": node_report(r.get("node_table"), champion)}
     if not r["rows"]:
         return result
     result.update({"seconds": r["seconds"], "rows_per_s": round(r["rows"] / r["seconds"]) if r["seconds"] > 0 else None,
@@ -327,7 +330,7 @@ def _run_spark(spark: SparkSession, cfg: Config, lo: str, hi: str, champion, p: 
     path = table_path(cfg, "gold.predictions")
     rows = _written_rows(spark, path)
     result = {**_summary(cfg, lo, hi, champion, p), "engine": "spark", "rows": rows, "partitions": len(keys),
-              "node_stats": node_report(table), "seconds": round(seconds, 3), "rows_per_s": round(rows / seconds) if rows and seconds > 0 else None}
+              "node_stats": node_report(table, champion), "seconds": round(seconds, 3), "rows_per_s": round(rows / seconds) if rows and seconds > 0 else None}
     if decisions:
         out = (spark.read.format("delta").load(path).where(F.col("hour").between(lo, hi))
                .groupBy("decision", "cc").count().collect())
