@@ -1,4 +1,4 @@
-"""bench/canary: what the canary's sequential A/B (evaluation/canary.py, issue 58) promises and does,
+"""bench/canary: what the canary's sequential A/B (export/delivery/canary.py, issue 58) promises and does,
 on replays of two arms with known effects (sim/ab_outcomes.py), looked at every minute.
 
 - false rollbacks: runs of 20 tables in a row that change nothing (effect 1), repeated; the
@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ccselect.settings import CanarySettings  # noqa: E402
-from evaluation import canary  # noqa: E402
+from export.delivery import canary  # noqa: E402
 from sim.ab_outcomes import ArmsSetting, replay  # noqa: E402
 
 

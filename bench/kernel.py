@@ -52,6 +52,7 @@ sys.path.insert(0, REPO)
 
 from export.artifact import signing, table_format as tf
 from export.edge.agent import EdgeAgent, EdgeConfig, Service
+# Imported inside the functions that use them (heavy, not needed to import this module): our modules that load them.
 
 CGROUP_ROOT = "/sys/fs/cgroup/unified"
 STATS = "/proc/sys/kernel/bpf_stats_enabled"

@@ -610,7 +610,7 @@ class RolloutSettings(_Section):
 
 @dataclass(frozen=True)
 class CanarySettings(_Section):
-    """`export.canary:` the canary's A/B on outcomes (evaluation/canary.py, issue 58): an
+    """`export.canary:` the canary's A/B on outcomes (export/delivery/canary.py, issue 58): an
     always-valid mixture SPRT per metric over the kernel's CRC32 arms, looked at as often as
     wanted. `alpha` bounds the false-rollback rate of a table that changes nothing (split over
     the metrics); `tau` is the mixing prior's spread of the log ratio (the effect sizes the test

@@ -1,4 +1,4 @@
-"""A canary's two arms minute by minute, for judging the sequential test of evaluation/canary.py
+"""A canary's two arms minute by minute, for judging the sequential test of export/delivery/canary.py
 (issue 58) on many replays: clients split by address parity (the kernel's CRC32 split), each with
 its own path (a retransmission rate and a stall share drawn once per client, so connections of
 one client are correlated, as the delta method's cluster unit assumes), returning over the
@@ -28,7 +28,7 @@ class ArmsSetting:
 def replay(rng: np.random.Generator, minutes: int, effect_retrans: float = 1.0, effect_stall: float = 1.0,
            s: ArmsSetting = ArmsSetting()):
     """Yield (minute, {metric: {arm: (Y, X, connections)}}) cumulative after each minute 1..minutes:
-    the per-client sums Y_i, X_i of the clients seen so far (evaluation.canary.cluster_moments
+    the per-client sums Y_i, X_i of the clients seen so far (export.delivery.canary.cluster_moments
     makes the delta method's moments of them)."""
     treated = np.arange(s.clients) % 2 == 1
     p_ret = np.minimum(s.retrans_median * np.exp(rng.normal(0, s.spread, s.clients)), 0.5)

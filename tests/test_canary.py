@@ -1,4 +1,4 @@
-"""The canary's sequential A/B (evaluation/canary.py, issue 58) on replays of two arms with known
+"""The canary's sequential A/B (export/delivery/canary.py, issue 58) on replays of two arms with known
 effects (sim/ab_outcomes.py): tables that change nothing are rolled back at most at the promised
 rate however often the rollout looks, a harmful table is rolled back within minutes, a helpful one
 is promoted; and the always-valid interval against its closed form."""
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from ccselect.settings import CanarySettings
-from evaluation import canary
-from evaluation.abtest import ArmMoments
+from export.delivery import canary
+from features.ab_moments import ArmMoments
 from sim.ab_outcomes import replay
 
 S = CanarySettings()
@@ -66,11 +66,11 @@ def test_a_harmful_table_is_rolled_back_and_a_helpful_one_promoted():
         assert decision == canary.PROMOTE, c.reason
 
 
-def test_too_few_clients_decides_nothing_until_the_window_ends():
+def test_too_few_clients_is_inconclusive_at_the_window_end_not_promoted():
     few = CanarySettings(min_clusters=10_000, max_minutes=5)
     decision, minute, c = _run(np.random.default_rng(1), effect_retrans=3.0, settings=few, minutes=5)
-    assert (decision, minute) == (canary.PROMOTE, 5)
-    assert "no harm shown in 5 min" in c.reason and "0 of 2 metrics had enough clients" in c.reason
+    assert (decision, minute) == (canary.INCONCLUSIVE, 5)
+    assert "not promoted: the window (5 min" in c.reason and "ended with 0 of 2 metrics judged" in c.reason
     assert all(not st.last["judged"] for st in c.states.values())
 
 

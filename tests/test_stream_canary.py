@@ -1,5 +1,5 @@
 """The canary verdict of a stream run's tables (export/delivery/stream_canary.py, issue 58) on the
-shared small lake's silver.connections: its looks see the moments evaluation.canary reads over the
+shared small lake's silver.connections: its looks see the moments export.delivery.canary reads over the
 same rows, a treatment arm made to retransmit more is rolled back, and every verdict is a row of
 gold.rollout_decisions."""
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 
 from ccselect.config import load_config
 from ccselect.lake import table_path
-from evaluation.canary import canary_moments
+from export.delivery.canary import canary_moments
 from export.delivery import gates, stream_canary
 
 

@@ -19,14 +19,9 @@ import socket
 import time
 from datetime import datetime, timezone
 
-from export.delivery.store import Store, StoreError
+from export.delivery.store import FREEZE_KEY, Frozen, Store, StoreError, describe_freeze  # noqa: F401  (Frozen: callers catch freeze.Frozen)
 
-FREEZE_KEY = "freeze.json"
 LOG_KEY = "freeze-log.json"
-
-
-class Frozen(StoreError):
-    """Refused: the fleet is frozen."""
 
 
 def operator() -> str:
@@ -54,17 +49,12 @@ def history(store: Store) -> list[dict]:
 
 
 def describe(rec: dict) -> str:
-    pinned = "no table" if rec.get("pinned") is None else f"table {rec['pinned']} (epoch {rec.get('pinned_epoch', 0)})"
-    return (f"the fleet is frozen since {rec['at']} by {rec['who']}: {rec['why']} — {pinned} pinned; "
-            "`ccs unfreeze --reason ...` lifts it")
+    return describe_freeze(rec)
 
 
 def refuse_if_frozen(store: Store, what: str, version: int | None = None) -> None:
     """Raise Frozen naming the freeze, unless none holds or `version` is the pinned table."""
-    rec = current(store)
-    if rec is None or (version is not None and version == rec.get("pinned")):
-        return
-    raise Frozen(f"refused {what}: {describe(rec)}")
+    store._refuse_if_frozen(what, version)
 
 
 def _log(store: Store, rec: dict) -> None:

@@ -18,7 +18,7 @@ Two gates:
 - `health_gate` (the default, and the only gate before issue 58): every node passed the health
   check of `deploy_node` (table active, no setsockopt error, the connection rate above
   `min_rate_ratio` of the rate before): promote.
-- `CanaryVerdict`: the cohort's A/B on outcomes, evaluation/canary.py's always-valid mSPRT over
+- `CanaryVerdict`: the cohort's A/B on outcomes, export/delivery/canary.py's always-valid mSPRT over
   the kernel's CRC32 arms, looked at every `look_s` seconds on each node's cumulative moments
   since the load (`silver_moments`: its silver.connections rows, so the stream must be ingesting
   the node's logs). Each node of the cohort is judged by its own test: any rollback rolls the
@@ -28,9 +28,17 @@ Two gates:
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
+
+import pyarrow as pa
+
+from ccselect.hours import hour_of_ms
+from ccselect.lake import table_path
+from export.delivery.canary import PROMOTE as C_PROMOTE, ROLLBACK as C_ROLLBACK, Canary, canary_moments
+# Imported inside the functions that use them (heavy, not needed to import this module): pyspark, deltalake.
 
 PROMOTE, OBSERVE, ROLLBACK = "promote", "observe", "rollback"
 DECISIONS_TABLE = "gold.rollout_decisions"
@@ -69,12 +77,9 @@ Moments = Callable[[str, int, int], dict]   # (node_id, from_ms, to_ms) → metr
 
 def silver_moments(spark, cfg) -> Moments:
     """A node's cumulative arm moments since the load, read again at each look from
-    silver.connections (evaluation.canary.canary_moments over the hours the interval spans)."""
+    silver.connections (export.delivery.canary.canary_moments over the hours the interval spans)."""
     from pyspark.sql import functions as F
 
-    from ccselect.hours import hour_of_ms
-    from ccselect.lake import table_path
-    from evaluation.canary import canary_moments
     path = table_path(cfg, "silver.connections")
 
     def moments(node_id: str, from_ms: int, to_ms: int) -> dict:
@@ -100,7 +105,6 @@ class CanaryVerdict:
         self.settings, self.moments, self.look_s = settings, moments, look_s
 
     def __call__(self, ctx: GateContext) -> Decision:
-        from evaluation.canary import PROMOTE as C_PROMOTE, ROLLBACK as C_ROLLBACK, Canary
         tests = {n: Canary(self.settings) for n in ctx.nodes}
         rows = {n: 0 for n in ctx.nodes}
         looks: list[dict] = []
@@ -121,13 +125,16 @@ class CanaryVerdict:
             bad = [n for n, c in tests.items() if c.decision == C_ROLLBACK]
             if bad:
                 return Decision(ROLLBACK, "; ".join(f"{n}: {tests[n].reason}" for n in bad), evidence, minute)
-            if all(c.decision == C_PROMOTE for c in tests.values()):
+            if all(c.decision != "observe" for c in tests.values()):
                 empty = [n for n in ctx.nodes if rows[n] == 0]
                 if empty:
                     return Decision(OBSERVE, f"no outcome rows of {', '.join(empty)} in silver.connections "
                                     f"within {minute:g} min of the load (export.canary.max_minutes "
                                     f"{self.settings.max_minutes:g}): is the stream ingesting its logs? "
                                     "Not promoted", evidence, minute)
+                unjudged = [n for n, c in tests.items() if c.decision != C_PROMOTE]
+                if unjudged:      # the window ended short of clients: inconclusive, not promoted
+                    return Decision(OBSERVE, "; ".join(f"{n}: {tests[n].reason}" for n in unjudged), evidence, minute)
                 return Decision(PROMOTE, "; ".join(f"{n}: {c.reason}" for n, c in tests.items()), evidence, minute)
             ctx.log(f"cohort {ctx.cohort}: observing at {minute:g} min ({rows})")
 
@@ -145,7 +152,6 @@ class DecisionLog:
 
     @classmethod
     def for_config(cls, cfg) -> "DecisionLog":
-        from ccselect.lake import table_path
         return cls(table_path(cfg, DECISIONS_TABLE))
 
     def record(self, rollout_id: str, ctx: GateContext, d: Decision) -> dict:
@@ -155,7 +161,6 @@ class DecisionLog:
                "evidence": json.dumps(d.evidence, default=str, sort_keys=True)}
         self.rows.append(row)
         if self.path:
-            import pyarrow as pa
             from deltalake import write_deltalake
             schema = pa.schema([("decided_at_ms", pa.int64()), ("rollout_id", pa.string()),
                                 ("cohort", pa.string()), ("node_ids", pa.string()), ("epoch", pa.int64()),
@@ -174,7 +179,6 @@ class DecisionLog:
 
 def read_decisions(path: str, limit: int = 20) -> list[dict]:
     """The newest `limit` rows of gold.rollout_decisions at `path`, oldest first ([] when absent)."""
-    import os
     if "://" not in path and not os.path.isdir(os.path.join(path, "_delta_log")):
         return []
     from deltalake import DeltaTable

@@ -33,6 +33,7 @@ import yaml
 from ccselect.config import project_root
 from ccselect.settings import Health  # cfg.settings.export.rollout.health
 from export.artifact import signing
+from export.delivery import freeze
 from export.delivery.gates import PROMOTE, ROLLBACK, Decision, DecisionLog, GateContext, health_gate
 from export.delivery.store import Store, StoreError
 from export.edge.agent import EdgeAgent, EdgeAgentError, EdgeConfig, Service
@@ -330,7 +331,6 @@ def deploy(fleet: Fleet, store: Store, version: int, health: Health,
     than the store's current one: `ccs rollback` republishing the previous version. A table the
     store never made current, or one newer than its current one, gets no override: a newer
     epoch or version loads without one, and an older one a node refuses stays refused."""
-    from export.delivery import freeze
     freeze.refuse_if_frozen(store, f"rolling out table {version}", version)
     if allow_older is None:
         cur = store.current()

@@ -27,6 +27,20 @@ class StoreError(RuntimeError):
     pass
 
 
+#: the freeze record's key in the store (export/delivery/freeze.py writes it; the store obeys it)
+FREEZE_KEY = "freeze.json"
+
+
+class Frozen(StoreError):
+    """Refused: the fleet is frozen."""
+
+
+def describe_freeze(rec: dict) -> str:
+    pinned = "no table" if rec.get("pinned") is None else f"table {rec['pinned']} (epoch {rec.get('pinned_epoch', 0)})"
+    return (f"the fleet is frozen since {rec['at']} by {rec['who']}: {rec['why']} — {pinned} pinned; "
+            "`ccs unfreeze --reason ...` lifts it")
+
+
 class _Fsspec:
     """A directory or an fsspec URL: state.json replaced by a rename of a temporary file."""
 
@@ -140,8 +154,12 @@ class Store:
         self.backend.replace(key, json.dumps(doc, indent=1).encode())
 
     def _refuse_if_frozen(self, what: str, version: int | None = None) -> None:
-        from export.delivery import freeze
-        freeze.refuse_if_frozen(self, what, version)
+        """Raise Frozen naming the freeze (export/delivery/freeze.py), unless none holds or
+        `version` is the pinned table."""
+        rec = self.read_json(FREEZE_KEY)
+        if not rec or not rec.get("frozen") or (version is not None and version == rec.get("pinned")):
+            return
+        raise Frozen(f"refused {what}: {describe_freeze(rec)}")
 
     def set_current(self, version: int) -> None:
         self._refuse_if_frozen(f"making table {int(version)} current", int(version))

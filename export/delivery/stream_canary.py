@@ -5,7 +5,7 @@ A live rollout looks at the canary's silver.connections rows as they arrive afte
 run` streams simulated hours through `ccs stream --once` — can judge each table once the stream is
 done: for a table built at boundary `b` (the end of its window, simulated time), the canary's
 rows that ended in [b, b + m minutes) for m = 1, 2, … up to `export.canary.max_minutes` (or the
-last minute the lake has), each minute a look of evaluation/canary.py's always-valid test,
+last minute the lake has), each minute a look of export/delivery/canary.py's always-valid test,
 exactly as the live gate looks every minute.
 
 Which node is the canary: the simulated fleet's nodes are not the edge fleet's, so the node of
@@ -26,7 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from ccselect.hours import hour_of_ms
+from ccselect.lake import table_path
+from export.delivery.canary import INCONCLUSIVE, OBSERVE, Canary
 from export.delivery.gates import Decision, DecisionLog, GateContext
+from export.delivery.store import StoreError
+from features.ab_moments import ArmMoments, metric_rows
+# Imported inside the functions that use them (heavy, not needed to import this module): pyspark.
 
 COHORT = "canary (simulated arms)"
 
@@ -44,7 +50,6 @@ def minute_sums(conns, node_id: str, from_ms: int, minutes: int) -> list[dict]:
     [from_ms, from_ms + minutes); `minute` counts from 0."""
     from pyspark.sql import functions as F
 
-    from evaluation.abtest import metric_rows
     mine = (conns.where((F.col("node_id") == node_id)
                         & F.col("ts_end_ms").between(from_ms, from_ms + minutes * 60_000 - 1))
             .withColumn("client_ip", F.concat_ws("|", F.col("client_ip").cast("string"),
@@ -62,8 +67,7 @@ def minute_sums(conns, node_id: str, from_ms: int, minutes: int) -> list[dict]:
 
 def cumulative(rows: list[dict], minutes: int) -> dict[str, dict[str, Any]]:
     """metric → arm → ArmMoments of `rows` (`minute_sums`) in their first `minutes` minutes: the
-    moments evaluation.canary.canary_moments gives over the same interval."""
-    from evaluation.abtest import ArmMoments
+    moments export.delivery.canary.canary_moments gives over the same interval."""
     cum: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(dict)   # (metric, arm) → client → [y, x, n]
     for r in rows:
         if r["minute"] < minutes:
@@ -79,9 +83,8 @@ def cumulative(rows: list[dict], minutes: int) -> dict[str, dict[str, Any]]:
 
 
 def looks(rows: list[dict], minutes: int, settings) -> Decision:
-    """evaluation/canary.py's test looked at after each minute 1..`minutes` on the cumulative
+    """export/delivery/canary.py's test looked at after each minute 1..`minutes` on the cumulative
     moments of `rows` (`minute_sums`); → the decision, with the minute it was taken."""
-    from evaluation.canary import OBSERVE, Canary
     c = Canary(settings)
     conns, m = 0, 0
     for m in range(1, minutes + 1):
@@ -90,6 +93,8 @@ def looks(rows: list[dict], minutes: int, settings) -> Decision:
         if c.look(m, moments) != OBSERVE:
             break
     d, reason = c.decision, c.reason
+    if d == INCONCLUSIVE:       # recorded as the gates record it: not promoted, with the test's reason
+        d = OBSERVE
     if conns == 0:
         d, reason = OBSERVE, f"no outcome rows in {minutes} min after the table: not promoted"
     elif d == OBSERVE:
@@ -105,9 +110,6 @@ def verdicts(spark, cfg, tables: list[dict], decisions: DecisionLog | None = Non
     connections (default silver.connections); `settings`: default export.canary."""
     from pyspark.sql import functions as F
 
-    from ccselect.hours import hour_of_ms
-    from ccselect.lake import table_path
-    from export.delivery.store import StoreError
     s = settings or cfg.settings.export.canary
     decisions = decisions if decisions is not None else DecisionLog.for_config(cfg)
     if conns is None:

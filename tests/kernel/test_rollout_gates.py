@@ -15,7 +15,7 @@ from _edge_helpers import other_ccs, sysctl_cc
 from test_rollout import LocalFleet, _cc_through, _table, fleet_env  # noqa: F401 (fixture)
 
 from ccselect.settings import CanarySettings
-from evaluation.abtest import ArmMoments
+from features.ab_moments import ArmMoments
 from export.delivery import freeze, gates
 from export.delivery.rollout import Health, deploy
 from export.delivery.store import Store

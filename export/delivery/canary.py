@@ -3,7 +3,7 @@ arm (odd CRC32 of the client address: the table's CC) and control arm (even: the
 the kernel's own split (ALICCS §4.3), are compared from the canary's own logs as the stream
 ingests them, and the rollout promotes, keeps observing, or rolls back.
 
-The metrics are `evaluation.abtest`'s ratio metrics (retransmitted over sent segments; stall
+The metrics are the A/B split's ratio metrics (features/ab_moments.py, as `evaluation.abtest` reads them) (retransmitted over sent segments; stall
 over play time), each a ratio of sums with the client address as the unit (the delta method on
 per-address cluster sums, `ArmMoments`). A rollout looks at the canary every minute or so, as
 long as it likes, and stops at the first look that decides: a fixed-sample test read that way
@@ -25,8 +25,11 @@ table that changes nothing is at most `alpha`:
 - **roll back** at the first look where a metric's interval lies wholly above 0 (treatment
   worse: more retransmission or more stalls);
 - **promote** early once every metric's interval lies below log(1 + `harm_margin`) (any harm
-  smaller than the margin), or when `max_minutes` pass without a rollback (the window is
-  bounded: an effect the test cannot see by then is below what the canary can judge);
+  smaller than the margin), or when `max_minutes` pass without a rollback with every metric
+  judged (the window is bounded: an effect the test cannot see by then is below what the canary
+  can judge);
+- **inconclusive** (not promoted, not rolled back) when the window ends with a metric that never
+  had enough clients to judge: silence is not evidence of safety;
 - else **observe**. A look with fewer than `min_clusters` addresses in an arm decides nothing.
 
 Pure Python on collected moments (`arm_moments` rows, `decide`), so the tests run it on numpy
@@ -41,11 +44,13 @@ from typing import Any
 from pyspark.sql import DataFrame, functions as F
 
 from ccselect.settings import CanarySettings
-from evaluation.abtest import ArmMoments, arm_moments, metric_rows
+from features.ab_moments import ArmMoments, arm_moments, metric_rows
 
 #: a metric for which a higher treatment rate is worse (every metric here)
 HARM_IF_HIGHER = {"retrans_rate": True, "rebuffer_rate": True}
 PROMOTE, OBSERVE, ROLLBACK = "promote", "observe", "rollback"
+#: the window ended with a metric that never had `min_clusters` clients in both arms: not promoted
+INCONCLUSIVE = "inconclusive"
 
 
 def msprt_lambda(theta: float, var: float, tau: float) -> float:
@@ -81,7 +86,7 @@ class Canary:
     def look(self, minute: float, moments: dict[str, dict[str, ArmMoments]]) -> str:
         """`moments`: metric → {"control": ArmMoments, "treatment": ArmMoments}, cumulative since
         the load; `minute`: minutes since the load. Returns (and keeps) the decision; once
-        `promote` or `rollback`, later looks change nothing."""
+        `promote`, `rollback` or `inconclusive`, later looks change nothing."""
         if self.decision != OBSERVE:
             return self.decision
         s = self.settings
@@ -120,10 +125,14 @@ class Canary:
         elif judged == len(s.metrics) and safe == judged:
             self.decision = PROMOTE
             self.reason = f"every metric's always-valid interval below +{s.harm_margin:.0%} after {minute:g} min"
-        elif minute >= s.max_minutes:
+        elif minute >= s.max_minutes and judged == len(s.metrics):
             self.decision = PROMOTE
-            self.reason = (f"no harm shown in {minute:g} min (the window, export.canary.max_minutes); "
-                           f"{judged} of {len(s.metrics)} metrics had enough clients")
+            self.reason = f"no harm shown in {minute:g} min (the window, export.canary.max_minutes)"
+        elif minute >= s.max_minutes:
+            self.decision = INCONCLUSIVE
+            self.reason = (f"not promoted: the window ({minute:g} min, export.canary.max_minutes) ended with "
+                           f"{judged} of {len(s.metrics)} metrics judged, the rest short of "
+                           f"export.canary.min_clusters ({s.min_clusters}) clients per arm")
         else:
             self.reason = f"observing: {judged} of {len(s.metrics)} metrics judged at {minute:g} min"
         return self.decision
