@@ -75,7 +75,7 @@ def test_purity_is_request_weighted():
 
 
 def test_settings_refuse_an_unknown_declined_rule():
-    assert PrefixLadder().declined_rule == "purity" and PrefixLadder(declined_rule="plurality").declined_rule == "plurality"
+    assert PrefixLadder().declined_rule == "plurality" and PrefixLadder(declined_rule="purity").declined_rule == "purity"
     with pytest.raises(ValueError, match="declined_rule must be one of"):
         PrefixLadder(declined_rule="majority")
 
