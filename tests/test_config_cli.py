@@ -34,6 +34,7 @@ def test_cluster_config_has_the_same_keys():
     # a deployment adds only where its servers are (the object store, the tracking server's and
     # Airflow's databases, the API server) and what `ccs cluster up` starts on one machine
     deployment = {"object_store", "object_store.endpoint", "cluster", "cluster.home", "cluster.buckets",
+                  "cluster.prometheus", "cluster.alertmanager", "cluster.platform_exporter",
                   "mlflow.backend_store_uri", "airflow.sql_alchemy_conn", "airflow.api_url"}
     assert keys(cluster) - keys(local) == deployment and keys(local) <= keys(cluster)
     one_machine = yaml.safe_load((REPO / "infra/conf/cluster-local.yaml").read_text())

@@ -69,8 +69,11 @@ def test_shipped_files_do_not_repeat_a_default(path):
                 walk(given, value, name)
             elif f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
                 default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-                assert given != getattr(dataclasses.replace(obj, **{key: default}), key), \
-                    f"{path.name}: {name} repeats its default"
+                try:
+                    back = getattr(dataclasses.replace(obj, **{key: default}), key)
+                except ValueError:      # keys that go together: the default alone is not a setting, so no repeat
+                    continue
+                assert given != back, f"{path.name}: {name} repeats its default"
 
     walk(load_config(path).settings, {k: v for k, v in raw.items() if k not in st.SCALARS}, "")
 
