@@ -143,13 +143,20 @@ def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None =
                 "why": "not root: stopped at the signed artifact in the store" if os.geteuid() != 0
                 else "pipeline.deploy is false"}
     from export.delivery.gates import DecisionLog
-    # each cohort's gate decision (here the health gate) in gold.rollout_decisions, as `ccs rollout`
-    res = deploy(fleet, store, pub["version"], cfg.settings.export.rollout.health,
-                 decisions=DecisionLog.for_config(cfg))
+    # each cohort's gate decision (here the health gate) in gold.rollout_decisions, as `ccs rollout`,
+    # where the lake is a local folder: DecisionLog writes with delta-rs, which reads no s3a://
+    # lake without storage options; there the decisions stay in this result, and it says so
+    local = "://" not in cfg.settings.lake.root
+    decisions = DecisionLog.for_config(cfg) if local else DecisionLog()
+    res = deploy(fleet, store, pub["version"], cfg.settings.export.rollout.health, decisions=decisions)
     if not res["ok"]:
         raise RuntimeError(f"rollout of v{version} stopped: {res.get('stopped')}; rolled back "
                            f"{sorted(res.get('rolled_back', {}))}")
-    return {"version": pub["version"], "published": True, "deployed": True, "nodes": sorted(res["nodes"])}
+    out = {"version": pub["version"], "published": True, "deployed": True, "nodes": sorted(res["nodes"]),
+           "decisions": [{k: r[k] for k in ("cohort", "decision", "reason")} for r in decisions.rows]}
+    if not local:
+        out["decisions_not_written"] = "gold.rollout_decisions: the lake is on an object store (delta-rs storage options not set)"
+    return out
 
 
 def _fleet_and_store_for(cfg: Config):
