@@ -1,10 +1,12 @@
 """The edge agent's metrics (export/edge/metrics.c, issue 59): the Prometheus text format that
 `ccs-edge metrics` prints and `run` rewrites for node_exporter's textfile collector.
 
-Real traffic in a throwaway cgroup (as tests/kernel does): a hit, a miss and A/B controls; then
-the exposition must pass `promtool check metrics`, carry every kernel counter with the value
-`status --json` gives, and describe the live and previous table, the attach state and the log's
-ledger. Needs root, BPF and cgroup v2 (skipped with the reason, except under CI=true) and
+Real traffic in a throwaway cgroup (as tests/kernel does): a hit and a miss on one service, A/B
+controls on another, a connection on a port of no service; then the exposition must pass
+`promtool check metrics`, carry every kernel counter per service (ccs_svc_counters), each summed
+over its series to the node total `status --json` gives, and describe the live and previous
+table, the attach state and the log's ledger. A policy that moves the services to other slots
+starts their counters from zero (the node totals stay). Needs root, BPF and cgroup v2 (skipped with the reason, except under CI=true) and
 promtool (Debian's prometheus: make sysdeps installs it)."""
 from __future__ import annotations
 
@@ -33,6 +35,19 @@ def parse_exposition(text: str) -> dict:
             key = (s.name, tuple(s.labels.items()))
             assert key not in out, f"series {key} twice"
             out[key] = s.value
+    return out
+
+
+def per_service(m: dict, name: str, **fixed: str) -> dict:
+    """{service label (None: the series without one): value} of metric `name`'s series that carry
+    the `fixed` labels and no other label but service."""
+    out = {}
+    for (n, labels), v in m.items():
+        d = dict(labels)
+        if n != name or any(d.get(k) != x for k, x in fixed.items()) or set(d) - set(fixed) - {"service"}:
+            continue
+        assert d.get("service") not in out, f"{name}{d}: twice"
+        out[d.get("service")] = v
     return out
 
 
@@ -123,7 +138,7 @@ def test_metrics_of_a_node_with_traffic(edge_agent, tmp_path):
     default = system_cc()
     other = next(c for c in ("cubic", "reno", "bbr") if c != default)
     with in_cgroup(agent.config.cgroup):
-        plain, ab = listener(), listener()
+        plain, ab, unserved = listener(), listener(), listener()
     try:
         agent.config.services = [Service(plain.getsockname()[1], "video"),
                                  Service(ab.getsockname()[1], "web", ab=True)]
@@ -148,6 +163,7 @@ def test_metrics_of_a_node_with_traffic(edge_agent, tmp_path):
         evens = [s for s in (f"127.50.1.{i}" for i in range(1, 40)) if not tf.ab_bucket_odd(s)][:3]
         for s in evens:
             assert _connect(ab, s) == default, f"setup: A/B control {s} keeps the default"
+        assert _connect(unserved, "127.50.0.9") == default, "setup: a port of no service is left alone"
 
         text = _metrics(agent)
         _check(text, tmp_path)
@@ -155,42 +171,63 @@ def test_metrics_of_a_node_with_traffic(edge_agent, tmp_path):
         status = agent.status()
         cnt = status["counters"]
         # every kernel counter, under its metric, with status's value
-        kernel = {
-            "established": ("ccs_edge_connections_established_total", ()),
-            "no_table": ("ccs_edge_connections_no_table_total", ()),
-            "expired": ("ccs_edge_connections_expired_table_total", ()),
-            "ab_control": ("ccs_edge_ab_control_total", ()),
-            "lookups": ("ccs_edge_lookups_total", ()),
-            "miss": ("ccs_edge_lookup_misses_total", ()),
-            "setsockopt_err": ("ccs_edge_setsockopt_errors_total", ()),
-            "caps_err": ("ccs_edge_caps_errors_total", ()),
-            "log_sampled": ("ccs_edge_log_sampled_total", ()),
-            "log_emitted": ("ccs_edge_log_emitted_total", ()),
-            "log_dropped": ("ccs_edge_log_ring_dropped_total", ()),
-            "storage_err": ("ccs_edge_socket_storage_errors_total", ()),
-            "not_served": ("ccs_edge_connections_not_served_total", ()),
-            "cc_preset": ("ccs_edge_route_cc_preset_total", ()),
-            "cc_reset": ("ccs_edge_route_cc_reset_total", ()),
-            "pacing_set": ("ccs_edge_caps_set_total", (("cap", "pacing"),)),
-            "clamp_set": ("ccs_edge_caps_set_total", (("cap", "cwnd_clamp"),)),
-            "tree_evals": ("ccs_edge_flow_tree_evals_total", ()),
-            "tree_no_leaf": ("ccs_edge_flow_tree_no_leaf_total", ()),
-            "log_written": ("ccs_edge_log_records_written_total", ()),
-            "log_lost": ("ccs_edge_log_records_lost_total", ()),
-            "log_errors": ("ccs_edge_log_write_errors_total", ()),
+        # the agent's ledger: one unlabelled series each
+        ledger = {
+            "log_written": "ccs_edge_log_records_written_total",
+            "log_lost": "ccs_edge_log_records_lost_total",
+            "log_errors": "ccs_edge_log_write_errors_total",
         }
-        kernel.update({f"hit_{e}": ("ccs_edge_lookup_hits_total", (("entry", e),))
+        # the kernel's counters: one series per service; those with events of no service (an
+        # unserved port, a listener) also one without the label
+        kernel = {
+            "established": ("ccs_edge_connections_established_total", {}),
+            "no_table": ("ccs_edge_connections_no_table_total", {}),
+            "expired": ("ccs_edge_connections_expired_table_total", {}),
+            "ab_control": ("ccs_edge_ab_control_total", {}),
+            "lookups": ("ccs_edge_lookups_total", {}),
+            "miss": ("ccs_edge_lookup_misses_total", {}),
+            "setsockopt_err": ("ccs_edge_setsockopt_errors_total", {}),
+            "caps_err": ("ccs_edge_caps_errors_total", {}),
+            "log_sampled": ("ccs_edge_log_sampled_total", {}),
+            "log_emitted": ("ccs_edge_log_emitted_total", {}),
+            "log_dropped": ("ccs_edge_log_ring_dropped_total", {}),
+            "storage_err": ("ccs_edge_socket_storage_errors_total", {}),
+            "not_served": ("ccs_edge_connections_not_served_total", {}),
+            "cc_preset": ("ccs_edge_route_cc_preset_total", {}),
+            "cc_reset": ("ccs_edge_route_cc_reset_total", {}),
+            "pacing_set": ("ccs_edge_caps_set_total", {"cap": "pacing"}),
+            "clamp_set": ("ccs_edge_caps_set_total", {"cap": "cwnd_clamp"}),
+            "tree_evals": ("ccs_edge_flow_tree_evals_total", {}),
+            "tree_no_leaf": ("ccs_edge_flow_tree_no_leaf_total", {}),
+        }
+        kernel.update({f"hit_{e}": ("ccs_edge_lookup_hits_total", {"entry": e})
                        for e in ("keep", "lowconf", "cubic", "bbr", "reno")})
-        kernel.update({f"src_{s}": ("ccs_edge_decision_source_total", (("source", s),))
+        kernel.update({f"src_{s}": ("ccs_edge_decision_source_total", {"source": s})
                        for s in ("table", "flow", "table_flow", "fallback", "default")})
-        assert set(cnt) <= set(kernel), f"status counters without a metric here: {set(cnt) - set(kernel)}"
-        for name, key in kernel.items():
+        assert set(cnt) <= set(kernel) | set(ledger), \
+            f"status counters without a metric here: {set(cnt) - set(kernel) - set(ledger)}"
+        no_service = {"not_served", "setsockopt_err", "cc_reset"}
+        for name, (metric, fixed) in kernel.items():
+            if name not in cnt:
+                continue
+            series = per_service(m, metric, **fixed)
+            services = set() if name == "not_served" else {"video", "web"}
+            assert set(series) == services | ({None} if name in no_service else set()), f"{name}: {series}"
+            assert sum(series.values()) == cnt[name], \
+                f"{name}: {metric}{fixed} sums to {sum(series.values())} over {series}, status {cnt[name]}"
+        for name, metric in ledger.items():
             if name in cnt:
-                assert m.get(key) == cnt[name], f"{name}: metric {key} = {m.get(key)}, status {cnt[name]}"
-        assert m[("ccs_edge_lookup_hits_total", (("entry", other),))] == 1, "the hit"
-        assert m[("ccs_edge_lookup_misses_total", ())] == 1, "the miss"
-        assert m[("ccs_edge_ab_control_total", ())] == len(evens), "the A/B controls"
-        assert m[("ccs_edge_connections_established_total", ())] == 2 + len(evens)
+                assert m.get((metric, ())) == cnt[name], f"{name}: metric {m.get((metric, ()))}, status {cnt[name]}"
+        # per service, as the connections were made: video a hit and a miss, web the A/B controls
+        n = len(evens)
+        assert per_service(m, "ccs_edge_connections_established_total") == {"video": 2, "web": n}
+        assert per_service(m, "ccs_edge_lookups_total") == {"video": 2, "web": 0}
+        assert per_service(m, "ccs_edge_lookup_hits_total", entry=other) == {"video": 1, "web": 0}, "the hit"
+        assert per_service(m, "ccs_edge_lookup_misses_total") == {"video": 1, "web": 0}, "the miss"
+        assert per_service(m, "ccs_edge_ab_control_total") == {"video": 0, "web": n}, "the A/B controls"
+        assert per_service(m, "ccs_edge_decision_source_total", source="default") == {"video": 1, "web": 0}
+        assert per_service(m, "ccs_edge_log_sampled_total") == {"video": 2, "web": n}
+        assert per_service(m, "ccs_edge_connections_not_served_total") == {None: 1}, "the port of no service"
 
         # the tables: live 4, previous 3, their times as the manifests say
         live, prev = (("slot", "live"),), (("slot", "previous"),)
@@ -231,6 +268,8 @@ def test_metrics_of_a_node_with_traffic(edge_agent, tmp_path):
                 f"run's metrics_file: records written {seen.get(('ccs_edge_log_records_written_total', ()))}"
             _check(path.read_text(), tmp_path)
             assert [p for p in os.listdir(path.parent)] == ["ccs.prom"], "no temporary file left"
+            assert per_service(seen, "ccs_edge_log_emitted_total") == {"video": 2, "web": n}, \
+                "records emitted on close, counted for their connection's service"
         finally:
             proc.terminate()
             proc.wait(timeout=10)
@@ -240,6 +279,20 @@ def test_metrics_of_a_node_with_traffic(edge_agent, tmp_path):
         _metrics(agent, str(out))
         assert set(parse_exposition(out.read_text())) == set(parse_exposition(_metrics(agent)))
 
+        # the services moved to other slots (their order swapped): each slot counted another port,
+        # so both start from zero; the node totals stay
+        agent.config.services = agent.config.services[::-1]
+        agent.write_config(agent.config)
+        agent.policy()
+        m = parse_exposition(_metrics(agent))
+        assert per_service(m, "ccs_edge_connections_established_total") == {"video": 0, "web": 0}, \
+            "a slot whose port changed starts from zero"
+        assert agent.status()["counters"]["established"] == 2 + n, "the node total stays"
+        assert _connect(plain, "127.51.0.9") == default and _connect(ab, evens[0]) == default
+        m = parse_exposition(_metrics(agent))
+        assert per_service(m, "ccs_edge_connections_established_total") == {"video": 1, "web": 1}
+        assert per_service(m, "ccs_edge_ab_control_total") == {"video": 0, "web": 1}, "web's A/B control, in its new slot"
+
         # detached: the exposition says so and the table is no longer enforced
         agent.detach()
         m = parse_exposition(_metrics(agent))
@@ -247,6 +300,7 @@ def test_metrics_of_a_node_with_traffic(edge_agent, tmp_path):
     finally:
         plain.close()
         ab.close()
+        unserved.close()
 
 
 def test_metrics_file_is_a_config_key(tmp_path):

@@ -230,11 +230,13 @@ def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
         _wait("the platform's node_exporter scraped (the stream's textfile folder)",
               lambda: _query(cfg, 'up{job="ccs-platform"}') == {None: 1.0})
         # the series of the load, the hit, the miss and the A/B control, read back from Prometheus
+        # (the kernel's counters per service: the hit and the miss on video, the control on web)
         want = {
             f'ccs_edge_table_version{{slot="live",node="{live_node.node_id}"}}': 11.0,
-            f'ccs_edge_lookup_hits_total{{entry="{other}",node="{live_node.node_id}"}}': 1.0,
-            f'ccs_edge_lookup_misses_total{{node="{live_node.node_id}"}}': 1.0,
-            f'ccs_edge_ab_control_total{{node="{live_node.node_id}"}}': 1.0,
+            f'ccs_edge_lookup_hits_total{{entry="{other}",service="video",node="{live_node.node_id}"}}': 1.0,
+            f'ccs_edge_lookup_misses_total{{service="video",node="{live_node.node_id}"}}': 1.0,
+            f'ccs_edge_ab_control_total{{service="web",node="{live_node.node_id}"}}': 1.0,
+            f'sum by (node) (ccs_edge_ab_control_total{{node="{live_node.node_id}"}})': 1.0,
             f'ccs_edge_table_enforced{{node="{live_node.node_id}"}}': 1.0,
         }
         for q, v in want.items():

@@ -28,6 +28,7 @@
 #include "ccs.h"
 
 #define MAX_SERVICES 256
+_Static_assert(MAX_SERVICES < CCS_SVC_SLOTS, "a ccs_svc_counters slot per service id (1..MAX_SERVICES)");
 
 struct service {
 	unsigned port;

@@ -58,6 +58,38 @@ static int ensure_bpffs(void)
 }
 
 /*
+ * ccs_svc_counters' slots count for a port (a service id is 1 + the service's index in the
+ * config): a slot whose port changes (a service added, removed, moved or reordered) starts from
+ * zero, so that no service's counters go on with another port's counts. cur: ccs_policy now.
+ */
+static int reset_moved_slots(const struct ccs_policy *cur, __u32 n)
+{
+	unsigned before[CCS_SVC_SLOTS] = {}, after[CCS_SVC_SLOTS] = {};
+	int fd = open_pinned("ccs_svc_counters"), ncpu = libbpf_num_possible_cpus(), err = 0;
+	struct ccs_svc_counters *zero;
+	__u32 port, id;
+
+	if (fd < 0)
+		return 0;	/* a program from before the map: nothing counted per service */
+	zero = calloc(ncpu > 0 ? ncpu : 1, sizeof(*zero));
+	if (!zero) {
+		close(fd);
+		return -ENOMEM;
+	}
+	for (port = 0; port < n; port++)
+		if (cur[port].served && cur[port].service_id < CCS_SVC_SLOTS)
+			before[cur[port].service_id] = port;
+	for (id = 1; id <= (__u32)cfg.n_services; id++)
+		after[id] = cfg.services[id - 1].port;
+	for (id = 1; id < CCS_SVC_SLOTS && !err; id++)
+		if (before[id] != after[id] && bpf_map_update_elem(fd, &id, zero, BPF_ANY))
+			err = -errno;
+	free(zero);
+	close(fd);
+	return err;
+}
+
+/*
  * The config's services into ccs_policy as a diff against what the map holds: only ports whose
  * entry changes are written, services that are (still) served first, then the ports no longer
  * served are cleared. A port served before and after is never written, so re-applying the policy
@@ -109,6 +141,9 @@ static int apply_policy(int policy_fd, int *changed)
 						  .flow_mode = cfg.services[i].flow_mode,
 						  .service_id = i + 1 };
 	}
+	err = reset_moved_slots(cur, n);
+	if (err)
+		goto out;
 	for (pass = 0; pass < 2; pass++) {
 		for (port = 0; port < n; port++) {
 			if (!memcmp(&cur[port], &want[port], sizeof(want[port])))

@@ -19,6 +19,8 @@
  * export/artifact/table_format.decide is the same decision in Python (issue 27).
  * Sampled connections (sample_thresh) get socket storage, RTT and state callbacks; on
  * TCP_CLOSE one struct ccs_conn goes to the ring buffer (the transport log).
+ * Every counter is counted for the node (ccs_counters, ccs_flow_counters) and for the service
+ * (ccs_svc_counters[service_id], found once per connection with its policy; issue 59).
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -198,6 +200,15 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } ccs_counters SEC(".maps");
 
+/* the counters per service (ccs.h struct ccs_svc_counters): slot = ccs_policy's service_id, 0 none */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CCS_SVC_SLOTS);
+	__type(key, __u32);
+	__type(value, struct ccs_svc_counters);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} ccs_svc_counters SEC(".maps");
+
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
@@ -262,20 +273,39 @@ static const __u32 crc_tab[256] = {
 	0xb40bbe37, 0xc30c8ea1, 0x5a05df1b, 0x2d02ef8d,
 };
 
-static __always_inline void cnt(__u32 idx)
+/* the counters of service slot `id` (ccs_policy's service_id; 0 and any id past the slots: none) */
+static __always_inline struct ccs_svc_counters *svc_counters(__u32 id)
+{
+	if (id >= CCS_SVC_SLOTS)
+		id = 0;
+	return bpf_map_lookup_elem(&ccs_svc_counters, &id);
+}
+
+/* one event: the node's total and the service's (sc: its svc_counters slot) */
+static __always_inline void cnt(struct ccs_svc_counters *sc, __u32 idx)
 {
 	__u64 *v = bpf_map_lookup_elem(&ccs_counters, &idx);
 
 	if (v)
 		*v += 1;
+	if (sc && idx < CCS_CNT__MAX)
+		sc->cnt[idx] += 1;
 }
 
-static __always_inline void fcnt(__u32 idx)
+/* an event of no service (slot 0): a listener, an unserved port */
+static __always_inline void cnt0(__u32 idx)
+{
+	cnt(svc_counters(0), idx);
+}
+
+static __always_inline void fcnt(struct ccs_svc_counters *sc, __u32 idx)
 {
 	__u64 *v = bpf_map_lookup_elem(&ccs_flow_counters, &idx);
 
 	if (v)
 		*v += 1;
+	if (sc && idx < CCS_FCNT__MAX)
+		sc->fcnt[idx] += 1;
 }
 
 /*
@@ -387,7 +417,7 @@ static __always_inline void mark_listener(struct bpf_sock_ops *skops)
 	if (tp->inet_conn.icsk_inet.sk.sk_mark || ca_chosen(tp))
 		return;
 	if (bpf_setsockopt(skops, SOL_SOCKET, SO_MARK, &mark, sizeof(mark)))
-		cnt(CCS_CNT_SETSOCKOPT_ERR);
+		cnt0(CCS_CNT_SETSOCKOPT_ERR);
 }
 
 /*
@@ -397,7 +427,7 @@ static __always_inline void mark_listener(struct bpf_sock_ops *skops)
  * the sysctl now, not at attach. A listener that chose its CC is never marked, so no route in the
  * agent's table reaches its children; they are left alone (the listener's CC is not known here).
  */
-static __always_inline void route_default(struct bpf_sock_ops *skops)
+static __always_inline void route_default(struct bpf_sock_ops *skops, struct ccs_svc_counters *sc)
 {
 	const struct tcp_congestion_ops *ops, *def;
 	struct tcp_sock *tp;
@@ -418,9 +448,9 @@ static __always_inline void route_default(struct bpf_sock_ops *skops)
 	if (*(__u64 *)&ops->name[0] == name[0] && *(__u64 *)&ops->name[8] == name[1])
 		return;
 	if (bpf_setsockopt(skops, SOL_TCP, TCP_CONGESTION, name, sizeof(name)))
-		cnt(CCS_CNT_SETSOCKOPT_ERR);
+		cnt(sc, CCS_CNT_SETSOCKOPT_ERR);
 	else
-		cnt(CCS_CNT_CC_RESET);
+		cnt(sc, CCS_CNT_CC_RESET);
 }
 
 static __always_inline void update_stats(struct ccs_conn *c, struct bpf_sock_ops *skops,
@@ -467,18 +497,20 @@ static __always_inline void update_stats(struct ccs_conn *c, struct bpf_sock_ops
 
 static __always_inline void start_log(struct bpf_sock_ops *skops, struct bpf_sock *sk,
 				      struct tcp_sock *tp, struct ccs_lpm_key *key,
-				      __u8 family, __u8 decision, __u64 version, __u8 has_table)
+				      __u8 family, __u8 decision, __u64 version, __u8 has_table,
+				      struct ccs_svc_counters *sc, __u32 service_id)
 {
 	struct ccs_conn *c;
 
 	if (!sk)
 		return;
-	cnt(CCS_CNT_LOG_SAMPLED);
+	cnt(sc, CCS_CNT_LOG_SAMPLED);
 	c = bpf_sk_storage_get(&ccs_conns, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!c) {
-		cnt(CCS_CNT_STORAGE_ERR);
+		cnt(sc, CCS_CNT_STORAGE_ERR);
 		return;
 	}
+	c->service_id = service_id;
 	if (!tp)
 		tp = bpf_skc_to_tcp_sock(sk);
 	c->cookie = bpf_get_socket_cookie(skops);
@@ -568,6 +600,7 @@ static __always_inline struct ccs_lpm_val *lookup(void *map, const struct ccs_me
 static __always_inline int on_established(struct bpf_sock_ops *skops)
 {
 	struct ccs_lpm_key key = {};
+	struct ccs_svc_counters *sc;
 	struct ccs_policy *pol;
 	struct ccs_ctl *ctl;
 	struct ccs_meta *meta;
@@ -585,12 +618,17 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 
 	pol = bpf_map_lookup_elem(&ccs_policy, &port);
 	if (!pol || !pol->served) {
-		cnt(CCS_CNT_NOT_SERVED);
+		sc = svc_counters(0);
+		cnt(sc, CCS_CNT_NOT_SERVED);
 		if (cc_routes)
-			route_default(skops);
+			route_default(skops, sc);
 		return 1;
 	}
-	cnt(CCS_CNT_ESTABLISHED);
+	/* the service's counters, found once: every count below goes to its slot too */
+	sc = svc_counters(pol->service_id);
+	if (!sc)	/* never: an array's key below max_entries */
+		return 1;
+	cnt(sc, CCS_CNT_ESTABLISHED);
 
 	if (skops->family == AF_INET) {
 		key.addr[10] = 0xff;
@@ -613,20 +651,20 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 
 	ctl = bpf_map_lookup_elem(&ccs_ctl, &zero);
 	if (!ctl || ctl->live == 0 || ctl->live > CCS_SLOTS) {
-		cnt(CCS_CNT_NO_TABLE);
+		cnt(sc, CCS_CNT_NO_TABLE);
 		goto out;
 	}
 	slot = ctl->live - 1;
 	meta = bpf_map_lookup_elem(&ccs_meta, &slot);
 	trie = bpf_map_lookup_elem(&ccs_tables, &slot);
 	if (!meta || !meta->valid || !trie) {
-		cnt(CCS_CNT_NO_TABLE);
+		cnt(sc, CCS_CNT_NO_TABLE);
 		goto out;
 	}
 	version = meta->version;
 	has_table = 1;
 	if (bpf_ktime_get_coarse_ns() >= meta->expires_mono_ns) {
-		cnt(CCS_CNT_EXPIRED);
+		cnt(sc, CCS_CNT_EXPIRED);
 		decision = CCS_DEC_STALE;
 		goto out;
 	}
@@ -634,26 +672,26 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 		__u32 crc = family == 4 ? crc32_addr(&key.addr[12], 4) : crc32_addr(key.addr, 16);
 
 		if (!(crc & 1)) {
-			cnt(CCS_CNT_AB_CONTROL);
+			cnt(sc, CCS_CNT_AB_CONTROL);
 			decision = CCS_DEC_AB_CONTROL;
 			goto out;
 		}
 	}
-	cnt(CCS_CNT_LOOKUPS);
+	cnt(sc, CCS_CNT_LOOKUPS);
 	looked_up = true;
 	val = lookup(trie, meta, &key, family);
 	/* an IPv6 entry covering ::ffff:0:0/96 (e.g. ::/0) never decides for an IPv4 client: lookup
 	 * searches the IPv4 lengths only */
 	if (!val) {
-		cnt(CCS_CNT_MISS);
+		cnt(sc, CCS_CNT_MISS);
 	} else if (val->cc == CCS_CC_KEEP || val->cc > CCS_CC_MAX) {
-		cnt(CCS_CNT_HIT_KEEP);
+		cnt(sc, CCS_CNT_HIT_KEEP);
 		decision = CCS_DEC_FALLBACK;
 	} else if (val->flags & CCS_ENTRY_LOW_CONF) {
-		cnt(CCS_CNT_HIT_LOWCONF);
+		cnt(sc, CCS_CNT_HIT_LOWCONF);
 		decision = CCS_DEC_FALLBACK;
 	} else {
-		cnt(CCS_CNT_HIT_CUBIC + val->cc - 1);
+		cnt(sc, CCS_CNT_HIT_CUBIC + val->cc - 1);
 		table_cc = val->cc;
 		purity = val->purity_permille;
 		decision = CCS_DEC_TABLE;
@@ -674,11 +712,11 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 			confident = table_cc && purity >= flow->min_purity_permille;
 			if (mode != CCS_FLOW_FILL || !confident) {
 				tp = bpf_skc_to_tcp_sock(sk);
-				fcnt(CCS_FCNT_TREE_EVALS);
+				fcnt(sc, CCS_FCNT_TREE_EVALS);
 				/* the handshake as the transport log records it (start_log) */
 				if (!tp || tree_leaf(tree, CTX_U32(skops, mss_cache), tp->snd_wnd,
 						     CTX_U32(skops, srtt_us) >> 3, &leaf_cc, &leaf_conf)) {
-					fcnt(CCS_FCNT_TREE_NO_LEAF);
+					fcnt(sc, CCS_FCNT_TREE_NO_LEAF);
 				} else if (mode == CCS_FLOW_FLOW || !confident ||
 					   (mode == CCS_FLOW_PRIOR && leaf_conf >= flow->min_leaf_permille)) {
 					cc = leaf_cc;
@@ -694,9 +732,9 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 		goto out;
 	err = set_cc(skops, cc_routes || !default_cc_id || cc == default_cc_id, cc);
 	if (err == 0 && cc_routes)
-		cnt(CCS_CNT_CC_PRESET);
+		cnt(sc, CCS_CNT_CC_PRESET);
 	if (err < 0) {
-		cnt(CCS_CNT_SETSOCKOPT_ERR);
+		cnt(sc, CCS_CNT_SETSOCKOPT_ERR);
 		decision = CCS_DEC_FALLBACK;
 		goto out;
 	}
@@ -708,30 +746,31 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 			if (!rate)
 				rate = 1;
 			if (bpf_setsockopt(skops, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate)))
-				cnt(CCS_CNT_CAPS_ERR);
+				cnt(sc, CCS_CNT_CAPS_ERR);
 			else
-				cnt(CCS_CNT_PACING_SET);
+				cnt(sc, CCS_CNT_PACING_SET);
 		}
 		if (val->cwnd_clamp_segs) {
 			int clamp = (int)val->cwnd_clamp_segs;
 
 			if (bpf_setsockopt(skops, SOL_TCP, TCP_BPF_SNDCWND_CLAMP, &clamp, sizeof(clamp)))
-				cnt(CCS_CNT_CAPS_ERR);
+				cnt(sc, CCS_CNT_CAPS_ERR);
 			else
-				cnt(CCS_CNT_CLAMP_SET);
+				cnt(sc, CCS_CNT_CLAMP_SET);
 		}
 	}
 out:
 	/* route CCs: the default where the program decided it (a table decision has set its CC) */
 	if (cc_routes && !cc)
-		route_default(skops);
+		route_default(skops, sc);
 	if (looked_up)
-		fcnt(decision == CCS_DEC_TABLE ? CCS_FCNT_SRC_TABLE :
+		fcnt(sc, decision == CCS_DEC_TABLE ? CCS_FCNT_SRC_TABLE :
 		     decision == CCS_DEC_FLOW ? CCS_FCNT_SRC_FLOW :
 		     decision == CCS_DEC_TABLE_FLOW ? CCS_FCNT_SRC_TABLE_FLOW :
 		     decision == CCS_DEC_FALLBACK ? CCS_FCNT_SRC_FALLBACK : CCS_FCNT_SRC_DEFAULT);
 	if (sample_thresh && (__u64)bpf_get_prandom_u32() < sample_thresh)
-		start_log(skops, skops->sk, tp, &key, family, decision, version, has_table);
+		start_log(skops, skops->sk, tp, &key, family, decision, version, has_table, sc,
+			  pol->service_id);
 	return 1;
 }
 
@@ -750,6 +789,7 @@ static __always_inline void on_rtt(struct bpf_sock_ops *skops)
 
 static __always_inline void on_close(struct bpf_sock_ops *skops)
 {
+	struct ccs_svc_counters *sc;
 	struct bpf_sock *sk = skops->sk;
 	struct tcp_sock *tp;
 	struct ccs_conn *c;
@@ -783,12 +823,13 @@ static __always_inline void on_close(struct bpf_sock_ops *skops)
 	if (c->min_rtt_var_us == 0xffffffff)
 		c->min_rtt_var_us = 0;
 	/* no wake-up per record: the agent drains in batches; wake it when the ring fills up */
+	sc = svc_counters(c->service_id);
 	if (bpf_ringbuf_output(&ccs_events, c, sizeof(*c),
 			       bpf_ringbuf_query(&ccs_events, BPF_RB_AVAIL_DATA) > RB_WAKE_BYTES ?
 			       BPF_RB_FORCE_WAKEUP : BPF_RB_NO_WAKEUP))
-		cnt(CCS_CNT_LOG_DROPPED);
+		cnt(sc, CCS_CNT_LOG_DROPPED);
 	else
-		cnt(CCS_CNT_LOG_EMITTED);
+		cnt(sc, CCS_CNT_LOG_EMITTED);
 	/* the storage goes with the socket */
 	bpf_sock_ops_cb_flags_set(skops, 0);
 }
@@ -837,7 +878,7 @@ int ccs_mark_listeners(struct bpf_iter__tcp *ctx)
 	    !in_mark_cgroup(sk))
 		return 0;
 	if (bpf_setsockopt(tp, SOL_SOCKET, SO_MARK, &mark, sizeof(mark))) {
-		cnt(CCS_CNT_SETSOCKOPT_ERR);
+		cnt0(CCS_CNT_SETSOCKOPT_ERR);
 		return 0;
 	}
 	port = sk->__sk_common.skc_num;

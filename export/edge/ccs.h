@@ -250,6 +250,21 @@ enum ccs_flow_counter {
 	CCS_FCNT__MAX,
 };
 
+/*
+ * ccs_svc_counters[service_id]: the same counters per service (issue 59), one per-CPU value per
+ * service slot: ccs_policy's service_id (1 + the service's index in the agent's config), slot 0
+ * for what belongs to no service (connections on unserved ports, a listener the program could
+ * not mark, a route CC put back on an unserved port). Summed over the slots, each counter is
+ * ccs_counters'/ccs_flow_counters' node total. The agent starts a slot from zero when the port
+ * it counts for changes (attach.c apply_policy). A map of its own, so that a pin dir made before
+ * it keeps ccs_counters (libbpf reuses a pinned map only of the same size).
+ */
+#define CCS_SVC_SLOTS 257      /* service ids 1..256 (the agent's MAX_SERVICES) and 0 */
+struct ccs_svc_counters {
+	__u64 cnt[CCS_CNT__MAX];
+	__u64 fcnt[CCS_FCNT__MAX];
+};
+
 #ifndef __BPF__
 static const char *const ccs_flow_counter_names[CCS_FCNT__MAX] = {
 	"src_table", "src_flow", "src_table_flow", "src_fallback", "src_default", "tree_evals",
@@ -297,7 +312,7 @@ struct ccs_conn {
 	__u32 data_segs_out;
 	__u32 total_retrans;
 	__u32 max_inflight_segs;
-	__u32 pad2;
+	__u32 service_id;        /* the policy's service (ccs_svc_counters slot), for on_close */
 };
 
 #endif /* CCS_H */

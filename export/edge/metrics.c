@@ -18,8 +18,12 @@
  * (written, lost, failed file calls, degraded), the version rule's floor and overrides, the
  * configured services. Names follow Prometheus's conventions: ccs_edge_ prefix, counters _total,
  * times in seconds; labels take bounded values only (slot, entry kind, source, state, service).
- * The kernel counts per node, not per service (one per-CPU array): the services are an info metric
- * beside the counters.
+ * The kernel counts per service too (ccs_svc_counters, ccs.h): every kernel counter comes out
+ * once per configured service, labelled service="<its name>" (the port where it has none;
+ * services of one name summed), and the counters with events of no service (not_served, a
+ * listener's setsockopt_err, cc_reset on an unserved port) also without the label: summed over
+ * its series, a counter is the node's total. A program attached before ccs_svc_counters existed
+ * gives the node totals alone, unlabelled.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -35,12 +39,14 @@
 /* how often `run` rewrites metrics_file: well under a scrape interval of 15 s */
 #define METRICS_INTERVAL_S 5
 
-/* a kernel counter (ccs_counter_names) as a metric: its name, one label pair or none, its help */
+/* a kernel counter (ccs_counter_names) as a metric: its name, one label pair or none, its help,
+ * and whether events of no service (slot 0) count it */
 struct counter_metric {
 	const char *kernel;
 	const char *name;
 	const char *label;   /* "entry=\"bbr\"" or NULL */
 	const char *help;
+	enum { PER_SERVICE, ALSO_NO_SERVICE, NO_SERVICE } scope;
 };
 
 /* ccs_counters, in the kernel's order (ccs.h enum ccs_counter); tests/test_metrics_edge.py checks
@@ -63,7 +69,8 @@ static const struct counter_metric counter_metrics[CCS_CNT__MAX] = {
 	{ "hit_bbr", "ccs_edge_lookup_hits_total", "entry=\"bbr\"", NULL },
 	{ "hit_reno", "ccs_edge_lookup_hits_total", "entry=\"reno\"", NULL },
 	{ "setsockopt_err", "ccs_edge_setsockopt_errors_total", NULL,
-	  "TCP_CONGESTION setsockopt calls that failed." },
+	  "TCP_CONGESTION setsockopt calls that failed (unlabelled: a listener's mark, an unserved port).",
+	  ALSO_NO_SERVICE },
 	{ "pacing_set", "ccs_edge_caps_set_total", "cap=\"pacing\"",
 	  "AutoPlex caps applied, by cap (pacing rate, cwnd clamp)." },
 	{ "clamp_set", "ccs_edge_caps_set_total", "cap=\"cwnd_clamp\"", NULL },
@@ -77,11 +84,12 @@ static const struct counter_metric counter_metrics[CCS_CNT__MAX] = {
 	{ "storage_err", "ccs_edge_socket_storage_errors_total", NULL,
 	  "Connections whose socket storage could not be created." },
 	{ "not_served", "ccs_edge_connections_not_served_total", NULL,
-	  "Passive connections on ports outside the policy." },
+	  "Passive connections on ports outside the policy.", NO_SERVICE },
 	{ "cc_preset", "ccs_edge_route_cc_preset_total", NULL,
 	  "Route CCs: connections that already ran the CC decided (no switch)." },
 	{ "cc_reset", "ccs_edge_route_cc_reset_total", NULL,
-	  "Route CCs: connections whose route CC was not the decision, put back to the default." },
+	  "Route CCs: connections whose route CC was not the decision, put back to the default "
+	  "(unlabelled: on unserved ports).", ALSO_NO_SERVICE },
 };
 
 static const struct counter_metric flow_metrics[CCS_FCNT__MAX] = {
@@ -114,6 +122,8 @@ struct snapshot {
 	__u64 cnt[CCS_CNT__MAX];
 	__u64 fcnt[CCS_FCNT__MAX];
 	bool has_fcnt;
+	/* ccs_svc_counters' slots 0..cfg.n_services summed over the CPUs (NULL: no such map) */
+	struct ccs_svc_counters *svc;
 };
 
 /* a label value, escaped as the exposition format says (backslash, double quote, newline) */
@@ -157,6 +167,38 @@ static bool read_percpu(const char *map, __u64 *sum, __u32 n)
 	return true;
 }
 
+/* ccs_svc_counters' slots 0..cfg.n_services, each summed over the CPUs; NULL without the map */
+static struct ccs_svc_counters *read_services(void)
+{
+	int fd = open_pinned("ccs_svc_counters"), ncpu = libbpf_num_possible_cpus(), c;
+	struct ccs_svc_counters *sum, *vals;
+	__u32 id, k;
+
+	if (fd < 0)
+		return NULL;
+	if (ncpu < 1)
+		ncpu = 1;
+	sum = calloc(cfg.n_services + 1, sizeof(*sum));
+	vals = calloc(ncpu, sizeof(*vals));
+	for (id = 0; sum && vals && id <= (__u32)cfg.n_services; id++) {
+		if (bpf_map_lookup_elem(fd, &id, vals))
+			continue;
+		for (c = 0; c < ncpu; c++) {
+			for (k = 0; k < CCS_CNT__MAX; k++)
+				sum[id].cnt[k] += vals[c].cnt[k];
+			for (k = 0; k < CCS_FCNT__MAX; k++)
+				sum[id].fcnt[k] += vals[c].fcnt[k];
+		}
+	}
+	if (!vals) {
+		free(sum);
+		sum = NULL;
+	}
+	free(vals);
+	close(fd);
+	return sum;
+}
+
 static void read_snapshot(struct snapshot *s)
 {
 	int ctl_fd = open_pinned("ccs_ctl"), meta_fd = open_pinned("ccs_meta");
@@ -187,6 +229,7 @@ static void read_snapshot(struct snapshot *s)
 		s->has_log = log_fd >= 0 && !bpf_map_lookup_elem(log_fd, &zero, &s->log);
 		read_percpu("ccs_counters", s->cnt, CCS_CNT__MAX);
 		s->has_fcnt = read_percpu("ccs_flow_counters", s->fcnt, CCS_FCNT__MAX);
+		s->svc = read_services();
 	}
 	/* a damaged floor file: floor_read says so on stderr (every load refuses until it is put right) */
 	s->floor_ok = !floor_read(&s->fl);
@@ -290,18 +333,56 @@ static void print_tables(FILE *o, const struct snapshot *s)
 		now_mono < s->meta[slot[0]].expires_mono_ns);
 }
 
-static void print_counters(FILE *o, const struct counter_metric *cm, const __u64 *v, int n)
+/* the service label's value: its name, or its port where it has none */
+static const char *service_label(int i, char *buf, size_t n)
 {
-	const char *last = "";
-	int k;
+	if (cfg.services[i].name[0])
+		return cfg.services[i].name;
+	snprintf(buf, n, "%u", cfg.services[i].port);
+	return buf;
+}
+
+/* counter k of service slot id: ccs_counters' (flow: ccs_flow_counters') entry */
+static __u64 svc_value(const struct ccs_svc_counters *svc, int id, bool flow, int k)
+{
+	return flow ? svc[id].fcnt[k] : svc[id].cnt[k];
+}
+
+/* v: the node totals; svc: per service (NULL: the totals alone, unlabelled) */
+static void print_counters(FILE *o, const struct counter_metric *cm, const __u64 *v, int n,
+			   const struct ccs_svc_counters *svc, bool flow)
+{
+	const char *last = "", *label;
+	char buf[16], obuf[16];
+	__u64 sum;
+	int k, i, j;
 
 	for (k = 0; k < n; k++) {
 		if (strcmp(cm[k].name, last)) {
 			header(o, cm[k].name, "counter", cm[k].help);
 			last = cm[k].name;
 		}
-		fprintf(o, "%s%s%s%s %llu\n", cm[k].name, cm[k].label ? "{" : "",
-			cm[k].label ? cm[k].label : "", cm[k].label ? "}" : "", (unsigned long long)v[k]);
+		if (!svc || cm[k].scope != PER_SERVICE)
+			fprintf(o, "%s%s%s%s %llu\n", cm[k].name, cm[k].label ? "{" : "",
+				cm[k].label ? cm[k].label : "", cm[k].label ? "}" : "",
+				(unsigned long long)(svc ? svc_value(svc, 0, flow, k) : v[k]));
+		if (!svc || cm[k].scope == NO_SERVICE)
+			continue;
+		for (i = 0; i < cfg.n_services; i++) {
+			label = service_label(i, buf, sizeof(buf));
+			for (j = 0; j < i; j++)
+				if (!strcmp(service_label(j, obuf, sizeof(obuf)), label))
+					break;
+			if (j < i)
+				continue;	/* a name already given: summed there */
+			for (sum = 0, j = i; j < cfg.n_services; j++)
+				if (!strcmp(service_label(j, obuf, sizeof(obuf)), label))
+					sum += svc_value(svc, j + 1, flow, k);
+			fprintf(o, "%s{service=", cm[k].name);
+			label_value(o, label);
+			fprintf(o, "%s%s} %llu\n", cm[k].label ? "," : "", cm[k].label ? cm[k].label : "",
+				(unsigned long long)sum);
+		}
 	}
 }
 
@@ -397,11 +478,12 @@ static void print_metrics(FILE *o)
 	print_state(o, &s);
 	print_tables(o, &s);
 	if (s.maps) {
-		print_counters(o, counter_metrics, s.cnt, CCS_CNT__MAX);
+		print_counters(o, counter_metrics, s.cnt, CCS_CNT__MAX, s.svc, false);
 		if (s.has_fcnt)
-			print_counters(o, flow_metrics, s.fcnt, CCS_FCNT__MAX);
+			print_counters(o, flow_metrics, s.fcnt, CCS_FCNT__MAX, s.svc, true);
 	}
 	print_log(o, &s);
+	free(s.svc);
 }
 
 /* PATH written whole or not at all: a temporary file beside it (not *.prom, so node_exporter
