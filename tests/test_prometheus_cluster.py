@@ -8,7 +8,10 @@ control on one node. Fault drills on the other node, each alert firing through P
 API and reaching Alertmanager's, for that node only: its table left to expire (a TTL of seconds:
 CcsTableExpired), its log volume full (a tmpfs with no room left under its log folder, records
 to write: CcsLogErrors), and the node detached (its program off the cgroup: CcsNodeDetached, after
-the rule's minute). `ccs fleet status` over both nodes names the same. Scrape and evaluation every second. The fleet is infra/fleet-netns.yaml with this run's
+the rule's minute). The stream killed: the stream's metrics writer (app/stream_metrics.py, what
+`ccs stream --metrics-file` runs) in a process of its own, writing into the platform exporter's
+textfile folder, is killed with SIGKILL while the detached node's minute runs; its heartbeat stops
+and CcsStreamDown (a minute without one) fires through Alertmanager in the same wait. `ccs fleet status` over both nodes names the same. Scrape and evaluation every second. The fleet is infra/fleet-netns.yaml with this run's
 names, subnets and ports, so a `ccs cluster up` beside it is not touched.
 
 A `cluster` test (make test-cluster) that needs root, BPF and the Debian packages; skipped with the
@@ -19,8 +22,10 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.parse
 import urllib.request
@@ -101,11 +106,23 @@ def _full_volume(path: Path):
 
 def _firing(cfg, alertname: str) -> list[str]:
     """The nodes `alertname` fires for, in Prometheus and in Alertmanager (both must agree)."""
-    prom = [a["labels"]["node"] for a in _get(f"{cfg.settings.cluster.prometheus}/api/v1/alerts")["data"]["alerts"]
+    prom = [a["labels"].get("node") for a in _get(f"{cfg.settings.cluster.prometheus}/api/v1/alerts")["data"]["alerts"]
             if a["labels"]["alertname"] == alertname and a["state"] == "firing"]
-    am = [a["labels"]["node"] for a in _get(f"{cfg.settings.cluster.alertmanager}/api/v2/alerts?" + urllib.parse.urlencode(
+    am = [a["labels"].get("node") for a in _get(f"{cfg.settings.cluster.alertmanager}/api/v2/alerts?" + urllib.parse.urlencode(
         {"filter": f'alertname="{alertname}"'})) if a["status"]["state"] == "active"]
     return sorted(prom) if sorted(prom) == sorted(am) else []
+
+
+# the stream's metrics writer as `ccs stream --metrics-file` runs it, without the stream's Spark
+# work (the drill needs its heartbeat, not its batches): argv path, input folder, export folder
+STREAM_WRITER = """
+import sys, time
+from app.stream_metrics import StreamMetrics
+with StreamMetrics(sys.argv[1], sys.argv[2], sys.argv[3], lambda m: print(m, flush=True), every_s=1.0):
+    print("writing", flush=True)
+    while True:
+        time.sleep(60)
+"""
 
 
 def _get(url: str):
@@ -175,13 +192,17 @@ def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
     key = signing.generate_key()
     signing.save_keypair(key, priv, pub)
     live_node, drill_node = edges.nodes(cfg)
-    runners, socks = [], []
+    runners, socks, procs = [], [], []
     stack = contextlib.ExitStack()
     try:
         # the drill node's log folder (edges.up: <host dir>/log) on a full volume
         stack.enter_context(_full_volume(Path(edges.host_dir(cfg, drill_node.node_id)) / "log"))
         edges.up(cfg, cluster_env(cfg))
         monitoring.up(cfg, cluster_env(cfg))
+        writer = subprocess.Popen(
+            [sys.executable, "-c", STREAM_WRITER, str(monitoring.platform_textfile_dir(cfg) / "ccs-stream.prom"),
+             str(tmp_path / "segments"), str(tmp_path / "export")], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        procs.append(writer)
 
         default = system_cc()
         other = next(c for c in ("cubic", "reno", "bbr") if c != default)
@@ -229,6 +250,14 @@ def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
         _wait("both edge hosts scraped", lambda: _query(cfg, 'up{job="ccs-edge"}') == {n: 1.0 for n in nodes})
         _wait("the platform's node_exporter scraped (the stream's textfile folder)",
               lambda: _query(cfg, 'up{job="ccs-platform"}') == {None: 1.0})
+        # the stream killed: its heartbeat scraped fresh, then the writer killed outright (no
+        # shutdown, no last write); CcsStreamDown fires in CcsNodeDetached's wait below
+        assert writer.stdout.readline().strip() == "writing", "the stream's metrics writer started"
+        _wait("the stream's heartbeat scraped", lambda: _query(
+            cfg, 'time() - ccs_stream_heartbeat_timestamp_seconds{job="ccs-platform"} < 10'))
+        assert _firing(cfg, "CcsStreamDown") == [], "a live stream is not down"
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=10)
         # the series of the load, the hit, the miss and the A/B control, read back from Prometheus
         # (the kernel's counters per service: the hit and the miss on video, the control on web)
         want = {
@@ -276,7 +305,15 @@ def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
         # the detached node, after CcsNodeDetached's minute
         assert _wait("CcsNodeDetached firing", lambda: _firing(cfg, "CcsNodeDetached"), timeout=120) == \
             [drill_node.node_id]
+        # the killed stream: its last heartbeat more than a minute old (node_exporter still serves
+        # the file), the alert in Prometheus and Alertmanager, with no node (the platform's)
+        assert _wait("CcsStreamDown firing", lambda: _firing(cfg, "CcsStreamDown"), timeout=60) == [None]
+        assert writer.returncode == -signal.SIGKILL
     finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=10)
         for s in socks:
             s.close()
         for r in runners:
