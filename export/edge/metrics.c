@@ -21,8 +21,8 @@
  * The kernel counts per service too (ccs_svc_counters, ccs.h): every kernel counter comes out
  * once per configured service, labelled service="<its name>" (the port where it has none;
  * services of one name summed), and the counters with events of no service (not_served, a
- * listener's setsockopt_err, cc_reset on an unserved port) also without the label: summed over
- * its series, a counter is the node's total. A program attached before ccs_svc_counters existed
+ * listener's setsockopt_err, cc_reset on an unserved port) also without the label, as does any
+ * other counter once slot 0 has counted it: summed over its series, a counter is the node's total. A program attached before ccs_svc_counters existed
  * gives the node totals alone, unlabelled.
  */
 #include <errno.h>
@@ -362,7 +362,9 @@ static void print_counters(FILE *o, const struct counter_metric *cm, const __u64
 			header(o, cm[k].name, "counter", cm[k].help);
 			last = cm[k].name;
 		}
-		if (!svc || cm[k].scope != PER_SERVICE)
+		/* the part of no service: where it can have one, and wherever it has one (a
+		 * connection logged by a program from before the map closes with service 0) */
+		if (!svc || cm[k].scope != PER_SERVICE || svc_value(svc, 0, flow, k))
 			fprintf(o, "%s%s%s%s %llu\n", cm[k].name, cm[k].label ? "{" : "",
 				cm[k].label ? cm[k].label : "", cm[k].label ? "}" : "",
 				(unsigned long long)(svc ? svc_value(svc, 0, flow, k) : v[k]));
