@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from ccs_testing import REPO, processes_naming
+from kernel._edge_helpers import cc_of, free_port, free_subnets, host_v4
 
 
 def _unavailable(reason: str):
@@ -29,28 +30,11 @@ def _unavailable(reason: str):
     pytest.skip(reason)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _host_v4() -> set[str]:
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
-    return {line.split()[3].split("/")[0] for line in out.splitlines()}
-
-
-def _free_subnets(n: int) -> list[int]:
-    """n third octets i with no 10.231.i.0/24 address on this machine."""
-    used = {int(a.split(".")[2]) for a in _host_v4() if a.startswith("10.231.")}
-    return [i for i in range(100, 250) if i not in used][:n]
-
-
 def _fleet_file(tmp_path, port: int) -> str:
     """infra/fleet-netns.yaml with this run's names, subnets and store port."""
     doc = yaml.safe_load((REPO / "infra" / "fleet-netns.yaml").read_text())
     tag = os.getpid() % 100000
-    for i, (node, octet) in enumerate(zip(doc["nodes"], _free_subnets(len(doc["nodes"])))):
+    for i, (node, octet) in enumerate(zip(doc["nodes"], free_subnets(len(doc["nodes"])))):
         old_host = node["store_endpoint"].split("//")[1].split(":")[0]
         assert node["address"].startswith(old_host.rsplit(".", 1)[0] + "."), node
         node["node_id"] = f"{node['node_id']}-{tag}"
@@ -122,30 +106,11 @@ class _Node:
 
     def cc_inside(self, src="127.70.1.2", dst="127.0.0.1") -> str:
         """A client inside the node (on its lo, from `src`) to the node's service at `dst`."""
-        from export.edge.probe import client
-        c = self.ns.call(client, src)
-        return self._accepted_cc(c, lambda: self.ns.call(c.connect, (dst, self.ls.getsockname()[1])), src)
+        return cc_of(self.ls, src, runner=self.ns, to=(dst, self.ls.getsockname()[1]))
 
     def cc_over_veth(self) -> str:
         """A client on this machine (the veth's host side) to the node's address."""
-        from export.edge.probe import client
-        c = client(self.host_ip)
-        return self._accepted_cc(c, lambda: c.connect((self.ip, self.ls.getsockname()[1])), self.host_ip)
-
-    def _accepted_cc(self, c, connect, src: str) -> str:
-        """Connect client `c`, accept it on the node's listener (it must come from `src`), and
-        return the CC of the accepted socket; both sockets closed."""
-        from export.edge.probe import sock_cc
-        try:
-            connect()
-            a, peer = self.ls.accept()
-            assert peer[0] == src, f"{self.node.node_id}: accepted {peer}, not {src}"
-            try:
-                return sock_cc(a)
-            finally:
-                a.close()
-        finally:
-            c.close()
+        return cc_of(self.ls, self.host_ip, to=(self.ip, self.ls.getsockname()[1]))
 
     def reaches(self, addr: str, port: int) -> str:
         """'connected', or the error a TCP connect from inside the node ends with."""
@@ -189,7 +154,7 @@ def test_s3_store_keeps_the_layout_and_state(tmp_path, monkeypatch):
     from app.cluster import env as cluster_env, objectstore
     from export.artifact import signing
     from export.delivery.store import Store, StoreError, store_for
-    port = _free_port()
+    port = free_port()
     cfg = _config(tmp_path, port)
     key = signing.generate_key()
     signing.save_keypair(key, str(tmp_path / "k.pem"), str(tmp_path / "p.pem"))
@@ -254,7 +219,7 @@ def test_fleet_push_over_netns(tmp_path, monkeypatch):
     from export.delivery.store import StoreError, store_for
     from export.edge.probe import system_cc
 
-    port = _free_port()
+    port = free_port()
     cfg = _config(tmp_path, port)
     hosts = edges.nodes(cfg)
     assert [n.canary for n in hosts] == [True, False]
@@ -297,7 +262,7 @@ def test_fleet_push_over_netns(tmp_path, monkeypatch):
             assert h.reaches(h.host_ip, port) == "connected", f"{h.node.node_id} reaches the store at {h.host_ip}"
             assert h.reaches("127.0.0.1", port).startswith("ConnectionRefused"), \
                 f"{h.node.node_id}: 127.0.0.1:{port} inside the node is the node's own, not the host's store"
-            for addr in sorted(_host_v4() - {"127.0.0.1", h.host_ip}):
+            for addr in sorted(host_v4() - {"127.0.0.1", h.host_ip}):
                 assert h.reaches(addr, port) != "connected", f"{h.node.node_id} reaches {addr}:{port}"
         # the same puller, told the host's 127.0.0.1, finds no store from inside a node
         local = dataclasses.replace(fleet.nodes[0], store_endpoint=f"http://127.0.0.1:{port}")

@@ -17,10 +17,10 @@ import time
 
 import pytest
 
-from ccs_testing import REPO
 from export.artifact import signing, table_format as tf
 from export.edge.agent import EdgeAgent, EdgeConfig, Service
-from export.edge.probe import CGROUP_ROOT, client, in_cgroup, kernel_ready, listener, sock_cc, system_cc
+from export.edge.probe import CGROUP_ROOT, in_cgroup, kernel_ready, listener, system_cc
+from kernel._edge_helpers import cc_of, edge_binary
 
 pytestmark = pytest.mark.kernel
 
@@ -71,12 +71,7 @@ def edge_agent(tmp_path):
         _unavailable("needs root (BPF, cgroups)")
     if why := kernel_ready():
         _unavailable(why)
-    binary = os.environ.get("CCS_EDGE_BINARY")
-    if not binary:
-        r = subprocess.run(["make", "-C", str(REPO), "-f", "export/edge/build.mk", "edge"],
-                           capture_output=True, text=True)
-        assert r.returncode == 0, f"make edge failed:\n{r.stdout}\n{r.stderr}"
-        binary = str(REPO / "export" / "build" / "ccs-edge")
+    binary = edge_binary()
     name = f"ccs-metrics-{os.getpid()}"
     key = signing.generate_key()
     signing.save_keypair(key, str(tmp_path / "priv.pem"), str(tmp_path / "pub.pem"))
@@ -119,19 +114,6 @@ def _check(text: str, tmp_path) -> None:
     assert r.returncode == 0, f"promtool check metrics: {r.stdout}{r.stderr}\n{text}"
 
 
-def _connect(ls, src: str) -> str:
-    c = client(src)
-    try:
-        c.connect(ls.getsockname()[:2])
-        a, _ = ls.accept()
-        try:
-            return sock_cc(a)
-        finally:
-            a.close()
-    finally:
-        c.close()
-
-
 def test_metrics_of_a_node_with_traffic(edge_agent, tmp_path):
     _promtool()
     agent = edge_agent
@@ -158,12 +140,12 @@ def test_metrics_of_a_node_with_traffic(edge_agent, tmp_path):
                                   4, "m-4", now + 900, str(tmp_path / "t"), agent.key, created=now - 40, epoch=2)
         agent.load(old.manifest)
         agent.load(new.manifest)
-        assert _connect(plain, "127.50.0.9") == other, "setup: a hit gets the table's CC"
-        assert _connect(plain, "127.51.0.9") == default, "setup: a miss keeps the default"
+        assert cc_of(plain, "127.50.0.9") == other, "setup: a hit gets the table's CC"
+        assert cc_of(plain, "127.51.0.9") == default, "setup: a miss keeps the default"
         evens = [s for s in (f"127.50.1.{i}" for i in range(1, 40)) if not tf.ab_bucket_odd(s)][:3]
         for s in evens:
-            assert _connect(ab, s) == default, f"setup: A/B control {s} keeps the default"
-        assert _connect(unserved, "127.50.0.9") == default, "setup: a port of no service is left alone"
+            assert cc_of(ab, s) == default, f"setup: A/B control {s} keeps the default"
+        assert cc_of(unserved, "127.50.0.9") == default, "setup: a port of no service is left alone"
 
         text = _metrics(agent)
         _check(text, tmp_path)
@@ -288,7 +270,7 @@ def test_metrics_of_a_node_with_traffic(edge_agent, tmp_path):
         assert per_service(m, "ccs_edge_connections_established_total") == {"video": 0, "web": 0}, \
             "a slot whose port changed starts from zero"
         assert agent.status()["counters"]["established"] == 2 + n, "the node total stays"
-        assert _connect(plain, "127.51.0.9") == default and _connect(ab, evens[0]) == default
+        assert cc_of(plain, "127.51.0.9") == default and cc_of(ab, evens[0]) == default
         m = parse_exposition(_metrics(agent))
         assert per_service(m, "ccs_edge_connections_established_total") == {"video": 1, "web": 1}
         assert per_service(m, "ccs_edge_ab_control_total") == {"video": 0, "web": 1}, "web's A/B control, in its new slot"

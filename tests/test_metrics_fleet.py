@@ -15,8 +15,8 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from ccs_testing import REPO
 from app.cli import app
+from kernel._edge_helpers import cc_of, edge_binary
 
 
 def _fleet(tmp_path, nodes: list[dict]) -> str:
@@ -49,15 +49,10 @@ def test_two_local_nodes(cfg, tmp_path):
             pytest.fail("needs root under CI", pytrace=False)
         pytest.skip("needs root (BPF, cgroups)")
     from export.artifact import signing, table_format as tf
-    from export.edge.probe import CGROUP_ROOT, client, in_cgroup, kernel_ready, listener, sock_cc, system_cc
+    from export.edge.probe import CGROUP_ROOT, in_cgroup, kernel_ready, listener, system_cc
     if why := kernel_ready():
         pytest.skip(why)
-    binary = os.environ.get("CCS_EDGE_BINARY")
-    if not binary:
-        r = subprocess.run(["make", "-C", str(REPO), "-f", "export/edge/build.mk", "edge"],
-                           capture_output=True, text=True)
-        assert r.returncode == 0, f"make edge failed:\n{r.stdout}\n{r.stderr}"
-        binary = str(REPO / "export" / "build" / "ccs-edge")
+    binary = edge_binary()
     key = signing.generate_key()
     signing.save_keypair(key, str(tmp_path / "priv.pem"), str(tmp_path / "pub.pem"))
     tag = f"ccs-fleetst-{os.getpid()}"
@@ -95,12 +90,7 @@ def test_two_local_nodes(cfg, tmp_path):
         finally:
             a.close()
         for src, want in (("127.70.0.5", other), ("127.71.0.5", default)):
-            c = client(src)
-            c.connect(ls.getsockname()[:2])
-            s, _ = ls.accept()
-            assert sock_cc(s) == want, f"setup: {src} gets {want}"
-            s.close()
-            c.close()
+            assert cc_of(ls, src) == want, f"setup: {src} gets {want}"
 
         code, out = _status(cfg, fleet, "--json")
         rows = {r["node"]: r for r in json.loads(out)}

@@ -35,6 +35,7 @@ import pytest
 import yaml
 
 from ccs_testing import REPO
+from kernel._edge_helpers import cc_of, edge_binary, free_port, free_subnets
 
 pytestmark = [pytest.mark.cluster, pytest.mark.kernel]
 
@@ -45,25 +46,13 @@ def _unavailable(reason: str):
     pytest.skip(reason)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _free_subnets(n: int) -> list[int]:
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
-    used = {int(a.split()[3].split(".")[2]) for a in out.splitlines() if a.split()[3].startswith("10.231.")}
-    return [i for i in range(100, 250) if i not in used][:n]
-
-
 def _config(tmp_path, binary: str | None):
     """cluster-local.yaml under tmp_path: this run's fleet (two hosts, a plain and an A/B service
     each), Prometheus and Alertmanager on free ports, everything every second."""
     from ccselect.config import load_config
     doc = yaml.safe_load((REPO / "infra" / "fleet-netns.yaml").read_text())
     tag = os.getpid() % 100000
-    for i, (node, octet) in enumerate(zip(doc["nodes"], _free_subnets(len(doc["nodes"])))):
+    for i, (node, octet) in enumerate(zip(doc["nodes"], free_subnets(len(doc["nodes"])))):
         node["node_id"] = f"{node['node_id']}-m{tag}"
         node["netns"] = f"ccsm{tag}-{i}"
         node["address"] = f"10.231.{octet}.2/24"
@@ -78,9 +67,9 @@ def _config(tmp_path, binary: str | None):
         a["state_dir"] = str(tmp_path / f"state-{i}")  # the version floor: not under /var/lib
     (tmp_path / "fleet.yaml").write_text(yaml.safe_dump(doc))
     raw = yaml.safe_load((REPO / "infra" / "conf" / "cluster-local.yaml").read_text())
-    raw["cluster"].update(home=str(tmp_path / "cluster"), prometheus=f"http://127.0.0.1:{_free_port()}",
-                          alertmanager=f"http://127.0.0.1:{_free_port()}", scrape_interval_s=1,
-                          platform_exporter=f"http://127.0.0.1:{_free_port()}")
+    raw["cluster"].update(home=str(tmp_path / "cluster"), prometheus=f"http://127.0.0.1:{free_port()}",
+                          alertmanager=f"http://127.0.0.1:{free_port()}", scrape_interval_s=1,
+                          platform_exporter=f"http://127.0.0.1:{free_port()}")
     raw["export"].update(out=str(tmp_path / "export"), keys_dir=str(tmp_path / "keys"))
     raw["pipeline"]["fleet"] = str(tmp_path / "fleet.yaml")
     (tmp_path / "ccs.yaml").write_text(yaml.safe_dump(raw))
@@ -149,22 +138,6 @@ def _wait(what: str, check, timeout: float = 60.0):
     raise AssertionError(f"{what}: not within {timeout:.0f} s (last: {last!r})")
 
 
-def _connect(ns, ls, src: str) -> str:
-    """A client inside the node (from `src` on its lo) to the node's listener; the accepted
-    socket's CC."""
-    from export.edge.probe import client, sock_cc
-    c = ns.call(client, src)
-    try:
-        ns.call(c.connect, ls.getsockname()[:2])
-        a, _ = ls.accept()
-        try:
-            return sock_cc(a)
-        finally:
-            a.close()
-    finally:
-        c.close()
-
-
 @pytest.mark.timeout(480)
 def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
     if os.geteuid() != 0:
@@ -175,11 +148,7 @@ def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
     for tool in ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter", "nsenter", "ip"):
         if shutil.which(tool) is None:
             _unavailable(f"{tool} is not installed (make sysdeps)")
-    binary = os.environ.get("CCS_EDGE_BINARY")
-    if not binary:
-        r = subprocess.run(["make", "-C", str(REPO), "-f", "export/edge/build.mk", "edge"],
-                           capture_output=True, text=True)
-        assert r.returncode == 0, f"make edge failed:\n{r.stdout}\n{r.stderr}"
+    binary = edge_binary()
 
     from app.cluster import edges, env as cluster_env, monitoring
     from export.artifact import signing, table_format as tf
@@ -224,10 +193,10 @@ def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
             plain = ns.call(listener, socket.AF_INET, "127.0.0.1", 443)
             ab = ns.call(listener, socket.AF_INET, "127.0.0.1", 80)
         socks += [plain, ab]
-        assert _connect(ns, plain, "127.60.0.9") == other, "setup: a hit gets the table's CC"
-        assert _connect(ns, plain, "127.61.0.9") == default, "setup: a miss keeps the default"
+        assert cc_of(plain, "127.60.0.9", runner=ns) == other, "setup: a hit gets the table's CC"
+        assert cc_of(plain, "127.61.0.9", runner=ns) == default, "setup: a miss keeps the default"
         even = next(s for s in (f"127.60.2.{i}" for i in range(1, 60)) if not tf.ab_bucket_odd(s))
-        assert _connect(ns, ab, even) == default, "setup: an A/B control keeps the default"
+        assert cc_of(ab, even, runner=ns) == default, "setup: an A/B control keeps the default"
         # records for the drill node's full log volume
         dns = NetnsRunner(drill_node.netns)
         runners.append(dns)
@@ -235,7 +204,7 @@ def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
             dls = dns.call(listener, socket.AF_INET, "127.0.0.1", 443)
         socks.append(dls)
         for i in range(1, 21):
-            _connect(dns, dls, f"127.62.0.{i}")
+            cc_of(dls, f"127.62.0.{i}", runner=dns)
         # then the drill node detached (its program off the web server's cgroup: CcsNodeDetached
         # after its minute), once the program has handed over the 20 records
         da = drill_node.agent()

@@ -1,8 +1,10 @@
 """Helpers for the kernel tests: throwaway cgroups and network namespaces, sockets created inside
-them, tables signed with a test key, and a transport-log record checker against the contract."""
+them, tables signed with a test key, and a transport-log record checker against the contract.
+The kernel-marked tests outside tests/kernel/ import them as `kernel._edge_helpers`."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import random
 import socket
 import struct
@@ -16,6 +18,36 @@ from ccselect import contract
 from export.edge.probe import CGROUP_ROOT, CLONE_NEWNET, NetnsRunner, client, in_cgroup, listener, own_cgroup, sock_cc
 
 SO_MAX_PACING_RATE = 47
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def edge_binary() -> str:
+    """The agent under test: $CCS_EDGE_BINARY (another build, e.g. an older one), else this tree's,
+    built by `make edge` (asserted)."""
+    other = os.environ.get("CCS_EDGE_BINARY")
+    if other:
+        return other
+    r = subprocess.run(["make", "-C", REPO, "-f", "export/edge/build.mk", "edge"], capture_output=True, text=True)
+    assert r.returncode == 0, f"make edge failed:\n{r.stdout}\n{r.stderr}"
+    return os.path.join(REPO, "export", "build", "ccs-edge")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def host_v4() -> set[str]:
+    """The IPv4 addresses of this machine's (the root namespace's) interfaces."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[3].split("/")[0] for line in out.splitlines()}
+
+
+def free_subnets(n: int) -> list[int]:
+    """n third octets i with no 10.231.i.0/24 address on this machine (the netns fleets' veths)."""
+    used = {int(a.split(".")[2]) for a in host_v4() if a.startswith("10.231.")}
+    return [i for i in range(100, 250) if i not in used][:n]
 
 
 def sysctl_cc(netns: str | None = None) -> str:
@@ -43,13 +75,24 @@ def connect_accept(ls: socket.socket, src: str, make_client=None):
     return c, a, peer
 
 
-def cc_of(ls: socket.socket, src: str) -> str:
-    """The CC of the socket `ls` accepts for one connection from `src` (both closed after)."""
-    c, a, _ = connect_accept(ls, src)
+def cc_of(ls: socket.socket, src: str, *, runner: NetnsRunner | None = None, to: tuple | None = None,
+          timeout: float | None = None) -> str:
+    """The CC of the socket `ls` accepts for one connection from `src`, checked to come from `src`.
+    The client socket is made inside `runner`'s network namespace when given (else the calling
+    thread's) and connects to `to` (default: `ls`'s own address); both sockets closed after."""
+    c = runner.call(client, src, ls.family) if runner else client(src, ls.family)
     try:
-        return sock_cc(a)
+        if timeout is not None:
+            c.settimeout(timeout)
+        c.connect(to or ls.getsockname()[:2])
+        a, peer = ls.accept()
+        try:
+            assert ipaddress.ip_address(peer[0]) == ipaddress.ip_address(src), \
+                f"{ls.getsockname()[:2]} accepted a connection from {peer[0]}, not {src}"
+            return sock_cc(a)
+        finally:
+            a.close()
     finally:
-        a.close()
         c.close()
 
 
@@ -173,3 +216,12 @@ def ns_agent(edge, ns: str, *args) -> str:
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, f"{args[0]} in {ns}: rc {r.returncode}, {r.stderr.strip()!r}"
     return r.stdout
+
+
+def detach_in_ns_routes_off(edge, ns: str) -> None:
+    """`edge`'s agent detached inside the network namespace `ns` (whatever state it is in), and its
+    config put back to route CCs off, for the edge fixture's own detach in the root namespace."""
+    subprocess.run(["nsenter", f"--net=/run/netns/{ns}", *edge.agent._argv("detach")], capture_output=True)
+    edge.config.route_table = edge.config.route_within = edge.config.route_spec = ""
+    edge.config.route_ccs = "off"
+    edge.agent.write_config(edge.config)

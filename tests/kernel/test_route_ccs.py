@@ -15,7 +15,8 @@ import threading
 import time
 
 import pytest
-from _edge_helpers import cc_of, client, in_cgroup, listener, ns_agent, other_ccs, sock_cc, sysctl_cc
+from _edge_helpers import (cc_of, client, detach_in_ns_routes_off, in_cgroup, listener, ns_agent, other_ccs, sock_cc,
+                           sysctl_cc)
 
 from export.artifact import table_format as tf
 from export.edge.agent import Service
@@ -61,11 +62,7 @@ def in_ns(edge, netns):
     try:
         yield _InNs(edge, ns), runner
     finally:
-        subprocess.run(["nsenter", f"--net=/run/netns/{ns}", *edge.agent._argv("detach")],
-                       capture_output=True)
-        edge.config.route_table = edge.config.route_within = edge.config.route_spec = ""
-        edge.config.route_ccs = "off"
-        edge.agent.write_config(edge.config)
+        detach_in_ns_routes_off(edge, ns)
 
 
 def _route_mode(edge, within):

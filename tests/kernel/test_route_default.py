@@ -15,7 +15,7 @@ import socket
 import subprocess
 
 import pytest
-from _edge_helpers import client, in_cgroup, listener, ns_agent, other_ccs, sock_cc, sysctl_cc
+from _edge_helpers import cc_of, in_cgroup, listener, ns_agent, other_ccs, sock_cc, sysctl_cc
 
 from export.artifact import table_format as tf
 from export.edge.agent import Service
@@ -63,18 +63,9 @@ def _agent(edge, ns, *args):
 
 
 def _cc(cli_run, ls, src):
-    """The CC of the socket `ls` accepts for one connection from `src` (a client-side address)."""
-    c = cli_run.call(client, src)
-    try:
-        c.settimeout(5)
-        c.connect((SERVER, ls.getsockname()[1]))
-        acc, _ = ls.accept()
-        try:
-            return sock_cc(acc)
-        finally:
-            acc.close()
-    finally:
-        c.close()
+    """The CC of the socket `ls` accepts for one connection from `src` (a client-side address),
+    over the veth pair."""
+    return cc_of(ls, src, runner=cli_run, to=(SERVER, ls.getsockname()[1]), timeout=5)
 
 
 def test_route_ccs_on_by_default_with_the_default_routes_nexthop(edge, wired):
@@ -168,12 +159,7 @@ def test_route_ccs_off_where_the_namespace_cannot_carry_them(edge, netns):
         assert out["routes"] == 0, out
         rules = subprocess.run(["ip", "-n", ns, "rule", "show"], capture_output=True, text=True).stdout
         assert "fwmark" not in rules, f"no rule written: {rules!r}"
-        c, acc, _ = runner.call(_connect, ls, "127.60.1.9")
-        try:
-            assert sock_cc(acc) == a, "the program switches the connection (the sock_ops path)"
-        finally:
-            acc.close()
-            c.close()
+        assert runner.call(cc_of, ls, "127.60.1.9") == a, "the program switches the connection (the sock_ops path)"
         cnt = json.loads(ns_agent(edge, ns, "status", "--json"))["counters"]
         assert cnt["hit_" + a] >= 1 and cnt["cc_preset"] == 0, cnt
         # a bad value is a config error naming it (auto, the default, is not written)
@@ -188,10 +174,3 @@ def test_route_ccs_off_where_the_namespace_cannot_carry_them(edge, netns):
         edge.agent.write_config(edge.config)
         subprocess.run(["nsenter", f"--net=/run/netns/{ns}", *edge.agent._argv("detach")],
                        capture_output=True)
-
-
-def _connect(ls, src):
-    c = client(src)
-    c.connect(ls.getsockname())
-    acc, peer = ls.accept()
-    return c, acc, peer
