@@ -59,8 +59,8 @@ from ccselect.hours import hour_of_ms
 from ccselect.lake import table_path
 from ccselect.spark import conf_set
 from jobs import silver as silver_job
-from jobs.ingest import (AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, judge_against, to_audit, to_bronze,
-                         to_quarantine)
+from jobs.ingest import (AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, judge_against, summarize, to_audit,
+                         to_bronze, to_quarantine)
 from jobs.parse import imputable_of
 from jobs.sources import SourceFile, classify, explode_lines
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, and our modules that load torch or mlflow (models, export, app.pipeline).
@@ -308,8 +308,10 @@ class StreamJob:
             audit = to_audit(every, files_frame(spark, new_files), ingest_time).persist()
             append_once(audit, apath, self.app_id, batch_id, ("node_id", "hour"),
                         constraints=AUDIT_CONSTRAINTS)
-            tot = audit.agg(F.sum("lines_read"), F.sum("accepted"), F.sum("quarantined")).first()
-            out.update({"lines_read": int(tot[0] or 0), "accepted": int(tot[1] or 0), "quarantined": int(tot[2] or 0)})
+            # the totals, and the quarantined lines per stream and reason (the metrics' by-reason counts)
+            per_stream = summarize(audit)
+            out.update({k: sum(v[k] for v in per_stream.values()) for k in ("lines_read", "accepted", "quarantined")})
+            out["quarantined_by_reason"] = {st: v["by_reason"] for st, v in per_stream.items() if v.get("by_reason")}
             audit.unpersist()
         finally:
             for _, b in parsed:

@@ -10,7 +10,10 @@ CcsStreamLag). The file is written whole or not at all (a temporary file beside 
 
 Series (ccs_stream_ prefix, counters _total, seconds):
   heartbeat_timestamp_seconds, started_timestamp_seconds, batches_total, segments_total, lines_read_total,
-  rows_accepted_total, rows_quarantined_total, batch_duration_seconds (last batch),
+  rows_accepted_total, rows_quarantined_total,
+  rows_quarantined_by_reason_total{stream,reason} (reason: the code of jobs/README.md's quarantine
+  reasons, the part before any `:<field>`, so the label takes the contract's codes only; they sum
+  to rows_quarantined_total), batch_duration_seconds (last batch),
   batch_stage_duration_seconds{stage} (last batch), last_batch_timestamp_seconds,
   processed_segment_timestamp_seconds (mtime of the newest segment a batch took in),
   newest_segment_timestamp_seconds (mtime of the newest segment in the input folder),
@@ -31,6 +34,25 @@ from ccselect.contract import STREAMS
 PREFIX = "stream: "
 
 
+def reason_code(reason: str) -> str:
+    """A quarantine reason's code, a bounded label value: `missing_key:a,b` → `missing_key`,
+    `out_of_range:status` → `out_of_range` (the fields stay in bronze.quarantine)."""
+    return reason.split(":", 1)[0]
+
+
+def add_by_reason(into: dict, by_stream: dict) -> None:
+    """Adds {stream: {reason: n}} (an ingest's summary) to `into`, {(stream, code): n}."""
+    for stream, reasons in (by_stream or {}).items():
+        for reason, n in reasons.items():
+            key = (stream, reason_code(reason))
+            into[key] = into.get(key, 0) + int(n)
+
+
+def by_reason_samples(counts: dict) -> list[tuple[str, int]]:
+    """(labels, value) of {(stream, code): n}, in a stable order."""
+    return [(f'{{stream="{st}",reason="{code}"}}', n) for (st, code), n in sorted(counts.items())]
+
+
 class StreamMetrics:
     """A `log` for app/stream.run that also keeps the metrics file (see the module's docstring)."""
 
@@ -42,6 +64,7 @@ class StreamMetrics:
         self.counters = {"batches": 0, "segments": 0, "lines_read": 0, "rows_accepted": 0,
                          "rows_quarantined": 0, "tables_emitted": 0}
         self.rollouts: dict[str, int] = {"ok": 0, "refused": 0, "failed": 0}
+        self.by_reason: dict[tuple[str, str], int] = {}
         self.last: dict = {}
         self.table: dict = {}
         self.processed_ts: float | None = None
@@ -72,6 +95,7 @@ class StreamMetrics:
             for k, name in (("lines_read", "lines_read"), ("accepted", "rows_accepted"),
                             ("quarantined", "rows_quarantined")):
                 c[name] += int(info.get(k) or 0)
+            add_by_reason(self.by_reason, info.get("quarantined_by_reason"))
             self.last = {"seconds": info.get("seconds"), "ended_unix": info.get("ended_unix"),
                          "stages_s": dict(info.get("stages_s") or {})}
             lag = info.get("lag_s") or {}
@@ -132,7 +156,7 @@ class StreamMetrics:
 
         with self.lock:
             c, last, table = dict(self.counters), dict(self.last), dict(self.table)
-            rollouts, processed = dict(self.rollouts), self.processed_ts
+            rollouts, processed, by_reason = dict(self.rollouts), self.processed_ts, dict(self.by_reason)
         metric("ccs_stream_heartbeat_timestamp_seconds", "gauge",
                "When the stream's metrics were last written (Unix time).", [("", round(now, 3))])
         metric("ccs_stream_started_timestamp_seconds", "gauge",
@@ -144,6 +168,10 @@ class StreamMetrics:
                             ("rows_quarantined", "Lines quarantined (bronze.quarantine names each reason)."),
                             ("tables_emitted", "Signed tables the stream emitted.")):
             metric(f"ccs_stream_{name}_total", "counter", help_, [("", c[name])])
+        if by_reason:
+            metric("ccs_stream_rows_quarantined_by_reason_total", "counter",
+                   "Lines quarantined, by stream and reason code (jobs/README.md); they sum to rows_quarantined_total.",
+                   by_reason_samples(by_reason))
         metric("ccs_stream_table_rollouts_total", "counter",
                "Rollouts of the stream's tables, by outcome (ok, refused by a guard, failed and rolled back).",
                [(f'{{outcome="{k}"}}', v) for k, v in rollouts.items()])

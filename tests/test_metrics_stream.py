@@ -3,7 +3,8 @@ textfile in Prometheus's format beside the stream.
 
 The real stream (app/stream.run, once) over one node's first 10 minutes of segments of the small
 lake, one of them with a malformed line: the counters balance (lines read = accepted +
-quarantined, the malformed one among the quarantined), the segments taken in are the folder's,
+quarantined, the malformed one among the quarantined, and the quarantined by stream and reason
+code sum to them, the malformed one as transport's bad_json), the segments taken in are the folder's,
 the newest one processed is the newest there (no lag); a segment arriving afterwards shows as the
 lag the CcsStreamLag rule reads. `promtool check metrics` passes on the file. The table part reads
 a real signed manifest's shares."""
@@ -70,6 +71,11 @@ def test_stream_metrics_of_a_real_stream(spark, small_lake, tmp_path):
     assert g("ccs_stream_lines_read_total") == lines
     assert g("ccs_stream_rows_accepted_total") + g("ccs_stream_rows_quarantined_total") == lines
     assert g("ccs_stream_rows_quarantined_total") >= 1, "the malformed line"
+    by_reason = {dict(k[1])["stream"] + "/" + dict(k[1])["reason"]: v for k, v in m.items()
+                 if k[0] == "ccs_stream_rows_quarantined_by_reason_total"}
+    assert sum(by_reason.values()) == g("ccs_stream_rows_quarantined_total"), by_reason
+    assert by_reason.get("transport/bad_json", 0) >= 1, f"the malformed line by its reason: {by_reason}"
+    assert all(":" not in k for k in by_reason), "codes only, no field lists in a label"
     newest = max(p.stat().st_mtime for p in paths)
     assert g("ccs_stream_newest_segment_timestamp_seconds") == pytest.approx(newest, abs=0.01)
     assert g("ccs_stream_processed_segment_timestamp_seconds") == pytest.approx(newest, abs=0.01), \
@@ -112,3 +118,23 @@ def test_a_table_batch_reads_the_manifest(tmp_path):
     assert m[("ccs_stream_processed_segment_timestamp_seconds", ())] == now - 2.0
     assert said[1] == "stream: batch 5: not read: /x (not a segment)" and m[("ccs_stream_batches_total", ())] == 1
     _promtool_check((tmp_path / "s.prom").read_text(), tmp_path)
+
+
+def test_quarantined_rows_by_reason_code(tmp_path):
+    """Batches' quarantined lines by stream and reason: a reason's fields (missing_key:a,b) are
+    not part of the label, so the label takes the contract's codes only; counters add up across
+    batches and sum to rows_quarantined_total."""
+    metrics = StreamMetrics(str(tmp_path / "s.prom"), str(tmp_path / "in"), str(tmp_path / "out"), lambda m: None)
+    metrics("stream: " + json.dumps({"batch": 1, "files": 1, "lines_read": 10, "accepted": 6, "quarantined": 4,
+                                     "quarantined_by_reason": {"transport": {"bad_json": 1, "missing_key:min_rtt_us": 2},
+                                                               "access": {"out_of_range:status": 1}}}))
+    metrics("stream: " + json.dumps({"batch": 2, "files": 1, "lines_read": 5, "accepted": 3, "quarantined": 2,
+                                     "quarantined_by_reason": {"transport": {"missing_key:mss_bytes,cc": 2}}}))
+    metrics("stream: " + json.dumps({"batch": 3, "files": 1, "lines_read": 5, "accepted": 5, "quarantined": 0}))
+    text = (tmp_path / "s.prom").read_text()
+    m = _parse(text)
+    got = {tuple(v for _, v in k[1]): n for k, n in m.items() if k[0] == "ccs_stream_rows_quarantined_by_reason_total"}
+    assert got == {("bad_json", "transport"): 1, ("missing_key", "transport"): 4,
+                   ("out_of_range", "access"): 1}, got
+    assert sum(got.values()) == m[("ccs_stream_rows_quarantined_total", ())] == 6
+    _promtool_check(text, tmp_path)
