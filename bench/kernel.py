@@ -99,6 +99,52 @@ def free_port() -> int:
     return p
 
 
+class BenchAgent:
+    """The agent a kernel bench measures (this one and bench/metrics_cost.py), built by `make edge`:
+    a throwaway cgroup, pin dir and temporary folder, a fresh signing key, an enforced and a plain
+    service on free ports, transport log off. `close()` (or leaving the `with`) puts bpf_stats back
+    as it was, detaches and purges the agent, and removes the cgroup and the folder."""
+
+    def __init__(self, prefix: str, **config):
+        subprocess.run(["make", "-C", REPO, "-f", "export/edge/build.mk", "edge"], check=True,
+                       stdout=subprocess.DEVNULL)
+        self.tmp = tempfile.mkdtemp(prefix=f"{prefix}-")
+        name = f"{prefix}-{os.getpid()}"
+        self.cgroup = os.path.join(CGROUP_ROOT, name)
+        os.makedirs(self.cgroup)
+        self.key = signing.generate_key()
+        signing.save_keypair(self.key, f"{self.tmp}/priv.pem", f"{self.tmp}/pub.pem")
+        self.ports = (free_port(), free_port())
+        self.cfg = EdgeConfig(node_id="bench", cgroup=self.cgroup, pin_dir=f"/sys/fs/bpf/{name}",
+                              public_key=f"{self.tmp}/pub.pem", sample_rate=0.0, state_dir=f"{self.tmp}/state",
+                              services=[Service(self.ports[0], "enforced"), Service(self.ports[1], "plain")],
+                              **config)
+        self.agent = EdgeAgent(config=self.cfg)
+        self._old_stats = open(STATS).read().strip()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        with open(STATS, "w") as f:
+            f.write(self._old_stats)
+        try:
+            self.agent.detach(purge=True)
+        finally:
+            subprocess.run(["rm", "-rf", self.cfg.pin_dir])
+            self.agent.close()
+            for _ in range(50):
+                try:
+                    os.rmdir(self.cgroup)
+                    break
+                except OSError:
+                    time.sleep(0.1)
+            subprocess.run(["rm", "-rf", self.tmp])
+
+
 def prog_window(agent: EdgeAgent, fn):
     """Run fn(); return (its result, delta run_cnt, delta run_time_ns, delta established)."""
     a = agent.status()
@@ -426,22 +472,8 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024, flow_only: b
         print("bench/kernel.py: skipped (needs root and cgroup v2 at /sys/fs/cgroup/unified)")
         return {}
     own_netns()
-    subprocess.run(["make", "-C", REPO, "-f", "export/edge/build.mk", "edge"], check=True,
-                   stdout=subprocess.DEVNULL)
-    tmp = tempfile.mkdtemp(prefix="ccs-bench-")
-    name = f"ccs-bench-{os.getpid()}"
-    cgroup = os.path.join(CGROUP_ROOT, name)
-    os.makedirs(cgroup)
-    key = signing.generate_key()
-    signing.save_keypair(key, f"{tmp}/priv.pem", f"{tmp}/pub.pem")
-    ports = (free_port(), free_port())
-    cfg = EdgeConfig(node_id="bench", cgroup=cgroup, pin_dir=f"/sys/fs/bpf/{name}",
-                     public_key=f"{tmp}/pub.pem", sample_rate=0.0, state_dir=f"{tmp}/state",
-                     route_ccs="off",  # the breakdowns: the program alone; the runs turn them on
-                     services=[Service(ports[0], "enforced"), Service(ports[1], "plain")])
-    agent = EdgeAgent(config=cfg)
-    old_stats = open(STATS).read().strip()
-    daemon = None
+    bench = BenchAgent("ccs-bench", route_ccs="off")  # the breakdowns: the program alone; the runs turn them on
+    agent, cfg, cgroup, ports, tmp, key = bench.agent, bench.cfg, bench.cgroup, bench.ports, bench.tmp, bench.key
     result = {"kernel": platform.release(), "cpus": os.cpu_count(), "table_entries": N_ENTRIES,
               "loadavg_start": list(os.getloadavg()), "uptime_start": uptime(),
               "netns": "the bench's own (unshare --net)"}
@@ -570,21 +602,7 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024, flow_only: b
             "accept_ratio_flow_tree": result["flow_tree"]["accept_rate_combine"]["ratio"],
         }
     finally:
-        if daemon is not None:
-            agent.stop(daemon)
-        with open(STATS, "w") as f:
-            f.write(old_stats)
-        try:
-            agent.detach(purge=True)
-        finally:
-            agent.close()
-            for _ in range(50):
-                try:
-                    os.rmdir(cgroup)
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            subprocess.run(["rm", "-rf", tmp])
+        bench.close()
     # the goals and the medians first (the results page lists figures in the file's order)
     first = {k: result[k] for k in ("goals", "median", "loadavg_start", "loadavg_end", "uptime_start",
                                     "uptime_end") if k in result}

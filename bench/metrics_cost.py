@@ -20,7 +20,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
@@ -29,10 +28,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "bench"))
 
-from kernel import CGROUP_ROOT, N_ENTRIES, _write, accept_rate, free_port, make_entries, set_stats  # noqa: E402
+from kernel import CGROUP_ROOT, N_ENTRIES, BenchAgent, _write, accept_rate, free_port, make_entries, set_stats  # noqa: E402
 
 from export.artifact import signing  # noqa: E402
-from export.edge.agent import EdgeAgent, EdgeConfig, Service  # noqa: E402
 
 PAIRS = 3
 
@@ -81,26 +79,15 @@ def main(pairs: int = PAIRS, seconds: float = 0.5, rounds: int = 20, batch: int 
     if shutil.which("prometheus-node-exporter") is None:
         print("bench/metrics_cost.py: skipped (prometheus-node-exporter is not installed: make sysdeps)")
         return {}
-    subprocess.run(["make", "-C", REPO, "-f", "export/edge/build.mk", "edge"], check=True, stdout=subprocess.DEVNULL)
-    tmp = tempfile.mkdtemp(prefix="ccs-bench-metrics-")
-    name = f"ccs-bench-metrics-{os.getpid()}"
-    cgroup = os.path.join(CGROUP_ROOT, name)
-    os.makedirs(cgroup)
-    key = signing.generate_key()
-    signing.save_keypair(key, f"{tmp}/priv.pem", f"{tmp}/pub.pem")
-    ports = (free_port(), free_port())
-    textdir = os.path.join(tmp, "textfile")
-    os.makedirs(textdir)
-    cfg = EdgeConfig(node_id="bench", cgroup=cgroup, pin_dir=f"/sys/fs/bpf/{name}", public_key=f"{tmp}/pub.pem",
-                     sample_rate=0.0, state_dir=f"{tmp}/state",
-                     services=[Service(ports[0], "enforced"), Service(ports[1], "plain")])
-    agent = EdgeAgent(config=cfg)
-    old_stats = open("/proc/sys/kernel/bpf_stats_enabled").read().strip()
     result = {"table_entries": N_ENTRIES, "pairs": pairs, "loadavg_start": list(os.getloadavg()),
               "default_cc": open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()}
     if result["default_cc"] in ("cubic", "reno"):
         raise SystemExit(f"bench/metrics_cost.py: the default CC is {result['default_cc']}: the load's "
                          "connections would not all switch CC")
+    bench = BenchAgent("ccs-bench-metrics")
+    agent, cfg, cgroup, ports, tmp, key = bench.agent, bench.cfg, bench.cgroup, bench.ports, bench.tmp, bench.key
+    textdir = os.path.join(tmp, "textfile")
+    os.makedirs(textdir)
     arms = {"without": [], "with": []}
     scrapes = series = 0
     try:
@@ -133,20 +120,7 @@ def main(pairs: int = PAIRS, seconds: float = 0.5, rounds: int = 20, batch: int 
         })
         assert series > 0, "the scrapes carried the agent's series"
     finally:
-        try:
-            agent.detach(purge=True)
-        finally:
-            with open("/proc/sys/kernel/bpf_stats_enabled", "w") as f:
-                f.write(old_stats)
-            subprocess.run(["rm", "-rf", cfg.pin_dir])
-            for _ in range(50):
-                try:
-                    os.rmdir(cgroup)
-                    break
-                except OSError:
-                    time.sleep(0.1)
-            agent.close()
-            shutil.rmtree(tmp, ignore_errors=True)
+        bench.close()
     return _write(result, "metrics_cost.json")
 
 
