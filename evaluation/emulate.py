@@ -181,8 +181,9 @@ def sessions(conns: DataFrame, p: EmulateSettings) -> DataFrame:
     """One row per playback session: keys, the observed outcome, network type, window, fold, and
     the connection's start (`ts_start_ms`: when a policy decides) and end (`ts_end_ms`: when its
     prediction exists, so when a streaming table can learn from it)."""
-    label = F.lower(F.col("label"))
-    typ = (F.when(label == "wifi", "wifi").when(label.isin("4g", "5g", "cell"), "cell")
+    # silver's label is 1 (Wi-Fi) / 0 (4G/5G); a hand-made trace may name the type (_type_label)
+    label = _type_label(F.col("label"))
+    typ = (F.when(label == 1, "wifi").when(label == 0, "cell")
            .when(F.col("pred_net_type").isNotNull(), F.col("pred_net_type")).otherwise("unknown"))
     wms = p.window_minutes * 60_000
     # the streaming tables learn from a connection once it has ended (its end where the trace has one)
@@ -191,7 +192,7 @@ def sessions(conns: DataFrame, p: EmulateSettings) -> DataFrame:
         "conn_id", "node_id", "hour", "in_range", "client_ip", "ug_id", "cc", *FEATURES,
         F.coalesce(F.col("prefix24"), F.col("prefix48"), F.col("client_ip")).alias("prefix"),
         typ.alias("net_type"),
-        _type_label(F.col("label")).alias("type_label"),
+        label.alias("type_label"),
         (F.floor(F.col("ts_start_ms") / wms) * wms).cast("long").alias("window_ms"),
         F.least(F.col("rebuffer_ms") / F.col("play_ms"), F.lit(1.0)).alias("reb"),
         F.when(F.col("data_segs_out") > 0, F.col("total_retrans") / F.col("data_segs_out"))

@@ -65,6 +65,23 @@ def test_estimates_follow_the_chain_observed_window_history_node_unestimated(spa
     assertDataFrameEqual(got, expected, rtol=1e-9)
 
 
+def test_a_labelled_sessions_type_is_silvers_int_label_not_the_prediction(spark):
+    """silver's `label` is an int, 1 Wi-Fi / 0 4G-5G (features/labels.py): a labelled session's
+    type is its label even where the champion predicted the other type; an unlabelled one takes
+    the prediction, else "unknown"."""
+    rows = [("w", H0, "1.1.1.1", "1.1.1.0/24", "1", "cubic", 0.1, 0.0),
+            ("c", H0, "2.2.2.1", "2.2.2.0/24", "0", "bbr", 0.1, 0.0),
+            ("p", H0, "3.3.3.1", "3.3.3.0/24", None, "cubic", 0.1, 0.0),
+            ("u", H0, "4.4.4.1", "4.4.4.0/24", None, "cubic", 0.1, 0.0)]
+    predicted = F.create_map(*map(F.lit, ("w", "cell", "c", "wifi", "p", "cell")))[F.col("conn_id")]
+    silver = (_trace(spark, rows).withColumn("label", F.col("label").cast("int"))
+              .withColumn("pred_net_type", predicted))
+    got = emulate.sessions(silver, P).select("conn_id", "net_type", "type_label")
+    expected = spark.createDataFrame([("w", "wifi", 1), ("c", "cell", 0), ("p", "cell", None), ("u", "unknown", None)],
+                                     got.schema)
+    assertDataFrameEqual(got, expected)
+
+
 def test_scoring_a_policy_counts_every_estimate_level(spark):
     est = emulate.estimates(emulate.sessions(_trace(spark, TRACE), P))
     scored = emulate.score(est, {"bbr": emulate.fixed_policy(est, "bbr"), "cubic": emulate.fixed_policy(est, "cubic")}, P)
