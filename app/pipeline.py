@@ -1,6 +1,8 @@
 """The pipeline's steps as plain functions of (configuration, time), one per Airflow task: the DAGs
 in dags/ only wire these, and `make run` calls the DAGs. Every step is keyed by its hour, period
-or window and is safe to repeat (the jobs underneath replace their partitions)."""
+or window and is safe to repeat (the jobs underneath replace their partitions). With
+`pipeline.metrics_dir` set, each step's run writes its rows and duration there
+(app/job_metrics.py: `ccs-job-<job>.prom` for node_exporter's textfile collector)."""
 from __future__ import annotations
 
 import json
@@ -8,6 +10,7 @@ import os
 import sys
 from datetime import datetime, datetime as _dt, timedelta, timezone
 
+from app.job_metrics import measured
 from ccselect.config import Config, load_config
 from ccselect.hours import HOUR_FMT, hour_of
 from ccselect.spark import get_spark
@@ -54,6 +57,7 @@ def asset_uri(name: str, cfg: Config | None = None) -> str:
 
 # ---- hourly -------------------------------------------------------------------------------------
 
+@measured("ingest")
 def ingest_hour(hour: str, cfg: Config | None = None) -> dict:
     """bronze, quarantine, audit and silver for one hour of every node; fails when the hour has no
     files at all (the sensor of a real deployment), so the rest of the hourly run waits."""
@@ -66,6 +70,7 @@ def ingest_hour(hour: str, cfg: Config | None = None) -> dict:
 
 # ---- the lake's upkeep ----------------------------------------------------------------------------
 
+@measured("maintain")
 def maintain_lake(cfg: Config | None = None) -> dict:
     """Compaction of closed hours, retention and VACUUM of every table (jobs/maintain.py)."""
     from jobs import maintain
@@ -77,6 +82,7 @@ def maintain_lake(cfg: Config | None = None) -> dict:
 
 # ---- AutoPlex -----------------------------------------------------------------------------------
 
+@measured("autoplex")
 def autoplex_period(start: datetime, cfg: Config | None = None) -> dict:
     """AutoPlex Algorithm 1 for the period starting at `start` → gold.autoplex_params."""
     from jobs import autoplex
@@ -87,6 +93,7 @@ def autoplex_period(start: datetime, cfg: Config | None = None) -> dict:
     return autoplex.run_parameters(None, cfg, ms, 1)
 
 
+@measured("infer", skip_on=(LookupError,))
 def infer_hour(hour: str, cfg: Config | None = None) -> dict:
     """gold.predictions for the hour with `models:/<name>@champion` (LookupError when there is no
     champion yet: nothing is exported until a human — or `pipeline.auto_promote` — promotes one)."""
@@ -103,6 +110,7 @@ def export_window(hour: str, cfg: Config | None = None) -> tuple[str, str]:
     return hour_of(end - timedelta(hours=n - 1)), hour
 
 
+@measured("export")
 def export_hour(hour: str, cfg: Config | None = None) -> dict:
     """ALICCS Algorithm 1 over the window's decisions → a signed table, recorded in gold.cc_tables."""
 
@@ -122,6 +130,7 @@ class TableRefused(RuntimeError):
     """A guard refused the table: a verdict on this table, which retrying cannot change."""
 
 
+@measured("rollout")
 def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None = None) -> dict:
     """Guards, publish to the artifact store, then the fleet (canaries first). The fleet step needs
     root (eBPF); without it — or with `pipeline.deploy: false` — the run stops at the published,
@@ -166,6 +175,7 @@ def _fleet_and_store_for(cfg: Config):
 
 # ---- daily training -----------------------------------------------------------------------------
 
+@measured("training_set")
 def training_set(lo: str, hi: str, cfg: Config | None = None) -> dict:
     """gold.feature_stats (fitted on the window) and gold.training_set for the window."""
 
@@ -182,6 +192,7 @@ def training_set(lo: str, hi: str, cfg: Config | None = None) -> dict:
     return {"window": window, "training_rows": n, "stats_rows": stats.n}
 
 
+@measured("prefix_groups")
 def prefix_groups(lo: str, hi: str, cfg: Config | None = None) -> dict:
     """Per-type K-means prefix groups of the window → gold.prefix_groups (ALICCS §3.1)."""
     from features import scaling
@@ -192,6 +203,7 @@ def prefix_groups(lo: str, hi: str, cfg: Config | None = None) -> dict:
     return fit_groups(spark, cfg, lo, hi, stats)
 
 
+@measured("train")
 def train(lo: str, hi: str, cfg: Config | None = None) -> dict:
     """Train on the window's training nodes, evaluate per held-out node, log to MLflow, register a
     version and run its gate (challenger only when it passes)."""
@@ -203,6 +215,7 @@ def train(lo: str, hi: str, cfg: Config | None = None) -> dict:
                                 "selection") if k in res}
 
 
+@measured("promote")
 def promote_if_configured(version: str, cfg: Config | None = None, auto: bool | None = None) -> dict:
     """Promotion is a human decision (`ccs promote`) unless `pipeline.auto_promote` is true (or a
     run's conf says `auto_promote`, as `make run`'s does)."""
@@ -213,6 +226,7 @@ def promote_if_configured(version: str, cfg: Config | None = None, auto: bool | 
     return {"promoted": True, **registry.promote(cfg, version)}
 
 
+@measured("handshake_tree")
 def handshake_tree(lo: str, hi: str, cfg: Config | None = None, auto: bool | None = None) -> dict:
     """The handshake tree of the window (issue 27, distill/handshake.py), registered beside the
     champion; `@champion` (the tree the next tables carry) only when it beats answering the
@@ -226,6 +240,7 @@ def handshake_tree(lo: str, hi: str, cfg: Config | None = None, auto: bool | Non
             "nodes": m["nodes"], "depth": m["depth"]}
 
 
+@measured("distill", skip_on=(LookupError,))
 def distill_and_diagnose(lo: str, hi: str, cfg: Config | None = None) -> dict:
     """The champion's distilled tree (ALICCS §3.2) and its SHAP diagnostics for the window."""
     from distill.jobs import run_diagnose, run_distill

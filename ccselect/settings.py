@@ -713,6 +713,9 @@ class PipelineSettings(_Section):
     # the variant `ccs_train` trains (models.train.VARIANTS): ALICCS, another variant, or
     # `select`: the one model.select's leave-node-out folds of the training nodes choose
     variant: str = "aliccs"
+    # each step's rows and duration as a textfile for node_exporter (app/job_metrics.py,
+    # <metrics_dir>/ccs-job-<job>.prom, issue 59); None: not written
+    metrics_dir: str | None = None
 
     def __post_init__(self):
         if self.epochs is not None and self.epochs < 1:

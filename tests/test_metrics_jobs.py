@@ -1,0 +1,88 @@
+"""Each batch job's rows and duration (app/job_metrics.py, issue 59): a textfile per job under
+`pipeline.metrics_dir`, written when a step of app/pipeline.py ends. Real steps that need no Spark
+here (promotion left to a human; an export without a signing key, which fails before its work);
+the jobs with rows are checked against the lake the main job's DAG runs wrote (tests/test_dags.py,
+`main_job`)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from app import job_metrics, pipeline
+from ccs_testing import raw_section, write_config
+
+
+def parse(text: str) -> dict:
+    """{(name, sorted labels without job): value} of one job's file."""
+    from prometheus_client.parser import text_string_to_metric_families
+    return {(s.name, tuple(sorted((k, v) for k, v in s.labels.items() if k != "job"))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def promtool_check(path) -> None:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("promtool is not installed under CI (make sysdeps)", pytrace=False)
+        return
+    with open(path) as f:
+        r = subprocess.run([promtool, "check", "metrics"], stdin=f, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_a_step_writes_its_outcome_duration_and_last_success(tmp_path):
+    from ccselect.config import load_config
+    cfg = load_config(write_config(tmp_path, pipeline={**raw_section("pipeline"), "metrics_dir": str(tmp_path / "textfile")}))
+    # promotion left to a human: a run that succeeds, with no rows
+    res = pipeline.promote_if_configured("1", cfg, auto=False)
+    assert res["promoted"] is False
+    path = tmp_path / "textfile" / "ccs-job-promote.prom"
+    m = parse(path.read_text())
+    assert m[("ccs_job_last_run_outcome", (("outcome", "ok"),))] == 1
+    assert m[("ccs_job_last_run_outcome", (("outcome", "failed"),))] == 0
+    assert m[("ccs_job_duration_seconds", ())] >= 0
+    assert m[("ccs_job_last_success_timestamp_seconds", ())] == m[("ccs_job_last_run_timestamp_seconds", ())]
+    assert not any(k[0] == "ccs_job_rows" for k in m), "no rows for a step that has none"
+    promtool_check(path)
+
+    # an export without a signing key fails; its file says so, with no success yet
+    with pytest.raises(FileNotFoundError):
+        pipeline.export_hour("2026-11-01T05", cfg)
+    m = parse((tmp_path / "textfile" / "ccs-job-export.prom").read_text())
+    assert m[("ccs_job_last_run_outcome", (("outcome", "failed"),))] == 1
+    assert ("ccs_job_last_success_timestamp_seconds", ()) not in m and not any(k[0] == "ccs_job_rows" for k in m)
+
+    # a later failure keeps the last success's time
+    before = parse(path.read_text())[("ccs_job_last_success_timestamp_seconds", ())]
+    job_metrics.write(str(tmp_path / "textfile"), "promote", "failed", before + 5, 0.1, None)
+    m = parse(path.read_text())
+    assert m[("ccs_job_last_success_timestamp_seconds", ())] == before
+    assert m[("ccs_job_last_run_outcome", (("outcome", "failed"),))] == 1
+    assert sorted(os.listdir(tmp_path / "textfile")) == ["ccs-job-export.prom", "ccs-job-promote.prom"], \
+        "no temporary file left"
+
+
+def test_no_metrics_dir_no_file(cfg, tmp_path):
+    assert cfg.settings.pipeline.metrics_dir is None
+    pipeline.promote_if_configured("1", cfg, auto=False)
+    assert not any(p.name.endswith(".prom") for p in tmp_path.rglob("*"))
+
+
+def test_ingest_rows_and_quarantine_by_reason_code(tmp_path):
+    """An ingest result as jobs.ingest.summarize gives it: rows by kind, quarantined lines by
+    stream and reason code (fields not in the label), summing to the quarantined rows."""
+    res = {"hour": "2026-11-01T05", "files": 3, "silver_rows": 90, "streams": {
+        "transport": {"lines_read": 100, "accepted": 95, "quarantined": 5,
+                      "by_reason": {"bad_json": 2, "missing_key:min_rtt_us": 1, "missing_key:cc,mss_bytes": 2}},
+        "access": {"lines_read": 10, "accepted": 10, "quarantined": 0}}}
+    path = job_metrics.write(str(tmp_path), "ingest", "ok", 1.8e9, 12.5, res)
+    m = parse(open(path).read())
+    assert {k[1][0][1]: v for k, v in m.items() if k[0] == "ccs_job_rows"} == {
+        "files": 3, "lines_read": 110, "accepted": 105, "quarantined": 5, "silver": 90}
+    q = {tuple(v for _, v in k[1]): n for k, n in m.items() if k[0] == "ccs_job_rows_quarantined"}
+    assert q == {("bad_json", "transport"): 2, ("missing_key", "transport"): 3}
+    assert m[("ccs_job_duration_seconds", ())] == 12.5
+    promtool_check(path)
