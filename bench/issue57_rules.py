@@ -28,7 +28,18 @@ the edge would give them: the table's longest-prefix entry, else `default_cc`.
 Each rule is also applied alone (and the imputation rule is reported by how many rows it could
 touch: the simulator imputes nothing), so that the one that moves most is named.
 
+`export.min_support` is swept on the TRAINING nodes only (`SWEEP`, a chain from the weakest
+support that still refuses issue 57's one-connection /16 and its /24 up to the default before the
+sweep; each point at least as strong as the one before at every level), all rules and the support
+alone, each point's tables rebuilt from the same predictions. The support is chosen by
+`choose_support`, a rule fixed before the held-out nodes are measured: the strongest eligible
+point (it refuses the one-connection /16 and /24: tests/test_real_logs_round2.py) whose training
+figures meet the goal, else the one nearest to it (the smallest of the larger of request weight
+changed / 2% and truth gain fall / 2%; a tie to the stronger). The held-out nodes are then measured
+once, every variant under the chosen support.
+
     .venv/bin/python bench/issue57_rules.py [--hours 6] [--train-hours 3] [--workdir /tmp/ccs-issue57]
+    .venv/bin/python bench/issue57_rules.py --reuse --workdir DIR   # measure and sweep again, no inference
 
 Writes bench/results/issue57_rules.json and prints it.
 """
@@ -69,13 +80,16 @@ def one_core_config(root: Path):
     return load_config(root / "ccs.yaml")
 
 
-def tables(preds, export, default_support):
+def tables(preds, export, support: dict, sweep: dict | None = None):
     """The tables of one hour's predictions (pandas: client_ip, cc, requests, decision) under
     `preds` = {"old": ..., "new": ...} (inference without and with the rules), each declined rule
-    (`export.declined_rule`) where declined decisions count."""
+    (`export.declined_rule`) where declined decisions count, `support` the `export.min_support`
+    of the rules. With `sweep` (name -> min_support), only "before" and, per point, all the rules
+    under `export`'s declined rule (`sweep_<name>`) and the support alone (`sweep_alone_<name>`)."""
     from export.artifact import table_format as tf
     from export.tables import aggregate as agg
     no_support = replace(export, min_support={})
+    default_support = replace(export, min_support=support)
 
     def build(df, settings, declined: bool, rule: str = "purity"):
         rows = [(ip, cc, int(r or 0), d) for ip, cc, r, d in
@@ -83,6 +97,13 @@ def tables(preds, export, default_support):
         entries = agg.reference_aggregate(rows, replace(settings, declined_rule=rule))
         return tf.Table(1, 0, 1, tuple(a.entry() for a in entries))
     old, new = preds["old"], preds["new"]
+    if sweep is not None:
+        out = {"before": build(old, no_support, False)}
+        for name, ms in sweep.items():
+            st = replace(export, min_support=ms)
+            out[f"sweep_{name}"] = build(new, st, True, export.declined_rule)
+            out[f"sweep_alone_{name}"] = build(old, st, False)
+        return out
     out = {"before": build(old, no_support, False),
            "evidence_rule": build(new, no_support, False),        # new decisions, old aggregation
            "min_support": build(old, default_support, False)}
@@ -99,6 +120,63 @@ NAMES = {"before": "before the rules", "evidence_rule": "the evidence rule alone
          "min_support": "export.min_support alone",
          "all_rules_purity": "all the rules, declined_rule purity",
          "all_rules_plurality": "all the rules, declined_rule plurality"}
+
+
+#: `export.min_support` points swept on the training nodes ({family: {level: (connections, distinct
+#: clients)}}; a level not named needs (1, 1), which every prefix with a decision has). A chain from
+#: the weakest that refuses a one-connection /16 and its /24 (v4 /16 and /24 need 2 connections;
+#: v6 /32 the same) up to the default before the sweep; each point at least as strong as the one
+#: before it at every level, so that "the strongest" is defined.
+SWEEP = {
+    "s1": {"v4": {16: (2, 1), 24: (2, 1)}, "v6": {32: (2, 1)}},
+    "s2": {"v4": {16: (10, 2), 24: (2, 1)}, "v6": {32: (10, 2)}},
+    "s3": {"v4": {16: (10, 2), 24: (2, 1)}, "v6": {32: (10, 2), 48: (2, 1)}},
+    "s4": {"v4": {16: (10, 2), 24: (3, 2)}, "v6": {32: (10, 2), 48: (2, 1)}},
+    "s5": {"v4": {16: (10, 2), 24: (3, 2)}, "v6": {32: (10, 2), 48: (5, 2)}},
+    "s6": {"v4": {16: (10, 2), 24: (3, 2)}, "v6": {32: (10, 2), 48: (5, 2), 64: (3, 2)}},   # the default before
+}
+#: references off the chain, never chosen: no support, and the /16 (v6 /32) alone refused
+REFERENCES = {
+    "none": {"v4": {}, "v6": {}},
+    "top_only": {"v4": {16: (2, 1)}, "v6": {32: (2, 1)}},
+}
+SUPPORT_BEFORE = "s6"
+GOAL = {"request_weight_changed_max": 0.02, "truth_gain_fall_max": 0.02}
+
+
+def support_label(ms: dict) -> str:
+    """`v4 /16 10/2, /24 3/2; v6 /32 10/2` (connections/clients; levels not named need 1/1)."""
+    fams = []
+    for fam in ("v4", "v6"):
+        lv = ms.get(fam) or ms.get(int(fam[1])) or {}
+        fams.append(f"{fam} " + (", ".join(f"/{k} {c}/{n}" for k, (c, n) in sorted(lv.items())) or "none"))
+    return "; ".join(fams)
+
+
+def refuses_one_connection(export, ms: dict) -> bool:
+    """Issue 57 item 2 (tests/test_real_logs_round2.py::test_a_16_from_one_connection_is_refused):
+    one connection makes neither a /16 nor a /24, the address keeps its own /32."""
+    from export.tables import aggregate as agg
+    got = agg.reference_aggregate([("65.182.7.9", "bbr", 1)], replace(export, min_support=ms))
+    return [str(a.network) for a in got] == ["65.182.7.9/32"]
+
+
+def _goal_distance(d: dict) -> float:
+    """The larger of request weight changed / its limit and truth gain fall / its limit (≤ 1: met)."""
+    fall = -(d["truth_gain_change_of_before"] or 0)
+    return max(d["request_weight_changed"] / GOAL["request_weight_changed_max"],
+               fall / GOAL["truth_gain_fall_max"])
+
+
+def choose_support(sweep_training: dict, eligible: dict) -> str:
+    """The default `export.min_support`, from the TRAINING nodes' figures only (all the rules,
+    the shipped declined rule): the strongest eligible point of SWEEP whose figures meet the goal,
+    else the eligible point nearest to it (`_goal_distance`), a tie to the stronger."""
+    names = [n for n in SWEEP if eligible[n]]
+    met = [n for n in names if _goal_distance(sweep_training["variants"][f"sweep_{n}"]) <= 1]
+    if met:
+        return met[-1]
+    return min(reversed(names), key=lambda n: _goal_distance(sweep_training["variants"][f"sweep_{n}"]))
 
 
 def choose(training: dict) -> str:
@@ -128,6 +206,25 @@ def _table_md(m: dict) -> list[str]:
     return lines
 
 
+def _sweep_md(sw: dict) -> list[str]:
+    lines = ["| point | export.min_support (connections/clients) | refuses a one-connection /16 and /24 "
+             "| request weight changed | aliccs truth gain change | declined conns on the default CC "
+             "| table entries | distance to the goal | support alone: request weight changed | support alone: truth gain change |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    order = [n for n in (*SWEEP, *REFERENCES) if n in sw["points"]]
+    for n in order + sorted(set(sw["points"]) - set(order)):
+        pt = sw["points"][n]
+        d, a = pt["training"], pt["training_alone"]
+        dd = d["declined_on_default"]
+        name = n + (" (chosen)" if n == sw["chosen"] else "") + (" (the default before)" if n == sw["before"] else "") \
+            + ("" if pt["chain"] else " (reference, never chosen)")
+        lines.append(f"| {name} | {pt['label']} | {'yes' if pt['eligible'] else 'no'} "
+                     f"| {d['request_weight_changed']:.2%} | {d['truth_gain_change_of_before']:+.2%} "
+                     f"| {'-' if dd is None else f'{dd:.1%}'} | {d['table_entries']:,} | {pt['goal_distance']:.2f} "
+                     f"| {a['request_weight_changed']:.2%} | {a['truth_gain_change_of_before']:+.2%} |")
+    return lines
+
+
 def page_markdown(r: dict) -> str:
     """The page's summary (bench/report.py renders it above the figures)."""
     f = r["fleet"]
@@ -139,10 +236,28 @@ def page_markdown(r: dict) -> str:
              f"{len(r['model']['train_nodes'])} training nodes, {len(r['model']['heldout_nodes'])} held-out nodes; "
              f"measured over {', '.join(r['measured_hours'])}, each hour under the table of the hour before "
              "(built from every node's decisions of that hour).", "",
-             f"`export.declined_rule` is chosen on the training nodes' figures alone ({tr['connections']:,} "
-             f"connections, {tr['sessions']:,} playback sessions): the rule whose all-rules table meets the goal "
-             "there (else comes nearer), then the smaller fall of the truth gain, then less request weight changed: "
-             f"**{chosen}**.", "", "Training nodes (the choice):", ""]
+             ]
+    sw = r.get("support_sweep")
+    if sw:
+        cp = sw["points"][sw["chosen"]]
+        lines += [f"`export.min_support` is swept on the training nodes' figures alone ({tr['connections']:,} "
+                  f"connections, {tr['sessions']:,} playback sessions), every point's tables rebuilt from the same "
+                  f"predictions, all of issue 57's rules with `declined_rule: {sw['declined_rule']}`: points s1..s6 are "
+                  "a chain, each at least as strong as the one before at every level, from the weakest that refuses "
+                  "issue 57's one-connection /16 and its /24 (tests/test_real_logs_round2.py) up to the default before "
+                  "the sweep (its points were picked after per-level trials on the training nodes, one level "
+                  "relaxed at a time from that default; never on the held-out nodes); `none` and `top_only` "
+                  "(the /16 and v6 /32 alone refused: a one-connection /24 stays) are references. The rule, "
+                  "fixed before the held-out nodes were "
+                  f"measured: {sw['rule']}. Distance to the goal: that max (at most 1.00: met). Chosen: "
+                  f"**{sw['chosen']}** ({cp['label']}; distance {cp['goal_distance']:.2f}, "
+                  f"{'met' if cp['goal_distance'] <= 1 else 'not met'} on the training nodes).", ""]
+        lines += _sweep_md(sw)
+        lines += ["", f"Every variant below uses the chosen support ({cp['label']})."]
+    lines += ["", f"`export.declined_rule` is chosen on the training nodes' figures alone ({tr['connections']:,} "
+              f"connections, {tr['sessions']:,} playback sessions): the rule whose all-rules table meets the goal "
+              "there (else comes nearer), then the smaller fall of the truth gain, then less request weight changed: "
+              f"**{chosen}**.", "", "Training nodes (the choice):", ""]
     lines += _table_md(tr)
     lines += ["", f"Held-out nodes, reported once after the choice ({ho['connections']:,} connections, "
                   f"{ho['sessions']:,} playback sessions):", ""]
@@ -161,7 +276,11 @@ def page_markdown(r: dict) -> str:
                   "rules. The truth gains are small: on the held-out nodes all-CUBIC's expected QoE is "
                   f"{ho['cubic_truth_qoe']:.6f} and the true type's gain over it {ho['true_type_truth_gain']:+.6f}; "
                   f"on the training nodes {tr['cubic_truth_qoe']:.6f} and {tr['true_type_truth_gain']:+.6f}. "
-                  f"The run took {r['timings_s']['total_s'] / 60:.1f} min at the load average shown."]
+                  + (f"Measured again from the predictions of the run at {r['predictions_made_at']} (`--reuse`: "
+                     f"simulation, ingest, training and inference then took {r['timings_s']['infer_s'] / 60:.1f} min); "
+                     f"the sweep and the measurement took {r['timings_s']['total_s'] / 60:.1f} min at the load "
+                     "average shown." if r.get("reused_predictions_of") else
+                     f"The run took {r['timings_s']['total_s'] / 60:.1f} min at the load average shown.")]
     return "\n".join(lines)
 
 
@@ -240,9 +359,10 @@ def simulate_and_score(args, root: Path) -> dict:
     return meta
 
 
-def measure(cfg, fleet: str, preds: dict, silver, nodes: list[str], scored: list[str]) -> dict:
-    """Every table variant's figures on the connections of `nodes` in scored[1:], each hour under
-    the tables of the hour before (built from every node's decisions)."""
+def measure(cfg, fleet: str, preds: dict, silver, nodes: list[str], scored: list[str], support: dict,
+            sweep: dict | None = None) -> dict:
+    """Every table variant's figures (`tables`) on the connections of `nodes` in scored[1:], each
+    hour under the tables of the hour before (built from every node's decisions)."""
     from export.artifact import table_format as tf
     truth = pd.read_parquet(os.path.join(fleet, "_truth", "connections"),
                             columns=["conn_id", "exp_rebuffer_cubic", "exp_rebuffer_bbr", "retrans_cubic",
@@ -256,7 +376,7 @@ def measure(cfg, fleet: str, preds: dict, silver, nodes: list[str], scored: list
     rows = []
     for t in scored[1:]:
         src = {k: v[v["hour"] == hour_shift(t, -1)] for k, v in preds.items()}
-        built = tables(src, export, export)
+        built = tables(src, export, support, sweep)
         conns = silver[silver["hour"] == t]
         for name, table in built.items():
             entries[name] = entries.get(name, 0) + len(table.entries)
@@ -337,9 +457,17 @@ def main() -> None:
     silver = pd.read_parquet(root / "silver.parquet")
     scored = meta["scored"]
     fleet = str(root / "raw")
-    training = measure(cfg, fleet, preds, silver, meta["model"]["train_nodes"], scored)
-    chosen = choose(training)           # before the held-out nodes are looked at
-    heldout = measure(cfg, fleet, preds, silver, meta["model"]["heldout_nodes"], scored)
+    export = cfg.settings.export
+    train_nodes = meta["model"]["train_nodes"]
+    # the support sweep and both choices see the training nodes alone; the held-out nodes come after
+    sweep = measure(cfg, fleet, preds, silver, train_nodes, scored, {}, {**SWEEP, **REFERENCES})
+    eligible = {n: refuses_one_connection(export, ms) for n, ms in {**SWEEP, **REFERENCES}.items()}
+    support_name = choose_support(sweep, eligible)
+    support = SWEEP[support_name]
+    training = measure(cfg, fleet, preds, silver, train_nodes, scored, support)
+    chosen = choose(training)
+    timings["sweep_s"] = time.time() - t0
+    heldout = measure(cfg, fleet, preds, silver, meta["model"]["heldout_nodes"], scored, support)
     timings["measure_s"] = time.time() - t0
     a = heldout["variants"][f"all_rules_{chosen}"]
     result = {
@@ -351,6 +479,17 @@ def main() -> None:
         "tables_from_hours": [hour_shift(t, -1) for t in scored[1:]],
         "measured_hours": scored[1:],
         "training": training, "heldout": heldout, "chosen_rule": chosen,
+        "support_sweep": {
+            "declined_rule": export.declined_rule, "chosen": support_name, "before": SUPPORT_BEFORE,
+            "rule": "the strongest eligible point whose training figures meet the goal, else the nearest "
+                    "(smallest max(request weight changed / 2%, truth gain fall / 2%)), a tie to the stronger",
+            "points": {n: {"min_support": {f: {str(k): list(v) for k, v in lv.items()} for f, lv in ms.items()},
+                           "label": support_label(ms), "chain": n in SWEEP, "eligible": eligible[n],
+                           "training": sweep["variants"][f"sweep_{n}"],
+                           "training_alone": sweep["variants"][f"sweep_alone_{n}"],
+                           "goal_distance": _goal_distance(sweep["variants"][f"sweep_{n}"])}
+                       for n, ms in {**SWEEP, **REFERENCES}.items()}},
+        "min_support_chosen": support_label(support),
         "imputed_rows": training["imputed_rows"] + heldout["imputed_rows"],
         "decisions": meta["decisions"], "alpha": cfg.settings.emulate.alpha,
         "goal": {"request_weight_changed_max": 0.02, "truth_gain_fall_max": 0.02, "rule": chosen,
@@ -360,6 +499,8 @@ def main() -> None:
     }
     if args.reuse:
         result["reused_predictions_of"] = str(root)
+        result["predictions_made_at"] = time.strftime(
+            "%Y-%m-%dT%H:%M:%SZ", time.gmtime(meta["t0"] + meta["timings"]["infer_s"]))
     result["page_markdown"] = page_markdown(result)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2, sort_keys=True, default=str) + "\n")
