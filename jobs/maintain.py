@@ -10,11 +10,11 @@ For every Delta table of the lake (`<lake.root>/<layer>/<table>`):
 2. **Compaction** (`OPTIMIZE`, Delta's bin-packing: in each partition, files under the target
    size are rewritten into few large ones; a partition with one file is left alone) of the closed
    hours only: a table partitioned by `hour` is compacted where `hour` is older than the newest
-   `lake.open_hours` hours present, which the stream still appends to. OPTIMIZE commits a
-   rewrite with `dataChange = false`: the rows are the same, so readers, the stream's
-   checkpoints and `ccs audit` see the same table. A partition a backfill replaces while it is
-   being compacted makes one of the two lose Delta's commit race; each retries
-   (`delta_io.retry_conflicts`), so neither loses nor duplicates a row.
+   `lake.open_hours` hours present (the partition values in its Delta log), which the stream
+   still appends to. OPTIMIZE commits a rewrite with `dataChange = false`: the rows are the
+   same, so readers, the stream's checkpoints and `ccs audit` see the same table. A partition a
+   backfill replaces while it is being compacted makes one of the two lose Delta's commit race;
+   each retries (`delta_io.retry_conflicts`), so neither loses nor duplicates a row.
 3. **VACUUM** with the same retention: files the table stopped referencing more than
    `retention_days` ago are deleted; every version within retention still reads. Delta refuses a
    retention under 7 days unless its check is switched off; under 1 hour is refused here: a
@@ -29,7 +29,7 @@ import os
 import time
 from typing import Any, Callable
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from ccselect import delta_io
 from ccselect.config import Config
@@ -64,6 +64,18 @@ def _detail(spark: SparkSession, path: str) -> dict[str, Any]:
     return {"files": int(r["numFiles"]), "bytes": int(r["sizeInBytes"]), "partition_by": list(r["partitionColumns"])}
 
 
+def _hours(spark: SparkSession, path: str) -> list[str]:
+    """The `hour` partition values of the table's live files, sorted: the partitionValues of the
+    add actions of its Delta log's latest snapshot (the log only, no data file is read; a
+    distinct scan of `hour` read every file's column). Through delta-spark's DeltaLog, which
+    its Python API does not wrap; `SHOW PARTITIONS` on a Delta table scans the data too."""
+    from delta.tables import DeltaTable
+    none = spark.sparkContext._jvm.scala.Option.empty()
+    snapshot = DeltaTable.forPath(spark, path)._jdt.deltaLog().update(False, none, none)
+    adds = DataFrame(snapshot.allFiles().toDF(), spark)
+    return sorted(r[0] for r in adds.select(F.col("partitionValues")["hour"]).distinct().collect() if r[0] is not None)
+
+
 def maintain_table(spark: SparkSession, cfg: Config, name: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Retention properties, compaction of closed hours and VACUUM of one table; → what it did."""
     from delta.tables import DeltaTable
@@ -82,7 +94,7 @@ def maintain_table(spark: SparkSession, cfg: Config, name: str, log: Callable[[s
         f"retention properties of {name}", log=log)
     where = None
     if "hour" in before["partition_by"]:
-        present = sorted(r["hour"] for r in spark.read.format("delta").load(path).select("hour").distinct().collect())
+        present = _hours(spark, path)
         closed = present[:-lake.open_hours] if lake.open_hours else present
         if not closed:
             return {"table": name, **{f"{k}_before": v for k, v in before.items() if k != "partition_by"},
