@@ -24,6 +24,14 @@ gold.training_set (balanced, ALICCS trains on 50% 4G) restricted to the training
 standardized with the window's feature statistics (fitted on silver, unlabelled); the prefix
 groups are fitted on the training nodes only. A held-out node is scored on all of its labelled
 connections, in its own Wi-Fi/4G mix.
+
+The `*_nodestd` variants (and `gbdt_nodestd`) see every row, training and held-out, standardized
+per (node, hour) as the edge would (`deployed_node_standardization`: features/node_stats.py, the
+statistics `ccs train` and `ccs infer` apply): the node's trailing `model.node_stats.hours` of
+silver.node_stats, or the fleet's statistics where it has fewer than `min_conns` connections
+there. The result's `node_std` says how many (node, hour) partitions fell back and which, and
+each such variant's per-node rows carry `fleet_fallback_share` (the share of the node's scored
+rows standardized with the fleet's statistics).
 """
 from __future__ import annotations
 
@@ -40,6 +48,7 @@ import pandas as pd
 
 from ccselect import delta_io
 from ccselect.lake import table_path
+from features import node_stats
 from features.scaling import window_stats
 from models import configanator, gbdt
 from models.crossnode import cross_node_split, per_node, seed_average, summary
@@ -51,15 +60,41 @@ from models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainParams, fit
 log = logging.getLogger(__name__)
 
 CONFIGANATOR = "configanator"
-#: the skeptic's baselines (issue 28): a network variant on features re-standardized per node over
-#: each node's own traffic in the window (Unlabelled.per_node_standardized); and node domains on
-#: such features (aliccs_nodes_nodestd: its discriminator reads the re-standardized unlabelled rows)
+#: the skeptic's baselines (issue 28): a network variant on features standardized per (node, hour)
+#: as deployed (features/node_stats.py: silver.node_stats over the node's trailing
+#: `model.node_stats.hours`, the fleet's statistics below `min_conns`; what `ccs train` and
+#: `ccs infer` apply); and node domains on such features (aliccs_nodes_nodestd: its discriminator
+#: reads the unlabelled rows standardized the same way)
 NODESTD = ("mlp_nodestd", "aliccs_nodestd", "aliccs_nodes_nodestd")
-#: gradient-boosted trees on the same features, and on features re-standardized per node (issue 55)
+#: gradient-boosted trees on the same features, and on features standardized per node (issue 55)
 GBDT, GBDT_NODESTD = "gbdt", "gbdt_nodestd"
 ALL_VARIANTS = (*VARIANTS, *NODESTD, CONFIGANATOR, GBDT, GBDT_NODESTD)
 #: rows a node of the window lends to the node-domain discriminator and to the invariance probe
 UNLABELLED_PER_NODE = 2000
+
+
+def deployed_node_standardization(spark, cfg, stats, ns: node_stats.NodeStandardization, tr, te, unl=None) -> dict:
+    """The training, held-out and (with `unl`) unlabelled rows, fleet-standardized with `stats`,
+    standardized per (node, hour) as `ccs train` and `ccs infer` do (node_stats.lookup, then
+    from_fleet_z: the node's trailing `ns.hours` of silver.node_stats, the fleet's statistics
+    below `ns.min_conns`), with node_stats.summary's report of the partitions per source."""
+    parts = [(tr.node, tr.hour), (te.node, te.hour)] + ([(unl.node, unl.hour)] if unl is not None else [])
+    keys = {(str(n), str(h)) for node, hour in parts for n, h in zip(node, hour)}
+    table = node_stats.lookup(cfg, keys, stats, ns, spark)
+    scored = {(str(n), str(h)) for node, hour in parts[:2] for n, h in zip(node, hour)}
+    return {"train": node_stats.from_fleet_z(tr.x, tr.node, tr.hour, table, stats),
+            "test": node_stats.from_fleet_z(te.x, te.node, te.hour, table, stats),
+            "unlabelled": (node_stats.from_fleet_z(unl.x, unl.node, unl.hour, table, stats)
+                           if unl is not None else None),
+            # the report covers the labelled rows' partitions (those trained on or scored)
+            "report": node_stats.summary({k: v for k, v in table.items() if k in scored})}
+
+
+def _deployed(out: dict) -> str:
+    ns = out["node_std"]
+    return (f"per (node, hour) from {ns['table']}, trailing {ns['hours']} h, the fleet's statistics "
+            f"below {ns['min_conns']} connections")
+
 
 def _corr(a: pd.Series, b: pd.Series) -> float:
     if len(a) < 3 or a.std() == 0 or b.std() == 0:
@@ -96,8 +131,8 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
     window = window_name(lo, hi)
     t0 = time.time()
     stats, stats_path, _ = window_stats(spark, cfg, lo, hi)
-    # the unlabelled rows serve the networks' node domains and probe, and every per-node standardization
-    networks = [v for v in variants if v not in (CONFIGANATOR, GBDT)]
+    # the unlabelled rows serve the networks' node domains and probe
+    networks = [v for v in variants if v not in (CONFIGANATOR, GBDT, GBDT_NODESTD)]
     sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k,
                           unlabelled_per_node=UNLABELLED_PER_NODE if networks else 0)
     tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
@@ -116,7 +151,24 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
         params = replace(params, lambda1=g.lambda1, lambda2=g.lambda2)
         out["grid"] = {"lambda1": g.lambda1, "lambda2": g.lambda2}
     out["params"] = params.to_dict()
-    x_unl_nodestd = unl.per_node_standardized(unl.x, unl.node) if unl is not None else None
+    # per-node standardization as deployed: every row of (node, hour) standardized with the
+    # node's trailing statistics from silver.node_stats, or the fleet's (fleet_fallback) where
+    # the node has fewer than min_conns there; training and held-out rows alike
+    nsd, x_unl_nodestd, fallback_share = None, None, {}
+    if unl is not None or any(v in (*NODESTD, GBDT_NODESTD) for v in variants):
+        ns_cfg = cfg.settings.model.node_stats
+        ns = node_stats.NodeStandardization(ns_cfg.hours, ns_cfg.min_conns)
+        nsd = deployed_node_standardization(spark, cfg, stats, ns, tr, te, unl)
+        x_unl_nodestd = nsd["unlabelled"]
+        # per held-out node: the share of its scored rows standardized with the fleet's statistics
+        back = {tuple(p.split("/", 1)) for p in nsd["report"]["fallback_partitions"]}
+        on_fleet = np.array([(str(n), str(h)) in back for n, h in zip(te.node, te.hour)], dtype=bool)
+        fallback_share = pd.Series(on_fleet).groupby(np.asarray(te.node).astype(str)).mean().to_dict()
+        out["node_std"] = {"hours": ns.hours, "min_conns": ns.min_conns, "table": "silver.node_stats",
+                           **nsd["report"]}
+        say(f"per-node standardization as deployed ({ns.hours} h trailing, min {ns.min_conns} connections): "
+            f"{nsd['report']['node']} (node, hour) partitions on their node's statistics, "
+            f"{nsd['report']['fleet_fallback']} on the fleet's (fleet_fallback)")
     if unl is not None:
         # the probe's reference: the node read from the features themselves (every node's rows)
         out["probe"] = {"features": node_probe(unl.x, unl.node, seed),
@@ -143,18 +195,18 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
         elif v in (GBDT, GBDT_NODESTD):
             x_tr, x_te = tr.x, te.x
             if v == GBDT_NODESTD:
-                x_tr, x_te = unl.per_node_standardized(tr.x, tr.node), unl.per_node_standardized(te.x, te.node)
+                x_tr, x_te = nsd["train"], nsd["test"]
             model = gbdt.fit(x_tr, tr.y, seed)
             frames = [per_node(te.y, gbdt.predict_proba(model, x_te), te.node)]
             vparams = {"model": "HistGradientBoostingClassifier", "seed": seed,
-                       **({"standardized": "per node"} if v == GBDT_NODESTD else {})}
+                       **({"standardized": _deployed(out)} if v == GBDT_NODESTD else {})}
         else:
             base = v[:-len("_nodestd")] if v in NODESTD else v
             vdata, x_te, x_probe = data, te.x, (unl.x if unl is not None else None)
             if v in NODESTD:
-                vdata = replace(data, x=unl.per_node_standardized(data.x, tr.node),
+                vdata = replace(data, x=nsd["train"],
                                 x_unl=x_unl_nodestd if data.x_unl is not None else None)
-                x_te = unl.per_node_standardized(te.x, te.node)
+                x_te = nsd["test"]
                 x_probe = x_unl_nodestd
             frames = []
             for i in range(train_seeds):
@@ -163,10 +215,12 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
                 if i == 0 and x_probe is not None:  # G's output of the first seed's model
                     probe = node_probe(trainer.represent(x_probe), unl.node, seed)
             vparams = {**replace(params, variant=base).to_dict(), "train_seeds": train_seeds,
-                       **({"standardized": "per node"} if v in NODESTD else {})}
+                       **({"standardized": _deployed(out)} if v in NODESTD else {})}
         per_seed = [summary(f[f["node_id"].map(included).astype(bool)]) for f in frames]
         pn = seed_average(frames)
         pn["included"] = pn["node_id"].map(included).astype(bool)
+        if v in (*NODESTD, GBDT_NODESTD):
+            pn["fleet_fallback_share"] = pn["node_id"].map(fallback_share).astype(float)
         summ = summary(pn[pn["included"]])
         summ["train_seeds"] = len(frames)
         for m in ("mean", "worst", "std"):

@@ -132,6 +132,7 @@ class Unlabelled:
     nodes: list              # every node of the window, sorted
     node_mean: dict          # node -> [F] mean of its standardized features
     node_std: dict           # node -> [F] (population) std of them
+    hour: np.ndarray | None = None   # [N] each row's hour (per-(node, hour) standardization)
 
     def node_index(self, node: np.ndarray) -> np.ndarray:
         """Index of each row's node in `nodes` (-1: not a node of the window)."""
@@ -161,7 +162,7 @@ def load_unlabelled(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: F
     # (exact sums: the same statistics however Spark partitions the rows, features/scaling.py)
     whole = Window.partitionBy("node_id")
     w = Window.partitionBy("node_id").orderBy(F.xxhash64("conn_id"), "conn_id")
-    sample = (z.select("node_id", "conn_id", *[F.col("z_" + f).cast("float").alias("z_" + f) for f in feats],
+    sample = (z.select("node_id", "hour", "conn_id", *[F.col("z_" + f).cast("float").alias("z_" + f) for f in feats],
                        F.count(F.lit(1)).over(whole).alias("_n"),
                        *[exact_sum("z_" + f).over(whole).alias("s_" + f) for f in feats],
                        *[exact_square_sum("z_" + f).over(whole).alias("q_" + f) for f in feats],
@@ -177,7 +178,7 @@ def load_unlabelled(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: F
     pdf = pdf.drop(columns=["_n", *["s_" + f for f in feats], *["q_" + f for f in feats]])
     x = pdf[["z_" + f for f in feats]].to_numpy(dtype=np.float32) if len(pdf) else np.zeros((0, len(feats)), np.float32)
     return Unlabelled(np.ascontiguousarray(x), pdf["node_id"].astype(object).to_numpy(),
-                      sorted(node_mean), node_mean, node_std)
+                      sorted(node_mean), node_mean, node_std, pdf["hour"].astype(object).to_numpy())
 
 
 # -- to the trainer's arrays ---------------------------------------------------------------------

@@ -253,3 +253,59 @@ def test_ccs_train_of_a_nodestd_variant_records_its_standardization(spark, lake,
         {"hours": ns.hours, "min_conns": ns.min_conns}
     run = mlflow.get_run(out["run_id"])
     assert run.data.tags["variant"] == "mlp_nodestd" and run.data.params["standardization"] == "node"
+
+
+def test_ccs_evaluate_scores_nodestd_variants_on_the_deployed_statistics(spark, lake):
+    """`ccs evaluate`'s per-node standardized variants see the z `ccs infer` would apply: from
+    silver.node_stats over the node's trailing window, the fleet's statistics below min_conns.
+    With a one-hour window and a minimum just above every hour of one held-out node, that node is
+    scored wholly on the fleet's statistics and the result says so (its partitions listed as
+    fleet_fallback, its fleet_fallback_share 1); gbdt_nodestd's per-node accuracies are those of
+    the same boosted trees fitted on the rows node_stats.lookup + from_fleet_z give, which the
+    whole-window per-node statistics evaluate used before do not reproduce."""
+    from evaluation.evaluate import run_evaluation
+    from features import node_stats, scaling
+    from models import gbdt
+    from models.crossnode import per_node, split_nodes
+    from models.dataset import load_labelled, window_nodes
+    base = lake.cfg()
+    counts = _table(spark, base).select("node_id", "hour", "n").toPandas()
+    stats = scaling.load(lake.stats_path)
+    natural = load_labelled(spark, base, lake.lo, lake.hi, stats, balanced=False)
+    fleet = window_nodes(spark, base, lake.lo, lake.hi)
+    train_nodes, test_nodes = split_nodes(natural.node, 0.3, 3, fleet=fleet)
+    peak = counts.groupby("node_id")["n"].max()
+    starved = str(peak[test_nodes].idxmin())
+    min_conns = int(peak[starved]) + 1
+    assert (counts["n"] >= min_conns).any(), "some partitions must keep their node's statistics"
+    cfg = type(base)(path=base.path, raw={**base.raw, "model": {**base.raw.get("model", {}),
+                                                                 "node_stats": {"hours": 1, "min_conns": min_conns}}})
+    out = run_evaluation(spark, cfg, lake.lo, lake.hi, variants=("gbdt_nodestd", "mlp_nodestd"), seed=3,
+                         epochs=1, k=2, write=False)
+    assert out["test_nodes"] == test_nodes
+    ns = out["node_std"]
+    assert (ns["hours"], ns["min_conns"], ns["table"]) == (1, min_conns, "silver.node_stats")
+    assert ns["node"] > 0 and ns["fleet_fallback"] > 0
+    starved_hours = sorted(h for n, h in zip(natural.node, natural.hour) if n == starved)
+    assert {f"{starved}/{h}" for h in starved_hours} <= set(ns["fallback_partitions"])
+    for v in ("gbdt_nodestd", "mlp_nodestd"):
+        rows = {r["node_id"]: r for r in out["variants"][v]["per_node"]}
+        assert rows[starved]["fleet_fallback_share"] == 1.0, (v, rows[starved])
+        assert "silver.node_stats" in out["variants"][v]["params"]["standardized"]
+    # gbdt_nodestd reproduced from the deployed path
+    tr = load_labelled(spark, cfg, lake.lo, lake.hi, stats, nodes=train_nodes)
+    te = natural.of_nodes(test_nodes)
+    ns_obj = node_stats.NodeStandardization(1, min_conns)
+    table = node_stats.lookup(cfg, set(zip(tr.node, tr.hour)) | set(zip(te.node, te.hour)), stats, ns_obj, spark)
+    x_te = node_stats.from_fleet_z(te.x, te.node, te.hour, table, stats)
+    np.testing.assert_array_equal(x_te[te.node == starved], te.x[te.node == starved])  # the fleet's z
+    model = gbdt.fit(node_stats.from_fleet_z(tr.x, tr.node, tr.hour, table, stats), tr.y, 3)
+    want = per_node(te.y, gbdt.predict_proba(model, x_te), te.node).set_index("node_id")["accuracy"]
+    got = pd.Series({r["node_id"]: r["accuracy"] for r in out["variants"]["gbdt_nodestd"]["per_node"]})
+    pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)
+    # the check can fail: whole-window per-node statistics (what evaluate used before) score otherwise
+    from models.dataset import load_unlabelled
+    unl = load_unlabelled(spark, cfg, lake.lo, lake.hi, stats, 10)
+    old = gbdt.fit(unl.per_node_standardized(tr.x, tr.node), tr.y, 3)
+    before = per_node(te.y, gbdt.predict_proba(old, unl.per_node_standardized(te.x, te.node)), te.node)
+    assert not np.allclose(before.set_index("node_id")["accuracy"].sort_index().to_numpy(), want.sort_index().to_numpy())
