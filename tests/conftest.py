@@ -84,7 +84,8 @@ def main_job(tmp_path_factory, small_lake):
     file of the window), ccs_train learns from hours 00..04 (auto-promoted by the run), ccs_hourly
     runs at 06:00 on hour 05, then ccs_autoplex for 03:00–03:30. As root the table goes into the
     kernel of a throwaway two-node fleet and the run probes it with real connections; otherwise the
-    run stops at the signed artifact. Returns (cfg, result of app.run.main, autoplex run)."""
+    run stops at the signed artifact. Each step writes its rows and duration under
+    `<lake>/job-metrics` (pipeline.metrics_dir). Returns (cfg, result of app.run.main, autoplex run)."""
     import json
 
     import yaml
@@ -108,7 +109,7 @@ def main_job(tmp_path_factory, small_lake):
         lake.root, airflow={"home": str(lake.root / "airflow")},
         simulate={"out": lake.fleet_dir, **{k: p[k] for k in ("nodes", "hours", "start", "seed", "conns_per_node_hour")}},
         pipeline={**raw_section("pipeline"), "raw_dir": lake.fleet_dir, "epochs": 10, "deploy": deploy,
-                  "fleet": str(fleet_path)},
+                  "fleet": str(fleet_path), "metrics_dir": str(lake.root / "job-metrics")},
         model={**(m := raw_section("model")), "gate": {**m["gate"], "min_mean_accuracy": 0.5, "min_worst_accuracy": 0.0}},
         export={**(e := raw_section("export")), "rollout": {**e["rollout"], "health_wait_s": 0.3}})
     cfg = load_config(path)

@@ -94,6 +94,40 @@ def test_autoplex_dag_writes_the_period_that_just_ended(spark, main_job):
     assert periods == {"2026-11-01T03:00"}, periods
 
 
+def test_each_job_writes_its_rows_and_duration(spark, main_job):
+    """pipeline.metrics_dir (app/job_metrics.py): every step the DAGs ran wrote its file, ok, with
+    a duration; the rows are the lake's (hour 05's silver and predictions, the table's entries, the
+    training set), and ingest's quarantined lines by reason code sum to its quarantined rows."""
+    from pyspark.sql import functions as F
+
+    from test_metrics_jobs import parse, promtool_check
+    cfg, res, _ = main_job
+    d = cfg.settings.pipeline.metrics_dir
+    jobs = {"ingest", "infer", "export", "rollout", "training_set", "prefix_groups", "train", "promote",
+            "handshake_tree", "distill", "autoplex"}
+    assert {f"ccs-job-{j}.prom" for j in jobs} <= set(os.listdir(d)), sorted(os.listdir(d))
+    m = {}
+    for j in jobs:
+        path = os.path.join(d, f"ccs-job-{j}.prom")
+        promtool_check(path)
+        m[j] = parse(open(path).read())
+        assert m[j][("ccs_job_last_run_outcome", (("outcome", "ok"),))] == 1, (j, m[j])
+        assert m[j][("ccs_job_duration_seconds", ())] > 0, j
+    rows = {j: {k[1][0][1]: v for k, v in m[j].items() if k[0] == "ccs_job_rows"} for j in jobs}
+    hour = F.col("hour") == "2026-11-01T05"
+    silver = _delta(spark, cfg, "silver.connections").where(hour).count()
+    assert rows["ingest"]["silver"] == silver > 0, rows["ingest"]
+    assert rows["ingest"]["lines_read"] == rows["ingest"]["accepted"] + rows["ingest"]["quarantined"]
+    assert sum(v for k, v in m["ingest"].items() if k[0] == "ccs_job_rows_quarantined") == rows["ingest"]["quarantined"]
+    assert rows["infer"]["predictions"] == _delta(spark, cfg, "gold.predictions").where(hour).count() == silver
+    table = _delta(spark, cfg, "gold.cc_tables").first()
+    assert (rows["export"]["entries_v4"], rows["export"]["entries_v6"]) == (table["entries_v4"], table["entries_v6"])
+    window = "2026-11-01T00..2026-11-01T04"
+    assert rows["training_set"]["training"] == \
+        _delta(spark, cfg, "gold.training_set").where(F.col("window") == window).count() > 0
+    assert rows["autoplex"]["params"] == _delta(spark, cfg, "gold.autoplex_params").count() > 0
+
+
 def test_main_job_reuses_the_fleet_and_lake_and_prints_its_summary(main_job):
     cfg, res, _ = main_job
     assert res["ok"] and {"fleet", "backfill"} <= set(res["reused"]), res["reused"]
