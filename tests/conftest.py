@@ -110,7 +110,10 @@ def main_job(tmp_path_factory, small_lake):
         simulate={"out": lake.fleet_dir, **{k: p[k] for k in ("nodes", "hours", "start", "seed", "conns_per_node_hour")}},
         pipeline={**raw_section("pipeline"), "raw_dir": lake.fleet_dir, "epochs": 10, "deploy": deploy,
                   "fleet": str(fleet_path), "metrics_dir": str(lake.root / "job-metrics")},
-        model={**(m := raw_section("model")), "gate": {**m["gate"], "min_mean_accuracy": 0.5, "min_worst_accuracy": 0.0}},
+        # two selection candidates, not the shipped five: the run's selection step is what this
+        # covers (tests/test_select.py and tests/test_node_stats.py cover the per-node candidates)
+        model={**(m := raw_section("model")), "gate": {**m["gate"], "min_mean_accuracy": 0.5, "min_worst_accuracy": 0.0},
+               "select": {**m.get("select", {}), "candidates": ["mlp", "aliccs_nodes"]}},
         export={**(e := raw_section("export")), "rollout": {**e["rollout"], "health_wait_s": 0.3}})
     cfg = load_config(path)
     try:
