@@ -4,7 +4,9 @@
     bf16 (weights and activations cast; the CPU's AVX-512 bf16 paths), rows/s, with the 2 cores
     used two ways (`intra`: torch's intra-op pool; `split`: a Python thread per core, one intra-op
     thread each, as the Arrow engine runs it); bf16's accuracy change against fp32 on the
-    labelled rows (goal ≤ 0.1 point) and how many CC decisions change. Goal ≥ 10 M rows/s. Also
+    labelled rows (goal ≤ 0.1 point) and how many CC decisions change: a check of the cast on
+    this bench's own quick model and its training rows, not of accuracy; bf16 is judged on the
+    champion over held-out nodes by bench/champion_bf16.py. Goal ≥ 10 M rows/s. Also
     the same network compiled by torch.compile (`compiled_fp32`).
 (b) End to end, Delta to Delta: `ccs infer` over a silver.connections of `--rows` rows (the
     simulated fleet's silver replicated with fresh connection ids) into gold.predictions, with a

@@ -50,6 +50,8 @@ SOURCES = {
                   ["bench/results/freshness.json"]),
     "canary": ("The canary's sequential A/B: false rollbacks and time to roll back (issue 58)", "python bench/canary.py",
                ["bench/results/canary.json"]),
+    "champion-bf16": ("bf16 judged on the champion over held-out nodes (issue 55)", "python bench/champion_bf16.py",
+                      ["bench/results/champion_bf16.json"]),
     "issue57-rules": ("What issue 57's rules change on the default fleet's held-out nodes", "python bench/issue57_rules.py",
                       ["bench/results/issue57_rules.json"]),
 }

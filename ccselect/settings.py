@@ -344,7 +344,7 @@ class InferSettings(_Section):
     default_cc: str = "cubic"
     wifi_cc: str = "cubic"
     cell_cc: str = "bbr"
-    precision: str = "fp32"      # fp32 | bf16 (bench/infer.py measures bf16's accuracy change)
+    precision: str = "fp32"      # fp32 | bf16 (docs/results/champion-bf16.md: held-out accuracy)
     batch_rows: int = 65536      # rows per Arrow batch handed to the model
     # auto: the driver-side Arrow engine (models/infer_arrow.py: Delta files → torch → Delta, no
     # Spark executors) where it can run (a local lake, reader protocol 1), else the Spark job
