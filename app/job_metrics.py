@@ -13,6 +13,14 @@ and when it last succeeded (kept from the file before when a run fails or is ski
 Labels take bounded values: the job (the steps below), the row kind (fixed per job), and for
 ingest the stream and the quarantine reason's code (app.stream_metrics.reason_code). No hour, node
 or window is a label: those are unbounded over time; the step's result (its log line) names them.
+
+The rollout's freeze (export/delivery/freeze.py) is state of the artifact store, not a value of a
+job's run, so it has a file of its own beside the jobs', `ccs-rollout-freeze.prom`, written by one
+function (`write_freeze`) from the store's record: by the `rollout` step after every run (the
+hourly DAG's and the stream's: an automatic rollback's freeze shows at the latest with the next
+run), and at once by `ccs freeze`, `ccs unfreeze` and a `ccs rollout` whose gate froze the fleet.
+A file of its own, and not lines of `ccs-job-rollout.prom`, so those commands need not write back
+a run they did not make.
 """
 from __future__ import annotations
 
@@ -25,6 +33,8 @@ from typing import Callable
 
 from app.stream_metrics import add_by_reason, by_reason_samples
 from ccselect.config import Config, load_config
+from export.delivery import freeze
+from export.delivery.store import Store, store_for
 
 OUTCOMES = ("ok", "failed", "skipped")
 
@@ -108,17 +118,55 @@ def write(metrics_dir: str, job: str, outcome: str, ended: float, seconds: float
     return path
 
 
-def measured(job: str, skip_on: tuple[type[BaseException], ...] = ()):
+FREEZE_FILE = "ccs-rollout-freeze.prom"
+#: who froze, as the label `by`: the gate's automatic rollback (who: "rollout") or anyone else
+FROZEN_BY = ("operator", "rollout")
+
+
+def freeze_exposition(rec: dict | None) -> str:
+    """The freeze gauges of the store's record (None or an unfreeze record: not frozen)."""
+    frozen = bool(rec and rec.get("frozen"))
+    by = ("rollout" if rec.get("who") == "rollout" else "operator") if frozen else None
+    out = ["# HELP ccs_rollout_frozen Whether the artifact store is frozen (1 on the series of who froze it): "
+           "no table is published or rolled out but the pinned one.",
+           "# TYPE ccs_rollout_frozen gauge"]
+    out += [f'ccs_rollout_frozen{{by="{b}"}} {int(b == by)}' for b in FROZEN_BY]
+    if frozen:
+        out += ["# HELP ccs_rollout_frozen_since_timestamp_seconds When the freeze holding now began (Unix time).",
+                "# TYPE ccs_rollout_frozen_since_timestamp_seconds gauge",
+                f"ccs_rollout_frozen_since_timestamp_seconds {round(int(rec['at_ms']) / 1000, 3)!r}"]
+    return "\n".join(out) + "\n"
+
+
+def write_freeze(cfg: Config, store: Store | None = None) -> str | None:
+    """`<pipeline.metrics_dir>/ccs-rollout-freeze.prom` from the freeze record of `store` (default:
+    the configuration's, `export.rollout.store`), whole or not at all; → its path, None when
+    `pipeline.metrics_dir` is not set."""
+    metrics_dir = cfg.settings.pipeline.metrics_dir
+    if not metrics_dir:
+        return None
+    text = freeze_exposition(freeze.current(store or store_for(cfg)))
+    os.makedirs(metrics_dir, exist_ok=True)
+    path, tmp = os.path.join(metrics_dir, FREEZE_FILE), os.path.join(metrics_dir, f".{FREEZE_FILE}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
+def measured(job: str, skip_on: tuple[type[BaseException], ...] = (),
+             also: Callable[[Config], object] | None = None):
     """A pipeline step whose runs write the job's file when `pipeline.metrics_dir` is set: its
     duration and outcome always (an exception in `skip_on` is a skip, as the DAG takes it), its
-    rows when it succeeds. The step's result and exceptions pass through unchanged."""
+    rows when it succeeds; then `also(cfg)` (the rollout's freeze file), whatever the outcome. The
+    step's result and exceptions pass through unchanged."""
     def wrap(step):
         sig = inspect.signature(step)
 
         @functools.wraps(step)
         def run(*args, **kwargs):
-            cfg: Config | None = sig.bind(*args, **kwargs).arguments.get("cfg")
-            metrics_dir = (cfg or load_config()).settings.pipeline.metrics_dir
+            cfg: Config = sig.bind(*args, **kwargs).arguments.get("cfg") or load_config()
+            metrics_dir = cfg.settings.pipeline.metrics_dir
             t0 = time.monotonic()
             outcome, result = "failed", None
             try:
@@ -134,5 +182,10 @@ def measured(job: str, skip_on: tuple[type[BaseException], ...] = ()):
                         write(metrics_dir, job, outcome, time.time(), time.monotonic() - t0, result)
                     except Exception as exc:   # the metrics never fail the job (said in its log)
                         print(f"ccs job metrics: {job_file(metrics_dir, job)}: {exc}", flush=True)
+                    if also is not None:
+                        try:
+                            also(cfg)
+                        except Exception as exc:
+                            print(f"ccs job metrics: {job}: {exc}", flush=True)
         return run
     return wrap

@@ -2,7 +2,8 @@
 in dags/ only wire these, and `make run` calls the DAGs. Every step is keyed by its hour, period
 or window and is safe to repeat (the jobs underneath replace their partitions). With
 `pipeline.metrics_dir` set, each step's run writes its rows and duration there
-(app/job_metrics.py: `ccs-job-<job>.prom` for node_exporter's textfile collector)."""
+(app/job_metrics.py: `ccs-job-<job>.prom` for node_exporter's textfile collector), and a rollout
+also the store's freeze (`ccs-rollout-freeze.prom`)."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,7 @@ import os
 import sys
 from datetime import datetime, datetime as _dt, timedelta, timezone
 
-from app.job_metrics import measured
+from app.job_metrics import measured, write_freeze
 from ccselect.config import Config, load_config
 from ccselect.hours import HOUR_FMT, hour_of
 from ccselect.spark import get_spark
@@ -130,7 +131,7 @@ class TableRefused(RuntimeError):
     """A guard refused the table: a verdict on this table, which retrying cannot change."""
 
 
-@measured("rollout")
+@measured("rollout", also=write_freeze)
 def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None = None) -> dict:
     """Guards, publish to the artifact store, then the fleet (canaries first). The fleet step needs
     root (eBPF); without it — or with `pipeline.deploy: false` — the run stops at the published,

@@ -19,7 +19,7 @@ import yaml
 from ccselect.settings import Settings, from_raw
 
 _VAR = re.compile(r"\$\{([a-zA-Z_][a-zA-Z0-9_]*)\}")
-_PATH_KEYS = {"data_root", "root", "artifact_root", "home", "out", "raw_dir", "fleet"}
+_PATH_KEYS = {"data_root", "root", "artifact_root", "home", "out", "raw_dir", "fleet", "metrics_dir"}
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

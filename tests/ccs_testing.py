@@ -34,14 +34,17 @@ def raw_section(name: str) -> dict:
 
 def write_cluster_config(root: Path, **overrides) -> Path:
     """infra/conf/cluster-local.yaml with its local folders under `root` (the topology's servers'
-    data and logs, Airflow's home, the exported tables, the keys); its ports kept. `overrides`
-    replace whole sections."""
+    data and logs, Airflow's home, the exported tables, the keys, the jobs' textfiles); its ports
+    kept. `overrides` replace whole sections."""
     raw = yaml.safe_load((REPO / "infra" / "conf" / "cluster-local.yaml").read_text())
     raw["cluster"]["home"] = str(root / "cluster")
     raw["airflow"]["home"] = str(root / "cluster" / "airflow")
     raw["export"]["out"] = str(root / "export")
     raw["export"]["keys_dir"] = str(root / "keys")
+    shipped = raw["pipeline"]["metrics_dir"]
     raw.update(overrides)
+    if raw["pipeline"].get("metrics_dir") == shipped:   # a pipeline override copied from the file keeps it
+        raw["pipeline"]["metrics_dir"] = str(root / "cluster" / "monitoring" / "textfile")
     path = root / "cluster-local.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path

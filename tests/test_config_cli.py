@@ -32,15 +32,22 @@ def test_cluster_config_has_the_same_keys():
         return {pre + k for k, v in d.items()} | {x for k, v in d.items() if isinstance(v, dict) and k != "conf"
                                                   for x in keys(v, pre + k + ".")}
     # a deployment adds only where its servers are (the object store, the tracking server's and
-    # Airflow's databases, the API server) and what `ccs cluster up` starts on one machine
+    # Airflow's databases, the API server, the textfile folder its node_exporter serves) and what
+    # `ccs cluster up` starts on one machine
     deployment = {"object_store", "object_store.endpoint", "cluster", "cluster.home", "cluster.buckets",
                   "cluster.prometheus", "cluster.alertmanager", "cluster.platform_exporter",
-                  "mlflow.backend_store_uri", "airflow.sql_alchemy_conn", "airflow.api_url"}
+                  "mlflow.backend_store_uri", "airflow.sql_alchemy_conn", "airflow.api_url",
+                  "pipeline.metrics_dir"}
     assert keys(cluster) - keys(local) == deployment and keys(local) <= keys(cluster)
     one_machine = yaml.safe_load((REPO / "infra/conf/cluster-local.yaml").read_text())
     assert keys(one_machine) == keys(cluster), "the one-machine topology shares the cluster's keys"
     cfg = load_config(REPO / "infra/conf/cluster.yaml")
     assert cfg.settings.lake.root == "s3a://ccselect-lake/lake", "remote paths stay untouched"
+    from app.cluster.monitoring import platform_textfile_dir
+    for f in ("cluster.yaml", "cluster-local.yaml"):
+        c = load_config(REPO / "infra/conf" / f)
+        assert c.settings.pipeline.metrics_dir == str(platform_textfile_dir(c)), \
+            f"{f}: the jobs' textfiles where the platform exporter serves them"
 
 
 def test_env_and_overrides(tmp_path, monkeypatch):

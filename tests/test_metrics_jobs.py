@@ -68,6 +68,7 @@ def test_a_step_writes_its_outcome_duration_and_last_success(tmp_path):
 def test_no_metrics_dir_no_file(cfg, tmp_path):
     assert cfg.settings.pipeline.metrics_dir is None
     pipeline.promote_if_configured("1", cfg, auto=False)
+    assert job_metrics.write_freeze(cfg) is None
     assert not any(p.name.endswith(".prom") for p in tmp_path.rglob("*"))
 
 
@@ -86,3 +87,48 @@ def test_ingest_rows_and_quarantine_by_reason_code(tmp_path):
     assert q == {("bad_json", "transport"): 2, ("missing_key", "transport"): 3}
     assert m[("ccs_job_duration_seconds", ())] == 12.5
     promtool_check(path)
+
+
+def test_the_freeze_gauge_follows_ccs_freeze_unfreeze_and_the_rollout_step(tmp_path):
+    """ccs-rollout-freeze.prom (app/job_metrics.write_freeze) on a folder store: `ccs freeze` and
+    `ccs unfreeze` rewrite it at once; a freeze made without it (a gate's rollback inside a
+    rollout, who: rollout) shows after the next rollout step, here one that fails before its work
+    (no fleet file)."""
+    from typer.testing import CliRunner
+
+    from app.cli import app
+    from ccselect.config import load_config
+    from export.delivery import freeze
+    from export.delivery.store import store_for
+    textfile = tmp_path / "textfile"
+    path = write_config(tmp_path, pipeline={**raw_section("pipeline"), "metrics_dir": str(textfile),
+                                            "fleet": str(tmp_path / "no-fleet.yaml")})
+    cfg = load_config(path)
+    gauge = textfile / job_metrics.FREEZE_FILE
+
+    r = CliRunner().invoke(app, ["freeze", "--reason", "v2 doubled retransmissions on pop-7", "--who", "ana@ops",
+                                 "--config", str(path)])
+    assert r.exit_code == 0, r.output
+    rec = freeze.current(store_for(cfg))
+    m = parse(gauge.read_text())
+    assert m == {("ccs_rollout_frozen", (("by", "operator"),)): 1, ("ccs_rollout_frozen", (("by", "rollout"),)): 0,
+                 ("ccs_rollout_frozen_since_timestamp_seconds", ()): rec["at_ms"] / 1000}, m
+    promtool_check(gauge)
+
+    r = CliRunner().invoke(app, ["unfreeze", "--reason", "pop-7's clients fixed", "--config", str(path)])
+    assert r.exit_code == 0, r.output
+    m = parse(gauge.read_text())
+    assert m == {("ccs_rollout_frozen", (("by", "operator"),)): 0, ("ccs_rollout_frozen", (("by", "rollout"),)): 0}, m
+    promtool_check(gauge)
+
+    # the gate's own freeze, as export/delivery/rollout.deploy writes it: no file rewritten yet
+    rec = freeze.freeze(store_for(cfg), "table 0:2 rolled back on cohort canary: retransmissions up", who="rollout")
+    assert parse(gauge.read_text())[("ccs_rollout_frozen", (("by", "rollout"),))] == 0
+    with pytest.raises(FileNotFoundError, match="no-fleet.yaml"):
+        pipeline.rollout(2, cfg)
+    m = parse(gauge.read_text())
+    assert m == {("ccs_rollout_frozen", (("by", "operator"),)): 0, ("ccs_rollout_frozen", (("by", "rollout"),)): 1,
+                 ("ccs_rollout_frozen_since_timestamp_seconds", ()): rec["at_ms"] / 1000}, m
+    assert parse((textfile / "ccs-job-rollout.prom").read_text())[
+        ("ccs_job_last_run_outcome", (("outcome", "failed"),))] == 1
+    assert sorted(os.listdir(textfile)) == ["ccs-job-rollout.prom", job_metrics.FREEZE_FILE], "no temporary file left"

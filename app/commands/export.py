@@ -11,6 +11,7 @@ from typing import Optional
 
 import typer
 
+from app.job_metrics import write_freeze
 from ccselect.config import load_config
 from ccselect.hours import parse_hours
 from ccselect.spark import get_spark
@@ -129,6 +130,8 @@ def rollout_cmd(
     except (GuardRefused, Frozen) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2)
+    if res.get("freeze"):        # the gate rolled the table back and froze the fleet
+        _freeze_metrics(cfg)
     typer.echo(json.dumps(res, indent=1, default=str))
     if not res["ok"]:
         raise typer.Exit(1)
@@ -176,6 +179,19 @@ def rollout_status_cmd(
                    f"at {r['minute']:g} min: {r['decision']} — {r['reason']}")
 
 
+def _freeze_metrics(cfg) -> None:
+    """The freeze gauges rewritten at once (app/job_metrics.py, with `pipeline.metrics_dir`), so
+    CcsRolloutFrozen does not wait for the next rollout step; from the configured store, which is
+    what that step reads. A failure is said and leaves the freeze as it is."""
+    try:
+        path = write_freeze(cfg)
+    except Exception as exc:  # noqa: BLE001 — the freeze itself holds; only its gauge is late
+        typer.echo(f"freeze metrics not written: {exc}", err=True)
+        return
+    if path:
+        typer.echo(f"freeze metrics: {path}", err=True)
+
+
 def freeze_cmd(
     reason: str = typer.Option(..., "--reason", help="why (kept in the store's freeze record and log)"),
     who: Optional[str] = typer.Option(None, "--who", help="who freezes (default: user@host)"),
@@ -196,6 +212,7 @@ def freeze_cmd(
         typer.echo(str(exc), err=True)
         raise typer.Exit(2)
     typer.echo(freeze.describe(rec), err=True)
+    _freeze_metrics(cfg)
     out = {"freeze": rec}
     if fleet and rec["pinned"] is not None:
         fl, _ = fleet_and_store(cfg, fleet, store_url)
@@ -222,6 +239,7 @@ def unfreeze_cmd(
     except (StoreError, ValueError) as exc:
         typer.echo(str(exc), err=True)
         raise typer.Exit(2)
+    _freeze_metrics(cfg)
     typer.echo(json.dumps(rec, indent=1))
 
 
