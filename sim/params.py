@@ -4,7 +4,7 @@ pick and docs/simulator.md says so.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from ccselect.settings import SimulateSettings
@@ -214,45 +214,71 @@ class SimParams:
     preset: str | None = None
 
     @classmethod
-    def from_settings(cls, s: SimulateSettings, preset: str | None = None, **overrides: Any) -> "SimParams":
+    def from_settings(cls, s: SimulateSettings, preset: str | None = None, shift_severity: float | None = None,
+                      **overrides: Any) -> "SimParams":
         """The fleet of the configuration's `simulate:` section (its size, first hour and seed);
-        every other knob keeps its default here unless the named `preset` (PRESETS) or
-        `overrides` give it (overrides win)."""
+        every other knob keeps its default here unless the named `preset` (PRESETS), the stress
+        knob `shift_severity` (`shift_knobs`: the strong-shift preset's knobs scaled; recorded
+        in `extra`) or `overrides` give it (overrides win)."""
         if preset is not None and preset not in PRESETS:
             raise ValueError(f"unknown simulator preset {preset!r}; one of {sorted(PRESETS)}")
+        if preset is not None and shift_severity is not None:
+            raise ValueError("give a preset or a shift severity, not both")
+        knobs = PRESETS[preset] if preset else {}
+        if shift_severity is not None:
+            knobs = {**shift_knobs(shift_severity), "extra": {"shift_severity": float(shift_severity)}}
         return cls(**{"nodes": s.nodes, "hours": s.hours, "start": s.start, "seed": s.seed,
                       "conns_per_node_hour": s.conns_per_node_hour,
-                      **(PRESETS[preset] if preset else {}), "preset": preset, **overrides})
+                      **knobs, "preset": preset, **overrides})
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+#: Nodes that differ as production's do (issue 28): a fleet reaching beyond one country's
+#: provinces (ALICCS §1 serves ~400 nodes "in China and Southeast Asia"), where what depends on
+#: the node's position and access plant varies far more than in the default fleet. The
+#: `strong_shift` preset, and severity 1 of the stress knob `shift_knobs`.
+STRONG_SHIFT: dict[str, float] = {
+    # Configanator §5: p95 RTT 100-180 ms in the GlobalCDN, MAWI and Pantheon traces against
+    # ~60 ms in the US-based FCC and CAIDA ones: node RTT levels 2-3x apart, up to 180 ms, a
+    # median node farther from its clients than a provincial one (20 ms against 9)
+    "node_rtt_median_ms": 20.0,
+    "node_rtt_sigma": 1.2,
+    "node_rtt_max_ms": 180.0,
+    # ALICCS §3.1: buffer sizes differ across CDN nodes; lognormal σ 0.7 puts the extremes of
+    # 20 nodes ~4x apart (our pick)
+    "node_buffer_sigma": 0.7,
+    # tunnels and odd access plants on half the nodes and branches rather than a quarter to a
+    # third (ALICCS §3.1 "significant deviations in feature distribution"; our pick)
+    "node_tunnel_share": 0.5,
+    "odd_broadband_share": 0.5,
+    "odd_cellular_share": 0.5,
+    # the branch access-RTT spread of the default before its cap (σ 0.8; the cap against 5G
+    # keeps BBR-E2E §III's ordering: cellular slower than broadband in every branch)
+    "access_branch_sigma": 0.8,
+    # half the nodes in a carrier's IDC (regional CDNs rent carrier racks; our pick)
+    "in_carrier_node_share": 0.5,
+}
+
+#: knobs of STRONG_SHIFT that are shares of nodes or branches: kept inside [0, 1]
+_SHARES = ("node_tunnel_share", "odd_broadband_share", "odd_cellular_share", "in_carrier_node_share")
+
+
+def shift_knobs(severity: float) -> dict[str, float]:
+    """The node-level shift as one stress knob (issue 55; docs/simulator.md "Presets"): each knob
+    of STRONG_SHIFT at (1 − severity) · the default fleet's value + severity · the preset's.
+    Severity 0 is the default fleet's knobs, 1 the `strong_shift` preset exactly; above 1 the
+    knobs go on along the same line (shares clipped to 1). Most of these knobs are our picks, so
+    the severity is declared a stress knob and swept (bench/shift_sweep.py), never tuned to a bar."""
+    if not severity >= 0:
+        raise ValueError(f"shift severity must be ≥ 0, got {severity}")
+    default = {f.name: f.default for f in fields(SimParams)}
+    s = float(severity)
+    out = {k: (1.0 - s) * default[k] + s * v for k, v in STRONG_SHIFT.items()}
+    return {k: min(1.0, v) if k in _SHARES else v for k, v in out.items()}
+
+
 #: Named sets of knobs (`ccs simulate --preset NAME`); docs/simulator.md "Presets" gives each
 #: value's source. The default fleet is no preset.
-PRESETS: dict[str, dict[str, Any]] = {
-    # Nodes that differ as production's do (issue 28): a fleet reaching beyond one country's
-    # provinces (ALICCS §1 serves ~400 nodes "in China and Southeast Asia"), where what depends on
-    # the node's position and access plant varies far more than in the default fleet.
-    "strong_shift": {
-        # Configanator §5: p95 RTT 100-180 ms in the GlobalCDN, MAWI and Pantheon traces against
-        # ~60 ms in the US-based FCC and CAIDA ones: node RTT levels 2-3x apart, up to 180 ms, a
-        # median node farther from its clients than a provincial one (20 ms against 9)
-        "node_rtt_median_ms": 20.0,
-        "node_rtt_sigma": 1.2,
-        "node_rtt_max_ms": 180.0,
-        # ALICCS §3.1: buffer sizes differ across CDN nodes; lognormal σ 0.7 puts the extremes of
-        # 20 nodes ~4x apart (our pick)
-        "node_buffer_sigma": 0.7,
-        # tunnels and odd access plants on half the nodes and branches rather than a quarter to a
-        # third (ALICCS §3.1 "significant deviations in feature distribution"; our pick)
-        "node_tunnel_share": 0.5,
-        "odd_broadband_share": 0.5,
-        "odd_cellular_share": 0.5,
-        # the branch access-RTT spread of the default before its cap (σ 0.8; the cap against 5G
-        # keeps BBR-E2E §III's ordering: cellular slower than broadband in every branch)
-        "access_branch_sigma": 0.8,
-        # half the nodes in a carrier's IDC (regional CDNs rent carrier racks; our pick)
-        "in_carrier_node_share": 0.5,
-    },
-}
+PRESETS: dict[str, dict[str, Any]] = {"strong_shift": shift_knobs(1.0)}

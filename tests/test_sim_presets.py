@@ -55,3 +55,27 @@ def test_the_node_buffer_multiplier_scales_the_bottleneck_buffer():
     deep = physics.draw_path(np.random.default_rng(3), **args, buffer_mult=2.5)
     np.testing.assert_allclose(deep.buffer_ms, 2.5 * one.buffer_ms)
     np.testing.assert_array_equal(deep.min_rtt_ms, one.min_rtt_ms)
+
+
+def test_shift_severity_scales_the_preset_from_the_default_fleet():
+    """The stress knob (issue 55): severity 0 is the default fleet's knobs, 1 the strong_shift
+    preset's values exactly (as docs/simulator.md tabulates them), halfway lies halfway, shares
+    stay ≤ 1 beyond 1; from_settings records the severity and refuses it beside a preset."""
+    from sim.params import STRONG_SHIFT, shift_knobs
+    table = {"node_rtt_median_ms": 20.0, "node_rtt_sigma": 1.2, "node_rtt_max_ms": 180.0, "node_buffer_sigma": 0.7,
+             "node_tunnel_share": 0.5, "odd_broadband_share": 0.5, "odd_cellular_share": 0.5,
+             "access_branch_sigma": 0.8, "in_carrier_node_share": 0.5}
+    assert STRONG_SHIFT == table and PRESETS["strong_shift"] == table == shift_knobs(1.0)
+    default = SimParams()
+    assert shift_knobs(0.0) == {k: getattr(default, k) for k in table}
+    half = shift_knobs(0.5)
+    assert half["node_rtt_median_ms"] == pytest.approx(14.5) and half["node_tunnel_share"] == pytest.approx(0.375)
+    assert all(shift_knobs(5.0)[k] == 1.0 for k in ("node_tunnel_share", "odd_broadband_share",
+                                                   "odd_cellular_share", "in_carrier_node_share"))
+    p = SimParams.from_settings(_settings(), shift_severity=0.5)
+    assert p.extra == {"shift_severity": 0.5} and p.node_rtt_sigma == pytest.approx(half["node_rtt_sigma"])
+    assert SimParams.from_settings(_settings(), shift_severity=0.0).node_rtt_median_ms == default.node_rtt_median_ms
+    with pytest.raises(ValueError):
+        SimParams.from_settings(_settings(), "strong_shift", shift_severity=0.5)
+    with pytest.raises(ValueError):
+        shift_knobs(-0.1)
