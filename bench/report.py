@@ -52,6 +52,8 @@ SOURCES = {
                ["bench/results/canary.json"]),
     "champion-bf16": ("bf16 judged on the champion over held-out nodes (issue 55)", "python bench/champion_bf16.py",
                       ["bench/results/champion_bf16.json"]),
+    "shift-sweep": ("The strong-shift stress knob swept: each variant's gain along it (issue 55)",
+                    "python bench/shift_sweep.py", ["bench/results/shift_sweep.json"]),
     "issue57-rules": ("What issue 57's rules change on the default fleet's held-out nodes", "python bench/issue57_rules.py",
                       ["bench/results/issue57_rules.json"]),
 }
