@@ -36,6 +36,8 @@ SOURCES = {
     "kernel-flow": ("Kernel: the flow tree's cost (issue 27)", "python bench/kernel.py --flow",
                     ["bench/results/kernel_flow.json"]),
     "ingest": ("Ingest: files to silver, Spark vs DuckDB", "python bench/ingest.py", ["bench/results/ingest.json"]),
+    "ingest-dedup": ("Ingest: the cost of deduplication by identity (issue 61)",
+                     "python bench/ingest_dedup.py --data DIR --before WT --after WT", ["bench/results/ingest_dedup.json"]),
     "train": ("Training speed", "python bench/train.py", ["{data}/bench/train.json", "bench/results/train.json"]),
     "infer": ("Inference speed", "python bench/infer.py", ["bench/results/infer.json", "{data}/bench/infer.json"]),
     "export": ("Export: predictions to a signed table, Spark vs DuckDB", "python bench/export.py", ["bench/results/export.json"]),
