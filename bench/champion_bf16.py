@@ -20,13 +20,12 @@ from __future__ import annotations
 
 import argparse
 import copy
-import hashlib
 import json
 import os
 import sys
 import time
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -34,38 +33,15 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.ingest import bench_config  # noqa: E402
-from ccselect.hours import HOUR_FMT  # noqa: E402
+from bench.ingest import bench_config, simulated_lake  # noqa: E402
 from sim.params import SimParams  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
 
 def lake(root: Path, params: SimParams, say) -> tuple:
-    """(cfg, lo, hi, the fleet's info) of a lake holding the fleet `params` simulates, simulated
-    and ingested unless already there (its `ingested.json` names the same knobs)."""
-    from ccselect.spark import get_spark
-    from jobs import ingest
-    from sim.fleet import simulate
-    cfg = bench_config(root)
-    digest = hashlib.sha256(json.dumps(params.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
-    start = datetime.fromisoformat(params.start).replace(tzinfo=timezone.utc)
-    lo, hi = start.strftime(HOUR_FMT), (start + timedelta(hours=params.hours - 1)).strftime(HOUR_FMT)
-    marker = root / "ingested.json"
-    if marker.exists() and json.loads(marker.read_text()).get("digest") == digest:
-        say(f"{root}: reusing the lake of the same fleet")
-        return cfg, lo, hi, json.loads(marker.read_text())
-    raw = str(root / "raw")
-    t0 = time.time()
-    manifest = simulate(params, raw, workers=2, progress=False)
-    t1 = time.time()
-    res = ingest.run(get_spark(cfg, "bench-heldout"), cfg, raw, (lo, hi))
-    info = {"digest": digest, "nodes": params.nodes, "hours": params.hours,
-            "conns_per_node_hour": params.conns_per_node_hour, "seed": params.seed, "extra": params.extra,
-            "connections": manifest["counts"]["transport"], "silver_rows": res.get("silver_rows"),
-            "simulate_s": round(t1 - t0, 1), "ingest_s": round(time.time() - t1, 1)}
-    marker.write_text(json.dumps(info))
-    say(f"{root}: {info['connections']:,} connections simulated in {info['simulate_s']} s, ingested in {info['ingest_s']} s")
-    return cfg, lo, hi, info
+    """(cfg, lo, hi, the fleet's info) of a lake holding the fleet `params` simulates
+    (bench.ingest.simulated_lake)."""
+    return simulated_lake(root, params, say, app="bench-heldout")
 
 
 def select_champion(spark, cfg, lo: str, hi: str, share: float, seed: int, k: int | None, say) -> dict:

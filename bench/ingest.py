@@ -9,6 +9,7 @@ this machine stands next to the goal. Writes bench/results/ingest.json and print
 from __future__ import annotations
 
 import argparse
+import hashlib
 import ipaddress
 import json
 import os
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 import zlib
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import psutil
@@ -24,6 +26,7 @@ import yaml
 
 from ccselect.config import load_config
 from ccselect.contract import FIELDS
+from ccselect.hours import HOUR_FMT
 from ccselect.spark import get_spark
 from sim.params import SimParams
 # Imported inside the functions that use them (heavy, not needed to import this module): duckdb, and our modules that load them.
@@ -166,6 +169,34 @@ def bench_config(root: Path, data_root: Path | None = None):
     root.mkdir(parents=True, exist_ok=True)
     (root / "ccs.yaml").write_text(yaml.safe_dump(raw))
     return load_config(root / "ccs.yaml")
+
+
+def simulated_lake(root: Path, params: SimParams, say, app: str = "bench-lake", **info) -> tuple:
+    """(cfg, lo, hi, the fleet's info) of a lake under `root` (bench_config) holding the fleet
+    `params` simulates, simulated and ingested unless already there (its `ingested.json` names the
+    same knobs); `info` is added to what the marker records (e.g. the preset's name)."""
+    from jobs import ingest
+    from sim.fleet import simulate
+    cfg = bench_config(root)
+    digest = hashlib.sha256(json.dumps(params.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
+    start = datetime.fromisoformat(params.start).replace(tzinfo=timezone.utc)
+    lo, hi = start.strftime(HOUR_FMT), (start + timedelta(hours=params.hours - 1)).strftime(HOUR_FMT)
+    marker = root / "ingested.json"
+    if marker.exists() and json.loads(marker.read_text()).get("digest") == digest:
+        say(f"{root}: reusing the lake of the same fleet")
+        return cfg, lo, hi, json.loads(marker.read_text())
+    raw = str(root / "raw")
+    t0 = time.time()
+    manifest = simulate(params, raw, workers=2, progress=False)
+    t1 = time.time()
+    res = ingest.run(get_spark(cfg, app), cfg, raw, (lo, hi))
+    out = {"digest": digest, **info, "nodes": params.nodes, "hours": params.hours,
+           "conns_per_node_hour": params.conns_per_node_hour, "seed": params.seed, "extra": params.extra,
+           "connections": manifest["counts"]["transport"], "silver_rows": res.get("silver_rows"),
+           "simulate_s": round(t1 - t0, 1), "ingest_s": round(time.time() - t1, 1)}
+    marker.write_text(json.dumps(out))
+    say(f"{root}: {out['connections']:,} connections simulated in {out['simulate_s']} s, ingested in {out['ingest_s']} s")
+    return cfg, lo, hi, out
 
 
 def duckdb_columns(stream: str) -> str:

@@ -19,20 +19,18 @@ than 0.3 points on mean or worst.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import sys
 import time
 from dataclasses import replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.ingest import bench_config  # noqa: E402
-from ccselect.hours import HOUR_FMT  # noqa: E402
 from sim.params import SimParams  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
@@ -47,32 +45,10 @@ REFERENCES = ("mlp", "configanator", "mlp_nodestd", "aliccs_nodestd")
 
 
 def lake(root: Path, preset: str | None, nodes: int, hours: int, conns: int, seed: int, say) -> tuple:
-    """(cfg, lo, hi, the fleet's info) of a lake holding the fleet, simulated and ingested unless
-    already there (its `ingested.json` names the same fleet)."""
-    from ccselect.spark import get_spark
-    from jobs import ingest
-    from sim.fleet import simulate
-    cfg = bench_config(root)
-    params = replace(SimParams.from_settings(cfg.settings.simulate, preset), nodes=nodes, hours=hours,
-                     conns_per_node_hour=conns, seed=seed, start="2026-11-01T00:00:00")
-    digest = hashlib.sha256(json.dumps(params.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
-    start = datetime.fromisoformat(params.start).replace(tzinfo=timezone.utc)
-    lo, hi = start.strftime(HOUR_FMT), (start + timedelta(hours=hours - 1)).strftime(HOUR_FMT)
-    marker = root / "ingested.json"
-    if marker.exists() and json.loads(marker.read_text()).get("digest") == digest:
-        say(f"{root}: reusing the lake of the same fleet")
-        return cfg, lo, hi, json.loads(marker.read_text())
-    raw = str(root / "raw")
-    t0 = time.time()
-    manifest = simulate(params, raw, workers=2, progress=False)
-    t1 = time.time()
-    res = ingest.run(get_spark(cfg, "bench-invariance"), cfg, raw, (lo, hi))
-    info = {"digest": digest, "preset": preset, "nodes": nodes, "hours": hours, "conns_per_node_hour": conns,
-            "seed": seed, "connections": manifest["counts"]["transport"], "silver_rows": res.get("silver_rows"),
-            "simulate_s": round(t1 - t0, 1), "ingest_s": round(time.time() - t1, 1)}
-    marker.write_text(json.dumps(info))
-    say(f"{root}: {info['connections']:,} connections simulated in {info['simulate_s']} s, ingested in {info['ingest_s']} s")
-    return cfg, lo, hi, info
+    """(cfg, lo, hi, the fleet's info) of a lake holding the fleet (bench.ingest.simulated_lake)."""
+    params = replace(SimParams.from_settings(bench_config(root).settings.simulate, preset), nodes=nodes,
+                     hours=hours, conns_per_node_hour=conns, seed=seed, start="2026-11-01T00:00:00")
+    return simulated_lake(root, params, say, app="bench-invariance", preset=preset)
 
 
 def table(res: dict) -> dict:
