@@ -35,6 +35,8 @@ SOURCES = {
     "kernel": ("Kernel enforcer cost", "python bench/kernel.py", ["bench/results/kernel.json"]),
     "kernel-flow": ("Kernel: the flow tree's cost (issue 27)", "python bench/kernel.py --flow",
                     ["bench/results/kernel_flow.json"]),
+    "metrics-cost": ("Kernel: the cost of the agent's metrics scraped every second (issue 59)",
+                     "python bench/metrics_cost.py", ["bench/results/metrics_cost.json"]),
     "ingest": ("Ingest: files to silver, Spark vs DuckDB", "python bench/ingest.py", ["bench/results/ingest.json"]),
     "ingest-dedup": ("Ingest: the cost of deduplication by identity (issue 61)",
                      "python bench/ingest_dedup.py --data DIR --before WT --after WT", ["bench/results/ingest_dedup.json"]),
