@@ -31,7 +31,7 @@ import re
 import time
 from typing import Callable
 
-from app.stream_metrics import add_by_reason, by_reason_samples
+from app.stream_metrics import add_by_reason, by_reason_samples, write_textfile
 from ccselect.config import Config, load_config
 from export.delivery import freeze
 from export.delivery.store import Store, store_for
@@ -110,12 +110,7 @@ def write(metrics_dir: str, job: str, outcome: str, ended: float, seconds: float
         rows = ROWS[job](result) if job in ROWS else {}
         if job == "ingest":
             add_by_reason(quarantined, {st: s.get("by_reason") or {} for st, s in (result.get("streams") or {}).items()})
-    os.makedirs(metrics_dir, exist_ok=True)
-    tmp = os.path.join(metrics_dir, f".ccs-job-{job}.prom.tmp")
-    with open(tmp, "w") as f:
-        f.write(exposition(job, outcome, ended, seconds, rows, quarantined, last))
-    os.replace(tmp, path)
-    return path
+    return write_textfile(path, exposition(job, outcome, ended, seconds, rows, quarantined, last))
 
 
 FREEZE_FILE = "ccs-rollout-freeze.prom"
@@ -146,12 +141,7 @@ def write_freeze(cfg: Config, store: Store | None = None) -> str | None:
     if not metrics_dir:
         return None
     text = freeze_exposition(freeze.current(store or store_for(cfg)))
-    os.makedirs(metrics_dir, exist_ok=True)
-    path, tmp = os.path.join(metrics_dir, FREEZE_FILE), os.path.join(metrics_dir, f".{FREEZE_FILE}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
-    return path
+    return write_textfile(os.path.join(metrics_dir, FREEZE_FILE), text)
 
 
 def measured(job: str, skip_on: tuple[type[BaseException], ...] = (),

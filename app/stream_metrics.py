@@ -53,6 +53,20 @@ def by_reason_samples(counts: dict) -> list[tuple[str, int]]:
     return [(f'{{stream="{st}",reason="{code}"}}', n) for (st, code), n in sorted(counts.items())]
 
 
+
+def write_textfile(path: str, text: str) -> str:
+    """`text` to `path` whole or not at all, as node_exporter's textfile collector must see it:
+    written to a hidden temporary file of the same folder (not `*.prom`, so never collected
+    half-written), then renamed over `path`."""
+    d, name = os.path.split(os.path.abspath(path))
+    os.makedirs(d, exist_ok=True)
+    tmp = os.path.join(d, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+    return path
+
+
 class StreamMetrics:
     """A `log` for app/stream.run that also keeps the metrics file (see the module's docstring)."""
 
@@ -201,12 +215,7 @@ class StreamMetrics:
         return "\n".join(out) + "\n"
 
     def write(self) -> None:
-        d, name = os.path.split(os.path.abspath(self.path))
-        os.makedirs(d, exist_ok=True)
-        tmp = os.path.join(d, f".{name}.tmp")
-        with open(tmp, "w") as f:
-            f.write(self.exposition())
-        os.replace(tmp, self.path)
+        write_textfile(self.path, self.exposition())
 
     # ---- the heartbeat ------------------------------------------------------------------------
 
