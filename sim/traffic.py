@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from sim import congestion, physics, stacks
+from sim import congestion, follow, physics, stacks
 from sim.params import BROADBAND_PLANTS, CELLULAR_PLANTS, ISPS, REGIONS
 from sim.tables import CcTable
 from sim.world import World, unit
@@ -27,6 +27,8 @@ class NodeHour:
     access: pl.DataFrame
     qoe: pl.DataFrame
     truth: pl.DataFrame
+    #: the follow mode's account of its passes (sim/follow.py); None otherwise
+    follow: dict | None = None
 
 
 def _mss_profile(rng: np.random.Generator, isp: np.ndarray, cell: np.ndarray, plant_bb: np.ndarray,
@@ -64,7 +66,21 @@ def _ip_text(family: np.ndarray, addr_hi: np.ndarray, addr_lo: np.ndarray) -> tu
     return texts, crc
 
 
-def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTable | None = None) -> NodeHour:
+def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTable | None = None,
+                       chooser: "follow.Chooser | None" = None) -> NodeHour:
+    """One node-hour. `chooser` (sim/follow.py, the reacting fleet): each connection gets the CC
+    the chooser gives it from what its node's agent sees at the accept (address, port, handshake,
+    time) instead of `params.cc_mode`'s; without one the output is what it always was."""
+    if chooser is None:
+        return _generate(world, node_idx, hour_idx, table)
+    return follow.generate(world, node_idx, hour_idx, chooser, _generate)
+
+
+def _generate(world: World, node_idx: int, hour_idx: int, table: CcTable | None = None,
+              forced: "follow.Forced | None" = None) -> NodeHour:
+    """`forced`: the CC, decision and table version of every connection, in generation order (the
+    follow mode's passes, sim/follow.py), with retransmissions drawn per connection so that one
+    connection's CC never moves another's draws."""
     p = world.p
     node = world.nodes[node_idx]
     ps = world.prefixes(node_idx)
@@ -101,7 +117,9 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     cc = np.zeros(n, dtype=np.int64)
     decision = np.full(n, "default", dtype=object)
     version = np.full(n, None, dtype=object)
-    if p.cc_mode == "ab":
+    if forced is not None:
+        cc, decision, version = forced.arrays(n)
+    elif p.cc_mode == "ab":
         cc = np.where(odd, physics.BBR, physics.CUBIC)
         decision = np.where(odd, "table", "ab_control").astype(object)
         version = np.where(odd, "ab-bbr", "ab-cubic").astype(object)
@@ -196,7 +214,11 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
 
     segs = np.ceil(bytes_c / mss).astype(np.int64)
     # own stream: Poisson sampling consumes a variable number of draws
-    retrans = np.random.default_rng([p.seed, 13, node_idx, hour_idx]).poisson(segs * loss)
+    if forced is None:
+        retrans = np.random.default_rng([p.seed, 13, node_idx, hour_idx]).poisson(segs * loss)
+    else:   # one stream per connection: a regenerated hour keeps every undisturbed connection's draws
+        retrans = np.array([np.random.default_rng([p.seed, 13, node_idx, hour_idx, i]).poisson(lam)
+                            for i, lam in enumerate(segs * loss)], dtype=np.int64)
     s = np.clip(bytes_c / np.maximum(1.0, rate * 1e3 / 8 * path.min_rtt_ms * 4), 0.0, 1.0)
     queue = np.where(cc == physics.BBR, path.min_rtt_ms * rng.uniform(0.1, 0.5, n),
                      path.buffer_ms * rng.uniform(0.4, 1.0, n))
