@@ -544,6 +544,33 @@ static __always_inline void start_log(struct bpf_sock_ops *skops, struct bpf_soc
 				  BPF_SOCK_OPS_RTT_CB_FLAG | BPF_SOCK_OPS_STATE_CB_FLAG);
 }
 
+/*
+ * The expiry check's clock, CLOCK_MONOTONIC in ns. The child socket's tcp_clock_cache
+ * (tcp_clock_ns(), ktime_get_ns()) is refreshed by tcp_rcv_state_process for the very segment that
+ * completes the handshake, just before it calls this program (PASSIVE_ESTABLISHED from the
+ * SYN_RECV state, a request socket's child or a syncookie's): read through the read-only cast, a
+ * load instead of a helper call (bpf_ktime_get_coarse_ns cost ~35 ns per connection, measured:
+ * export/edge/README.md "What the default costs"), and exact where the coarse clock lags by up to
+ * a tick. A Fast Open child (fastopen_rsk set) is created at the SYN, its cache copied from the
+ * listener and not refreshed: it, a socket that is not a full one and a cache still 0 take
+ * bpf_ktime_get_coarse_ns() as before.
+ */
+static __always_inline __u64 expiry_now_ns(struct bpf_sock_ops *skops)
+{
+	struct tcp_sock *tp;
+	__u64 t;
+
+	if (skops->sk && CTX_U32(skops, is_fullsock)) {
+		tp = bpf_rdonly_cast(skops->sk, bpf_core_type_id_kernel(struct tcp_sock));
+		if (!tp->fastopen_rsk) {
+			t = tp->tcp_clock_cache;
+			if (t)
+				return t;
+		}
+	}
+	return bpf_ktime_get_coarse_ns();
+}
+
 /* a 32-bit word of an address cut to `bits` of it (0..32), in network order */
 static __always_inline __u32 cut_word(__u32 w, int bits)
 {
@@ -663,7 +690,7 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	}
 	version = meta->version;
 	has_table = 1;
-	if (bpf_ktime_get_coarse_ns() >= meta->expires_mono_ns) {
+	if (expiry_now_ns(skops) >= meta->expires_mono_ns) {
 		cnt(sc, CCS_CNT_EXPIRED);
 		decision = CCS_DEC_STALE;
 		goto out;
