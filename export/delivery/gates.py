@@ -97,25 +97,32 @@ class CanaryVerdict:
     """The A/B on outcomes as a gate. `settings`: export.canary (CanarySettings); `moments`: where
     each look reads a node's cumulative moments (`silver_moments(spark, cfg)` in a deployment);
     `look_s`: seconds between looks. The window is bounded by `settings.max_minutes` of wall
-    clock since the load."""
+    clock since the load. `clock` (ms) and `sleep` (s): another clock than the wall's, e.g. a
+    simulated fleet's (app/follow.py); with one, the load's time is the clock's when the gate is
+    asked."""
 
     name = "canary"
 
-    def __init__(self, settings, moments: Moments, look_s: float = 60.0):
+    def __init__(self, settings, moments: Moments, look_s: float = 60.0,
+                 clock: Callable[[], int] | None = None, sleep: Callable[[float], None] | None = None):
         self.settings, self.moments, self.look_s = settings, moments, look_s
+        self.clock = clock or (lambda: int(time.time() * 1000))
+        self.sleep = sleep or time.sleep
+        self.own_clock = clock is not None
 
     def __call__(self, ctx: GateContext) -> Decision:
         tests = {n: Canary(self.settings) for n in ctx.nodes}
         rows = {n: 0 for n in ctx.nodes}
         looks: list[dict] = []
+        loaded_ms = self.clock() if self.own_clock else ctx.loaded_ms
         while True:
-            time.sleep(self.look_s)
-            now = int(time.time() * 1000)
-            minute = round((now - ctx.loaded_ms) / 60_000, 4)
+            self.sleep(self.look_s)
+            now = self.clock()
+            minute = round((now - loaded_ms) / 60_000, 4)
             for n, c in tests.items():
                 if c.decision != "observe":
                     continue
-                m = self.moments(n, ctx.loaded_ms, now)
+                m = self.moments(n, loaded_ms, now)
                 rows[n] = _outcome_rows(m)
                 c.look(minute, m)
             looks.append({"minute": minute, "rows": dict(rows),
