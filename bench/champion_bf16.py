@@ -44,12 +44,14 @@ def lake(root: Path, params: SimParams, say) -> tuple:
     return simulated_lake(root, params, say, app="bench-heldout")
 
 
-def select_champion(spark, cfg, lo: str, hi: str, share: float, seed: int, k: int | None, say) -> dict:
+def select_champion(spark, cfg, lo: str, hi: str, share: float, seed: int, k: int | None, say,
+                    fit_pick: bool = True) -> dict:
     """The protocol's champion of window lo..hi: the split of `ccs evaluate` (`share` of the
     nodes to train on), the variant `model.select` picks on leave-node-out folds of the training
     nodes, trained on all of them; with the held-out rows it is scored on (per-node standardized
     as deployed when the pick is a `*_nodestd` variant). Held-out nodes are not read before the
-    pick."""
+    pick. `fit_pick` False: the pick is named, not trained (bench/shift_sweep.py trains it through
+    `ccs evaluate` over several training seeds)."""
     from evaluation.evaluate import UNLABELLED_PER_NODE, deployed_node_standardization
     from features import node_stats
     from features.scaling import window_stats
@@ -72,15 +74,18 @@ def select_champion(spark, cfg, lo: str, hi: str, share: float, seed: int, k: in
                                x_nodestd=nsd["train"])
     select_s = time.time() - t0
     base, per_node_std = base_variant(selection.variant)
+    picked = {"variant": selection.variant, "selection": selection, "test": sp.test,
+              "train_nodes": sp.train_nodes, "test_nodes": sp.test_nodes, "select_s": round(select_s, 1)}
+    if not fit_pick:
+        return picked
     data, x_te = sp.data, sp.test.x
     if per_node_std:
         data, x_te = replace(data, x=nsd["train"]), nsd["test"]
     t0 = time.time()
     trainer = fit(replace(params, variant=base), data)
-    return {"variant": selection.variant, "selection": selection, "trainer": trainer, "x_test": x_te,
-            "test": sp.test, "train_nodes": sp.train_nodes, "test_nodes": sp.test_nodes,
+    return {**picked, "trainer": trainer, "x_test": x_te,
             "node_std": {"hours": ns.hours, "min_conns": ns.min_conns, **nsd["report"]} if per_node_std else None,
-            "select_s": round(select_s, 1), "train_s": round(time.time() - t0, 1)}
+            "train_s": round(time.time() - t0, 1)}
 
 
 def node_bootstrap(per_node: dict[str, dict[str, float]], stat, n: int = 2000, seed: int = 0) -> list[float]:

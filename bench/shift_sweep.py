@@ -5,21 +5,26 @@ fleet's value (severity 0) to the preset's (severity 1) along one line (docs/sim
 "Presets": most of those knobs are our picks, so the severity is a declared stress knob, swept,
 not tuned to a bar). For each severity: a small fleet (`--nodes` × `--hours`, 8 × 6 by default,
 the issue's kept-aside size; 2 training nodes: `--share` 0.25 of 8) is simulated and ingested
-into a lake of its own, then
+into a lake of its own (reused while its knobs' digest is the same), then, in the process's one
+Spark session,
 
-- `ccs evaluate`'s Python API (evaluation.evaluate.run_evaluation) scores `--variants` (mlp,
-  gbdt, gbdt_nodestd, mlp_nodestd, aliccs_nodes) on the held-out nodes, the `*_nodestd` ones
-  standardized per (node, hour) as deployed;
 - the selection protocol (models/select.py, the configuration's candidates, leave-node-out folds
-  of the training nodes only) picks a variant, which is trained on the training nodes and scored
-  on the same held-out nodes (`select`, with the pick named).
+  of the training nodes only) picks a variant, reading no held-out node;
+- `ccs evaluate`'s Python API (evaluation.evaluate.run_evaluation) trains `--variants` (mlp,
+  gbdt, gbdt_nodestd, mlp_nodestd) and the pick on the training nodes, each network variant over
+  `--train-seeds` training seeds, and scores them on the held-out nodes once, the `*_nodestd`
+  ones standardized per (node, hour) as deployed (`select` is the pick's row, with its name).
+
+Where the time went: the trainings, and torch's two intra-op threads contending with other
+processes on this 2-core machine (one 600-step fit 146.7 s with 2 threads, 15.9 s with 1, under
+load); the bench runs torch on one thread (`--torch-threads`).
 
 Per severity and variant: mean and worst held-out node accuracy with 95% node-bootstrap intervals,
 the gain over the MLP in mean and worst (paired: the same resampled nodes), and the MLP's
 worst-node gap (mean − worst) the severity actually reached. Writes bench/results/shift_sweep.json
 (with the page's tables) and prints the tables.
 
-    .venv/bin/python bench/shift_sweep.py [--severities 0,0.5,1,1.5] [--train-seeds 1] [--workdir /tmp/ccs-bench-shift-sweep]
+    .venv/bin/python bench/shift_sweep.py [--severities 0,0.5,1,1.5] [--train-seeds 1] [--keep] [--workdir /tmp/ccs-bench-shift-sweep]
 """
 from __future__ import annotations
 
@@ -42,7 +47,7 @@ from bench.ingest import bench_config  # noqa: E402
 from sim.params import SimParams, shift_knobs  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
-VARIANTS = ("mlp", "gbdt", "gbdt_nodestd", "mlp_nodestd", "aliccs_nodes")
+VARIANTS = ("mlp", "gbdt", "gbdt_nodestd", "mlp_nodestd")
 
 
 def figures(per_node: dict[str, float], mlp: dict[str, float]) -> dict:
@@ -65,56 +70,72 @@ def figures(per_node: dict[str, float], mlp: dict[str, float]) -> dict:
 
 
 def one_severity(severity: float, a, say) -> dict:
+    """One severity's fleet: simulated and ingested (or its lake reused by the knobs' digest),
+    the protocol's pick on the training nodes' folds, then `ccs evaluate`'s API for the variants
+    and the pick (so the pick trains on the same training seeds as every network variant)."""
     from ccselect.spark import get_spark
     from evaluation.evaluate import run_evaluation
-    from models.crossnode import per_node
     root = Path(a.workdir) / f"severity-{severity:g}"
     cfg0 = bench_config(root)
     params = replace(SimParams.from_settings(cfg0.settings.simulate, shift_severity=severity), nodes=a.nodes,
                      hours=a.hours, conns_per_node_hour=a.conns_per_node_hour, seed=a.sim_seed,
                      start="2026-11-01T00:00:00")
-    cfg, lo, hi, info = lake(root, params, say)
-    spark = get_spark(cfg, "bench-shift-sweep")
     t0 = time.time()
-    ev = run_evaluation(spark, cfg, lo, hi, variants=a.variants.split(","), share=a.share, seed=a.seed,
+    cfg, lo, hi, info = lake(root, params, say)
+    lake_s = time.time() - t0
+    spark = get_spark(cfg, "bench-shift-sweep")   # the process's one session (getOrCreate)
+    t0 = time.time()
+    # the pick first: it reads the training nodes only; the held-out ones are scored after, once
+    champ = select_champion(spark, cfg, lo, hi, a.share, a.seed, None, say, fit_pick=False)
+    select_all_s = time.time() - t0
+    variants = list(dict.fromkeys([*a.variants.split(","), champ["variant"]]))
+    t0 = time.time()
+    ev = run_evaluation(spark, cfg, lo, hi, variants=variants, share=a.share, seed=a.seed,
                         train_seeds=a.train_seeds, write=False, progress=say)
     eval_s = time.time() - t0
-    champ = select_champion(spark, cfg, lo, hi, a.share, a.seed, None, say)
     assert champ["test_nodes"] == ev["test_nodes"], (champ["test_nodes"], ev["test_nodes"])
-    te = champ["test"]
-    pick = per_node(te.y, champ["trainer"].predict_proba(champ["x_test"]), te.node)
+    assert champ["train_nodes"] == ev["train_nodes"], (champ["train_nodes"], ev["train_nodes"])
     excluded = set(ev["excluded_nodes"])
     acc = {v: {r["node_id"]: r["accuracy"] for r in res["per_node"] if r["node_id"] not in excluded}
            for v, res in ev["variants"].items()}
-    acc["select"] = {r.node_id: r.accuracy for r in pick.itertuples() if r.node_id not in excluded}
+    acc["select"] = acc[champ["variant"]]
     out = {"severity": severity, "knobs": shift_knobs(severity), "fleet": info, "window": f"{lo}..{hi}",
+           "train_seeds": a.train_seeds, "torch_threads": a.torch_threads,
            "train_nodes": ev["train_nodes"], "test_nodes": ev["test_nodes"], "excluded_nodes": sorted(excluded),
            "n_train": ev["n_train"], "n_test": ev["n_test"], "node_std": ev.get("node_std"),
            "selected": champ["variant"],
            "selection": [{k: r[k] for k in ("variant", "mean", "worst", "std")} for r in champ["selection"].table],
-           "evaluate_s": round(eval_s, 1), "select_s": champ["select_s"], "select_train_s": champ["train_s"],
+           "seconds": {"lake": round(lake_s, 1), "select_folds": champ["select_s"],
+                       "select_with_split": round(select_all_s, 1), "evaluate": round(eval_s, 1),
+                       "evaluate_per_variant": {v: r["seconds"] for v, r in ev["variants"].items()}},
+           "seed_sd": {v: {m: r.get(f"{m}_sd") for m in ("mean", "worst")} for v, r in ev["variants"].items()},
            "variants": {v: figures(acc[v], acc["mlp"]) for v in acc}}
     m = out["variants"]["mlp"]
     out["mlp_worst_gap_points"] = round(m["mean"] - m["worst"], 2)
+    mlp_pair = {n: {"v": x} for n, x in acc["mlp"].items()}
+    out["mlp_worst_gap_ci95"] = [round(100 * v, 2) for v in node_bootstrap(
+        mlp_pair, lambda rs: float(np.mean([r["v"] for r in rs]) - np.min([r["v"] for r in rs])))]
     say(f"severity {severity:g}: MLP mean {m['mean']:.2f} worst {m['worst']:.2f} (gap {out['mlp_worst_gap_points']:.2f}); "
-        f"selected {champ['variant']}")
+        f"selected {champ['variant']}; seconds {out['seconds']}")
     return out
 
 
 def page(out: dict) -> str:
     rows = sorted(out["severities"], key=lambda r: r["severity"])
-    variants = list(rows[0]["variants"]) if rows else []
+    variants = list(dict.fromkeys(v for r in rows for v in r["variants"]))
     ci = lambda v: f"[{v[0]:.1f}, {v[1]:.1f}]"  # noqa: E731
     lines = [f"Fleet per severity: {out['nodes']} nodes × {out['hours']} h, {out['conns_per_node_hour']} connections "
              f"a node-hour, simulator seed {out['sim_seed']}; {out['share']:.0%} of the nodes to train on "
-             f"(split seed {out['seed']}), every other labelled node held out; {out['train_seeds']} training seed(s). "
-             "Accuracies in points; intervals: 95% over resampled held-out nodes. `select` is the variant the "
-             "selection protocol picked on the training nodes' folds, named in the first table.", "",
-             "| severity | MLP worst-node gap (mean − worst) | selected | held-out nodes | training nodes |",
-             "|---|---|---|---|---|"]
+             f"(split seed {out['seed']}), every other labelled node held out. Training seeds per severity in the "
+             "first table (a node's accuracy is its mean over them; the selection itself runs once, seed "
+             f"{out['seed']}). Accuracies in points; intervals: 95% over resampled held-out nodes. `select` is the "
+             "variant the selection protocol picked on the training nodes' folds, named in the first table.", "",
+             "| severity | training seeds | MLP worst-node gap (mean − worst) | selected | held-out nodes | training nodes |",
+             "|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['severity']:g} | {r['mlp_worst_gap_points']:.2f} | {r['selected']} | "
-                     f"{len(r['test_nodes']) - len(r['excluded_nodes'])} | {', '.join(r['train_nodes'])} |")
+        gap_ci = f" [{r['mlp_worst_gap_ci95'][0]:.1f}, {r['mlp_worst_gap_ci95'][1]:.1f}]" if "mlp_worst_gap_ci95" in r else ""
+        lines.append(f"| {r['severity']:g} | {r.get('train_seeds', 1)} | {r['mlp_worst_gap_points']:.2f}{gap_ci} | "
+                     f"{r['selected']} | {len(r['test_nodes']) - len(r['excluded_nodes'])} | {', '.join(r['train_nodes'])} |")
     for what in ("mean", "worst"):
         lines += ["", f"**{what.capitalize()} held-out node accuracy, and its gain over the MLP**", "",
                   "| variant | " + " | ".join(f"severity {r['severity']:g}" for r in rows) + " |",
@@ -122,6 +143,9 @@ def page(out: dict) -> str:
         for v in variants:
             cells = []
             for r in rows:
+                if v not in r["variants"]:
+                    cells.append("not run")
+                    continue
                 f = r["variants"][v]
                 gain = "" if v == "mlp" else f"; {f[what + '_gain']:+.1f} {ci(f[what + '_gain_ci95'])}"
                 cells.append(f"{f[what]:.1f} {ci(f[what + '_ci95'])}{gain}")
@@ -142,20 +166,39 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--workdir", default="/tmp/ccs-bench-shift-sweep")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "shift_sweep.json"))
+    ap.add_argument("--torch-threads", type=int, default=1,
+                    help="torch's intra-op threads; 1: on this shared 2-core machine under load one 600-step MLP "
+                         "fit took 15.9 s with 1 thread and 146.7 s with 2 (spinning threads waiting on each other)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep --out's earlier severities, each replaced when this run measures it (same fleet and split)")
     a = ap.parse_args(argv)
     import torch
-    torch.set_num_threads(2)
+    torch.set_num_threads(a.torch_threads)
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     t0 = time.time()
     out = {"bench": "shift_sweep", "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "machine": f"{os.uname().nodename}, {os.cpu_count()} cores", "load_average_start": list(os.getloadavg()),
            "command": "python bench/shift_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "nodes": a.nodes, "hours": a.hours, "conns_per_node_hour": a.conns_per_node_hour, "sim_seed": a.sim_seed,
-           "share": a.share, "seed": a.seed, "train_seeds": a.train_seeds,
+           "share": a.share, "seed": a.seed, "train_seeds": a.train_seeds, "torch_threads": a.torch_threads,
            "goal": "issue 55: the MLP's worst-node gap at about 4, 8, 12 and 16 points, each variant's gain along it",
            "severities": []}
+    if a.keep and Path(a.out).exists():
+        old = json.loads(Path(a.out).read_text())
+        same = all(old[k] == out[k] for k in ("nodes", "hours", "conns_per_node_hour", "sim_seed", "share", "seed"))
+        if not same:
+            raise SystemExit(f"--keep: {a.out} holds another fleet or split; not merged")
+        kept = old["severities"]   # each replaced below as its severity is measured again
+        for r in kept:
+            r.setdefault("train_seeds", old.get("train_seeds", 1))
+            r.setdefault("torch_threads", old.get("torch_threads", 2))
+            r.setdefault("measured_at", old["measured_at"])
+            r.setdefault("command", old["command"])
+        out["severities"] = kept
     for s in (float(x) for x in a.severities.split(",")):
-        out["severities"].append(one_severity(s, a, say))
+        row = {**one_severity(s, a, say), "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               "command": out["command"]}
+        out["severities"] = [r for r in out["severities"] if r["severity"] != s] + [row]
         out["seconds"] = round(time.time() - t0, 1)
         out["page_markdown"] = page(out)
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
