@@ -2,7 +2,7 @@
 process with the project's Airflow environment (app.airflow_env): ccs_train and ccs_hourly as
 the main job (`ccs run`, the `main_job` fixture of conftest.py) runs them, ccs_autoplex on its own;
 the main job's summary; then the analysts' notebooks executed (nbclient) over the lake those runs
-wrote."""
+wrote, one after the other in one kernel (each from an empty namespace)."""
 from __future__ import annotations
 
 import json
@@ -140,15 +140,49 @@ def test_main_job_reuses_the_fleet_and_lake_and_prints_its_summary(main_job):
         assert "not loaded into the kernel" in s
 
 
-@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb")))
-def test_notebook_executes_and_writes_its_figures(main_job, name, monkeypatch):
+#: run in a kernel before each notebook: the previous notebook's names are gone (a notebook that
+#: forgot an import or a definition fails as it would in a fresh kernel) and its figures closed
+_FRESH_NAMESPACE = "%reset -f\nimport matplotlib.pyplot\nmatplotlib.pyplot.close('all')\n%reset -f"
+
+
+@pytest.fixture(scope="module")
+def notebook_kernel(main_job):
+    """One Jupyter kernel (cwd the repository, CCS_CONFIG the main job's configuration) for the
+    notebooks, which run in it one after the other: one Python start, one import of pandas,
+    matplotlib and pyspark and one Spark session (app.notebook's) for all six instead of one each
+    (issue 63). Each notebook starts from an empty namespace."""
+    import contextlib
+
     import nbformat
     from nbclient import NotebookClient
     cfg, _, _ = main_job
-    monkeypatch.setenv("CCS_CONFIG", str(cfg.path))
+    client = NotebookClient(nbformat.v4.new_notebook(), timeout=900, kernel_name="python3",
+                            resources={"metadata": {"path": str(REPO)}})
+    with contextlib.ExitStack() as stack:
+        with pytest.MonkeyPatch.context() as mp:   # the kernel inherits it at its start
+            mp.setenv("CCS_CONFIG", str(cfg.path))
+            stack.enter_context(client.setup_kernel())
+        yield client
+
+
+def _execute_in(client, nbk):
+    """`nbk`'s cells in `client`'s running kernel after a fresh namespace; raises
+    nbclient.exceptions.CellExecutionError (the cell and its traceback) on the first failing cell,
+    as NotebookClient.execute does."""
+    import nbformat
+    client.nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(_FRESH_NAMESPACE)])
+    client.execute_cell(client.nb.cells[0], 0)
+    client.nb = nbk
+    for index, cell in enumerate(nbk.cells):
+        client.execute_cell(cell, index)
+
+
+@pytest.mark.parametrize("name", sorted(p.stem for p in (REPO / "notebooks").glob("*.ipynb")))
+def test_notebook_executes_and_writes_its_figures(main_job, notebook_kernel, name):
+    import nbformat
+    cfg, _, _ = main_job
     nbk = nbformat.read(REPO / "notebooks" / f"{name}.ipynb", as_version=4)
-    NotebookClient(nbk, timeout=900, kernel_name="python3",
-                   resources={"metadata": {"path": str(REPO)}}).execute()
+    _execute_in(notebook_kernel, nbk)
     figs = os.path.join(cfg.data_root, "reports", "notebooks", name)
     pngs = [f for f in os.listdir(figs) if f.endswith(".png")]
     assert pngs, f"{name} wrote no figure"
