@@ -54,6 +54,8 @@ SOURCES = {
                   ["bench/results/freshness.json"]),
     "canary": ("The canary's sequential A/B: false rollbacks and time to roll back (issue 58)", "python bench/canary.py",
                ["bench/results/canary.json"]),
+    "rollout-drill": ("The rollout drill on a fleet that reacts: twenty good tables, planted bad ones (issue 58)",
+                      "sudo python bench/rollout_drill.py", ["bench/results/rollout_drill.json"]),
     "champion-bf16": ("bf16 judged on the champion over held-out nodes (issue 55)", "python bench/champion_bf16.py",
                       ["bench/results/champion_bf16.json"]),
     "shift-sweep": ("The strong-shift stress knob swept: each variant's gain along it (issue 55)",

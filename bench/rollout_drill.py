@@ -1,0 +1,242 @@
+"""bench/rollout_drill: issue 58's rollout drill on a fleet that reacts (app/follow.py).
+
+Real agents (one per node, each attached to a throwaway cgroup of its own) load the tables the
+rollout code gives them (export/delivery/rollout.deploy, cohorts canary → 50% → all); each node's
+simulated clients get the CC its agent would give them under the table live there
+(export/delivery/mirror.py); each cohort's gate is the canary's A/B on those outcomes
+(gates.CanaryVerdict, export.canary's shipped settings, a look every simulated minute).
+
+- twenty good tables in a row: each decides as ALICCS's rule on the truth (a prefix dominated by
+  cellular clients at the hour it is built → bbr, else cubic; app/follow.dominance_entries), over
+  a random 90% of each node's prefixes, so successive tables differ as retrained ones do. A
+  wrong decision is any cohort's verdict other than promote (a rollback: a false rollback; an
+  observe/inconclusive: a good table held back). Promised: a table that changes nothing is
+  rolled back with probability at most α (export.canary.alpha); a good table, at most that.
+- planted bad tables: the good table of the hour with every decision inverted, `--bad` times
+  (the fleet unfrozen after each): the canary's verdict, the minutes of simulated traffic it
+  took, and whether the table reached any node past the canary (the agents' live versions and
+  the simulated fleet's record of what was live where).
+
+Run for each default CC (the control arm's, the nodes' sysctl) in `--defaults`: with bbr the
+inverted table puts cellular clients on cubic (ALICCS Observation III's policed paths); with
+cubic its harm is only Wi-Fi on bbr.
+
+Writes bench/results/rollout_drill.json (docs/results/rollout-drill.md by bench/report.py).
+
+    sudo .venv/bin/python bench/rollout_drill.py [--good 20] [--bad 5] [--conns 20000] [--defaults bbr,cubic]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from app.follow import FollowFleet, dominance_entries  # noqa: E402
+from ccselect.config import load_config  # noqa: E402
+from ccselect.settings import CanarySettings  # noqa: E402
+from export.artifact import signing  # noqa: E402
+from export.delivery import freeze, gates  # noqa: E402
+from export.delivery.rollout import Health, deploy, load_fleet  # noqa: E402
+from export.delivery.store import Store  # noqa: E402
+from export.edge.agent import EdgeAgent, EdgeConfig  # noqa: E402
+from export.edge.probe import CGROUP_ROOT, in_cgroup, listener  # noqa: E402
+from sim.params import SimParams  # noqa: E402
+
+HEALTH = Health(wait_s=0.2, min_rate_ratio=0.5)
+COHORTS = ["canary", {"name": "50%", "share": 0.5}, "all"]
+
+
+def edge_binary() -> str:
+    other = os.environ.get("CCS_EDGE_BINARY")
+    if other:
+        return other
+    subprocess.run(["make", "-s", "edge"], cwd=REPO, check=True)
+    return str(REPO / "export" / "build" / "ccs-edge")
+
+
+class Agents:
+    """`nodes` agents, each attached to a cgroup of its own with one A/B service (a listener
+    there), in a fleet file with the drill's cohorts."""
+
+    def __init__(self, nodes: int, binary: str, public_key: str, root: Path):
+        tag = f"{os.getpid()}"
+        self.items, doc = [], {"cohorts": COHORTS, "nodes": []}
+        for i in range(nodes):
+            nid = f"drill-{i}-{tag}"
+            cg = os.path.join(CGROUP_ROOT, nid)
+            os.makedirs(cg)
+            with in_cgroup(cg):
+                ls = listener()
+            self.items.append((nid, cg, f"/sys/fs/bpf/{nid}", ls))
+            doc["nodes"].append({"node_id": nid, "canary": i == 0, "table_dir": str(root / nid / "tables"),
+                                 "binary": binary,
+                                 "agent": {"cgroup": cg, "pin_dir": f"/sys/fs/bpf/{nid}", "public_key": public_key,
+                                           "sample_rate": 0.0, "state_dir": str(root / nid / "state"),
+                                           "services": [{"port": ls.getsockname()[1], "name": "video", "ab": True}]}})
+        self.path = str(root / "fleet.yaml")
+        with open(self.path, "w") as f:
+            yaml.safe_dump(doc, f)
+        self.binary = binary
+        for nid, cg, pin, _ in self.items:
+            a = EdgeAgent(config=self._config(nid), binary=binary)
+            a.attach(cg)
+            a.close()
+
+    def _config(self, nid: str) -> EdgeConfig:
+        return next(n.config for n in load_fleet(self.path, CFG).nodes if n.node_id == nid)
+
+    def cleanup(self) -> None:
+        for nid, cg, pin, ls in self.items:
+            ls.close()
+            a = EdgeAgent(config=self._config(nid), binary=self.binary)
+            try:
+                a.detach(purge=True)
+            except Exception as exc:     # reported, the rest still cleaned
+                print(f"{nid}: detach failed: {exc}", file=sys.stderr)
+            a.close()
+            subprocess.run(["rm", "-rf", pin])
+            for _ in range(50):
+                try:
+                    os.rmdir(cg)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.1)
+
+
+CFG = None
+
+
+def _publish(store, ff, key, out, version, hour, invert, rng):
+    entries = {}
+    for i in range(len(ff.nodes)):
+        for e in dominance_entries(ff.world, i, hour, invert=invert, coverage=0.9, rng=rng):
+            entries[str(e.prefix)] = e
+    now = int(time.time())
+    store.publish(signing.write_table(list(entries.values()), version, f"drill-{version}", now + 48 * 3600, out, key,
+                                      created=now, extra={"coverage": 0.9}).manifest)
+    return len(entries)
+
+
+def _evidence(d: dict) -> dict:
+    ev = json.loads(d["evidence"])
+    return {n: {m: {k: x.get(k) for k in ("rel_change", "cs", "clusters") if k in x} for m, x in e["metrics"].items()}
+            for n, e in ev.get("nodes", {}).items()}
+
+
+def drill(default_cc: str, a, binary: str, root: Path) -> dict:
+    global CFG
+    key = signing.generate_key()
+    signing.save_keypair(key, str(root / "priv.pem"), str(root / "pub.pem"))
+    CFG = load_config()      # the fleet file names every path; the decisions are kept in memory
+    agents = Agents(3, binary, str(root / "pub.pem"), root)
+    out = {"default_cc": default_cc, "good": [], "bad": []}
+    try:
+        fleet = load_fleet(agents.path, CFG)
+        store = Store(str(root / "store"))
+        hours = int(a.good * 1.6 + a.bad * 0.6) + 4
+        ff = FollowFleet(SimParams(nodes=3, hours=hours, start="2026-11-01T00:00:00", conns_per_node_hour=a.conns,
+                                   seed=a.seed, cc_mode="default"),
+                         fleet, store, str(root / "pub.pem"), str(root / "scratch"), default_cc=default_cc)
+        h0 = ff.world.hour_start_ms(0)
+        settings = CanarySettings()
+        log = gates.DecisionLog()
+        gate = gates.CanaryVerdict(settings, ff.moments, look_s=60, clock=ff.now, sleep=ff.sleep)
+        rng = np.random.default_rng(a.seed)
+        version = 0
+        for kind, count in (("good", a.good), ("bad", a.bad)):
+            for _ in range(count):
+                version += 1
+                hour = (ff.now() - h0) // 3_600_000
+                n_entries = _publish(store, ff, key, str(root / "export"), version, hour, kind == "bad", rng)
+                t_load, wall = ff.now(), time.time()
+                res = deploy(fleet, store, version, HEALTH, gate=gate, decisions=log, log=lambda m: None)
+                ff.now()
+                seen = {n.node_id: ff.versions_seen(n.node_id) for n in fleet.nodes}
+                live = {}
+                for n in fleet.nodes:
+                    ag = n.agent()
+                    try:
+                        live[n.node_id] = (ag.status().get("table") or {}).get("version")
+                    finally:
+                        ag.close()
+                decs = [d for d in res["decisions"] if d["version"] == version]
+                row = {"version": version, "built_at_sim_hour": int(hour), "entries": n_entries, "ok": res["ok"],
+                       "sim_minute_loaded": round((t_load - h0) / 60_000, 1),
+                       "decisions": [{"cohort": d["cohort"], "decision": d["decision"], "minute": d["minute"],
+                                      "evidence": _evidence(d)} for d in decs],
+                       "reached_nodes": [n for n, vs in seen.items() if version in vs],
+                       "live_after": live, "wall_s": round(time.time() - wall, 1)}
+                out[kind].append(row)
+                print(json.dumps({k: row[k] for k in ("version", "ok", "reached_nodes", "wall_s")}
+                                 | {"decisions": [(d["cohort"], d["decision"], d["minute"]) for d in decs]}), flush=True)
+                if freeze.current(store) is not None:
+                    freeze.unfreeze(store, "drill: the next table", who="bench")
+                ff.sleep(5 * 60)     # five minutes of traffic between rollouts
+        canary_id = fleet.nodes[0].node_id
+        good_wrong = [r["version"] for r in out["good"] if not r["ok"]]
+        false_rb = [r["version"] for r in out["good"] if any(d["decision"] == "rollback" for d in r["decisions"])]
+        bad_minutes = [d["minute"] for r in out["bad"] for d in r["decisions"]
+                       if d["cohort"] == "canary" and d["decision"] == "rollback"]
+        out["summary"] = {
+            "good_tables": a.good, "good_promoted_everywhere": a.good - len(good_wrong),
+            "good_wrong_decisions": len(good_wrong), "good_false_rollbacks": len(false_rb),
+            "good_false_rollback_rate": len(false_rb) / max(1, a.good),
+            "promised_false_rollback_rate_at_most": settings.alpha,
+            "bad_tables": a.bad, "bad_rolled_back_on_canary": len(bad_minutes),
+            "bad_missed": a.bad - len(bad_minutes),
+            "bad_reached_past_canary": sum(1 for r in out["bad"] if set(r["reached_nodes"]) - {canary_id}),
+            "bad_rollback_minutes": bad_minutes,
+            "bad_rollback_minutes_max": max(bad_minutes) if bad_minutes else None,
+            "window_minutes": settings.max_minutes,
+            "node_hours_generated": ff.generated,
+        }
+    finally:
+        agents.cleanup()
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--good", type=int, default=20)
+    ap.add_argument("--bad", type=int, default=5)
+    ap.add_argument("--conns", type=int, default=20000, help="mean connections per node-hour")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--defaults", default="bbr,cubic", help="the nodes' default CCs to drill under")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "rollout_drill.json"))
+    a = ap.parse_args(argv)
+    binary = edge_binary()
+    t0 = time.time()
+    res = {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "load_avg": [round(x, 2) for x in os.getloadavg()],
+           "command": "bench/rollout_drill.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "fleet": {"nodes": 3, "cohorts": ["canary", "50%", "all"], "conns_per_node_hour": a.conns, "seed": a.seed,
+                     "look_every_sim_minutes": 1, "health_wait_s": HEALTH.wait_s},
+           "canary_settings": {k: getattr(CanarySettings(), k) for k in ("alpha", "tau", "harm_margin", "min_clusters",
+                                                                          "max_minutes", "metrics")},
+           "drills": []}
+    for dcc in [d for d in a.defaults.split(",") if d]:
+        with tempfile.TemporaryDirectory(prefix="ccs-drill-") as d:
+            res["drills"].append(drill(dcc, a, binary, Path(d)))
+    res["wall_s"] = round(time.time() - t0, 1)
+    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(a.out).write_text(json.dumps(res, indent=2, default=list))
+    print(json.dumps([d["summary"] | {"default_cc": d["default_cc"]} for d in res["drills"]], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
