@@ -29,7 +29,8 @@ and rules written are never the root namespace's. Each run also checks that a se
 outside the cgroup and outgoing connections from inside it, to the routed prefixes, keep the
 namespace's CC (`untouched`), times the route write of the 100k table (`routes_ms`), and times A/B
 control connections (an A/B service, half the clients put back on the default over the route's
-CC: `ab_service`). `uptime` is recorded beside every run.
+CC: `ab_service`). `uptime` is recorded beside every run. `--ab OLD,NEW [--modes M,..] [--rounds
+N]` compares agent builds instead, interleaved in one sitting (ab_main, bench/results/kernel_ab.json).
 
 Needs root, BPF and cgroup v2 at /sys/fs/cgroup/unified. Run: .venv/bin/python bench/kernel.py
 """
@@ -609,6 +610,59 @@ def main(seconds: float = 0.5, rounds: int = 40, batch: int = 1024, flow_only: b
     return _write(first | result, "kernel.json")
 
 
+def ab_main(binaries: list[str], modes: list[str], rounds: int = 3) -> dict:
+    """A fair A/B of agent builds (e.g. the parent commit's `ccs-edge` against this one's): one
+    BenchAgent (cgroup, pin dir, the 100k table and its `keep` twin) per binary, then `rounds`
+    rounds in which every mode is measured for every binary back to back (program_time: three
+    windows, the median window's net ns per connection), the load average beside each. Modes:
+    `route_ccs` (route CCs as by default, every connection switching CC by its route), `keep`
+    (route CCs off, the load's prefixes `keep`: the lookup without a switch), `program` (route
+    CCs off, the switch by bpf_setsockopt). -> bench/results/kernel_ab.json, the median per binary
+    and mode. Run: .venv/bin/python bench/kernel.py --ab OLD/ccs-edge,export/build/ccs-edge"""
+    if os.geteuid() != 0 or not os.path.exists(os.path.join(CGROUP_ROOT, "cgroup.procs")):
+        print("bench/kernel.py: skipped (needs root and cgroup v2 at /sys/fs/cgroup/unified)")
+        return {}
+    own_netns()
+    benches, tables = [], []
+    result = {"binaries": binaries, "modes": modes, "rounds": [], "uptime_start": uptime(),
+              "kernel": platform.release(), "cpus": os.cpu_count(), "table_entries": N_ENTRIES,
+              "netns": "the bench's own (unshare --net)"}
+    try:
+        for i, b in enumerate(binaries):
+            bench = BenchAgent(f"ccs-ab{i}", route_ccs="off")
+            benches.append(bench)
+            bench.agent.binary = b
+            bench.agent.attach(bench.cgroup)
+            exp = int(time.time()) + 3600
+            tables.append({
+                "switch": signing.write_table(make_entries(N_ENTRIES), 1, "bench", exp, bench.tmp, bench.key),
+                "keep": signing.write_table(make_entries(N_ENTRIES, load_cc=("keep",)), 2, "bench", exp,
+                                            bench.tmp, bench.key)})
+        set_stats(False)
+        for _ in range(rounds):
+            row = []
+            for mode in modes:
+                for b, bench, t in zip(binaries, benches, tables):
+                    routes = mode == "route_ccs"
+                    set_routes(bench.agent, bench.cfg, bench.cgroup, routes, 0.0,
+                               t["keep" if mode == "keep" else "switch"].manifest)
+                    prog = program_time(bench.agent, bench.cgroup, bench.ports, bench.tmp)
+                    row.append({"binary": b, "mode": mode, "loadavg": list(os.getloadavg()),
+                                "net_ns_per_connection": prog.get("net_ns_per_connection"),
+                                "net_ns_per_connection_windows": prog.get("net_ns_per_connection_all")})
+                    print(json.dumps(row[-1]), flush=True)
+            result["rounds"].append(row)
+    finally:
+        for bench in benches:
+            bench.close()
+    result["uptime_end"] = uptime()
+    result["median"] = {b: {m: statistics.median(x["net_ns_per_connection"] for r in result["rounds"]
+                                                 for x in r if x["binary"] == b and x["mode"] == m
+                                                 and x["net_ns_per_connection"] is not None)
+                            for m in modes} for b in binaries}
+    return _write(result, "kernel_ab.json")
+
+
 def _write(result: dict, name: str) -> dict:
     os.makedirs(os.path.join(REPO, "bench", "results"), exist_ok=True)
     with open(os.path.join(REPO, "bench", "results", name), "w") as f:
@@ -619,5 +673,10 @@ def _write(result: dict, name: str) -> dict:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if "--ab" in args:
+        ab_main(args[args.index("--ab") + 1].split(","),
+                args[args.index("--modes") + 1].split(",") if "--modes" in args else ["route_ccs", "keep"],
+                int(args[args.index("--rounds") + 1]) if "--rounds" in args else 3)
+        sys.exit(0)
     main(flow_only="--flow" in args,
          runs=int(args[args.index("--runs") + 1]) if "--runs" in args else RUNS)
