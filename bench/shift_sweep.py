@@ -120,6 +120,15 @@ def one_severity(severity: float, a, say) -> dict:
     return out
 
 
+def runs(rows: list[dict], command: str) -> list[str]:
+    """One line per run that measured some of the severities: its command and torch threads."""
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r.get("command", command), []).append(r)
+    return [f"- severities {', '.join(format(r['severity'], 'g') for r in rs)}: `{c}` "
+            f"(torch on {rs[0].get('torch_threads', 2)} thread(s))" for c, rs in by.items()]
+
+
 def page(out: dict) -> str:
     rows = sorted(out["severities"], key=lambda r: r["severity"])
     variants = list(dict.fromkeys(v for r in rows for v in r["variants"]))
@@ -130,6 +139,9 @@ def page(out: dict) -> str:
              "first table (a node's accuracy is its mean over them; the selection itself runs once, seed "
              f"{out['seed']}). Accuracies in points; intervals: 95% over resampled held-out nodes. `select` is the "
              "variant the selection protocol picked on the training nodes' folds, named in the first table.", "",
+             "The worst node's interval starts at the observed worst: a resample of the nodes cannot hold a node "
+             "worse than the worst one measured.", "",
+             *runs(rows, out["command"]), "",
              "| severity | training seeds | MLP worst-node gap (mean − worst) | selected | held-out nodes | training nodes |",
              "|---|---|---|---|---|---|"]
     for r in rows:
@@ -166,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--workdir", default="/tmp/ccs-bench-shift-sweep")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "shift_sweep.json"))
+    ap.add_argument("--goal", default="issue 55: the MLP's worst-node gap at about 4, 8, 12 and 16 points, "
+                                      "each variant's gain along it")
     ap.add_argument("--torch-threads", type=int, default=1,
                     help="torch's intra-op threads; 1: on this shared 2-core machine under load one 600-step MLP "
                          "fit took 15.9 s with 1 thread and 146.7 s with 2 (spinning threads waiting on each other)")
@@ -181,7 +195,7 @@ def main(argv=None) -> int:
            "command": "python bench/shift_sweep.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "nodes": a.nodes, "hours": a.hours, "conns_per_node_hour": a.conns_per_node_hour, "sim_seed": a.sim_seed,
            "share": a.share, "seed": a.seed, "train_seeds": a.train_seeds, "torch_threads": a.torch_threads,
-           "goal": "issue 55: the MLP's worst-node gap at about 4, 8, 12 and 16 points, each variant's gain along it",
+           "goal": a.goal,
            "severities": []}
     if a.keep and Path(a.out).exists():
         old = json.loads(Path(a.out).read_text())
