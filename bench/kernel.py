@@ -7,7 +7,7 @@ Measures, with a 100,000-entry table loaded:
     (export/build/ccs-loadgen interleaves batches of connections on a listener inside the
     enforced cgroup and one outside it; bpf_stats off; median of 40 per-round ratios), with
     logging off and with full stats logging (sample rate 1, agent draining);
-  - the time to build (encode + sign) and to verify, build the trie and swap a 100k-entry table;
+  - the time to build (encode + sign) and to verify, build the index and swap a 100k-entry table;
   - issue 29's headline figures, the median of RUNS runs (each run's figures in `runs`): per run,
     the 100k table with every connection of the load switching CC, (a) by the program's
     bpf_setsockopt (`program`), (b) by route CCs, the table's CCs also written as routes the
@@ -245,7 +245,7 @@ def accept_rate(agent, cgroup, ports, seconds, rounds, batch):
     """Connections/s accepted on the enforced listener vs the plain one (outside the cgroup).
     Each round interleaves the two sides `batch` connections at a time, each batch timed, so
     both see the same background load (the 2 cores are shared with other work); batches of
-    ~1000 connections (~30 ms) keep the enforcer's working set (trie, maps) as warm as it is
+    ~1000 connections (~30 ms) keep the enforcer's working set (index, maps) as warm as it is
     when every connection is enforced. bpf_stats is off, as in production. `ratio` is the median
     of the per-round ratios (robust to rounds hit by a burst of background load);
     `ratio_of_totals` (all enforced connections per second / all plain ones) and the quartiles

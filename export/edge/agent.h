@@ -145,9 +145,10 @@ int lock_pin_dir(void);
 /* manifest.c: 0 with *m filled, or -1 after printing why the manifest is refused */
 int manifest_read(const char *path, struct manifest *m);
 
-/* table.c: the map id of the trie in ccs_tables[slot]; whether a slot's meta describes it */
-int slot_trie_id(int tables_fd, __u32 slot, __u32 *id);
-bool slot_consistent(const struct ccs_meta *m, __u32 trie_id);
+/* table.c: the map id of the inner map in ccs_tables[slot] or ccs_trees[slot]; whether a slot's meta
+ * describes its index */
+int slot_map_id(int tables_fd, __u32 slot, __u32 *id);
+bool slot_consistent(const struct ccs_meta *m, __u32 index_id);
 
 /* the commands; each returns the process exit status */
 int cmd_attach(void);

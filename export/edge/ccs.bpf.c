@@ -83,7 +83,7 @@ extern unsigned int CONFIG_HZ __kconfig __weak;
 extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
 
 /* the slot's lookup hash (ccs.h: entries and markers, searched by prefix length) */
-struct inner_trie {
+struct inner_index {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(key_size, sizeof(struct ccs_lpm_key));
 	__uint(value_size, sizeof(struct ccs_lpm_val));
@@ -95,10 +95,10 @@ struct {
 	__uint(max_entries, CCS_SLOTS);
 	__type(key, __u32);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
-	__array(values, struct inner_trie);
+	__array(values, struct inner_index);
 } ccs_tables SEC(".maps");
 
-/* the flow tree of each slot's table: one value holding every node, swapped in like the trie
+/* the flow tree of each slot's table: one value holding every node, swapped in like the index
  * (ccs.h struct ccs_tree, ccs_flow) */
 struct inner_tree {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
@@ -634,7 +634,7 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	struct ccs_lpm_val *val;
 	struct tcp_sock *tp = NULL;
 	struct bpf_sock *sk;
-	void *trie;
+	void *index_map;
 	__u32 port = skops->local_port, zero = 0, slot;
 	__u64 version = 0;
 	__u8 family, decision = CCS_DEC_DEFAULT, has_table = 0, cc = 0, table_cc = 0, mode;
@@ -683,8 +683,8 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	}
 	slot = ctl->live - 1;
 	meta = bpf_map_lookup_elem(&ccs_meta, &slot);
-	trie = bpf_map_lookup_elem(&ccs_tables, &slot);
-	if (!meta || !meta->valid || !trie) {
+	index_map = bpf_map_lookup_elem(&ccs_tables, &slot);
+	if (!meta || !meta->valid || !index_map) {
 		cnt(sc, CCS_CNT_NO_TABLE);
 		goto out;
 	}
@@ -706,7 +706,7 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	}
 	cnt(sc, CCS_CNT_LOOKUPS);
 	looked_up = true;
-	val = lookup(trie, meta, &key, family);
+	val = lookup(index_map, meta, &key, family);
 	/* an IPv6 entry covering ::ffff:0:0/96 (e.g. ::/0) never decides for an IPv4 client: lookup
 	 * searches the IPv4 lengths only */
 	if (!val) {

@@ -9,7 +9,7 @@
  *     detach [--purge]                          detach; --purge also unpins every map
  *     policy                                    re-apply the services of the config
  *     load MANIFEST [--json] [--allow-downgrade [E:]V]
- *                                               verify, build a new trie, swap it in; (epoch,
+ *                                               verify, build a new index, swap it in; (epoch,
  *                                               version) only goes forward unless the manifest's
  *                                               is named: an explicit, logged override
  *     floor [--json]                            the version rule's floor (state_dir), no pin dir

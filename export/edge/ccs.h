@@ -66,9 +66,9 @@ struct ccs_ctl {
 
 /*
  * ccs_meta[slot]: what the slot holds. A load first writes valid = 0 to the idle slot, then
- * installs the lookup hash, then writes the meta with valid = 1 and trie_id = the installed map's
+ * installs the lookup hash, then writes the meta with valid = 1 and index_id = the installed map's
  * id, then flips ccs_ctl.live: a load interrupted at any point leaves the slot marked invalid
- * (never a hash under another table's metadata). The agent also checks trie_id against the map
+ * (never a hash under another table's metadata). The agent also checks index_id against the map
  * id in ccs_tables[slot] before it trusts a slot (rollback, status).
  */
 /*
@@ -89,7 +89,7 @@ struct ccs_meta {
 	__u32 n_v4;
 	__u32 n_v6;
 	__u32 valid;
-	__u32 trie_id;          /* map id of the hash in ccs_tables[slot] (0: written by an older agent) */
+	__u32 index_id;          /* map id of the hash in ccs_tables[slot] (0: written by an older agent) */
 	__u8 sha256[32];
 	__u8 n_len4;            /* distinct IPv4 key lengths in the slot's hash (the lookup above) */
 	__u8 n_len6;

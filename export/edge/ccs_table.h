@@ -49,7 +49,8 @@
  * Addresses are in network byte order. An IPv4 entry keeps its 4 address bytes in addr[0..3]
  * and zeros in addr[4..15]. Bits beyond prefix_len must be zero.
  *
- * In the kernel both families share ONE LPM trie with 16-byte keys: an IPv4 prefix a.b.c.d/n is
+ * In the kernel both families share ONE lookup index (ccs.h: a hash searched by
+ * prefix length) with 16-byte keys: an IPv4 prefix a.b.c.d/n is
  * stored as the IPv4-mapped IPv6 prefix ::ffff:a.b.c.d/(96+n), so a v4 client seen on a
  * dual-stack (AF_INET6) listener matches the same entries, and one map swap replaces both
  * families at once.

@@ -204,7 +204,7 @@ static void read_snapshot(struct snapshot *s)
 	int ctl_fd = open_pinned("ccs_ctl"), meta_fd = open_pinned("ccs_meta");
 	int tables_fd = open_pinned("ccs_tables"), model_fd = open_pinned("ccs_model");
 	int version_fd = open_pinned("ccs_version"), log_fd = open_pinned("ccs_log"), prog_fd;
-	__u32 zero = 0, slot, trie_id, ilen = sizeof(s->prog);
+	__u32 zero = 0, slot, index_id, ilen = sizeof(s->prog);
 	struct ccs_ctl ctl = {};
 
 	memset(s, 0, sizeof(*s));
@@ -216,11 +216,11 @@ static void read_snapshot(struct snapshot *s)
 		if (ctl.live >= 1 && ctl.live <= CCS_SLOTS)
 			s->live = ctl.live - 1;
 		for (slot = 0; slot < CCS_SLOTS; slot++) {
-			trie_id = 0;
+			index_id = 0;
 			bpf_map_lookup_elem(meta_fd, &slot, &s->meta[slot]);
 			if (tables_fd >= 0)
-				slot_trie_id(tables_fd, slot, &trie_id);
-			s->ok[slot] = slot_consistent(&s->meta[slot], trie_id);
+				slot_map_id(tables_fd, slot, &index_id);
+			s->ok[slot] = slot_consistent(&s->meta[slot], index_id);
 			s->has_model[slot] = model_fd >= 0 &&
 					     !bpf_map_lookup_elem(model_fd, &slot, &s->model[slot]);
 		}

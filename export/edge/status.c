@@ -80,13 +80,13 @@ static void prog_info(__u32 prog_id, struct bpf_prog_info *pinfo)
  * "slot_state" of a slot: empty, ok, incomplete (a load did not finish: marked invalid, or staged
  * and never made live), inconsistent
  */
-static const char *slot_state(const struct ccs_meta *m, __u32 trie_id, bool live)
+static const char *slot_state(const struct ccs_meta *m, __u32 index_id, bool live)
 {
 	if (!m->valid)
-		return m->version || trie_id ? "incomplete" : "empty";
+		return m->version || index_id ? "incomplete" : "empty";
 	if (m->valid == CCS_META_STAGED && !live)
 		return "incomplete";
-	return slot_consistent(m, trie_id) ? "ok" : "inconsistent";
+	return slot_consistent(m, index_id) ? "ok" : "inconsistent";
 }
 
 /*
@@ -163,7 +163,7 @@ int cmd_status(bool json)
 	int ncpu = libbpf_num_possible_cpus(), err = 1, live = -1;
 	struct link_state ls = { .fd = -1 };
 	struct bpf_prog_info pinfo = {};
-	__u32 zero = 0, slot, trie_id[CCS_SLOTS] = {};
+	__u32 zero = 0, slot, index_id[CCS_SLOTS] = {};
 	struct ccs_ctl ctl = {};
 	struct ccs_meta meta[CCS_SLOTS] = {};
 	struct ccs_model model[CCS_SLOTS] = {};
@@ -195,8 +195,8 @@ int cmd_status(bool json)
 	for (slot = 0; slot < CCS_SLOTS; slot++) {
 		bpf_map_lookup_elem(meta_fd, &slot, &meta[slot]);
 		if (tables_fd >= 0)
-			slot_trie_id(tables_fd, slot, &trie_id[slot]);
-		ok[slot] = slot_consistent(&meta[slot], trie_id[slot]);
+			slot_map_id(tables_fd, slot, &index_id[slot]);
+		ok[slot] = slot_consistent(&meta[slot], index_id[slot]);
 		has_model[slot] = model_fd >= 0 &&
 				  !bpf_map_lookup_elem(model_fd, &slot, &model[slot]);
 		has_flow[slot] = flow_fd >= 0 && !bpf_map_lookup_elem(flow_fd, &slot, &flow[slot]);
@@ -280,8 +280,8 @@ int cmd_status(bool json)
 			   has_flow[slot] ? &flow[slot] : NULL, slot, false);
 	else
 		fprintf(o, "null");
-	fprintf(o, ", \"slot_state\": [\"%s\", \"%s\"], ", slot_state(&meta[0], trie_id[0], live == 0),
-		slot_state(&meta[1], trie_id[1], live == 1));
+	fprintf(o, ", \"slot_state\": [\"%s\", \"%s\"], ", slot_state(&meta[0], index_id[0], live == 0),
+		slot_state(&meta[1], index_id[1], live == 1));
 	/* route CCs (routes.c): off, or the table, the prefixes and the routes of ours now */
 	if (routes_enabled()) {
 		fprintf(o, "\"route_ccs\": {\"table\": ");

@@ -2,12 +2,12 @@
 /*
  * table.c - load and rollback. load: the manifest (manifest.c), then the sha256 of the .bin,
  * its header against the manifest, the expiry and every entry (address space rule included);
- * then the version rule (ccs_version); only then a new LPM trie is built, and the idle slot is
- * changed in an order a crash cannot make inconsistent: its meta marked invalid, the trie
- * installed, the meta written (valid but staged, with the trie's map id), then ccs_ctl.live
+ * then the version rule (ccs_version); only then a new index (ccs.h: the lookup hash) is built, and the idle slot is
+ * changed in an order a crash cannot make inconsistent: its meta marked invalid, the index
+ * installed, the meta written (valid but staged, with the index's map id), then ccs_ctl.live
  * flipped (one word), then the meta marked made live. The previous table stays in the other
  * slot: rollback flips back to it, if that slot is valid, was made live (not a load killed before
- * its flip) and its trie is the one its meta describes.
+ * its flip) and its index is the one its meta describes.
  *
  * The flow tree (format 2, issue 27) travels the same way: checked with the entries (check_tree:
  * the refusals of table_format.validate_tree, in its words), built into a fresh node array, and
@@ -514,7 +514,7 @@ struct slots {
 struct state {
 	struct ccs_ctl ctl;
 	struct ccs_meta meta[CCS_SLOTS];
-	__u32 trie_id[CCS_SLOTS];   /* map id of the trie in ccs_tables[slot], 0 if none */
+	__u32 index_id[CCS_SLOTS];   /* map id of the index in ccs_tables[slot], 0 if none */
 	bool ok[CCS_SLOTS];         /* slot_consistent() */
 	struct ccs_version ver;
 	__u64 floor;                /* the newest version the pinned maps saw made live here */
@@ -560,8 +560,8 @@ static int open_slots(struct slots *s)
 	return 0;
 }
 
-/* the map id of the trie in ccs_tables[slot] (0: none) */
-int slot_trie_id(int tables_fd, __u32 slot, __u32 *id)
+/* the map id of the inner map in ccs_tables[slot] or ccs_trees[slot] (0: none) */
+int slot_map_id(int tables_fd, __u32 slot, __u32 *id)
 {
 	*id = 0;
 	if (bpf_map_lookup_elem(tables_fd, &slot, id)) {
@@ -574,11 +574,11 @@ int slot_trie_id(int tables_fd, __u32 slot, __u32 *id)
 
 /*
  * A slot is used (rollback, status, the version rule) only when its meta is valid and describes
- * the trie that is in it (trie_id 0: meta written by an agent before trie_id; not checkable).
+ * the index that is in it (index_id 0: meta written by an agent before index_id; not checkable).
  */
-bool slot_consistent(const struct ccs_meta *m, __u32 trie_id)
+bool slot_consistent(const struct ccs_meta *m, __u32 index_id)
 {
-	return m->valid && trie_id && (!m->trie_id || m->trie_id == trie_id);
+	return m->valid && index_id && (!m->index_id || m->index_id == index_id);
 }
 
 static int read_state(const struct slots *s, struct state *st)
@@ -595,11 +595,11 @@ static int read_state(const struct slots *s, struct state *st)
 			die_msg("read %s/ccs_meta[%u]: %s", cfg.pin_dir, slot, strerror(errno));
 			return -1;
 		}
-		if (slot_trie_id(s->tables_fd, slot, &st->trie_id[slot])) {
+		if (slot_map_id(s->tables_fd, slot, &st->index_id[slot])) {
 			die_msg("read %s/ccs_tables[%u]: %s", cfg.pin_dir, slot, strerror(errno));
 			return -1;
 		}
-		st->ok[slot] = slot_consistent(&st->meta[slot], st->trie_id[slot]);
+		st->ok[slot] = slot_consistent(&st->meta[slot], st->index_id[slot]);
 	}
 	if (s->version_fd >= 0 && bpf_map_lookup_elem(s->version_fd, &zero, &st->ver)) {
 		die_msg("read %s/ccs_version: %s", cfg.pin_dir, strerror(errno));
@@ -860,12 +860,12 @@ static __u64 expiry_mono_ns(__u64 expires_unix, time_t now)
 
 /*
  * Fill the idle slot, then flip ctl.live (one word); the old table stays in the other slot.
- * The slot is marked invalid before anything in it changes and valid (with the installed trie's
+ * The slot is marked invalid before anything in it changes and valid (with the installed index's
  * map id) only after: a crash anywhere in between leaves an invalid slot, which rollback and
  * status refuse to trust, and the next load overwrites.
  */
 static int swap_in(const struct slots *s, const struct state *st, const struct table *t,
-		   int trie_fd, const struct ccs_meta *lens, int tree_fd, time_t now, __u32 *slotp)
+		   int index_fd, const struct ccs_meta *lens, int tree_fd, time_t now, __u32 *slotp)
 {
 	struct ccs_flow flow = {};
 	struct bpf_map_info tinfo = {};
@@ -881,18 +881,18 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 	/* 1. the slot is about to change: invalid from here until step 4 */
 	meta = st->meta[slot];
 	meta.valid = 0;
-	meta.trie_id = 0;
+	meta.index_id = 0;
 	if (bpf_map_update_elem(s->meta_fd, &slot, &meta, BPF_ANY)) {
 		die_msg("mark slot %u invalid (ccs_meta): %s", slot, strerror(errno));
 		return -1;
 	}
-	/* 2. the trie */
-	if (bpf_map_update_elem(s->tables_fd, &slot, &trie_fd, BPF_ANY)) {
-		die_msg("install trie in slot %u (ccs_tables): %s", slot, strerror(errno));
+	/* 2. the index */
+	if (bpf_map_update_elem(s->tables_fd, &slot, &index_fd, BPF_ANY)) {
+		die_msg("install index in slot %u (ccs_tables): %s", slot, strerror(errno));
 		return -1;
 	}
-	if (bpf_obj_get_info_by_fd(trie_fd, &info, &len)) {
-		die_msg("trie map id: %s", strerror(errno));
+	if (bpf_obj_get_info_by_fd(index_fd, &info, &len)) {
+		die_msg("index map id: %s", strerror(errno));
 		return -1;
 	}
 	/* 2b. the flow tree, or none: the slot must not keep the tree of the table it held before */
@@ -916,7 +916,7 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 	meta.n_v4 = t->h->n_v4;
 	meta.n_v6 = t->h->n_v6;
 	meta.valid = CCS_META_STAGED;   /* whole, not live yet: step 6 says it was made live */
-	meta.trie_id = info.id;
+	meta.index_id = info.id;
 	memcpy(meta.sha256, t->sha256, 32);
 	meta.n_len4 = lens->n_len4;
 	meta.n_len6 = lens->n_len6;
@@ -939,7 +939,7 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 		die_msg("write slot %u flow tree record (ccs_flow): %s", slot, strerror(errno));
 		return -1;
 	}
-	/* 4. the meta: the slot is valid again (staged), describing the trie now in it */
+	/* 4. the meta: the slot is valid again (staged), describing the index now in it */
 	if (bpf_map_update_elem(s->meta_fd, &slot, &meta, BPF_ANY)) {
 		die_msg("write slot %u metadata (ccs_meta): %s", slot, strerror(errno));
 		return -1;
@@ -971,7 +971,7 @@ int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade)
 	struct table t = {};
 	__u64 t0, t1, t2, t3, t4 = 0;
 	int n_routes = 0;
-	int trie_fd = -1, tree_fd = -1, lock_fd = -1, err = -1;
+	int index_fd = -1, tree_fd = -1, lock_fd = -1, err = -1;
 	struct ccs_meta lens = {};
 	enum rule rule;
 	__u32 slot = 0;
@@ -1032,8 +1032,8 @@ int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade)
 		goto cleanup;
 	}
 	/* 5. build the new lookup hash (nothing is live yet); 6. swap it in */
-	trie_fd = build_index(&t, &lens);
-	if (trie_fd < 0)
+	index_fd = build_index(&t, &lens);
+	if (index_fd < 0)
 		goto cleanup;
 	if (t.n_nodes) {
 		tree_fd = build_tree(&t);
@@ -1050,7 +1050,7 @@ int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade)
 			(unsigned long long)t.man.version, cfg.state_dir);
 		goto cleanup;
 	}
-	if (swap_in(&s, &st, &t, trie_fd, &lens, tree_fd, now, &slot))
+	if (swap_in(&s, &st, &t, index_fd, &lens, tree_fd, now, &slot))
 		goto cleanup;
 	record_version(&s, &nf);
 	t3 = clock_ns(CLOCK_MONOTONIC);
@@ -1081,8 +1081,8 @@ int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade)
 		printf("loaded table %llu (%u v4 + %u v6 entries) into slot %u\n",
 		       (unsigned long long)t.man.version, t.h->n_v4, t.h->n_v6, slot);
 cleanup:
-	if (trie_fd >= 0)
-		close(trie_fd);
+	if (index_fd >= 0)
+		close(index_fd);
 	if (tree_fd >= 0)
 		close(tree_fd);
 	close_slots(&s);
@@ -1093,7 +1093,7 @@ cleanup:
 }
 
 /*
- * Make the previous table live again: only a slot that is valid and holds the trie its meta
+ * Make the previous table live again: only a slot that is valid and holds the index its meta
  * describes (a load that died half-way left it invalid), and not expired. Going back to an older
  * version is the rollback's own override of the version rule: logged and recorded.
  */
@@ -1133,9 +1133,9 @@ int cmd_rollback(void)
 		goto cleanup;
 	}
 	if (!st.ok[prev]) {
-		die_msg("rollback: slot %u is inconsistent: its trie (map id %u) is not the one its "
-			"metadata describes (table %llu, map id %u); refusing", prev, st.trie_id[prev],
-			(unsigned long long)m->version, m->trie_id);
+		die_msg("rollback: slot %u is inconsistent: its index (map id %u) is not the one its "
+			"metadata describes (table %llu, map id %u); refusing", prev, st.index_id[prev],
+			(unsigned long long)m->version, m->index_id);
 		goto cleanup;
 	}
 	if (m->valid == CCS_META_STAGED) {
@@ -1151,7 +1151,7 @@ int cmd_rollback(void)
 	/* the slot's flow tree must be the one its table's record names (or none, with none) */
 	if (s.flow_fd >= 0 && !bpf_map_lookup_elem(s.flow_fd, &prev, &flow) &&
 	    flow.version == m->version && flow.loaded_unix == m->loaded_unix &&
-	    (slot_trie_id(s.trees_fd, prev, &tree_id) || tree_id != flow.tree_id)) {
+	    (slot_map_id(s.trees_fd, prev, &tree_id) || tree_id != flow.tree_id)) {
 		die_msg("rollback: slot %u is inconsistent: its flow tree (map id %u) is not the one "
 			"its table's record names (map id %u); refusing", prev, tree_id, flow.tree_id);
 		goto cleanup;

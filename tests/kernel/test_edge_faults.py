@@ -141,14 +141,14 @@ def test_agent_restart_under_load_systemd_unit(edge, edge_binary):
     assert all(cc == a for _, cc in load.seen), "every connection got the table's CC"
 
 
-# ---- 2. a load killed between installing the trie and writing its metadata ---------------------
+# ---- 2. a load killed between installing the index and writing its metadata ---------------------
 
 def _bpf_calls(log_path):
     return [ln for ln in open(log_path) if ln.startswith("bpf(")]
 
 
 def _install_index(calls) -> int:
-    """1-based index of the bpf() call that puts the new trie into ccs_tables."""
+    """1-based index of the bpf() call that puts the new index into ccs_tables."""
     fd = None
     for i, ln in enumerate(calls, 1):
         m = re.match(r'bpf\(BPF_OBJ_GET, \{pathname="[^"]*/ccs_tables".*\) = (\d+)', ln)
@@ -161,7 +161,7 @@ def _install_index(calls) -> int:
 
 @pytest.mark.skipif(shutil.which("strace") is None, reason="strace not installed")
 def test_load_killed_after_trie_install_rollback_tells_truth(edge, tmp_path):
-    """strace kills `load` at the bpf() call right after the new trie went into the idle slot
+    """strace kills `load` at the bpf() call right after the new index went into the idle slot
     (before its metadata): the slot must not pass for the table it held before. `rollback` then
     either refuses, or names the table whose CC the connections actually get."""
     default = sysctl_cc()
@@ -174,7 +174,7 @@ def test_load_killed_after_trie_install_rollback_tells_truth(edge, tmp_path):
     tables = {v: edge.table([tf.Entry("127.57.0.0/16", cc if cc != default else "keep")], v)
               for v, cc in ccs.items()}
     edge.agent.load(tables[600].manifest)
-    # a traced load of the same shape (650) tells which bpf() call installs the trie
+    # a traced load of the same shape (650) tells which bpf() call installs the index
     log = str(tmp_path / "load650.strace")
     r = subprocess.run(["strace", "-qq", "-e", "trace=bpf", "-o", log,
                         *edge.agent._argv("load", tables[650].manifest)], capture_output=True, text=True)
@@ -189,7 +189,7 @@ def test_load_killed_after_trie_install_rollback_tells_truth(edge, tmp_path):
     assert r.returncode != 0 and "killed by SIGKILL" in open(log).read(), \
         f"load of 700 killed by the injected fault: rc {r.returncode}"
     assert _install_index(calls) == k - 1 and calls[k - 2].rstrip().endswith("= 0"), \
-        "the kill came right after the trie of 700 was installed"
+        "the kill came right after the index of 700 was installed"
     st = edge.agent.status()
     assert st["table"]["version"] == 650, f"the interrupted load did not swap: live {st['table']}"
     assert cc_of(ls, src) == ccs[650], "650 still enforced after the killed load"
