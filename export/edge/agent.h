@@ -130,7 +130,8 @@ int parse_fraction_option(const char *what, const char *v, double *out);
 int check_node_id(const char *v);
 
 /* util.c */
-void die_msg(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* prints "ccs-edge: <message>" on stderr and returns: it never exits; the caller returns its error */
+void print_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 uint64_t clock_ns(clockid_t id);
 void hex(const unsigned char *b, size_t n, char *out);
 void json_str(FILE *o, const char *s);

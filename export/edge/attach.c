@@ -51,7 +51,7 @@ static int ensure_bpffs(void)
 	if (statfs("/sys/fs/bpf", &st) == 0 && st.f_type == BPF_FS_MAGIC)
 		return 0;
 	if (mount("bpf", "/sys/fs/bpf", "bpf", 0, NULL)) {
-		die_msg("mount bpffs on /sys/fs/bpf: %s", strerror(errno));
+		print_error("mount bpffs on /sys/fs/bpf: %s", strerror(errno));
 		return -1;
 	}
 	return 0;
@@ -175,7 +175,7 @@ static int open_and_load(struct ccs_bpf **skelp)
 	*skelp = skel = ccs_bpf__open_opts(&oopts);
 	if (!skel) {
 		err = errno ? -errno : -ENOMEM;
-		die_msg("open BPF object: %s", strerror(-err));
+		print_error("open BPF object: %s", strerror(-err));
 		return err;
 	}
 	if (cfg.sample_rate <= 0)
@@ -188,7 +188,7 @@ static int open_and_load(struct ccs_bpf **skelp)
 	skel->rodata->default_cc_id = sysctl_cc_id();
 	/* route CCs on by default where the namespace can carry them (routes.c resolve) */
 	if (cfg.route_ccs == ROUTE_CCS_ON && !routes_enabled()) {
-		die_msg("attach: route_ccs: on, but this namespace cannot carry them: %s", routes_why());
+		print_error("attach: route_ccs: on, but this namespace cannot carry them: %s", routes_why());
 		ccs_bpf__destroy(skel);
 		*skelp = NULL;
 		return -EOPNOTSUPP;
@@ -207,12 +207,12 @@ static int open_and_load(struct ccs_bpf **skelp)
 	if (!err && !routes_enabled())
 		routes_flush(); /* route CCs turned off: none of ours may outlive them */
 	if (err) {
-		die_msg("load BPF object: %s", strerror(-err));
+		print_error("load BPF object: %s", strerror(-err));
 		return err;
 	}
 	err = apply_policy(bpf_map__fd(skel->maps.ccs_policy), &changed);
 	if (err)
-		die_msg("policy: %s", strerror(-err));
+		print_error("policy: %s", strerror(-err));
 	return err;
 }
 
@@ -224,25 +224,25 @@ static int attach_new(struct ccs_bpf *skel, const char *lp)
 
 	if (mkdir(cfg.cgroup, 0755) && errno != EEXIST) {
 		err = -errno;
-		die_msg("create cgroup %s: %s", cfg.cgroup, strerror(-err));
+		print_error("create cgroup %s: %s", cfg.cgroup, strerror(-err));
 		goto cleanup;
 	}
 	cg_fd = open(cfg.cgroup, O_RDONLY | O_DIRECTORY);
 	if (cg_fd < 0) {
 		err = -errno;
-		die_msg("open cgroup %s: %s", cfg.cgroup, strerror(-err));
+		print_error("open cgroup %s: %s", cfg.cgroup, strerror(-err));
 		goto cleanup;
 	}
 	link = bpf_program__attach_cgroup(skel->progs.ccs_sockops, cg_fd);
 	if (!link) {
 		err = -errno;
-		die_msg("attach to %s: %s", cfg.cgroup, strerror(-err));
+		print_error("attach to %s: %s", cfg.cgroup, strerror(-err));
 		goto cleanup;
 	}
 	unlink(lp);  /* a pin left by an attach that died before its rename */
 	err = bpf_link__pin(link, lp);
 	if (err)
-		die_msg("pin link %s: %s", lp, strerror(-err));
+		print_error("pin link %s: %s", lp, strerror(-err));
 cleanup:
 	if (link) {
 		if (!err)
@@ -308,19 +308,19 @@ int cmd_attach(void)
 	int lock_fd = -1, err = 0;
 
 	if (!cfg.cgroup[0]) {
-		die_msg("attach: no cgroup (--cgroup or config cgroup:)");
+		print_error("attach: no cgroup (--cgroup or config cgroup:)");
 		return 1;
 	}
 	if (ensure_bpffs())
 		return 1;
 	if (mkdir(cfg.pin_dir, 0700) && errno != EEXIST) {
-		die_msg("mkdir %s: %s", cfg.pin_dir, strerror(errno));
+		print_error("mkdir %s: %s", cfg.pin_dir, strerror(errno));
 		return 1;
 	}
 	lock_fd = lock_pin_dir();
 	if (lock_fd < 0) {
 		err = lock_fd;
-		die_msg("lock %s: %s", cfg.pin_dir, strerror(-err));
+		print_error("lock %s: %s", cfg.pin_dir, strerror(-err));
 		goto cleanup;
 	}
 	err = open_and_load(&skel);
@@ -339,7 +339,7 @@ int cmd_attach(void)
 		/* already attached here: replace the program in place, no gap in enforcement */
 		if (bpf_link_update(ls.fd, bpf_program__fd(skel->progs.ccs_sockops), NULL)) {
 			err = -errno;
-			die_msg("replace program in %s: %s", lp, strerror(-err));
+			print_error("replace program in %s: %s", lp, strerror(-err));
 			goto cleanup;
 		}
 		printf("replaced program on existing link %s (cgroup %s)\n", lp, cfg.cgroup);
@@ -353,7 +353,7 @@ int cmd_attach(void)
 		goto cleanup;
 	if (rename(tmp, lp)) {
 		err = -errno;
-		die_msg("rename %s to %s: %s", tmp, lp, strerror(-err));
+		print_error("rename %s to %s: %s", tmp, lp, strerror(-err));
 		unlink(tmp);
 		goto cleanup;
 	}
@@ -363,7 +363,7 @@ int cmd_attach(void)
 		       (unsigned long long)cgroup_id_of(cfg.cgroup));
 	} else {
 		if (bpf_link_detach(ls.fd) && errno != EINVAL && errno != ENOLINK)
-			die_msg("detach the old link (cgroup id %llu): %s",
+			print_error("detach the old link (cgroup id %llu): %s",
 				(unsigned long long)ls.cgroup_id, strerror(errno));
 		printf("moved to %s (cgroup id %llu) from cgroup id %llu\n", cfg.cgroup,
 		       (unsigned long long)cgroup_id_of(cfg.cgroup), (unsigned long long)ls.cgroup_id);
@@ -399,7 +399,7 @@ int cmd_detach(bool purge)
 	 */
 	if (routes_flush()) {
 		if (routes_enabled()) {
-			die_msg("detach: step 1 (flush the route CCs) failed: the program stays attached "
+			print_error("detach: step 1 (flush the route CCs) failed: the program stays attached "
 				"(it corrects the routes' CCs); nothing detached");
 			return 1;
 		}
@@ -439,7 +439,7 @@ int cmd_policy(void)
 	int fd = open_pinned("ccs_policy"), lock_fd, err, changed = 0;
 
 	if (fd < 0) {
-		die_msg("not attached (no %s/ccs_policy)", cfg.pin_dir);
+		print_error("not attached (no %s/ccs_policy)", cfg.pin_dir);
 		return 1;
 	}
 	lock_fd = lock_pin_dir();
@@ -448,7 +448,7 @@ int cmd_policy(void)
 	if (lock_fd >= 0)
 		close(lock_fd);
 	if (err) {
-		die_msg("policy: %s", strerror(-err));
+		print_error("policy: %s", strerror(-err));
 		return 1;
 	}
 	printf("policy: %d services, %d ports changed\n", cfg.n_services, changed);

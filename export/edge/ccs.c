@@ -143,7 +143,7 @@ static int apply_settings(struct args *a)
 		snprintf(cfg.public_key, sizeof(cfg.public_key), "%s", a->pubkey);
 	if (a->node) {
 		if (check_node_id(a->node) || strlen(a->node) >= sizeof(cfg.node_id)) {
-			die_msg("--node-id \"%s\": printable, without '/', at most %zu bytes", a->node,
+			print_error("--node-id \"%s\": printable, without '/', at most %zu bytes", a->node,
 				sizeof(cfg.node_id) - 1);
 			return -1;
 		}

@@ -40,7 +40,7 @@ struct pos {
 	int line;
 };
 
-#define cfg_err(p, fmt, ...) die_msg("config %s:%d: " fmt, (p)->path, (p)->line, ##__VA_ARGS__)
+#define cfg_err(p, fmt, ...) print_error("config %s:%d: " fmt, (p)->path, (p)->line, ##__VA_ARGS__)
 
 static const char *const top_keys[] = {
 	"node_id", "cgroup", "pin_dir", "public_key", "default_cc", "sample_rate", "log_dir",
@@ -185,7 +185,7 @@ static int parse_real(const struct pos *p, const char *what, const char *v, doub
 			cfg_err(p, "%s: \"%s\" is not a number%s", what, v,
 				strchr(v, '%') ? " (a fraction 0..1, not a percentage)" : "");
 		else
-			die_msg("%s: \"%s\" is not a number%s", what, v,
+			print_error("%s: \"%s\" is not a number%s", what, v,
 				strchr(v, '%') ? " (a fraction 0..1, not a percentage)" : "");
 		return -1;
 	}
@@ -193,7 +193,7 @@ static int parse_real(const struct pos *p, const char *what, const char *v, doub
 		if (p)
 			cfg_err(p, "%s: %s is out of range %g..%g", what, v, lo, hi);
 		else
-			die_msg("%s: %s is out of range %g..%g", what, v, lo, hi);
+			print_error("%s: %s is out of range %g..%g", what, v, lo, hi);
 		return -1;
 	}
 	*out = x;
@@ -539,7 +539,7 @@ int load_config(const char *path)
 	FILE *f = fopen(path, "r");
 
 	if (!f) {
-		die_msg("config %s: %s", path, strerror(errno));
+		print_error("config %s: %s", path, strerror(errno));
 		return -1;
 	}
 	while (!err && (n = getline(&line, &cap, f)) >= 0) {

@@ -27,11 +27,11 @@
 int floor_path(char *buf, size_t n)
 {
 	if (!cfg.state_dir[0]) {
-		die_msg("no state_dir: the version floor has nowhere to live");
+		print_error("no state_dir: the version floor has nowhere to live");
 		return -1;
 	}
 	if ((size_t)snprintf(buf, n, "%s/%s", cfg.state_dir, FLOOR_NAME) >= n) {
-		die_msg("state_dir %s: path too long", cfg.state_dir);
+		print_error("state_dir %s: path too long", cfg.state_dir);
 		return -1;
 	}
 	return 0;
@@ -44,14 +44,14 @@ static int get_u(const cJSON *o, const char *k, __u64 *out, const char *path)
 	double d;
 
 	if (!cJSON_IsNumber(it)) {
-		die_msg("version floor %s: field \"%s\" missing or not a number: the file is damaged; "
+		print_error("version floor %s: field \"%s\" missing or not a number: the file is damaged; "
 			"no table loads until it is put right (`ccs-edge floor` shows what it holds)",
 			path, k);
 		return -1;
 	}
 	d = it->valuedouble;
 	if (d < 0 || d > (double)CCS_SERIAL_MAX || d != (double)(__u64)d) {
-		die_msg("version floor %s: field \"%s\" = %g is not an integer in 0..%llu", path, k, d,
+		print_error("version floor %s: field \"%s\" = %g is not an integer in 0..%llu", path, k, d,
 			(unsigned long long)CCS_SERIAL_MAX);
 		return -1;
 	}
@@ -90,12 +90,12 @@ int floor_read(struct floor *f)
 	if (rc) {
 		if (rc == -ENOENT)
 			return 0;          /* no floor yet */
-		die_msg("version floor %s: %s (no table loads without it)", path, strerror(-rc));
+		print_error("version floor %s: %s (no table loads without it)", path, strerror(-rc));
 		return -1;
 	}
 	root = cJSON_ParseWithLength((const char *)buf, len);
 	if (!cJSON_IsObject(root)) {
-		die_msg("version floor %s is not a JSON object: the file is damaged; no table loads "
+		print_error("version floor %s is not a JSON object: the file is damaged; no table loads "
 			"until it is put right", path);
 		goto cleanup;
 	}
@@ -111,7 +111,7 @@ int floor_read(struct floor *f)
 		goto cleanup;
 	sha = cJSON_GetObjectItemCaseSensitive(root, "sha256");
 	if (!cJSON_IsString(sha) || unhex(sha->valuestring, f->sha256, sizeof(f->sha256))) {
-		die_msg("version floor %s: field \"sha256\" is not 64 hex digits", path);
+		print_error("version floor %s: field \"sha256\" is not 64 hex digits", path);
 		goto cleanup;
 	}
 	f->present = true;
@@ -147,7 +147,7 @@ int floor_write(const struct floor *f)
 	if (floor_path(path, sizeof(path)))
 		return -1;
 	if (mkdirs(cfg.state_dir)) {
-		die_msg("version floor: create %s: %s", cfg.state_dir, strerror(errno));
+		print_error("version floor: create %s: %s", cfg.state_dir, strerror(errno));
 		return -1;
 	}
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
@@ -155,7 +155,7 @@ int floor_write(const struct floor *f)
 	sha[64] = 0;
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0 || !(o = fdopen(fd, "w"))) {
-		die_msg("version floor: open %s: %s", tmp, strerror(errno));
+		print_error("version floor: open %s: %s", tmp, strerror(errno));
 		goto cleanup;
 	}
 	fd = -1;
@@ -169,22 +169,22 @@ int floor_write(const struct floor *f)
 		(unsigned long long)f->override_from, (unsigned long long)f->override_to_epoch,
 		(unsigned long long)f->override_to);
 	if (fflush(o) || fsync(fileno(o))) {
-		die_msg("version floor: write %s: %s", tmp, strerror(errno));
+		print_error("version floor: write %s: %s", tmp, strerror(errno));
 		goto cleanup;
 	}
 	if (fclose(o)) {
 		o = NULL;
-		die_msg("version floor: close %s: %s", tmp, strerror(errno));
+		print_error("version floor: close %s: %s", tmp, strerror(errno));
 		goto cleanup;
 	}
 	o = NULL;
 	if (rename(tmp, path)) {
-		die_msg("version floor: rename %s: %s", tmp, strerror(errno));
+		print_error("version floor: rename %s: %s", tmp, strerror(errno));
 		goto cleanup;
 	}
 	dfd = open(cfg.state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0 || fsync(dfd)) {
-		die_msg("version floor: fsync %s: %s", cfg.state_dir, strerror(errno));
+		print_error("version floor: fsync %s: %s", cfg.state_dir, strerror(errno));
 		goto cleanup;
 	}
 	err = 0;

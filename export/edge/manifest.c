@@ -49,22 +49,22 @@ static int verify_signature(const unsigned char *msg, size_t len, const unsigned
 	int ok = 0;
 
 	if (!cfg.public_key[0]) {
-		die_msg("no public key (--pubkey or config public_key:)");
+		print_error("no public key (--pubkey or config public_key:)");
 		return -1;
 	}
 	f = fopen(cfg.public_key, "r");
 	if (!f) {
-		die_msg("public key %s: %s", cfg.public_key, strerror(errno));
+		print_error("public key %s: %s", cfg.public_key, strerror(errno));
 		return -1;
 	}
 	pkey = PEM_read_PUBKEY(f, NULL, NULL, NULL);
 	fclose(f);
 	if (!pkey || EVP_PKEY_id(pkey) != EVP_PKEY_ED25519) {
-		die_msg("public key %s: not an Ed25519 PEM public key", cfg.public_key);
+		print_error("public key %s: not an Ed25519 PEM public key", cfg.public_key);
 		goto cleanup;
 	}
 	if (sig_len != 64) {
-		die_msg("signature must be 64 bytes, got %zu", sig_len);
+		print_error("signature must be 64 bytes, got %zu", sig_len);
 		goto cleanup;
 	}
 	ctx = EVP_MD_CTX_new();
@@ -155,7 +155,7 @@ static int add_number(struct jdoc *d, const char *s, size_t n, size_t *cap)
 		*cap = *cap ? 2 * *cap : 16;
 		grown = realloc(d->nums, *cap * sizeof(*grown));
 		if (!grown) {
-			die_msg("manifest: out of memory");
+			print_error("manifest: out of memory");
 			return -1;
 		}
 		d->nums = grown;
@@ -179,12 +179,12 @@ static int scan_tokens(struct jdoc *d)
 		if (*p == '"') {
 			for (p++; *p != '"'; p++) {
 				if ((unsigned char)*p < 0x20) {
-					die_msg("refused: manifest is not valid JSON (control character in a "
+					print_error("refused: manifest is not valid JSON (control character in a "
 						"string, byte %zu)", (size_t)(p - d->text));
 					return -1;
 				}
 				if (*p == '\\' && !strncmp(++p, "u0000", 5)) {
-					die_msg("refused: manifest has a \\u0000 escape (byte %zu)",
+					print_error("refused: manifest has a \\u0000 escape (byte %zu)",
 						(size_t)(p - 1 - d->text));
 					return -1;
 				}
@@ -193,7 +193,7 @@ static int scan_tokens(struct jdoc *d)
 		} else if (*p == '-' || is_digit(*p)) {
 			n = number_len(p);
 			if (!n) {
-				die_msg("refused: manifest is not valid JSON (number at byte %zu)",
+				print_error("refused: manifest is not valid JSON (number at byte %zu)",
 					(size_t)(p - d->text));
 				return -1;
 			}
@@ -201,7 +201,7 @@ static int scan_tokens(struct jdoc *d)
 				return -1;
 			p += n;
 		} else if ((unsigned char)*p < 0x20 && !strchr("\t\n\r", *p)) {
-			die_msg("refused: manifest is not valid JSON (control character at byte %zu)",
+			print_error("refused: manifest is not valid JSON (control character at byte %zu)",
 				(size_t)(p - d->text));
 			return -1;
 		} else {
@@ -246,7 +246,7 @@ static int check_duplicate_keys(const cJSON *node, const char *path)
 		if (cJSON_IsObject(node)) {
 			for (b = node->child; b != a; b = b->next) {
 				if (!strcmp(a->string, b->string)) {
-					die_msg("refused: manifest has a duplicate key \"%s%s%s\"", path,
+					print_error("refused: manifest has a duplicate key \"%s%s%s\"", path,
 						*path ? "." : "", a->string);
 					return -1;
 				}
@@ -281,7 +281,7 @@ static const cJSON *get_field(const cJSON *obj, const char *name, const char *pa
 	const cJSON *it = cJSON_GetObjectItemCaseSensitive(obj, name);
 
 	if (!it)
-		die_msg("refused: manifest misses field \"%s\"", path);
+		print_error("refused: manifest misses field \"%s\"", path);
 	return it;
 }
 
@@ -297,17 +297,17 @@ static int get_uint(const struct jdoc *d, const cJSON *obj, const char *name, co
 	if (!it)
 		return -1;
 	if (!cJSON_IsNumber(it)) {
-		die_msg("refused: manifest field \"%s\" must be an integer, not %s", path,
+		print_error("refused: manifest field \"%s\" must be an integer, not %s", path,
 			type_name(it));
 		return -1;
 	}
 	t = number_text(d, it);
 	if (!t) {
-		die_msg("refused: manifest field \"%s\": number not found in the text", path);
+		print_error("refused: manifest field \"%s\": number not found in the text", path);
 		return -1;
 	}
 	if (memchr(t->s, '.', t->n) || memchr(t->s, 'e', t->n) || memchr(t->s, 'E', t->n)) {
-		die_msg("refused: manifest field \"%s\" must be an integer, not a float (%.*s)", path,
+		print_error("refused: manifest field \"%s\" must be an integer, not a float (%.*s)", path,
 			(int)t->n, t->s);
 		return -1;
 	}
@@ -315,7 +315,7 @@ static int get_uint(const struct jdoc *d, const cJSON *obj, const char *name, co
 	errno = 0;
 	*out = strtoull(digits, &end, 10);
 	if (errno == ERANGE || (t->s[0] == '-' && *out) || *out > max) {
-		die_msg("refused: manifest field \"%s\" = %.*s is out of range 0..%llu", path,
+		print_error("refused: manifest field \"%s\" = %.*s is out of range 0..%llu", path,
 			(int)t->n, t->s, (unsigned long long)max);
 		return -1;
 	}
@@ -330,11 +330,11 @@ static int get_str(const cJSON *obj, const char *name, const char *path, char *o
 	if (!it)
 		return -1;
 	if (!cJSON_IsString(it)) {
-		die_msg("refused: manifest field \"%s\" must be a string, not %s", path, type_name(it));
+		print_error("refused: manifest field \"%s\" must be a string, not %s", path, type_name(it));
 		return -1;
 	}
 	if (strlen(it->valuestring) >= n) {
-		die_msg("refused: manifest field \"%s\" is longer than %zu bytes", path, n - 1);
+		print_error("refused: manifest field \"%s\" is longer than %zu bytes", path, n - 1);
 		return -1;
 	}
 	strcpy(out, it->valuestring);
@@ -357,7 +357,7 @@ static int read_fields(const struct jdoc *d, struct manifest *m)
 	if (!ents)
 		return -1;
 	if (!cJSON_IsObject(ents)) {
-		die_msg("refused: manifest field \"entries\" must be an object, not %s",
+		print_error("refused: manifest field \"entries\" must be an object, not %s",
 			type_name(ents));
 		return -1;
 	}
@@ -372,7 +372,7 @@ static int read_fields(const struct jdoc *d, struct manifest *m)
 	    get_uint(d, d->root, "epoch", "epoch", CCS_SERIAL_MAX, &m->epoch))
 		return -1;
 	if (m->format != CCS_TABLE_FORMAT) {
-		die_msg("refused: unsupported format %llu (manifest field \"format\"): this agent reads "
+		print_error("refused: unsupported format %llu (manifest field \"format\"): this agent reads "
 			"format %d (tables with the flow tree) only", (unsigned long long)m->format,
 			CCS_TABLE_FORMAT);
 		return -1;
@@ -381,7 +381,7 @@ static int read_fields(const struct jdoc *d, struct manifest *m)
 	if (!tree)
 		return -1;
 	if (!cJSON_IsObject(tree)) {
-		die_msg("refused: manifest field \"tree\" must be an object, not %s", type_name(tree));
+		print_error("refused: manifest field \"tree\" must be an object, not %s", type_name(tree));
 		return -1;
 	}
 	if (get_str(tree, "model", "tree.model", m->tree_model, sizeof(m->tree_model)) ||
@@ -389,7 +389,7 @@ static int read_fields(const struct jdoc *d, struct manifest *m)
 		return -1;
 	if (!m->table[0] || strchr(m->table, '/') || !strcmp(m->table, ".") ||
 	    !strcmp(m->table, "..")) {
-		die_msg("refused: manifest field \"table\" must name a file beside the manifest, not "
+		print_error("refused: manifest field \"table\" must name a file beside the manifest, not "
 			"\"%s\"", m->table);
 		return -1;
 	}
@@ -404,17 +404,17 @@ static int parse_manifest(const char *text, size_t len, struct manifest *m)
 	int err = -1;
 
 	if (bad < len) {
-		die_msg("refused: manifest is not valid UTF-8 (byte %zu)", bad);
+		print_error("refused: manifest is not valid UTF-8 (byte %zu)", bad);
 		return -1;
 	}
 	/* len + 1: the NUL after the text must follow the value (and whitespace) */
 	d.root = cJSON_ParseWithLengthOpts(text, len + 1, &end, 1);
 	if (!d.root || end != text + len) {
-		die_msg("refused: manifest is not valid JSON (byte %zu)", end ? (size_t)(end - text) : 0);
+		print_error("refused: manifest is not valid JSON (byte %zu)", end ? (size_t)(end - text) : 0);
 		goto cleanup;
 	}
 	if (!cJSON_IsObject(d.root)) {
-		die_msg("refused: manifest is %s, not a JSON object", type_name(d.root));
+		print_error("refused: manifest is %s, not a JSON object", type_name(d.root));
 		goto cleanup;
 	}
 	if (scan_tokens(&d) || check_duplicate_keys(d.root, "") || read_fields(&d, m))
@@ -435,21 +435,21 @@ int manifest_read(const char *path, struct manifest *m)
 
 	memset(m, 0, sizeof(*m));
 	if (read_file(path, &man, &man_len)) {
-		die_msg("read %s: %s", path, strerror(errno));
+		print_error("read %s: %s", path, strerror(errno));
 		goto cleanup;
 	}
 	snprintf(sig_path, sizeof(sig_path), "%s.sig", path);
 	if (read_file(sig_path, &sig, &sig_len)) {
-		die_msg("refused: no signature %s", sig_path);
+		print_error("refused: no signature %s", sig_path);
 		goto cleanup;
 	}
 	if (verify_signature(man, man_len, sig, sig_len)) {
-		die_msg("refused: bad signature on %s", path);
+		print_error("refused: bad signature on %s", path);
 		goto cleanup;
 	}
 	/* the fields are read only from verified bytes */
 	if (memchr(man, 0, man_len)) {
-		die_msg("refused: manifest is not valid JSON (a NUL byte)");
+		print_error("refused: manifest is not valid JSON (a NUL byte)");
 		goto cleanup;
 	}
 	err = parse_manifest((const char *)man, man_len, m);

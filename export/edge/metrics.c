@@ -533,7 +533,7 @@ int cmd_metrics(const char *path)
 	}
 	err = metrics_write(path);
 	if (err)
-		die_msg("metrics %s: %s", path, strerror(-err));
+		print_error("metrics %s: %s", path, strerror(-err));
 	return err ? 1 : 0;
 }
 

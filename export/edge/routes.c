@@ -351,13 +351,13 @@ static int ip_batch(int family, const char *lines, size_t n_lines, const char *w
 	fflush(stderr);
 	p = popen(cmd, "w");
 	if (!p) {
-		die_msg("route CCs: %s: run ip: %s", what, strerror(errno));
+		print_error("route CCs: %s: run ip: %s", what, strerror(errno));
 		return -1;
 	}
 	fed = fputs(lines, p) >= 0 && fflush(p) == 0;
 	st = pclose(p);
 	if (st == -1 || !WIFEXITED(st) || WEXITSTATUS(st) || !fed) {
-		die_msg("route CCs: %s: ip -%d -batch %s%s%d (%zu route%s in the batch)", what, family,
+		print_error("route CCs: %s: ip -%d -batch %s%s%d (%zu route%s in the batch)", what, family,
 			!fed ? "did not take all its input, then " : "",
 			st != -1 && WIFEXITED(st) ? "exited " : "was killed by signal ",
 			st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st), n_lines,
@@ -402,7 +402,7 @@ static int record_table(const char *table)
 	snprintf(st.table, sizeof(st.table), "%s", table);
 	if (bpf_map_update_elem(fd, &zero, &st, BPF_ANY)) {
 		err = -errno;
-		die_msg("route CCs: record table \"%s\" in %s/ccs_routes: %s", table, cfg.pin_dir,
+		print_error("route CCs: record table \"%s\" in %s/ccs_routes: %s", table, cfg.pin_dir,
 			strerror(-err));
 	}
 	close(fd);
@@ -548,7 +548,7 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n)
 		return 0;
 	nw = parse_within(rs.within, w, ROUTE_WITHIN_MAX, why, sizeof(why));
 	if (nw < 0) {
-		die_msg("route CCs: %s", why);
+		print_error("route CCs: %s", why);
 		return -1;
 	}
 	for (fam = 4; fam <= 6; fam += 2) {
@@ -568,7 +568,7 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n)
 		}
 		buf = malloc(cap);
 		if (!buf) {
-			die_msg("route CCs: out of memory");
+			print_error("route CCs: out of memory");
 			return -1;
 		}
 		len += flush_lines(buf, cap);
@@ -609,7 +609,7 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n)
 
 				if (!nb) {
 					free(buf);
-					die_msg("route CCs: out of memory");
+					print_error("route CCs: out of memory");
 					return -1;
 				}
 				buf = nb;

@@ -53,15 +53,15 @@ static int validate_entry(const struct ccs_table_entry *e, __u8 want_family, siz
 	int bytes = want_family == 4 ? 4 : 16, b;
 
 	if (e->family != want_family) {
-		die_msg("refused: entry %zu: family %u where %u expected", i, e->family, want_family);
+		print_error("refused: entry %zu: family %u where %u expected", i, e->family, want_family);
 		return -1;
 	}
 	if (e->prefix_len > bytes * 8) {
-		die_msg("refused: entry %zu: prefix length %u too long", i, e->prefix_len);
+		print_error("refused: entry %zu: prefix length %u too long", i, e->prefix_len);
 		return -1;
 	}
 	if (e->cc > CCS_CC_MAX) {
-		die_msg("refused: entry %zu: unknown cc id %u", i, e->cc);
+		print_error("refused: entry %zu: unknown cc id %u", i, e->cc);
 		return -1;
 	}
 	for (b = 0; b < 16; b++) {
@@ -78,12 +78,12 @@ static int validate_entry(const struct ccs_table_entry *e, __u8 want_family, siz
 			mask = 0xff >> (e->prefix_len - bit0);
 		}
 		if (e->addr[b] & mask) {
-			die_msg("refused: entry %zu: address bits set beyond the prefix", i);
+			print_error("refused: entry %zu: address bits set beyond the prefix", i);
 			return -1;
 		}
 	}
 	if (in_v4_mapped_space(e)) {
-		die_msg("refused: entry %zu: IPv6 prefix ::ffff:%u.%u.%u.%u/%u lies inside "
+		print_error("refused: entry %zu: IPv6 prefix ::ffff:%u.%u.%u.%u/%u lies inside "
 			"::ffff:0:0/96 (IPv4-mapped addresses are IPv4 clients: write an IPv4 entry)",
 			i, e->addr[12], e->addr[13], e->addr[14], e->addr[15], e->prefix_len);
 		return -1;
@@ -101,14 +101,14 @@ static int read_table_bin(const char *manifest_path, struct table *t)
 
 	snprintf(tab_path, sizeof(tab_path), "%.*s%s", dir_len, manifest_path, t->man.table);
 	if (read_file(tab_path, &t->bin, &t->len)) {
-		die_msg("refused: read %s: %s", tab_path, strerror(errno));
+		print_error("refused: read %s: %s", tab_path, strerror(errno));
 		return -1;
 	}
 	if (EVP_Digest(t->bin, t->len, t->sha256, &dlen, EVP_sha256(), NULL) != 1 || dlen != 32)
 		return -1;
 	hex(t->sha256, 32, sha_hex);
 	if (strcmp(sha_hex, t->man.sha256)) {
-		die_msg("refused: sha256 of %s is %s, manifest says %s", tab_path, sha_hex,
+		print_error("refused: sha256 of %s is %s, manifest says %s", tab_path, sha_hex,
 			t->man.sha256);
 		return -1;
 	}
@@ -125,15 +125,15 @@ static int check_tree(const struct ccs_tree_node *nodes, size_t n, __u16 min_pur
 	size_t i, k;
 
 	if (n < 1 || n > CCS_TREE_MAX_NODES) {
-		die_msg("refused: tree: %zu nodes (1..%d)", n, CCS_TREE_MAX_NODES);
+		print_error("refused: tree: %zu nodes (1..%d)", n, CCS_TREE_MAX_NODES);
 		return -1;
 	}
 	if (min_purity > 1000) {
-		die_msg("refused: tree: min_purity_permille %u out of 0..1000", min_purity);
+		print_error("refused: tree: min_purity_permille %u out of 0..1000", min_purity);
 		return -1;
 	}
 	if (min_leaf > 1000) {
-		die_msg("refused: tree: min_leaf_permille %u out of 0..1000", min_leaf);
+		print_error("refused: tree: min_leaf_permille %u out of 0..1000", min_leaf);
 		return -1;
 	}
 	for (i = 0; i < n; i++) {
@@ -141,48 +141,48 @@ static int check_tree(const struct ccs_tree_node *nodes, size_t n, __u16 min_pur
 		__u16 child[2] = { nd->left, nd->right };
 
 		if (nd->reserved) {
-			die_msg("refused: tree node %zu: nonzero reserved bytes", i);
+			print_error("refused: tree node %zu: nonzero reserved bytes", i);
 			return -1;
 		}
 		if (nd->feature == CCS_TREE_LEAF) {
 			if (nd->cc < 1 || nd->cc > CCS_CC_MAX) {
-				die_msg("refused: tree node %zu: leaf with unknown cc id %u", i, nd->cc);
+				print_error("refused: tree node %zu: leaf with unknown cc id %u", i, nd->cc);
 				return -1;
 			}
 			if (nd->conf_permille > 1000) {
-				die_msg("refused: tree node %zu: leaf confidence %u out of 0..1000", i,
+				print_error("refused: tree node %zu: leaf confidence %u out of 0..1000", i,
 					nd->conf_permille);
 				return -1;
 			}
 			if (nd->left || nd->right || nd->threshold) {
-				die_msg("refused: tree node %zu: leaf with children or a threshold", i);
+				print_error("refused: tree node %zu: leaf with children or a threshold", i);
 				return -1;
 			}
 			continue;
 		}
 		if (nd->feature >= CCS_FEAT__MAX) {
-			die_msg("refused: tree node %zu: bad feature id %u", i, nd->feature);
+			print_error("refused: tree node %zu: bad feature id %u", i, nd->feature);
 			return -1;
 		}
 		if (nd->cc || nd->conf_permille) {
-			die_msg("refused: tree node %zu: split with a cc", i);
+			print_error("refused: tree node %zu: split with a cc", i);
 			return -1;
 		}
 		for (k = 0; k < 2; k++) {
 			if (child[k] >= n) {
-				die_msg("refused: tree node %zu: child %u out of range (0..%zu)", i, child[k],
+				print_error("refused: tree node %zu: child %u out of range (0..%zu)", i, child[k],
 					n - 1);
 				return -1;
 			}
 			if (child[k] <= i) {
-				die_msg("refused: tree node %zu: child %u not after its parent (a cycle)", i,
+				print_error("refused: tree node %zu: child %u not after its parent (a cycle)", i,
 					child[k]);
 				return -1;
 			}
 			parents[child[k]]++;
 			depth[child[k]] = depth[i] + 1;
 			if (depth[child[k]] > CCS_TREE_MAX_DEPTH) {
-				die_msg("refused: tree node %u: depth %u over the bound %d", child[k],
+				print_error("refused: tree node %u: depth %u over the bound %d", child[k],
 					depth[child[k]], CCS_TREE_MAX_DEPTH);
 				return -1;
 			}
@@ -190,7 +190,7 @@ static int check_tree(const struct ccs_tree_node *nodes, size_t n, __u16 min_pur
 	}
 	for (i = 1; i < n; i++)
 		if (parents[i] != 1) {
-			die_msg("refused: tree node %zu: %u parents (a tree has exactly one)", i, parents[i]);
+			print_error("refused: tree node %zu: %u parents (a tree has exactly one)", i, parents[i]);
 			return -1;
 		}
 	return 0;
@@ -204,7 +204,7 @@ static int check_table(struct table *t, time_t now)
 	size_t i;
 
 	if (t->len < sizeof(*h)) {
-		die_msg("refused: short table");
+		print_error("refused: short table");
 		return -1;
 	}
 	t->h = h;
@@ -212,7 +212,7 @@ static int check_table(struct table *t, time_t now)
 	t->n = (size_t)h->n_v4 + h->n_v6;
 	t->n_nodes = h->tree_nodes;
 	if (h->magic == CCS_TABLE_MAGIC && h->format != CCS_TABLE_FORMAT) {
-		die_msg("refused: unsupported table format %u: this agent reads format %d (tables with "
+		print_error("refused: unsupported table format %u: this agent reads format %d (tables with "
 			"the flow tree) only", h->format, CCS_TABLE_FORMAT);
 		return -1;
 	}
@@ -221,18 +221,18 @@ static int check_table(struct table *t, time_t now)
 	    h->tree_node_size != (t->n_nodes ? sizeof(struct ccs_tree_node) : 0) ||
 	    t->len != sizeof(*h) + t->n * sizeof(*t->ents) + t->n_nodes * sizeof(*t->nodes) ||
 	    t->n > CCS_MAX_ENTRIES) {
-		die_msg("refused: bad table header or size");
+		print_error("refused: bad table header or size");
 		return -1;
 	}
 	t->nodes = t->n_nodes ? (const struct ccs_tree_node *)(t->ents + t->n) : NULL;
 	if (h->version != m->version || h->expires_unix != m->expires ||
 	    h->created_unix != m->created || h->n_v4 != m->n_v4 || h->n_v6 != m->n_v6 ||
 	    h->tree_nodes != m->tree_nodes) {
-		die_msg("refused: table header disagrees with the manifest");
+		print_error("refused: table header disagrees with the manifest");
 		return -1;
 	}
 	if (m->expires <= (__u64)now) {
-		die_msg("refused: table %llu expired at %llu (now %lld)",
+		print_error("refused: table %llu expired at %llu (now %lld)",
 			(unsigned long long)m->version, (unsigned long long)m->expires, (long long)now);
 		return -1;
 	}
@@ -242,7 +242,7 @@ static int check_table(struct table *t, time_t now)
 	if (t->n_nodes)
 		return check_tree(t->nodes, t->n_nodes, h->tree_min_purity_permille, h->tree_min_leaf_permille);
 	if (h->tree_min_purity_permille || h->tree_min_leaf_permille || m->tree_model[0]) {
-		die_msg("refused: a tree's min purity, min leaf confidence or model without a tree");
+		print_error("refused: a tree's min purity, min leaf confidence or model without a tree");
 		return -1;
 	}
 	return 0;
@@ -256,15 +256,15 @@ static int build_tree(const struct table *t)
 	int fd = -1;
 
 	if (!tree) {
-		die_msg("tree: out of memory");
+		print_error("tree: out of memory");
 		return -1;
 	}
 	memcpy(tree->nodes, t->nodes, t->n_nodes * sizeof(*t->nodes));
 	fd = bpf_map_create(BPF_MAP_TYPE_ARRAY, "ccs_tree", sizeof(__u32), sizeof(*tree), 1, NULL);
 	if (fd < 0) {
-		die_msg("create tree: %s", strerror(errno));
+		print_error("create tree: %s", strerror(errno));
 	} else if (bpf_map_update_elem(fd, &zero, tree, BPF_ANY)) {
-		die_msg("write tree: %s", strerror(errno));
+		print_error("write tree: %s", strerror(errno));
 		close(fd);
 		fd = -1;
 	}
@@ -405,7 +405,7 @@ static int build_index(const struct table *t, struct ccs_meta *meta)
 	keys = calloc(t->n ? t->n : 1, sizeof(*keys));
 	vals = calloc(t->n ? t->n : 1, sizeof(*vals));
 	if (!keys || !vals) {
-		die_msg("build the lookup: out of memory");
+		print_error("build the lookup: out of memory");
 		goto out;
 	}
 	for (i = 0; i < t->n; i++) {
@@ -433,7 +433,7 @@ static int build_index(const struct table *t, struct ccs_meta *meta)
 	m += family_records(keys, vals, t, 6, (meta->lens + CCS_LEN4_MAX), meta->n_len6, NULL);
 	r = calloc(m ? m : 1, sizeof(*r));
 	if (!r) {
-		die_msg("build the lookup: out of memory (%zu records)", m);
+		print_error("build the lookup: out of memory (%zu records)", m);
 		goto out;
 	}
 	m = family_records(keys, vals, t, 4, meta->lens, meta->n_len4, r);
@@ -444,7 +444,7 @@ static int build_index(const struct table *t, struct ccs_meta *meta)
 		r[u] = r[i];
 		for (j = i + 1; j < m && !key_cmp(&r[j].k, &r[i].k); j++) {
 			if (r[j].entry != (size_t)-1) {
-				die_msg("refused: entry %zu: duplicate prefix", r[j].entry);
+				print_error("refused: entry %zu: duplicate prefix", r[j].entry);
 				goto out;
 			}
 			r[u].v.flags |= r[j].v.flags & CCS_VAL_LONGER;
@@ -480,12 +480,12 @@ static int build_index(const struct table *t, struct ccs_meta *meta)
 	fd = bpf_map_create(BPF_MAP_TYPE_HASH, "ccs_lookup", sizeof(struct ccs_lpm_key),
 			    sizeof(struct ccs_lpm_val), u ? (__u32)u : 1, NULL);
 	if (fd < 0) {
-		die_msg("create the lookup hash: %s", strerror(errno));
+		print_error("create the lookup hash: %s", strerror(errno));
 		goto out;
 	}
 	for (i = 0; i < u; i++) {
 		if (bpf_map_update_elem(fd, &r[i].k, &r[i].v, BPF_NOEXIST)) {
-			die_msg("refused: %s %zu: %s", r[i].entry != (size_t)-1 ? "entry" : "marker",
+			print_error("refused: %s %zu: %s", r[i].entry != (size_t)-1 ? "entry" : "marker",
 				r[i].entry != (size_t)-1 ? r[i].entry : i, strerror(errno));
 			close(fd);
 			fd = -1;
@@ -553,7 +553,7 @@ static int open_slots(struct slots *s)
 		s->trees_fd = s->flow_fd = -1;
 	}
 	if (s->ctl_fd < 0 || s->meta_fd < 0 || s->tables_fd < 0) {
-		die_msg("not attached: no pinned maps under %s", cfg.pin_dir);
+		print_error("not attached: no pinned maps under %s", cfg.pin_dir);
 		close_slots(s);
 		return -1;
 	}
@@ -587,22 +587,22 @@ static int read_state(const struct slots *s, struct state *st)
 
 	memset(st, 0, sizeof(*st));
 	if (bpf_map_lookup_elem(s->ctl_fd, &zero, &st->ctl)) {
-		die_msg("read %s/ccs_ctl: %s", cfg.pin_dir, strerror(errno));
+		print_error("read %s/ccs_ctl: %s", cfg.pin_dir, strerror(errno));
 		return -1;
 	}
 	for (slot = 0; slot < CCS_SLOTS; slot++) {
 		if (bpf_map_lookup_elem(s->meta_fd, &slot, &st->meta[slot])) {
-			die_msg("read %s/ccs_meta[%u]: %s", cfg.pin_dir, slot, strerror(errno));
+			print_error("read %s/ccs_meta[%u]: %s", cfg.pin_dir, slot, strerror(errno));
 			return -1;
 		}
 		if (slot_map_id(s->tables_fd, slot, &st->index_id[slot])) {
-			die_msg("read %s/ccs_tables[%u]: %s", cfg.pin_dir, slot, strerror(errno));
+			print_error("read %s/ccs_tables[%u]: %s", cfg.pin_dir, slot, strerror(errno));
 			return -1;
 		}
 		st->ok[slot] = slot_consistent(&st->meta[slot], st->index_id[slot]);
 	}
 	if (s->version_fd >= 0 && bpf_map_lookup_elem(s->version_fd, &zero, &st->ver)) {
-		die_msg("read %s/ccs_version: %s", cfg.pin_dir, strerror(errno));
+		print_error("read %s/ccs_version: %s", cfg.pin_dir, strerror(errno));
 		return -1;
 	}
 	st->floor = st->ver.highest;
@@ -645,7 +645,7 @@ static int settle_live(const struct slots *s, struct state *st)
 	m = st->meta[live];
 	m.valid = CCS_META_LIVE;
 	if (bpf_map_update_elem(s->meta_fd, &slot, &m, BPF_ANY)) {
-		die_msg("mark live slot %u made live (ccs_meta): %s", slot, strerror(errno));
+		print_error("mark live slot %u made live (ccs_meta): %s", slot, strerror(errno));
 		return -1;
 	}
 	st->meta[live] = m;
@@ -670,7 +670,7 @@ static int record_version(const struct slots *s, const struct floor *f)
 	v.override_from = f->override_from;
 	v.override_to = f->override_to;
 	if (bpf_map_update_elem(s->version_fd, &zero, &v, BPF_ANY)) {
-		die_msg("write %s/ccs_version: %s", cfg.pin_dir, strerror(errno));
+		print_error("write %s/ccs_version: %s", cfg.pin_dir, strerror(errno));
 		return -1;
 	}
 	return 0;
@@ -748,7 +748,7 @@ static int parse_named(const char *named, const struct state *st, __u64 *e, __u6
 		goto bad;
 	return 0;
 bad:
-	die_msg("--allow-downgrade [EPOCH:]VERSION: the manifest's (epoch and) version, not \"%s\"",
+	print_error("--allow-downgrade [EPOCH:]VERSION: the manifest's (epoch and) version, not \"%s\"",
 		named);
 	return -1;
 }
@@ -777,7 +777,7 @@ static enum rule version_rule(const struct state *st, const struct table *t, con
 		return RULE_REFUSED;
 	if (!st->has_floor) {
 		if (e > CCS_FIRST_EPOCH_MAX) {
-			die_msg("refused: table %llu is of epoch %llu, and this agent has no floor yet: a "
+			print_error("refused: table %llu is of epoch %llu, and this agent has no floor yet: a "
 				"first table's epoch is at most %llu (epochs go up one at a time)",
 				(unsigned long long)v, (unsigned long long)e, CCS_FIRST_EPOCH_MAX);
 			return RULE_REFUSED;
@@ -788,7 +788,7 @@ static enum rule version_rule(const struct state *st, const struct table *t, con
 	if (c > 0 && e == f->epoch) {
 		if (v - f->version <= step)
 			return RULE_NEWER;
-		die_msg("refused: table %llu is %llu versions past table %llu, the newest of epoch %llu "
+		print_error("refused: table %llu is %llu versions past table %llu, the newest of epoch %llu "
 			"loaded here: more than version_max_step (%llu). One table may not use up an "
 			"epoch's versions; if the numbering restarted or jumped on purpose, open the "
 			"next epoch (`ccs keys epoch --new`) and sign the table in it",
@@ -799,13 +799,13 @@ static enum rule version_rule(const struct state *st, const struct table *t, con
 	}
 	if (c > 0) {
 		if (e != f->epoch + 1) {
-			die_msg("refused: table %llu is of epoch %llu, but this agent is in epoch %llu: "
+			print_error("refused: table %llu is of epoch %llu, but this agent is in epoch %llu: "
 				"epochs go up by one (an operator opens each: `ccs keys epoch --new`)",
 				(unsigned long long)v, (unsigned long long)e, (unsigned long long)f->epoch);
 			return RULE_REFUSED;
 		}
 		if (v > step) {
-			die_msg("refused: table %llu opens epoch %llu, but a new epoch's versions start "
+			print_error("refused: table %llu opens epoch %llu, but a new epoch's versions start "
 				"again: at most version_max_step (%llu)", (unsigned long long)v,
 				(unsigned long long)e, (unsigned long long)step);
 			return RULE_REFUSED;
@@ -827,16 +827,16 @@ static enum rule version_rule(const struct state *st, const struct table *t, con
 	if (allow && ne == e && nv == v)
 		return RULE_OVERRIDE;
 	if (allow)
-		die_msg("refused: --allow-downgrade %s does not name this manifest's version %llu "
+		print_error("refused: --allow-downgrade %s does not name this manifest's version %llu "
 			"(epoch %llu)%s", allow, (unsigned long long)v, (unsigned long long)e,
 			e != f->epoch ? ": a table of another epoch than the floor's is named EPOCH:VERSION"
 				      : "");
 	else if (c == 0)
-		die_msg("refused: table %llu was loaded here before with another sha256: a version "
+		print_error("refused: table %llu was loaded here before with another sha256: a version "
 			"names one table (load --allow-downgrade %llu:%llu to override)",
 			(unsigned long long)v, (unsigned long long)e, (unsigned long long)v);
 	else
-		die_msg("refused: table %llu (epoch %llu) is older than table %llu (epoch %llu), loaded "
+		print_error("refused: table %llu (epoch %llu) is older than table %llu (epoch %llu), loaded "
 			"here before: versions only go forward (replay). To go back: `ccs-edge rollback` "
 			"(the previous slot) or `ccs-edge load MANIFEST --allow-downgrade %llu:%llu`",
 			(unsigned long long)v, (unsigned long long)e, (unsigned long long)f->version,
@@ -883,27 +883,27 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 	meta.valid = 0;
 	meta.index_id = 0;
 	if (bpf_map_update_elem(s->meta_fd, &slot, &meta, BPF_ANY)) {
-		die_msg("mark slot %u invalid (ccs_meta): %s", slot, strerror(errno));
+		print_error("mark slot %u invalid (ccs_meta): %s", slot, strerror(errno));
 		return -1;
 	}
 	/* 2. the index */
 	if (bpf_map_update_elem(s->tables_fd, &slot, &index_fd, BPF_ANY)) {
-		die_msg("install index in slot %u (ccs_tables): %s", slot, strerror(errno));
+		print_error("install index in slot %u (ccs_tables): %s", slot, strerror(errno));
 		return -1;
 	}
 	if (bpf_obj_get_info_by_fd(index_fd, &info, &len)) {
-		die_msg("index map id: %s", strerror(errno));
+		print_error("index map id: %s", strerror(errno));
 		return -1;
 	}
 	/* 2b. the flow tree, or none: the slot must not keep the tree of the table it held before */
 	if (tree_fd >= 0) {
 		if (bpf_map_update_elem(s->trees_fd, &slot, &tree_fd, BPF_ANY) ||
 		    bpf_obj_get_info_by_fd(tree_fd, &tinfo, &tlen)) {
-			die_msg("install tree in slot %u (ccs_trees): %s", slot, strerror(errno));
+			print_error("install tree in slot %u (ccs_trees): %s", slot, strerror(errno));
 			return -1;
 		}
 	} else if (s->trees_fd >= 0 && bpf_map_delete_elem(s->trees_fd, &slot) && errno != ENOENT) {
-		die_msg("remove the old tree from slot %u (ccs_trees): %s", slot, strerror(errno));
+		print_error("remove the old tree from slot %u (ccs_trees): %s", slot, strerror(errno));
 		return -1;
 	}
 	/* 3. the model version, for status */
@@ -925,7 +925,7 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 	model.loaded_unix = meta.loaded_unix;
 	memcpy(model.model_version, t->man.model_version, sizeof(model.model_version));
 	if (s->model_fd >= 0 && bpf_map_update_elem(s->model_fd, &slot, &model, BPF_ANY)) {
-		die_msg("write slot %u model version (ccs_model): %s", slot, strerror(errno));
+		print_error("write slot %u model version (ccs_model): %s", slot, strerror(errno));
 		return -1;
 	}
 	flow.version = meta.version;
@@ -936,19 +936,19 @@ static int swap_in(const struct slots *s, const struct state *st, const struct t
 	flow.min_leaf_permille = t->h->tree_min_leaf_permille;
 	memcpy(flow.model, t->man.tree_model, sizeof(flow.model));
 	if (s->flow_fd >= 0 && bpf_map_update_elem(s->flow_fd, &slot, &flow, BPF_ANY)) {
-		die_msg("write slot %u flow tree record (ccs_flow): %s", slot, strerror(errno));
+		print_error("write slot %u flow tree record (ccs_flow): %s", slot, strerror(errno));
 		return -1;
 	}
 	/* 4. the meta: the slot is valid again (staged), describing the index now in it */
 	if (bpf_map_update_elem(s->meta_fd, &slot, &meta, BPF_ANY)) {
-		die_msg("write slot %u metadata (ccs_meta): %s", slot, strerror(errno));
+		print_error("write slot %u metadata (ccs_meta): %s", slot, strerror(errno));
 		return -1;
 	}
 	/* 5. the swap */
 	ctl.live = slot + 1;
 	ctl.generation++;
 	if (bpf_map_update_elem(s->ctl_fd, &zero, &ctl, BPF_ANY)) {
-		die_msg("swap (ccs_ctl): %s", strerror(errno));
+		print_error("swap (ccs_ctl): %s", strerror(errno));
 		return -1;
 	}
 	*slotp = slot;
@@ -987,14 +987,14 @@ int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade)
 	if (open_slots(&s))
 		goto cleanup;
 	if (t.n_nodes && s.trees_fd < 0) {
-		die_msg("refused: table %llu carries a flow tree, but the program attached under %s "
+		print_error("refused: table %llu carries a flow tree, but the program attached under %s "
 			"predates it (no ccs_trees): run `ccs-edge attach` first",
 			(unsigned long long)t.man.version, cfg.pin_dir);
 		goto cleanup;
 	}
 	lock_fd = lock_pin_dir();
 	if (lock_fd < 0) {
-		die_msg("lock %s: %s", cfg.pin_dir, strerror(-lock_fd));
+		print_error("lock %s: %s", cfg.pin_dir, strerror(-lock_fd));
 		goto cleanup;
 	}
 	/* 4. the version rule, against what the slots hold now */
@@ -1017,7 +1017,7 @@ int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade)
 		/* route CCs: the live table's routes written again (an agent restarted, or routes
 		 * turned on since it was loaded) */
 		if (routes_enabled() && routes_sync(t.ents, t.n) < 0) {
-			die_msg("load: table %llu is live, but step 7 (write its route CCs) failed",
+			print_error("load: table %llu is live, but step 7 (write its route CCs) failed",
 				(unsigned long long)t.man.version);
 			err = -1;
 		}
@@ -1046,7 +1046,7 @@ int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade)
 	next_floor(&st, &nf, t.man.epoch, t.man.version, t.sha256, rule == RULE_OVERRIDE,
 		   "load --allow-downgrade", live >= 0 && st.ok[live] ? st.meta[live].version : 0);
 	if (floor_write(&nf)) {
-		die_msg("refused: table %llu not made live: the version floor could not be kept (%s)",
+		print_error("refused: table %llu not made live: the version floor could not be kept (%s)",
 			(unsigned long long)t.man.version, cfg.state_dir);
 		goto cleanup;
 	}
@@ -1062,7 +1062,7 @@ int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade)
 		n_routes = routes_sync(t.ents, t.n);
 		t4 = clock_ns(CLOCK_MONOTONIC);
 		if (n_routes < 0) {
-			die_msg("load: table %llu is live, but step 7 (write its route CCs) failed: the "
+			print_error("load: table %llu is live, but step 7 (write its route CCs) failed: the "
 				"program switches the connections of the missing routes itself",
 				(unsigned long long)t.man.version);
 			err = -1;
@@ -1115,44 +1115,44 @@ int cmd_rollback(void)
 		goto cleanup;
 	lock_fd = lock_pin_dir();
 	if (lock_fd < 0) {
-		die_msg("lock %s: %s", cfg.pin_dir, strerror(-lock_fd));
+		print_error("lock %s: %s", cfg.pin_dir, strerror(-lock_fd));
 		goto cleanup;
 	}
 	if (read_state(&s, &st) || settle_live(&s, &st))
 		goto cleanup;
 	live = live_slot(&st);
 	if (live < 0) {
-		die_msg("rollback: no live table");
+		print_error("rollback: no live table");
 		goto cleanup;
 	}
 	prev = (__u32)(live + 1) % CCS_SLOTS;
 	m = &st.meta[prev];
 	if (!m->valid) {
-		die_msg("rollback: no previous table (slot %u is empty, or a load changing it did not "
+		print_error("rollback: no previous table (slot %u is empty, or a load changing it did not "
 			"finish: its metadata is marked invalid)", prev);
 		goto cleanup;
 	}
 	if (!st.ok[prev]) {
-		die_msg("rollback: slot %u is inconsistent: its index (map id %u) is not the one its "
+		print_error("rollback: slot %u is inconsistent: its index (map id %u) is not the one its "
 			"metadata describes (table %llu, map id %u); refusing", prev, st.index_id[prev],
 			(unsigned long long)m->version, m->index_id);
 		goto cleanup;
 	}
 	if (m->valid == CCS_META_STAGED) {
-		die_msg("rollback: slot %u holds table %llu, whose load did not finish: it was never "
+		print_error("rollback: slot %u holds table %llu, whose load did not finish: it was never "
 			"made live (killed between its metadata and the flip); refusing. Load it again "
 			"to make it live", prev, (unsigned long long)m->version);
 		goto cleanup;
 	}
 	if (m->expires_mono_ns <= clock_ns(CLOCK_MONOTONIC)) {
-		die_msg("rollback: previous table %llu has expired", (unsigned long long)m->version);
+		print_error("rollback: previous table %llu has expired", (unsigned long long)m->version);
 		goto cleanup;
 	}
 	/* the slot's flow tree must be the one its table's record names (or none, with none) */
 	if (s.flow_fd >= 0 && !bpf_map_lookup_elem(s.flow_fd, &prev, &flow) &&
 	    flow.version == m->version && flow.loaded_unix == m->loaded_unix &&
 	    (slot_map_id(s.trees_fd, prev, &tree_id) || tree_id != flow.tree_id)) {
-		die_msg("rollback: slot %u is inconsistent: its flow tree (map id %u) is not the one "
+		print_error("rollback: slot %u is inconsistent: its flow tree (map id %u) is not the one "
 			"its table's record names (map id %u); refusing", prev, tree_id, flow.tree_id);
 		goto cleanup;
 	}
@@ -1166,14 +1166,14 @@ int cmd_rollback(void)
 		nf.override_to_epoch = st.fl.epoch;
 	}
 	if (floor_write(&nf)) {
-		die_msg("rollback: refused: the version floor could not be kept (%s)", cfg.state_dir);
+		print_error("rollback: refused: the version floor could not be kept (%s)", cfg.state_dir);
 		goto cleanup;
 	}
 	ctl = st.ctl;
 	ctl.live = prev + 1;
 	ctl.generation++;
 	if (bpf_map_update_elem(s.ctl_fd, &zero, &ctl, BPF_ANY)) {
-		die_msg("rollback: swap (ccs_ctl): %s", strerror(errno));
+		print_error("rollback: swap (ccs_ctl): %s", strerror(errno));
 		goto cleanup;
 	}
 	printf("rolled back to table %llu (slot %u)\n", (unsigned long long)m->version, prev);
@@ -1182,7 +1182,7 @@ int cmd_rollback(void)
 	 * program switches every connection itself until the next load writes routes again. If
 	 * they stay, they are stale: the rollback fails, naming the step */
 	if (routes_enabled() && routes_flush()) {
-		die_msg("rollback: table %llu is live, but step 2 (flush the route CCs of table %llu) "
+		print_error("rollback: table %llu is live, but step 2 (flush the route CCs of table %llu) "
 			"failed: its routes stay, stale, until a load or detach (the program corrects "
 			"their connections' CCs)", (unsigned long long)m->version,
 			(unsigned long long)live_before);

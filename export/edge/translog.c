@@ -796,13 +796,13 @@ int cmd_log(const char *out, bool drain, bool watch)
 	FILE *bf;
 
 	if (!out || !*out) {
-		die_msg("log: --out DIR (or config log_dir:) needed");
+		print_error("log: --out DIR (or config log_dir:) needed");
 		goto cleanup;
 	}
 	if (!cfg.node_id[0] && gethostname(cfg.node_id, sizeof(cfg.node_id) - 1))
 		snprintf(cfg.node_id, sizeof(cfg.node_id), "edge");
 	if (ev_fd < 0) {
-		die_msg("not attached: no %s/ccs_events", cfg.pin_dir);
+		print_error("not attached: no %s/ccs_events", cfg.pin_dir);
 		goto cleanup;
 	}
 	bf = fopen("/proc/sys/kernel/random/boot_id", "r");
@@ -813,17 +813,17 @@ int cmd_log(const char *out, bool drain, bool watch)
 	}
 	snprintf(lg.boot, sizeof(lg.boot), "%.8s", bootid[0] ? bootid : "00000000");
 	if (json_escape(lg.node_json, sizeof(lg.node_json), cfg.node_id)) {
-		die_msg("node_id too long");
+		print_error("node_id too long");
 		goto cleanup;
 	}
 	snprintf(lg.dir, sizeof(lg.dir), "%s/transport/%s", out, cfg.node_id);
 	if (mkdirs(lg.dir)) {
-		die_msg("mkdir %s: %s", lg.dir, strerror(errno));
+		print_error("mkdir %s: %s", lg.dir, strerror(errno));
 		goto cleanup;
 	}
 	lg.dir_fd = open(lg.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (lg.dir_fd < 0) {
-		die_msg("open %s: %s", lg.dir, strerror(errno));
+		print_error("open %s: %s", lg.dir, strerror(errno));
 		goto cleanup;
 	}
 	for (int i = 0; i <= SEG_OPEN_MAX; i++) {
@@ -832,7 +832,7 @@ int cmd_log(const char *out, bool drain, bool watch)
 		o->fd = -1;
 		o->buf = malloc(OUT_BUF);
 		if (!o->buf) {
-			die_msg("log: out of memory");
+			print_error("log: out of memory");
 			goto cleanup;
 		}
 	}
@@ -845,7 +845,7 @@ int cmd_log(const char *out, bool drain, bool watch)
 	last_recover = clock_ns(CLOCK_MONOTONIC);
 	n = ring_open(&ring, ev_fd);
 	if (n) {
-		die_msg("ring buffer %s/ccs_events: %s", cfg.pin_dir, strerror(-n));
+		print_error("ring buffer %s/ccs_events: %s", cfg.pin_dir, strerror(-n));
 		goto cleanup;
 	}
 	if (watch) {

@@ -14,7 +14,7 @@
 
 #include "agent.h"
 
-void die_msg(const char *fmt, ...)
+void print_error(const char *fmt, ...)
 {
 	va_list ap;
 
