@@ -60,6 +60,9 @@ SOURCES = {
                       ["bench/results/champion_bf16.json"]),
     "shift-sweep": ("The strong-shift stress knob swept: each variant's gain along it (issue 55)",
                     "python bench/shift_sweep.py", ["bench/results/shift_sweep.json"]),
+    "default-fleet-select": ("The default fleet's knobs on 20 nodes: the protocol's pick against the MLP and GBDT (issue 55)",
+                             "python bench/shift_sweep.py --nodes 20 --hours 12 --severities 0 --share 0.3 --out "
+                             "bench/results/default_fleet_select.json", ["bench/results/default_fleet_select.json"]),
     "issue57-rules": ("What issue 57's rules change on the default fleet's held-out nodes", "python bench/issue57_rules.py",
                       ["bench/results/issue57_rules.json"]),
 }
