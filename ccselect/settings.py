@@ -612,11 +612,21 @@ class RolloutSettings(_Section):
 class CanarySettings(_Section):
     """`export.canary:` the canary's A/B on outcomes (export/delivery/canary.py, issue 58): an
     always-valid mixture SPRT per metric over the kernel's CRC32 arms, looked at as often as
-    wanted. `alpha` bounds the false-rollback rate of a table that changes nothing (split over
-    the metrics); `tau` is the mixing prior's spread of the log ratio (the effect sizes the test
-    is most sensitive to); a table is promoted early once every metric's interval excludes a harm
-    above `harm_margin` (relative), rolled back once one shows harm, and promoted when
-    `max_minutes` pass with neither; a look needs `min_clusters` client addresses per arm."""
+    wanted. A table is rolled back once a metric's always-valid interval shows harm (above 0),
+    promoted once every metric's interval excludes a harm above `harm_margin`, and neither
+    (not promoted: the cohort goes back, nothing frozen) when `max_minutes` pass without one
+    of the two. `alpha` bounds both errors at any number of looks: a table that harms no metric
+    is rolled back with probability at most `alpha` (split over the metrics), and a table that
+    harms a metric by more than `harm_margin` is promoted with probability at most
+    `alpha` / number of metrics. `tau` is the mixing prior's spread of the log ratio (the effect
+    sizes the test is most sensitive to); a look needs `min_clusters` client addresses per arm.
+    `harm_margin` is the operator's tolerance, relative to the control arm (the default CC):
+    the largest harm on any metric a table may carry to the next cohort. 5%: about ALICCS's
+    whole measured QoE gain over the default (rebuffer rate −4.76% over all connections, §5.3;
+    "even a 2%–3% difference in service quality matters"), so a table is not let on without
+    evidence that it costs less than what CC selection exists to win. A good table whose
+    intervals are still wider than that when the window ends is held back (the price of the
+    promote guarantee; docs/results/rollout-drill.md counts it)."""
     alpha: float = 0.05
     tau: float = 0.2
     harm_margin: float = 0.05

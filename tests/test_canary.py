@@ -1,7 +1,8 @@
 """The canary's sequential A/B (export/delivery/canary.py, issue 58) on replays of two arms with known
 effects (sim/ab_outcomes.py): tables that change nothing are rolled back at most at the promised
-rate however often the rollout looks, a harmful table is rolled back within minutes, a helpful one
-is promoted; and the always-valid interval against its closed form."""
+rate however often the rollout looks, tables harmful by the margin are promoted at most at the
+promised rate (the window's end promotes nothing), a harmful table is rolled back within minutes,
+a helpful one is promoted; and the always-valid interval against its closed form."""
 from __future__ import annotations
 
 import math
@@ -70,8 +71,35 @@ def test_too_few_clients_is_inconclusive_at_the_window_end_not_promoted():
     few = CanarySettings(min_clusters=10_000, max_minutes=5)
     decision, minute, c = _run(np.random.default_rng(1), effect_retrans=3.0, settings=few, minutes=5)
     assert (decision, minute) == (canary.INCONCLUSIVE, 5)
-    assert "not promoted: the window (5 min" in c.reason and "ended with 0 of 2 metrics judged" in c.reason
+    assert "not promoted: the window (5 min" in c.reason and "ended without evidence either way" in c.reason
+    assert "retrans_rate never had export.canary.min_clusters (10000) clients in both arms" in c.reason
     assert all(not st.last["judged"] for st in c.states.values())
+
+
+def test_no_harm_shown_is_not_evidence_of_safety():
+    """A table 10% worse on retransmissions, judged for 5 minutes: no harm is shown within the
+    window, and neither is its absence beyond the margin, so it is not promoted (the rule before
+    promoted it when the window ended)."""
+    short = CanarySettings(max_minutes=5)
+    decision, minute, c = _run(np.random.default_rng(3), effect_retrans=1.1, settings=short, minutes=5)
+    assert (decision, minute) == (canary.INCONCLUSIVE, 5), c.reason
+    st = c.states["retrans_rate"]
+    assert st.last["judged"] and st.lo < 0 < math.log1p(short.harm_margin) < st.hi
+    assert "retrans_rate " in c.reason and "not below the +5% margin (export.canary.harm_margin)" in c.reason
+
+
+def test_tables_harmful_by_the_margin_are_promoted_at_most_at_alpha_over_the_metrics():
+    """300 tables whose retransmissions are exactly `harm_margin` worse (the least harm the
+    promote guarantee covers), looked at every minute for 30 minutes: promoted at most at
+    α / 2 (the non-inferiority's level on that metric's confidence sequence)."""
+    rng = np.random.default_rng(60)
+    n, promoted, decided = 300, 0, {}
+    for _ in range(n):
+        decision, _, _ = _run(rng, effect_retrans=1 + S.harm_margin)
+        promoted += decision == canary.PROMOTE
+        decided[decision] = decided.get(decision, 0) + 1
+    assert promoted / n <= S.alpha / len(S.metrics), decided
+    assert decided.get(canary.INCONCLUSIVE, 0) + decided.get(canary.ROLLBACK, 0) == n - promoted
 
 
 def test_the_interval_is_the_inverted_msprt():

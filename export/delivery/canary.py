@@ -19,18 +19,37 @@ where θ̂ is the log ratio at the look and V its delta-method variance. P(Λ_n 
 confidence sequence θ̂ ± h with h = sqrt(V (V + τ²) / τ² · (2 log(1/α) + log((V + τ²) / V))),
 intersected over the looks so it only narrows.
 
-Per table, with the metrics' α split evenly (Bonferroni) so that the false-rollback rate of a
-table that changes nothing is at most `alpha`:
+Per table, with the metrics' α split evenly (Bonferroni: α_m = `alpha` / number of metrics),
+one confidence sequence per metric, and three outcomes:
 
-- **roll back** at the first look where a metric's interval lies wholly above 0 (treatment
-  worse: more retransmission or more stalls);
-- **promote** early once every metric's interval lies below log(1 + `harm_margin`) (any harm
-  smaller than the margin), or when `max_minutes` pass without a rollback with every metric
-  judged (the window is bounded: an effect the test cannot see by then is below what the canary
-  can judge);
-- **inconclusive** (not promoted, not rolled back) when the window ends with a metric that never
-  had enough clients to judge: silence is not evidence of safety;
-- else **observe**. A look with fewer than `min_clusters` addresses in an arm decides nothing.
+- **roll back** at the first look where a metric's interval lies wholly on the harm side of 0
+  (treatment worse: more retransmission or more stalls);
+- **promote** at the first look where every metric's interval lies wholly below
+  log(1 + `harm_margin`): evidence that the table is no worse than the control arm by more than
+  the margin on any metric (a non-inferiority test, read at every look);
+- **inconclusive** (not promoted, not rolled back) when `max_minutes` pass with neither: the
+  rollout does not go on (the gate's `observe`: the cohort goes back to its previous table,
+  nothing frozen; a node that had none keeps this one, export/delivery/rollout.rollback_node). Absence of evidence of harm is not evidence of safety: a table is never
+  promoted because the window ran out;
+- else **observe**. A look with fewer than `min_clusters` addresses in an arm judges nothing for
+  that metric (so a metric short of clients can neither roll back nor let a table be promoted).
+
+What the rule promises, at any number and timing of looks (the confidence sequences cover every
+metric's true log ratio at every look at once with probability ≥ 1 − α, as far as the delta
+method's normal approximation holds; each wrong decision below needs one to miss):
+
+- **false rollback** ≤ `alpha`: a table that harms no metric (true ratio ≤ 1 on each; a table
+  that changes nothing, or a better one) is rolled back with probability at most `alpha` (the
+  mSPRT's level, split over the metrics);
+- **false promote** ≤ `alpha` / number of metrics ≤ `alpha`: a table that harms some metric by
+  more than `harm_margin` (true ratio ≥ 1 + margin) is promoted with probability at most α_m
+  (the non-inferiority test on that metric's interval; the same confidence sequence).
+
+What it does not promise: that a good table is promoted within the window. Promotion needs an
+interval narrower than the margin, i.e. enough clients per arm within `max_minutes`; a table
+whose interval is still wider is held back (inconclusive), which is the price of the second
+guarantee. Neither guarantee covers a harm between 0 and the margin: such a table may be promoted
+or rolled back.
 
 Pure Python on collected moments (`arm_moments` rows, `decide`), so the tests run it on numpy
 sums; `canary_moments` is the Spark extract over silver.connections.
@@ -49,7 +68,7 @@ from features.ab_moments import ArmMoments, arm_moments, metric_rows
 #: a metric for which a higher treatment rate is worse (every metric here)
 HARM_IF_HIGHER = {"retrans_rate": True, "rebuffer_rate": True}
 PROMOTE, OBSERVE, ROLLBACK = "promote", "observe", "rollback"
-#: the window ended with a metric that never had `min_clusters` clients in both arms: not promoted
+#: the window ended with neither harm nor non-inferiority shown on every metric: not promoted
 INCONCLUSIVE = "inconclusive"
 
 
@@ -124,18 +143,27 @@ class Canary:
                                     f"{self.states[m].last['cs'][1]:+.1%}] above 0" for m in harm)
         elif judged == len(s.metrics) and safe == judged:
             self.decision = PROMOTE
-            self.reason = f"every metric's always-valid interval below +{s.harm_margin:.0%} after {minute:g} min"
-        elif minute >= s.max_minutes and judged == len(s.metrics):
-            self.decision = PROMOTE
-            self.reason = f"no harm shown in {minute:g} min (the window, export.canary.max_minutes)"
+            self.reason = (f"every metric's always-valid interval below +{s.harm_margin:.0%} "
+                           f"(export.canary.harm_margin) after {minute:g} min")
         elif minute >= s.max_minutes:
             self.decision = INCONCLUSIVE
-            self.reason = (f"not promoted: the window ({minute:g} min, export.canary.max_minutes) ended with "
-                           f"{judged} of {len(s.metrics)} metrics judged, the rest short of "
-                           f"export.canary.min_clusters ({s.min_clusters}) clients per arm")
+            self.reason = (f"not promoted: the window ({minute:g} min, export.canary.max_minutes) ended without "
+                           f"evidence either way: " + "; ".join(self._open(m) for m in s.metrics))
         else:
             self.reason = f"observing: {judged} of {len(s.metrics)} metrics judged at {minute:g} min"
         return self.decision
+
+    def _open(self, metric: str) -> str:
+        """Why `metric` does not let the table be promoted (at the window's end)."""
+        s, st = self.settings, self.states.get(metric)
+        if st is None or not st.looks:
+            return (f"{metric} never had export.canary.min_clusters ({s.min_clusters}) clients in both arms "
+                    f"({(st.last.get('clusters') if st else None) or [0, 0]})")
+        lo, hi = math.expm1(st.lo), math.expm1(st.hi)
+        if (st.hi < math.log1p(s.harm_margin)) if HARM_IF_HIGHER[metric] else (st.lo > -math.log1p(s.harm_margin)):
+            return f"{metric} within the margin [{lo:+.1%}, {hi:+.1%}]"
+        return (f"{metric} {st.last.get('rel_change', math.nan):+.1%}, always-valid interval [{lo:+.1%}, {hi:+.1%}] "
+                f"not below the +{s.harm_margin:.0%} margin (export.canary.harm_margin)")
 
     def evidence(self) -> dict[str, Any]:
         return {"decision": self.decision, "reason": self.reason,

@@ -22,8 +22,15 @@ Two gates:
   the kernel's CRC32 arms, looked at every `look_s` seconds on each node's cumulative moments
   since the load (`silver_moments`: its silver.connections rows, so the stream must be ingesting
   the node's logs). Each node of the cohort is judged by its own test: any rollback rolls the
-  cohort back; every node promoted promotes; a node with no outcome rows at all by the end of
-  the window (`export.canary.max_minutes`) is named, and the table is not promoted.
+  cohort back; every node promoted promotes. A node promotes only on evidence of no harm
+  beyond `export.canary.harm_margin` on every metric (its always-valid intervals below the
+  margin); when the window (`export.canary.max_minutes`) ends without that or a rollback, the
+  gate says `observe` with each metric's interval (not promoted: the cohort goes back to its
+  previous table, nothing frozen), and a node with no outcome rows at all is named. So, per
+  node and table, at any number of looks: a table that harms no metric is rolled back with
+  probability at most `export.canary.alpha`, and one that harms a metric by more than the
+  margin is promoted with probability at most `alpha` / number of metrics
+  (export/delivery/canary.py).
 """
 from __future__ import annotations
 
@@ -140,7 +147,7 @@ class CanaryVerdict:
                                     f"{self.settings.max_minutes:g}): is the stream ingesting its logs? "
                                     "Not promoted", evidence, minute)
                 unjudged = [n for n, c in tests.items() if c.decision != C_PROMOTE]
-                if unjudged:      # the window ended short of clients: inconclusive, not promoted
+                if unjudged:      # the window ended with no evidence either way: inconclusive, not promoted
                     return Decision(OBSERVE, "; ".join(f"{n}: {tests[n].reason}" for n in unjudged), evidence, minute)
                 return Decision(PROMOTE, "; ".join(f"{n}: {c.reason}" for n, c in tests.items()), evidence, minute)
             ctx.log(f"cohort {ctx.cohort}: observing at {minute:g} min ({rows})")

@@ -10,9 +10,15 @@ exactly as the live gate looks every minute.
 
 Which node is the canary: the simulated fleet's nodes are not the edge fleet's, so the node of
 the simulated traffic with the most connections after the boundary stands for it (named in the
-verdict). Today the simulator writes each connection's CC in advance: the table deployed changes
-nothing in the simulated arms, so the verdict is on the simulated arms, not on the table's own
-effect (the reacting fleet of issue 58 is not built); the summary line says so.
+verdict). `make run`'s simulated hours are written before the stream runs, so each connection's
+CC is fixed in advance: the table deployed changes nothing in the simulated arms, and the verdict
+is on the simulated arms, not on the table's own effect (the reacting fleet, app/follow.py, is
+not behind `make run`; docs/rollouts.md); the summary line says so.
+
+The verdict is the live gate's: `promote` only once every metric's always-valid interval lies
+below `export.canary.harm_margin`, `rollback` once one shows harm, else `observe` (not promoted)
+when the window or the lake's minutes end: no harm shown is not taken as safety, so a table
+whose intervals are still wider than the margin reads `observe` in the summary.
 
 One Spark job per table: per (metric, arm, client address, minute since the boundary) sums of
 evaluation.abtest's ratio metrics (`metric_rows`, segment `all`); the looks' cumulative

@@ -147,3 +147,24 @@ def test_no_outcomes_within_the_window_does_not_promote(fleet_env, keys, tmp_pat
     assert f"no outcome rows of {fleet.nodes[0].node_id} in silver.connections" in res["stopped"]
     assert "Not promoted" in res["stopped"] and freeze.current(store) is None
     assert [lf.status(cfg, i)["table"]["version"] for i in range(2)] == [1, 1] and store.current() == 1
+
+
+def test_a_table_the_canary_cannot_resolve_is_not_promoted_and_goes_back(fleet_env, keys, tmp_path):
+    """Outcomes arrive, no harm is shown, and the intervals stay wider than export.canary.harm_margin
+    when the window ends (a table that changes nothing, a few minutes of traffic): not promoted,
+    the canary goes back to its previous table, nothing frozen, the next cohort never loads it."""
+    cfg, lf = fleet_env
+    a, b = other_ccs(sysctl_cc())
+    store = Store(str(tmp_path / "store"))
+    fleet = lf.fleet(cfg)
+    for v, cc in ((1, a), (2, b)):
+        store.publish(_table(keys, str(tmp_path / "export"), v, cc).manifest)
+    assert deploy(fleet, store, 1, HEALTH)["ok"]
+    short = gates.CanaryVerdict(CanarySettings(max_minutes=0.01), _outcomes(1.0), look_s=0.1)
+    res = deploy(fleet, store, 2, HEALTH, gate=short, log=lambda m: None)
+    assert not res["ok"] and list(res["nodes"]) == [fleet.nodes[0].node_id], res
+    d = res["decisions"][0]
+    assert d["decision"] == "observe" and "ended without evidence either way" in d["reason"], d
+    assert "not below the +5% margin (export.canary.harm_margin)" in d["reason"], d["reason"]
+    assert [lf.status(cfg, i)["table"]["version"] for i in range(2)] == [1, 1] and store.current() == 1
+    assert freeze.current(store) is None
