@@ -10,12 +10,20 @@ simulated clients get the CC its agent would give them under the table live ther
   cellular clients at the hour it is built → bbr, else cubic; app/follow.dominance_entries), over
   a random 90% of each node's prefixes, so successive tables differ as retrained ones do. A
   wrong decision is any cohort's verdict other than promote (a rollback: a false rollback; an
-  observe/inconclusive: a good table held back). Promised: a table that changes nothing is
-  rolled back with probability at most α (export.canary.alpha); a good table, at most that.
+  observe: a good table held back, the cost of requiring evidence of no harm). Promised: a
+  table that harms no metric is rolled back with probability at most α (export.canary.alpha); a
+  table that harms a metric by more than export.canary.harm_margin is promoted with probability
+  at most α / number of metrics; nothing is promised on how many good tables are promoted.
 - planted bad tables: the good table of the hour with every decision inverted, `--bad` times
   (the fleet unfrozen after each): the canary's verdict, the minutes of simulated traffic it
   took, and whether the table reached any node past the canary (the agents' live versions and
   the simulated fleet's record of what was live where).
+- beside the gate's metrics, the outcomes the logs carry that the gate does not read, on the
+  canary over the same minutes (`side_metrics`): delivery rate (bytes sent over the time spent
+  serving the requests, the access log's; lower is worse) and startup delay (the QoE beacon's
+  startup_ms per session; higher is worse), each with the always-valid interval at the decision's
+  look (one look: not intersected over looks as the gate's are), to see which outcomes a bad
+  table moves.
 
 Run for each default CC (the control arm's, the nodes' sysctl) in `--defaults`: with bbr the
 inverted table puts cellular clients on cubic (ALICCS Observation III's policed paths); with
@@ -38,6 +46,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,6 +56,9 @@ from app.follow import FollowFleet, dominance_entries  # noqa: E402
 from ccselect.config import load_config  # noqa: E402
 from ccselect.settings import CanarySettings  # noqa: E402
 from export.artifact import signing  # noqa: E402
+from export.delivery import mirror  # noqa: E402
+from export.delivery.canary import cs_halfwidth  # noqa: E402
+from features.ab_moments import ArmMoments  # noqa: E402
 from export.delivery import freeze, gates  # noqa: E402
 from export.delivery.rollout import Health, deploy, load_fleet  # noqa: E402
 from export.delivery.store import Store  # noqa: E402
@@ -137,6 +149,43 @@ def _evidence(d: dict) -> dict:
             for n, e in ev.get("nodes", {}).items()}
 
 
+#: outcomes the logs carry that the gate does not read: name → (log, numerator, denominator, harm if higher)
+SIDE_METRICS = {"delivery_rate": ("access", "bytes_sent", "request_time_ms", False),
+                "startup_ms": ("qoe", "startup_ms", "sessions", True)}
+
+
+def side_metrics(ff, node_id: str, from_ms: int, to_ms: int, settings) -> dict:
+    """SIDE_METRICS on the node's logs that ended in [from_ms, to_ms): per metric the treatment's
+    relative change against control and its always-valid (1 − α/metrics) interval at this one
+    look (the gate's test, export/delivery/canary.py, on another ratio)."""
+    if to_ms <= from_ms:
+        return {}
+    frames = {"access": [], "qoe": []}
+    for h in ff._hours(from_ms, to_ms):
+        nh = ff.hour(node_id, h)
+        frames["access"].append(nh.access.filter(pl.col("ts_ms").is_between(from_ms, to_ms - 1)))
+        frames["qoe"].append(nh.qoe.filter(pl.col("ts_ms").is_between(from_ms, to_ms - 1))
+                             .with_columns(pl.lit(1, dtype=pl.Int64).alias("sessions")))
+    out = {}
+    alpha = settings.alpha / len(settings.metrics)
+    for name, (log, y, x, worse_if_higher) in SIDE_METRICS.items():
+        t = pl.concat(frames[log]).filter(pl.col(x) > 0)
+        per = t.group_by("client_ip").agg(pl.len().alias("n"), pl.col(y).sum().alias("y"), pl.col(x).sum().alias("x"))
+        odd = mirror.ab_odd(per["client_ip"].to_list(), ff._odd)
+        arms = {}
+        for arm, sel in (("control", ~odd), ("treatment", odd)):
+            arms[arm] = ArmMoments.of_clusters(per["y"].to_numpy()[sel], per["x"].to_numpy()[sel], int(per["n"].to_numpy()[sel].sum()))
+        c, tr = arms["control"], arms["treatment"]
+        if min(c.clusters, tr.clusters) < 2 or not c.ratio or not tr.ratio:
+            continue
+        var = c.ratio_var() / c.ratio ** 2 + tr.ratio_var() / tr.ratio ** 2
+        theta = float(np.log(tr.ratio / c.ratio))
+        h = cs_halfwidth(var, settings.tau, alpha) if var > 0 else float("inf")
+        out[name] = {"rel_change": float(np.expm1(theta)), "cs": [float(np.expm1(theta - h)), float(np.expm1(theta + h))],
+                     "clusters": [c.clusters, tr.clusters], "worse_if": "higher" if worse_if_higher else "lower"}
+    return out
+
+
 def drill(default_cc: str, a, binary: str, root: Path) -> dict:
     global CFG
     key = signing.generate_key()
@@ -174,10 +223,14 @@ def drill(default_cc: str, a, binary: str, root: Path) -> dict:
                     finally:
                         ag.close()
                 decs = [d for d in res["decisions"] if d["version"] == version]
+                canary_dec = next((d for d in decs if d["cohort"] == "canary"), None)
+                side = side_metrics(ff, fleet.nodes[0].node_id, t_load, t_load + int(canary_dec["minute"] * 60_000),
+                                    settings) if canary_dec else {}
                 row = {"version": version, "built_at_sim_hour": int(hour), "entries": n_entries, "ok": res["ok"],
                        "sim_minute_loaded": round((t_load - h0) / 60_000, 1),
                        "decisions": [{"cohort": d["cohort"], "decision": d["decision"], "minute": d["minute"],
                                       "evidence": _evidence(d)} for d in decs],
+                       "canary_side_metrics": side,
                        "reached_nodes": [n for n, vs in seen.items() if version in vs],
                        "live_after": live, "wall_s": round(time.time() - wall, 1)}
                 out[kind].append(row)
@@ -187,20 +240,30 @@ def drill(default_cc: str, a, binary: str, root: Path) -> dict:
                     freeze.unfreeze(store, "drill: the next table", who="bench")
                 ff.sleep(5 * 60)     # five minutes of traffic between rollouts
         canary_id = fleet.nodes[0].node_id
+
+        def first(r, decision):       # the cohorts whose verdict was `decision`
+            return [d for d in r["decisions"] if d["decision"] == decision]
         good_wrong = [r["version"] for r in out["good"] if not r["ok"]]
-        false_rb = [r["version"] for r in out["good"] if any(d["decision"] == "rollback" for d in r["decisions"])]
-        bad_minutes = [d["minute"] for r in out["bad"] for d in r["decisions"]
-                       if d["cohort"] == "canary" and d["decision"] == "rollback"]
+        false_rb = [r["version"] for r in out["good"] if first(r, "rollback")]
+        held = [r["version"] for r in out["good"] if first(r, "observe")]
+        bad_rb = [d["minute"] for r in out["bad"] for d in first(r, "rollback") if d["cohort"] == "canary"]
+        bad_held = [d["minute"] for r in out["bad"] for d in first(r, "observe") if d["cohort"] == "canary"]
         out["summary"] = {
             "good_tables": a.good, "good_promoted_everywhere": a.good - len(good_wrong),
             "good_wrong_decisions": len(good_wrong), "good_false_rollbacks": len(false_rb),
+            "good_observed_not_promoted": len(held),
+            "good_observed_on_cohort": {c: sum(1 for r in out["good"] for d in first(r, "observe") if d["cohort"] == c)
+                                        for c in ("canary", "50%", "all")},
             "good_false_rollback_rate": len(false_rb) / max(1, a.good),
             "promised_false_rollback_rate_at_most": settings.alpha,
-            "bad_tables": a.bad, "bad_rolled_back_on_canary": len(bad_minutes),
-            "bad_missed": a.bad - len(bad_minutes),
+            "promised_false_promote_rate_at_most": settings.alpha / len(settings.metrics),
+            "bad_tables": a.bad, "bad_rolled_back_on_canary": len(bad_rb),
+            "bad_observed_on_canary_not_promoted": len(bad_held),
+            "bad_promoted_from_canary": sum(1 for r in out["bad"] for d in first(r, "promote") if d["cohort"] == "canary"),
+            "bad_missed": a.bad - len(bad_rb),
             "bad_reached_past_canary": sum(1 for r in out["bad"] if set(r["reached_nodes"]) - {canary_id}),
-            "bad_rollback_minutes": bad_minutes,
-            "bad_rollback_minutes_max": max(bad_minutes) if bad_minutes else None,
+            "bad_rollback_minutes": bad_rb,
+            "bad_rollback_minutes_max": max(bad_rb) if bad_rb else None,
             "window_minutes": settings.max_minutes,
             "node_hours_generated": ff.generated,
         }
