@@ -101,13 +101,22 @@ def assert_one_batch_ingest(spark, cfg, batch):
     assert res["clean"], res["lines"]
 
 
-def test_a_new_checkpoint_over_ingested_segments(spark, tmp_path, inputs):
-    seg, _, lake, hour, batch = inputs
+def test_a_new_checkpoint_over_ingested_segments_then_a_backfill_of_the_same_records(spark, tmp_path, inputs):
+    """The segments through the stream, again with a lost checkpoint; then the hourly file of the
+    same lines through `ccs ingest` (a backfill): the backfill takes the hour over, the rows of
+    both stream runs included. (Issue 63: one test for the stream-first lake, which
+    `test_the_same_records_through_two_sources[stream_then_backfill]` built again.)"""
+    seg, hourly, lake, hour, batch = inputs
     cfg = _cfg(tmp_path / "lake", lake)
     _stream(spark, cfg, seg, tmp_path / "ckpt-1")
     again = _stream(spark, cfg, seg, tmp_path / "ckpt-2")      # lost checkpoint, same segments
     assert again["files"] > 0
     assert_one_batch_ingest(spark, cfg, batch)
+    # the stream, then the backfill
+    _ingest(spark, cfg, hourly, hour)
+    assert_one_batch_ingest(spark, cfg, batch)
+    audit = {r["source_file"]: r for r in _table(spark, cfg, "gold.ingest_audit").collect()}
+    assert all(f.startswith(str(hourly)) for f in audit), "the backfill replaced the stream's rows of its hour"
 
 
 def test_a_segment_resent_as_dot_one(spark, tmp_path, inputs):
@@ -142,25 +151,18 @@ def test_a_segment_resent_as_dot_one(spark, tmp_path, inputs):
     assert q.count() == lines and q.where(~F.col("reason").startswith("duplicate_")).count() == 0
 
 
-@pytest.mark.parametrize("order", ["stream_then_backfill", "backfill_then_stream"])
-def test_the_same_records_through_two_sources(spark, tmp_path, inputs, order):
-    """The segments through the stream, the hourly file of the same lines through `ccs ingest`
-    (a backfill): the backfill takes the hour over, the stream's later lines are repeats."""
+def test_the_same_records_backfilled_then_streamed(spark, tmp_path, inputs):
+    """The hourly file through `ccs ingest` (a backfill), then the segments of the same lines
+    through the stream: the stream's lines are repeats. (The other order ends
+    test_a_new_checkpoint_over_ingested_segments_then_a_backfill_of_the_same_records.)"""
     seg, hourly, lake, hour, batch = inputs
     cfg = _cfg(tmp_path / "lake", lake)
-    if order == "stream_then_backfill":
-        _stream(spark, cfg, seg, tmp_path / "ckpt")
-        _ingest(spark, cfg, hourly, hour)
-    else:
-        _ingest(spark, cfg, hourly, hour)
-        _stream(spark, cfg, seg, tmp_path / "ckpt")
+    _ingest(spark, cfg, hourly, hour)
+    _stream(spark, cfg, seg, tmp_path / "ckpt")
     assert_one_batch_ingest(spark, cfg, batch)
     audit = {r["source_file"]: r for r in _table(spark, cfg, "gold.ingest_audit").collect()}
-    if order == "backfill_then_stream":
-        seg_rows = [r for f, r in audit.items() if f.startswith(str(seg))]
-        assert seg_rows and all(r["accepted"] == 0 and r["quarantined"] == r["lines_read"] for r in seg_rows)
-    else:
-        assert all(f.startswith(str(hourly)) for f in audit), "the backfill replaced the stream's rows of its hour"
+    seg_rows = [r for f, r in audit.items() if f.startswith(str(seg))]
+    assert seg_rows and all(r["accepted"] == 0 and r["quarantined"] == r["lines_read"] for r in seg_rows)
 
 
 def test_a_backfill_commits_between_the_streams_read_and_its_append(spark, tmp_path, inputs, monkeypatch):
