@@ -20,18 +20,19 @@ gold.predictions, one row per connection, partitioned and replaced by (node_id, 
   fleet statistics; the guard reads the same z. The job's result says how many (node, hour)
   partitions had each (`node_stats`: node / fleet_fallback, and which fell back).
 - Column meanings: ccselect/contract.py PREDICTION_COLS.
+- The computation is models/infer_core.py's, shared with the in-process engine
+  (models/infer_arrow.py): this module is the Spark adapter around it (extract, the UDF, the
+  decision in columns, the Delta write) and `run`, which picks the engine.
 """
 from __future__ import annotations
 
 import io
 import logging
-import math
 import time
 import uuid
 from dataclasses import replace
 from typing import Any
 
-import numpy as np
 import pyarrow as pa  # module level: the Arrow UDF's type hints (strings here) resolve against it
 from pyspark.sql import DataFrame, SparkSession, functions as F
 from pyspark.sql.functions import arrow_udf
@@ -45,16 +46,13 @@ from ccselect.lake import connections_in, table_path
 from ccselect.settings import InferSettings
 from ccselect.spark import conf_set, get_spark
 from features import node_stats
-from models import infer_arrow
-from models.ood import calibrate
+from models import infer_arrow, infer_core
+# the computation both engines share, under the names this job's callers use
+from models.infer_core import EVIDENCE_COLS, PASS_THROUGH, evidence_minima, predict_wifi, standardize  # noqa: F401
 from models.registry import load_champion
 # Imported inside the functions that use them (heavy, not needed to import this module): delta, torch.
 
-#: what the minimum-evidence rule reads (`infer.min_data_segs`, `min_bytes_acked`, `min_duration_us`)
-EVIDENCE_COLS = ("data_segs_out", "bytes_acked", "duration_us")
 log = logging.getLogger(__name__)
-PASS_THROUGH = ("conn_id", "client_ip", "family", "prefix16", "prefix24", "prefix48", "prefix64", "ug_id",
-                "requests", "node_id", "hour")
 
 
 # ---- extract ------------------------------------------------------------------------------------
@@ -64,20 +62,7 @@ def extract(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
     return conns.select(*PASS_THROUGH, *FEATURES, *EVIDENCE_COLS, *(["imputed"] if "imputed" in conns.columns else []))
 
 
-# ---- the model on Arrow batches -----------------------------------------------------------------
-
-def standardize(cols: list[np.ndarray], mean, std) -> np.ndarray:
-    """[N, F] float32 = (log1p(max(x, 0)) − mean) / std per feature (std 0 → 1), as
-    features.scaling.transform computes it in Spark; a missing (imputed, NaN) value is the
-    training mean, z = 0."""
-    n = len(cols[0]) if cols else 0
-    out = np.empty((n, len(cols)), dtype=np.float32)
-    for j, (c, m, s) in enumerate(zip(cols, mean, std)):
-        s = s if s > 0 and math.isfinite(s) else 1.0
-        z = (np.log1p(np.maximum(c.astype(np.float64, copy=False), 0.0)) - m) / s
-        out[:, j] = np.where(np.isnan(z), 0.0, z)
-    return out
-
+# ---- the model in an Arrow UDF -------------------------------------------------------------------
 
 def model_bytes(model) -> bytes:
     import torch
@@ -105,54 +90,6 @@ def _worker_model(bc, precision: str, threads: int):
     return _MODELS[key]
 
 
-def predict_wifi(model, x: np.ndarray, precision: str = "fp32", chunk: int = 8192) -> np.ndarray:
-    """P(Wi-Fi) (the model's second output) for standardized rows x [N, F], float64, `chunk`
-    rows at a time: 8 k rows keep the 64-wide activations near the core's L2 (measured with a
-    thread per core: 6.9 M rows/s against 4.1 M with 64 k rows)."""
-    import torch
-    out = np.empty(len(x), dtype=np.float64)
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    forward = _inplace_forward(model) or model
-    with torch.inference_mode():
-        for i in range(0, len(x), chunk):
-            xb = torch.from_numpy(x[i:i + chunk]).to(dtype)
-            out[i:i + chunk] = forward(xb)[:, 1].float().numpy()
-    return out
-
-
-def _inplace_forward(model):
-    """NetTypeModel's forward as the same operators in the same order, with the ReLUs in place
-    (no new tensor per activation): the same floats, less memory traffic. None for a model of
-    another shape (it then runs as it is)."""
-    import torch
-    import torch.nn.functional as F
-    gen = getattr(getattr(model, "generator", None), "net", None)
-    head = getattr(getattr(model, "classifier", None), "net", None)
-    if not isinstance(gen, torch.nn.Sequential) or not isinstance(head, torch.nn.Linear):
-        return None
-    steps = []
-    for m in gen:
-        if isinstance(m, torch.nn.Linear):
-            steps.append(("linear", m.weight, m.bias))
-        elif isinstance(m, torch.nn.LayerNorm):
-            steps.append(("norm", m.normalized_shape, m.weight, m.bias, m.eps))
-        elif isinstance(m, torch.nn.ReLU):
-            steps.append(("relu",))
-        else:           # dropout (eval: identity) or anything else: run the module itself
-            return None
-
-    def forward(h):
-        for step in steps:
-            if step[0] == "linear":
-                h = F.linear(h, step[1], step[2])
-            elif step[0] == "norm":
-                h = F.layer_norm(h, step[1], step[2], step[3], step[4])
-            else:
-                h = h.relu_()
-        return torch.softmax(F.linear(h.relu_(), head.weight, head.bias), dim=-1)
-    return forward
-
-
 def score(df: DataFrame, model, stats, precision: str = "fp32", temperature: float = 1.0,
           guard=None, ood_quantile: float | None = None, node_table: dict | None = None) -> DataFrame:
     """Add `p_wifi` (double), calibrated with `temperature`, and `ood` (boolean, false without a
@@ -162,10 +99,8 @@ def score(df: DataFrame, model, stats, precision: str = "fp32", temperature: flo
     with its partition's statistics instead (`node_stats.standardize_rows`)."""
 
     spark = df.sparkSession
+    mean, std = infer_core.fleet_scaling(stats)
     bc = spark.sparkContext.broadcast((uuid.uuid4().hex, model_bytes(model)))
-    mean, std = tuple(stats.mean), tuple(stats.std)
-    if tuple(stats.features) != tuple(FEATURES):
-        raise ValueError("the champion's feature statistics are not in contract.FEATURES order")
     threads = int(spark.conf.get("spark.task.cpus", "1") or 1)
 
     temperature = float(temperature)
@@ -181,8 +116,8 @@ def score(df: DataFrame, model, stats, precision: str = "fp32", temperature: flo
             z = node_stats.standardize_rows(arrays[:len(FEATURES)], arrays[-2], arrays[-1], node_table, stats)
         else:
             z = standardize(arrays, mean, std)
-        p = calibrate(predict_wifi(_worker_model(bc, precision, threads), z, precision), temperature)
-        ood = guard.flags(z, ood_quantile) if guard is not None else np.zeros(len(p), dtype=bool)
+        p, ood = infer_core.probabilities(_worker_model(bc, precision, threads), z, precision, temperature,
+                                          guard, ood_quantile)
         return pa.StructArray.from_arrays([pa.array(p, type=pa.float64()), pa.array(ood, type=pa.bool_())],
                                           names=["p_wifi", "ood"])
 
@@ -191,12 +126,6 @@ def score(df: DataFrame, model, stats, precision: str = "fp32", temperature: flo
 
 
 # ---- the decision (ALICCS §4.2) -----------------------------------------------------------------
-
-def evidence_minima(p: InferSettings) -> dict[str, int]:
-    """The minimum-evidence rule's minima per column (those switched on)."""
-    m = {"data_segs_out": p.min_data_segs, "bytes_acked": p.min_bytes_acked, "duration_us": p.min_duration_us}
-    return {c: int(v) for c, v in m.items() if v and v > 0}
-
 
 def decide(df: DataFrame, p: InferSettings) -> DataFrame:
     """From `p_wifi` (and `ood`, when the frame has it): p_cell = 1 − p_wifi, pred_net_type
@@ -230,13 +159,12 @@ def decide(df: DataFrame, p: InferSettings) -> DataFrame:
 
 def transform(df: DataFrame, champion, p: InferSettings, node_table: dict | None = None) -> DataFrame:
     """Score and decide; a per-node standardized champion needs `node_table` (`node_scaling`)."""
-    guard = getattr(champion, "guard", None) if p.ood_guard else None
-    temperature = getattr(champion, "temperature", 1.0) if p.calibrate else 1.0
-    if getattr(champion, "node_std", None) is not None and node_table is None:
+    if infer_core.per_node(champion) and node_table is None:
         raise ValueError(f"{champion.name} v{champion.version} is per-node standardized: "
                          "score it with its node statistics (node_table)")
-    scored = score(df, champion.model, champion.stats, p.precision, temperature, guard, p.ood_quantile,
-                   node_table if getattr(champion, "node_std", None) is not None else None)
+    scored = score(df, champion.model, champion.stats, p.precision, infer_core.temperature(champion, p),
+                   infer_core.guard(champion, p), p.ood_quantile,
+                   node_table if infer_core.per_node(champion) else None)
     out = (decide(scored, p)
            .withColumn("model_name", F.lit(champion.name))
            .withColumn("model_version", F.lit(str(champion.version))))
@@ -282,19 +210,13 @@ def node_scaling(cfg: Config, champion, keys, spark: SparkSession | None = None)
 def node_report(table: dict | None, champion=None) -> dict:
     """The result's `node_stats`: the champion's standardization and the partitions per source
     (none scored: no partitions)."""
-    if table is None and getattr(champion, "node_std", None) is None:
+    if table is None and not infer_core.per_node(champion):
         return {"standardization": "fleet"}
     return {"standardization": "node", **node_stats.summary(table or {})}
 
 
 def _summary(cfg: Config, lo: str, hi: str, champion, p: InferSettings) -> dict[str, Any]:
-    return {"window": f"{lo}..{hi}", "model_name": champion.name, "model_version": champion.version,
-            "precision": p.precision, "thresholds": {"wifi": p.wifi_threshold, "cell": p.cell_threshold},
-            "temperature": champion.temperature if p.calibrate else 1.0,
-            "ood_guard": (None if not p.ood_guard or champion.guard is None else
-                          {"method": champion.guard.method, "quantile": p.ood_quantile,
-                           "threshold": champion.guard.threshold_at(p.ood_quantile), "margin": champion.guard.margin}),
-            "table": table_path(cfg, "gold.predictions")}
+    return {**infer_core.summary(champion, p, lo, hi), "table": table_path(cfg, "gold.predictions")}
 
 
 def _run_arrow(cfg: Config, lo: str, hi: str, champion, p: InferSettings, decisions: bool) -> dict[str, Any]:
@@ -308,11 +230,7 @@ def _run_arrow(cfg: Config, lo: str, hi: str, champion, p: InferSettings, decisi
     result.update({"seconds": r["seconds"], "rows_per_s": round(r["rows"] / r["seconds"]) if r["seconds"] > 0 else None,
                    "files": r["files"], "removed_files": r["removed_files"], "workers": r["workers"]})
     if decisions:
-        result["decisions"] = infer_arrow.window_decisions(path, lo, hi)
-        total = sum(result["decisions"].values())
-        for kind in ("ood", "evidence"):
-            result[f"{kind}_share"] = (sum(v for k, v in result["decisions"].items() if k.startswith(f"{kind}/"))
-                                       / total if total else 0.0)
+        result.update(infer_core.decision_report(infer_arrow.window_decisions(path, lo, hi)))
     return result
 
 
@@ -334,10 +252,8 @@ def _run_spark(spark: SparkSession, cfg: Config, lo: str, hi: str, champion, p: 
     if decisions:
         out = (spark.read.format("delta").load(path).where(F.col("hour").between(lo, hi))
                .groupBy("decision", "cc").count().collect())
-        result["decisions"] = {f"{r['decision']}/{r['cc']}": r["count"] for r in sorted(out, key=lambda r: (r[0], r[1]))}
-        total = sum(r["count"] for r in out)
-        for kind in ("ood", "evidence"):
-            result[f"{kind}_share"] = (sum(r["count"] for r in out if r["decision"] == kind) / total) if total else 0.0
+        result.update(infer_core.decision_report(
+            {f"{r['decision']}/{r['cc']}": r["count"] for r in sorted(out, key=lambda r: (r[0], r[1]))}))
     return result
 
 

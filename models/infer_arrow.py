@@ -9,10 +9,10 @@ at tens of millions of values a second per core, so this engine skips the execut
 - **Read.** The table's Delta log (delta-rs, `deltalake`) names the live data files of the window's
   (node_id, hour) partitions. Each file is read with pyarrow in batches of `infer.batch_rows`:
   only the pass-through columns and the twelve Table 4 features.
-- **Score.** The same functions as the Spark job's Arrow UDF, so the probabilities and decisions
-  are the same: `models.infer.standardize`, `predict_wifi` and `models.ood.calibrate`; the champion's
-  out-of-domain guard (`DomainGuard.flags`); and ALICCS §4.2's fallback (`decide_arrays`, the
-  NumPy twin of `models.infer.decide`).
+- **Score.** The same functions as the Spark job's Arrow UDF (models/infer_core.py), so the
+  probabilities and decisions are the same: `standardize`, `probabilities` (the network, the
+  champion's temperature and its out-of-domain guard) and ALICCS §4.2's rule (`decide_arrays`,
+  the NumPy twin of `models.infer.decide`). This module reads and writes the files around them.
 - **Write.** One Parquet file per input file, under the same partition directory. Then one Delta
   commit (delta-rs) that adds the new files and removes every live file of the replaced
   partitions. A re-run replaces exactly the same keys. A process killed before the commit leaves
@@ -20,7 +20,8 @@ at tens of millions of values a second per core, so this engine skips the execut
 - **Parallelism.** A thread per core over the files. pyarrow, NumPy's large-array loops and torch
   release the GIL; torch runs one intra-op thread per file meanwhile.
 
-When it cannot run, it raises `Unsupported` and `models.infer.run` falls back to the Spark job, saying
+When it cannot run, it raises `Unsupported` and `models.infer.run` (which calls this engine; this
+module does not import it) falls back to the Spark job, saying
 why in its result: a lake on object storage (this engine reads local paths), a table whose
 protocol needs reader features (deletion vectors, column mapping), or a partition value that is
 not a plain path segment. The Spark job also stays the path that scales past one machine
@@ -49,9 +50,10 @@ from ccselect.contract import FEATURES, PREDICTION_COLS
 from ccselect.delta_arrow import Unsupported, actions as _actions, check_protocol as _check_protocol, live_files
 from ccselect.delta_arrow import local_path as _local
 from ccselect.settings import InferSettings
-from models import infer as spark_job  # its scoring functions, called at run time (it imports this module)
 from features import node_stats
-from models.ood import calibrate
+from models import infer_core
+# the rule's functions under the names the tests compare with the Spark job's `decide`
+from models.infer_core import decide_arrays  # noqa: F401
 # Imported inside the functions that use them (heavy, not needed to import this module): deltalake, torch.
 
 PARTITION_COLS = ("node_id", "hour")
@@ -65,34 +67,14 @@ _DICTIONARY = [c for c in PREDICTION_COLS
                if c not in ("conn_id", "family", "requests", "p_wifi", "p_cell", *PARTITION_COLS)]
 
 
-# ---- the decision (ALICCS §4.2), on arrays -------------------------------------------------------
-
-def decide_arrays(p_wifi: np.ndarray, ood: np.ndarray, p: InferSettings,
-                  thin: np.ndarray | None = None) -> dict[str, np.ndarray]:
-    """`models.infer.decide` on NumPy arrays: p_cell = 1 − p_wifi; the predicted type "wifi" at
-    p_wifi ≥ 0.5, else "cell"; a row is trusted when its type's probability reaches its threshold
-    (≥) and it is not out of domain; decision "ood" / "model" / "fallback"; the CC Wi-Fi → wifi_cc,
-    4G/5G → cell_cc, untrusted → default_cc; before all, decision "evidence" where `thin` (too
-    little evidence: `thin_rows`). Codes index the `labels` lists (for dictionary arrays)."""
-    p_cell = 1.0 - p_wifi
-    wifi = p_wifi >= 0.5
-    thin = np.zeros(len(p_wifi), bool) if thin is None else thin
-    trusted = np.where(wifi, p_wifi >= float(p.wifi_threshold), p_cell >= float(p.cell_threshold)) & ~ood & ~thin
-    return {
-        "p_cell": p_cell,
-        "pred_net_type": np.where(wifi, 0, 1).astype(np.int8),          # wifi, cell
-        # model, fallback, ood, evidence
-        "decision": np.where(thin, 3, np.where(ood, 2, np.where(trusted, 0, 1))).astype(np.int8),
-        "cc": np.where(~trusted, 0, np.where(wifi, 1, 2)).astype(np.int8),      # default, wifi, cell CC
-    }
-
+# ---- the decision's inputs, on record batches -------------------------------------------------
 
 def thin_rows(rb, p: InferSettings) -> np.ndarray:
     """`models.infer.decide`'s minimum-evidence rule on a record batch: a known value below its
-    minimum (`spark_job.evidence_minima`); a null is not judged."""
+    minimum (`infer_core.evidence_minima`); a null is not judged."""
     thin = np.zeros(rb.num_rows, bool)
     names = rb.schema.names
-    for c, lo in spark_job.evidence_minima(p).items():
+    for c, lo in infer_core.evidence_minima(p).items():
         if c in names:
             thin |= _np_bool(pc.fill_null(pc.less(rb.column(c), lo), False))
     return thin
@@ -158,19 +140,17 @@ class _Scorer:
         model = champion.model.eval()
         # Module.to casts in place: the champion's own model stays fp32
         self.model = copy.deepcopy(model).to(torch.bfloat16) if precision == "bf16" else model
-        if tuple(champion.stats.features) != tuple(FEATURES):
-            raise ValueError("the champion's feature statistics are not in contract.FEATURES order")
-        self.mean, self.std = tuple(champion.stats.mean), tuple(champion.stats.std)
-        self.temperature = float(getattr(champion, "temperature", 1.0)) if p.calibrate else 1.0
-        self.guard = getattr(champion, "guard", None) if p.ood_guard else None
+        self.mean, self.std = infer_core.fleet_scaling(champion.stats)
+        self.temperature = infer_core.temperature(champion, p)
+        self.guard = infer_core.guard(champion, p)
         self.stats = champion.stats
         #: (node, hour) → NodeScaling for a per-node standardized champion (`run` sets it), else None
         self.node_table = None
-        self.labels = {"pred_net_type": ["wifi", "cell"], "decision": ["model", "fallback", "ood", "evidence"],
-                       "cc": [p.default_cc, p.wifi_cc, p.cell_cc]}
+        self.labels = {"pred_net_type": list(infer_core.NET_TYPES), "decision": list(infer_core.DECISIONS),
+                       "cc": list(infer_core.cc_labels(p))}
         self.constants = {"default_cc": p.default_cc, "model_name": champion.name,
                           "model_version": str(champion.version)}
-        self.passthrough = [c for c in spark_job.PASS_THROUGH if c not in PARTITION_COLS]
+        self.passthrough = [c for c in infer_core.PASS_THROUGH if c not in PARTITION_COLS]
 
     def batch(self, rb, key: tuple[str, str] | None = None):
         """One Arrow record batch of silver (of partition `key`, (node, hour)) → the batch of
@@ -179,10 +159,10 @@ class _Scorer:
         if self.node_table is not None:   # the same function as the Spark job's per-node path
             z = node_stats.standardize(cols, self.node_table[key], self.stats)
         else:
-            z = spark_job.standardize(cols, self.mean, self.std)
-        p_wifi = calibrate(spark_job.predict_wifi(self.model, z, self.precision), self.temperature)
-        ood = self.guard.flags(z, self.p.ood_quantile) if self.guard is not None else np.zeros(len(z), bool)
-        d = decide_arrays(p_wifi, ood | over_imputed(rb, self.p), self.p, thin_rows(rb, self.p))
+            z = infer_core.standardize(cols, self.mean, self.std)
+        p_wifi, ood = infer_core.probabilities(self.model, z, self.precision, self.temperature, self.guard,
+                                               self.p.ood_quantile)
+        d = infer_core.decide_arrays(p_wifi, ood | over_imputed(rb, self.p), self.p, thin_rows(rb, self.p))
         n = len(p_wifi)
         cols = {c: rb.column(c) for c in self.passthrough}
         cols["p_wifi"], cols["p_cell"] = pa.array(p_wifi, pa.float64()), pa.array(d["p_cell"], pa.float64())
@@ -204,7 +184,7 @@ class _Scorer:
         rows = 0
         reader = pq.ParquetFile(src, read_dictionary=[c for c in self.passthrough if c in _DICTIONARY])
         names = reader.schema_arrow.names
-        columns = self.passthrough + list(FEATURES) + [c for c in (*spark_job.EVIDENCE_COLS, "imputed") if c in names]
+        columns = self.passthrough + list(FEATURES) + [c for c in (*infer_core.EVIDENCE_COLS, "imputed") if c in names]
         # dictionaries for the repeating columns only: trying one on the unique conn_id and the
         # probabilities costs time and saves nothing. Min/max statistics for the numeric columns
         # only: the strings' cost 40% of the write (measured, 212 → 125 ns a row) and no reader of
@@ -242,7 +222,7 @@ def run(silver: str, predictions: str, lo: str, hi: str, champion, p: InferSetti
         return {"rows": 0, "partitions": 0}
     dt = _ensure_table(predictions)
     scorer = _Scorer(champion, p, precision)
-    if getattr(champion, "node_std", None) is not None:
+    if infer_core.per_node(champion):
         if node_scaling is None:
             raise ValueError(f"{champion.name} v{champion.version} is per-node standardized: give node_scaling")
         scorer.node_table = node_scaling({(node, hour) for _, node, hour, _ in files})

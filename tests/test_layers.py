@@ -63,6 +63,7 @@ def tree_copy(tmp_path_factory):
     ("jobs/parse.py", "from models import registry"),               # ETL reaching the model
     ("sim/physics.py", "from features import labels"),              # the simulator reaching the product
     ("export/artifact/signing.py", "from export.delivery import store"),  # inside export
+    ("models/infer_core.py", "from models import infer_arrow"),    # the engines' shared computation
     ("models/train.py", "def _late():\n    from evaluation import emulate"),  # inside a function too
 ])
 def test_an_upward_import_breaks_the_contract(tree_copy, module, upward):
