@@ -41,6 +41,8 @@ SOURCES = {
     "ingest-dedup": ("Ingest: the cost of deduplication by identity (issue 61)",
                      "python bench/ingest_dedup.py --data DIR --before WT --after WT", ["bench/results/ingest_dedup.json"]),
     "train": ("Training speed", "python bench/train.py", ["{data}/bench/train.json", "bench/results/train.json"]),
+    "train-threads": ("Training on a shared 2-core machine: torch threads 1 against 2", "python bench/train_threads.py --fleet var/raw",
+                      ["bench/results/train_threads.json"]),
     "infer": ("Inference speed", "python bench/infer.py", ["bench/results/infer.json", "{data}/bench/infer.json"]),
     "export": ("Export: predictions to a signed table, Spark vs DuckDB", "python bench/export.py", ["bench/results/export.json"]),
     "autoplex": ("AutoPlex statistics, the Arrow engine and Spark vs DuckDB", "python bench/autoplex.py", ["bench/results/autoplex.json"]),

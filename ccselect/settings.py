@@ -720,6 +720,11 @@ class PipelineSettings(_Section):
     # at least this many optimizer steps per training (models.train.effective_epochs): a window
     # with few labelled rows gets more epochs, not an under-trained model
     min_steps: int = 600
+    # torch's threads while training (models.train.TrainParams.threads); null: torch's default, one
+    # per core. Training beside other work on 2 cores, 1 thread fitted make run's training set
+    # in 4.17 s against 51.55 s with 2 (medians of 3 interleaved, load average ~5,
+    # docs/results/train-threads.md)
+    train_threads: int | None = 1
     # the variant `ccs_train` trains (models.train.VARIANTS): ALICCS, another variant, or
     # `select`: the one model.select's leave-node-out folds of the training nodes choose
     variant: str = "aliccs"
@@ -734,6 +739,8 @@ class PipelineSettings(_Section):
             raise ValueError(f"pipeline.cellular_share must be in (0, 1) or null, got {self.cellular_share}")
         if self.min_steps < 0:
             raise ValueError(f"pipeline.min_steps must be 0 or more, got {self.min_steps}")
+        if self.train_threads is not None and self.train_threads < 1:
+            raise ValueError(f"pipeline.train_threads must be at least 1 (or null), got {self.train_threads}")
 
 
 @dataclass(frozen=True)

@@ -140,7 +140,8 @@ def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None 
     say(f"{window}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
         f"{len(test_nodes)} nodes; prefix groups K(4G, Wi-Fi) = {data.n_groups}")
 
-    params = params or TrainParams(seed=seed, min_steps=cfg.settings.pipeline.min_steps)
+    params = params or TrainParams(seed=seed, min_steps=cfg.settings.pipeline.min_steps,
+                                   threads=cfg.settings.pipeline.train_threads)
     if epochs is not None:
         params = replace(params, epochs=epochs)
     out: dict = {"window": window, "seed": seed, "share": share, "train_nodes": train_nodes,

@@ -59,6 +59,9 @@ class TrainParams:
     rsc_batch_drop: float = 1 / 3
     seed: int = 0
     device: str = "auto"
+    #: torch's intra-op threads while fitting (restored after); None: leave torch's own setting.
+    #: The pipeline passes `pipeline.train_threads`; the benches set torch's themselves.
+    threads: int | None = None
 
     def flags(self) -> tuple[bool, bool, bool, bool]:
         if self.variant not in VARIANTS:
@@ -253,9 +256,15 @@ def fit(params: TrainParams, data: TrainData,
     """Train one variant; `on_epoch(epoch, metrics)` is called after each epoch (MLflow logging).
     The trainer's `p` holds the epochs it ran (`effective_epochs`)."""
     params = replace(params, epochs=effective_epochs(params, len(data.y)))
-    trainer = Trainer(params, data.x.shape[1], data.n_groups, data.n_nodes)
-    for epoch in range(params.epochs):
-        metrics = trainer.train_one_epoch(data, epoch)
-        if on_epoch:
-            on_epoch(epoch, metrics)
+    before = torch.get_num_threads()
+    if params.threads:
+        torch.set_num_threads(params.threads)
+    try:
+        trainer = Trainer(params, data.x.shape[1], data.n_groups, data.n_nodes)
+        for epoch in range(params.epochs):
+            metrics = trainer.train_one_epoch(data, epoch)
+            if on_epoch:
+                on_epoch(epoch, metrics)
+    finally:
+        torch.set_num_threads(before)
     return trainer

@@ -122,7 +122,7 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
                           unlabelled_per_node=UNLABELLED_PER_NODE if node_domains else 0)
     tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
     data, groups_pd, groups_info = sp.data, sp.groups, sp.groups_info
-    params = params or TrainParams(min_steps=cfg.settings.pipeline.min_steps)
+    params = params or TrainParams(min_steps=cfg.settings.pipeline.min_steps, threads=cfg.settings.pipeline.train_threads)
     params = replace(params, seed=seed, **({"epochs": int(epochs)} if epochs is not None else {}))
     # per-node standardized copies of the rows, from silver.node_stats, when a candidate needs them
     ns = cfg.settings.model.node_stats
