@@ -16,9 +16,10 @@ every node's agent). A table's expiry keeps its remaining life at that moment.
 
 `moments` computes what `export.delivery.canary.canary_moments` computes from silver (the arm by
 the CRC-32 parity of the client address, the client address as the cluster, retransmitted over
-sent segments, stall over play time from the QoE beacon of the connection), from the simulated
-logs directly: the drill does not run the stream (tests/test_stream_canary.py checks the stream's
-path to the same moments).
+sent segments, stall over play time from the QoE beacon of the connection, and the delivery rate:
+the bytes sent over the request time of the connection's access-log records, summed per
+connection as silver's access join does), from the simulated logs directly: the drill does not
+run the stream (tests/test_stream_canary.py checks the stream's path to the same moments).
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from export.artifact import signing, table_format as tf
 from export.delivery import mirror
 from export.delivery.rollout import Fleet, _live_version
 from export.delivery.store import Store
-from features.ab_moments import ArmMoments
+from features.ab_moments import CANARY_METRICS, ArmMoments
 from sim.follow import Choice, Connections
 from sim.params import SimParams
 from sim.traffic import generate_node_hour
@@ -200,12 +201,15 @@ class FollowFleet:
         (the gate's `Moments`; module doc)."""
         tr, qo = self.logs(node_id, from_ms, to_ms)
         q = qo.group_by("conn_id").agg(pl.col("play_ms").sum(), pl.col("rebuffer_ms").sum())
-        t = tr.join(q, on="conn_id", how="left")
+        # a connection's requests are in its own node-hour (sim/traffic.py): by conn_id, whatever
+        # their own time, as jobs/silver.access_labels sums them
+        acc = pl.concat([self.hour(node_id, h).access for h in self._hours(from_ms, to_ms)])
+        acc = acc.group_by("conn_id").agg(pl.col("bytes_sent").sum(), pl.col("request_time_ms").sum())
+        t = tr.join(q, on="conn_id", how="left").join(acc, on="conn_id", how="left")
         odd = mirror.ab_odd(t["client_ip"].to_list(), self._odd)
         t = t.with_columns(pl.Series("arm", np.where(odd, "treatment", "control")))
         out: dict[str, dict[str, ArmMoments]] = {}
-        for metric, (y, x) in {"retrans_rate": ("total_retrans", "data_segs_out"),
-                               "rebuffer_rate": ("rebuffer_ms", "play_ms")}.items():
+        for metric, (y, x) in CANARY_METRICS.items():
             rows = t.filter(pl.col(x).is_not_null() & (pl.col(x) > 0) & pl.col(y).is_not_null())
             per = rows.group_by("arm", "client_ip").agg(pl.len().alias("conns"), pl.col(y).sum().alias("y"),
                                                         pl.col(x).sum().alias("x"))

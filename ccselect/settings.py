@@ -612,35 +612,71 @@ class RolloutSettings(_Section):
 class CanarySettings(_Section):
     """`export.canary:` the canary's A/B on outcomes (export/delivery/canary.py, issue 58): an
     always-valid mixture SPRT per metric over the kernel's CRC32 arms, looked at as often as
-    wanted. A table is rolled back once a metric's always-valid interval shows harm (above 0),
-    promoted once every metric's interval excludes a harm above `harm_margin`, and neither
-    (not promoted: the cohort goes back, nothing frozen) when `max_minutes` pass without one
-    of the two. `alpha` bounds both errors at any number of looks: a table that harms no metric
-    is rolled back with probability at most `alpha` (split over the metrics), and a table that
-    harms a metric by more than `harm_margin` is promoted with probability at most
-    `alpha` / number of metrics. `tau` is the mixing prior's spread of the log ratio (the effect
-    sizes the test is most sensitive to); a look needs `min_clusters` client addresses per arm.
+    wanted, each metric's interval at level `alpha` / number of `metrics`. Two kinds of metric,
+    as progressive-delivery analyses split them:
+
+    - `primary` (judged for non-inferiority): a table is promoted once every primary metric's
+      always-valid interval excludes a harm above `harm_margin`;
+    - guardrails (the other `metrics`): a table is rolled back once a guardrail's interval shows
+      harm (wholly on the harm side of 0), as it is on a primary; a guardrail's interval that is
+      still wider than the margin does not hold a table back.
+
+    A table is not promoted before `bake_minutes` (at most `max_minutes`), so a guardrail has the
+    window to show a harm; neither (not promoted: the cohort goes back, nothing frozen) when
+    `max_minutes` pass without a promote or a rollback. At any number of looks: a table that
+    harms no metric is rolled back with probability at most `alpha`, and a table that harms a
+    primary metric by more than `harm_margin` is promoted with probability at most `alpha` /
+    number of metrics. Nothing
+    bounds the promotion of a table whose harm is on a guardrail alone and too small for the
+    guardrail's interval to show within the window (docs/rollouts.md gives the widths).
+
+    `primary` is delivery_rate (the access log's bytes over request time, the goodput the CC
+    choice acts on): the one metric the canary resolves within the window. On the reacting-fleet
+    drill (docs/results/rollout-drill.md, 20,000 connections per node-hour) the good tables'
+    median interval half-widths at minute 30 were 0.105 in log ratio for delivery_rate, 0.19-0.23
+    for retrans_rate and 1.22 for rebuffer_rate, against log(1 + harm_margin) = 0.049; with the
+    latter two as primaries no good table of 40 was promoted (commit 3c75368), with
+    delivery_rate 23 of 40 went to every cohort and no bad table was promoted (docs/rollouts.md).
+    `tau` is the mixing prior's spread of the log ratio (the effect sizes the test is most
+    sensitive to); a look needs `min_clusters` client addresses per arm.
     `harm_margin` is the operator's tolerance, relative to the control arm (the default CC):
-    the largest harm on any metric a table may carry to the next cohort. 5%: about ALICCS's
-    whole measured QoE gain over the default (rebuffer rate −4.76% over all connections, §5.3;
-    "even a 2%–3% difference in service quality matters"), so a table is not let on without
-    evidence that it costs less than what CC selection exists to win. A good table whose
-    intervals are still wider than that when the window ends is held back (the price of the
-    promote guarantee; docs/results/rollout-drill.md counts it)."""
+    the largest harm on a primary metric a table may carry to the next cohort. 5%: about
+    ALICCS's whole measured QoE gain over the default (rebuffer rate −4.76% over all
+    connections, §5.3; "even a 2%–3% difference in service quality matters"), so a table is not
+    let on without evidence that it costs less than what CC selection exists to win."""
     alpha: float = 0.05
     tau: float = 0.2
     harm_margin: float = 0.05
     min_clusters: int = 200
     max_minutes: float = 30.0
-    metrics: tuple[str, ...] = ("retrans_rate", "rebuffer_rate")
+    #: no promotion before this many minutes (capped at max_minutes): the guardrails' time to
+    #: show a harm. Without it a table 25% faster and 30% more stalling was promoted within the
+    #: first minutes in most of 20 replays (sim/ab_outcomes.py), before the rebuffer guardrail
+    #: could see it; with 30 it was rolled back in nearly all (tests/test_canary.py, docs/rollouts.md)
+    bake_minutes: float = 30.0
+    metrics: tuple[str, ...] = ("delivery_rate", "retrans_rate", "rebuffer_rate")
+    primary: tuple[str, ...] = ("delivery_rate",)
+
+    #: the metrics export/delivery/canary.py knows (features.ab_moments.CANARY_METRICS)
+    KNOWN = ("delivery_rate", "retrans_rate", "rebuffer_rate")
 
     def __post_init__(self):
         if not 0 < self.alpha < 1:
             raise ValueError(f"export.canary.alpha must be in (0, 1), got {self.alpha}")
-        if self.tau <= 0 or self.harm_margin < 0 or self.min_clusters < 2 or self.max_minutes <= 0:
-            raise ValueError("export.canary: tau > 0, harm_margin >= 0, min_clusters >= 2 and max_minutes > 0")
-        if not self.metrics or set(self.metrics) - {"retrans_rate", "rebuffer_rate"}:
-            raise ValueError(f"export.canary.metrics must be among retrans_rate, rebuffer_rate, not {self.metrics}")
+        if (self.tau <= 0 or self.harm_margin < 0 or self.min_clusters < 2 or self.max_minutes <= 0
+                or self.bake_minutes < 0):
+            raise ValueError("export.canary: tau > 0, harm_margin >= 0, min_clusters >= 2, max_minutes > 0 "
+                             "and bake_minutes >= 0")
+        if not self.metrics or set(self.metrics) - set(self.KNOWN):
+            raise ValueError(f"export.canary.metrics must be among {', '.join(self.KNOWN)}, not {self.metrics}")
+        if not self.primary or set(self.primary) - set(self.metrics):
+            raise ValueError(f"export.canary.primary must be one or more of export.canary.metrics "
+                             f"{self.metrics}, not {self.primary}: a table is promoted on its primary metrics")
+
+    @property
+    def guardrails(self) -> tuple[str, ...]:
+        """The metrics that roll a table back on harm but do not hold it back."""
+        return tuple(m for m in self.metrics if m not in self.primary)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -22,6 +22,12 @@ from pyspark.sql import DataFrame, functions as F
 #: play time, connections with a playback session) and retransmission rate (retransmitted over sent
 #: segments)
 METRICS = {"rebuffer_rate": ("rebuffer_ms", "play_ms"), "retrans_rate": ("total_retrans", "data_segs_out")}
+#: the canary gate's metrics (export/delivery/canary.py, issue 58): METRICS and the delivery rate,
+#: the goodput the access log measures — bytes sent over the time spent serving them (silver's
+#: `bytes_sent` / `request_time_ms`, the sums over the connection's requests of nginx's
+#: $bytes_sent and $request_time; silver's `delivery_rate_bps` is the same ratio per connection).
+#: Higher is better on it, worse on the other two.
+CANARY_METRICS = {**METRICS, "delivery_rate": ("bytes_sent", "request_time_ms")}
 #: client-reported network types → the two groups Fig. 12 compares (4G and 5G are both cellular)
 NET_GROUPS = {"wifi": "wifi", "4g": "cell", "5g": "cell"}
 MOMENT_KEYS = ("segment_kind", "segment", "metric", "arm")
@@ -45,13 +51,14 @@ def segments(df: DataFrame) -> DataFrame:
             .where(F.col("segment").isNotNull()))
 
 
-def metric_rows(df: DataFrame) -> DataFrame:
+def metric_rows(df: DataFrame, metrics: dict[str, tuple[str, str]] = METRICS) -> DataFrame:
     """One row per (segment, metric, connection) that counts for the metric: `arm`, the cluster
     `client_ip`, numerator `y` and denominator `x` (connections with x = 0 — no playback session,
-    nothing sent — have no rate and are left out, as the paper's rates over sessions)."""
+    nothing sent, no request served — have no rate and are left out, as the paper's rates over
+    sessions). `metrics`: name → (numerator, denominator) columns (METRICS, or CANARY_METRICS)."""
     arm = F.when(F.col("ab_treatment"), F.lit("treatment")).otherwise(F.lit("control"))
     ms = F.array(*[F.struct(F.lit(m).alias("metric"), F.col(y).cast("long").alias("y"), F.col(x).cast("long").alias("x"))
-                   for m, (y, x) in METRICS.items()])
+                   for m, (y, x) in metrics.items()])
     return (segments(df.where(F.col("ab_treatment").isNotNull()))
             .select("segment_kind", "segment", arm.alias("arm"), "client_ip", F.explode(ms).alias("_m"))
             .select("segment_kind", "segment", "_m.metric", "arm", "client_ip", "_m.y", "_m.x")

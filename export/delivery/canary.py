@@ -3,14 +3,16 @@ arm (odd CRC32 of the client address: the table's CC) and control arm (even: the
 the kernel's own split (ALICCS §4.3), are compared from the canary's own logs as the stream
 ingests them, and the rollout promotes, keeps observing, or rolls back.
 
-The metrics are the A/B split's ratio metrics (features/ab_moments.py, as `evaluation.abtest` reads them) (retransmitted over sent segments; stall
-over play time), each a ratio of sums with the client address as the unit (the delta method on
-per-address cluster sums, `ArmMoments`). A rollout looks at the canary every minute or so, as
-long as it likes, and stops at the first look that decides: a fixed-sample test read that way
-rolls back good tables far more often than its α says. So the test is sequential and
-*always valid* — the mixture sequential probability ratio test (mSPRT) of Johari, Pekelis and
-Walsh, "Always Valid Inference: Continuous Monitoring of A/B Tests" (Operations Research 70(3),
-2022), §3, with the normal mixture over the log ratio θ = log(R_t / R_c):
+The metrics are the A/B split's ratio metrics (features/ab_moments.py's CANARY_METRICS): the
+delivery rate (the access log's bytes sent over request time: the goodput), retransmitted over
+sent segments, and stall over play time, each a ratio of sums with the client address as the
+unit (the delta method on per-address cluster sums, `ArmMoments`). A rollout looks at the canary
+every minute or so, as long as it likes, and stops at the first look that decides: a
+fixed-sample test read that way rolls back good tables far more often than its α says. So the
+test is sequential and *always valid* — the mixture sequential probability ratio test (mSPRT)
+of Johari, Pekelis and Walsh, "Always Valid Inference: Continuous Monitoring of A/B Tests"
+(Operations Research 70(3), 2022), §3, with the normal mixture over the log ratio
+θ = log(R_t / R_c):
 
     Λ_n = sqrt(V / (V + τ²)) · exp(τ² θ̂² / (2 V (V + τ²))),
 
@@ -20,36 +22,53 @@ confidence sequence θ̂ ± h with h = sqrt(V (V + τ²) / τ² · (2 log(1/α) 
 intersected over the looks so it only narrows.
 
 Per table, with the metrics' α split evenly (Bonferroni: α_m = `alpha` / number of metrics),
-one confidence sequence per metric, and three outcomes:
+one confidence sequence per metric. The metrics are of two kinds (`settings.primary`, the rest
+guardrails), as progressive-delivery analyses split them, and there are three outcomes:
 
-- **roll back** at the first look where a metric's interval lies wholly on the harm side of 0
-  (treatment worse: more retransmission or more stalls);
-- **promote** at the first look where every metric's interval lies wholly below
-  log(1 + `harm_margin`): evidence that the table is no worse than the control arm by more than
-  the margin on any metric (a non-inferiority test, read at every look);
+- **roll back** at the first look where any metric's interval — primary or guardrail — lies
+  wholly on the harm side of 0 (treatment worse: lower delivery rate, more retransmission,
+  more stalls);
+- **promote** at the first look, from `bake_minutes` on (capped at `max_minutes`), where every
+  *primary* metric's interval lies wholly on the good side of log(1 + `harm_margin`) (for
+  delivery rate: above −log(1 + margin)): evidence that the table is no worse than the control
+  arm by more than the margin on the primary metrics (a non-inferiority test, read at every
+  look). A guardrail whose interval is still wider than the margin does not hold the table
+  back; the promote's reason gives its interval. The bake gives the guardrails the window to
+  show a harm: without it a table whose primary gains much is promoted in the first minutes,
+  before any guardrail could see anything;
 - **inconclusive** (not promoted, not rolled back) when `max_minutes` pass with neither: the
   rollout does not go on (the gate's `observe`: the cohort goes back to its previous table,
-  nothing frozen; a node that had none keeps this one, export/delivery/rollout.rollback_node). Absence of evidence of harm is not evidence of safety: a table is never
-  promoted because the window ran out;
+  nothing frozen; a node that had none keeps this one, export/delivery/rollout.rollback_node).
+  Absence of evidence of harm is not evidence of safety: a table is never promoted because the
+  window ran out;
 - else **observe**. A look with fewer than `min_clusters` addresses in an arm judges nothing for
-  that metric (so a metric short of clients can neither roll back nor let a table be promoted).
+  that metric (so a metric short of clients can neither roll back nor, when primary, let a table
+  be promoted).
 
 What the rule promises, at any number and timing of looks (the confidence sequences cover every
 metric's true log ratio at every look at once with probability ≥ 1 − α, as far as the delta
 method's normal approximation holds; each wrong decision below needs one to miss):
 
-- **false rollback** ≤ `alpha`: a table that harms no metric (true ratio ≤ 1 on each; a table
-  that changes nothing, or a better one) is rolled back with probability at most `alpha` (the
-  mSPRT's level, split over the metrics);
-- **false promote** ≤ `alpha` / number of metrics ≤ `alpha`: a table that harms some metric by
-  more than `harm_margin` (true ratio ≥ 1 + margin) is promoted with probability at most α_m
-  (the non-inferiority test on that metric's interval; the same confidence sequence).
+- **false rollback** ≤ `alpha`: a table that harms no metric (true ratio no worse than 1 on each;
+  a table that changes nothing, or a better one) is rolled back with probability at most
+  `alpha` (the mSPRT's level, split over the metrics);
+- **false promote** ≤ `alpha` / number of metrics: a table that harms a *primary* metric by more
+  than `harm_margin` is promoted with probability at most α_m (the non-inferiority test on that
+  metric's interval; the same confidence sequence).
 
-What it does not promise: that a good table is promoted within the window. Promotion needs an
-interval narrower than the margin, i.e. enough clients per arm within `max_minutes`; a table
-whose interval is still wider is held back (inconclusive), which is the price of the second
-guarantee. Neither guarantee covers a harm between 0 and the margin: such a table may be promoted
-or rolled back.
+What it does not promise:
+
+- anything of the promotion of a table whose harm is on a guardrail alone: a guardrail rolls a
+  table back only once its interval excludes 0, and at the canary's sample size a guardrail's
+  interval can stay far wider than the harm (on the reacting-fleet drill, rebuffer's half-width
+  at minute 30 was about 1.1 in log ratio: a tripling of stalls could not be excluded). Such a
+  table can be promoted, and the next cohort's gate, with more clients, is the next chance to
+  see it;
+- that a good table is promoted within the window: promotion needs a primary interval
+  narrower than the margin plus the table's gain, i.e. enough clients per arm within
+  `max_minutes`; a table whose interval is still wider is held back (inconclusive);
+- anything of a harm between 0 and the margin on a primary: such a table may be promoted or
+  rolled back.
 
 Pure Python on collected moments (`arm_moments` rows, `decide`), so the tests run it on numpy
 sums; `canary_moments` is the Spark extract over silver.connections.
@@ -63,10 +82,10 @@ from typing import Any
 from pyspark.sql import DataFrame, functions as F
 
 from ccselect.settings import CanarySettings
-from features.ab_moments import ArmMoments, arm_moments, metric_rows
+from features.ab_moments import CANARY_METRICS, ArmMoments, arm_moments, metric_rows
 
-#: a metric for which a higher treatment rate is worse (every metric here)
-HARM_IF_HIGHER = {"retrans_rate": True, "rebuffer_rate": True}
+#: per metric: is a higher treatment rate worse? (delivery rate: lower is worse)
+HARM_IF_HIGHER = {"retrans_rate": True, "rebuffer_rate": True, "delivery_rate": False}
 PROMOTE, OBSERVE, ROLLBACK = "promote", "observe", "rollback"
 #: the window ended with neither harm nor non-inferiority shown on every metric: not promoted
 INCONCLUSIVE = "inconclusive"
@@ -111,7 +130,7 @@ class Canary:
         s = self.settings
         alpha = s.alpha / len(s.metrics)
         margin = math.log1p(s.harm_margin)
-        judged, harm, safe = 0, [], 0
+        judged, harm, safe = 0, [], []
         for metric in s.metrics:
             st = self.states.setdefault(metric, MetricState())
             arms = moments.get(metric, {})
@@ -135,26 +154,40 @@ class Canary:
             if (st.lo > 0) if worse_if_higher else (st.hi < 0):
                 harm.append(metric)
             elif (st.hi < margin) if worse_if_higher else (st.lo > -margin):
-                safe += 1
+                safe.append(metric)
         if harm:
             self.decision = ROLLBACK
             self.reason = "; ".join(f"{m}: treatment {self.states[m].last['rel_change']:+.1%} against control, "
                                     f"always-valid interval [{self.states[m].last['cs'][0]:+.1%}, "
-                                    f"{self.states[m].last['cs'][1]:+.1%}] above 0" for m in harm)
-        elif judged == len(s.metrics) and safe == judged:
+                                    f"{self.states[m].last['cs'][1]:+.1%}] "
+                                    f"{'above' if HARM_IF_HIGHER[m] else 'below'} 0" for m in harm)
+        elif set(s.primary) <= set(safe) and minute >= min(s.bake_minutes, s.max_minutes):
             self.decision = PROMOTE
-            self.reason = (f"every metric's always-valid interval below +{s.harm_margin:.0%} "
-                           f"(export.canary.harm_margin) after {minute:g} min")
+            self.reason = (f"the primary metric{'s' if len(s.primary) > 1 else ''} "
+                           f"({', '.join(s.primary)}) within the {s.harm_margin:.0%} margin "
+                           f"(export.canary.harm_margin) after {minute:g} min: "
+                           + "; ".join(self._interval(m) for m in s.primary)
+                           + (("; guardrails, no harm shown (an interval wider than the margin does not hold a "
+                               "table back): " + "; ".join(self._interval(m) for m in s.guardrails))
+                              if s.guardrails else ""))
         elif minute >= s.max_minutes:
             self.decision = INCONCLUSIVE
             self.reason = (f"not promoted: the window ({minute:g} min, export.canary.max_minutes) ended without "
-                           f"evidence either way: " + "; ".join(self._open(m) for m in s.metrics))
+                           f"evidence either way: " + "; ".join(self._open(m) for m in s.primary))
         else:
             self.reason = f"observing: {judged} of {len(s.metrics)} metrics judged at {minute:g} min"
         return self.decision
 
+    def _interval(self, metric: str) -> str:
+        """`metric`'s last change and always-valid interval, or that it was not judged."""
+        st = self.states.get(metric)
+        if st is None or not st.looks:
+            return f"{metric} not judged (fewer than export.canary.min_clusters clients per arm)"
+        return (f"{metric} {st.last.get('rel_change', math.nan):+.1%} "
+                f"[{math.expm1(st.lo):+.1%}, {math.expm1(st.hi):+.1%}]")
+
     def _open(self, metric: str) -> str:
-        """Why `metric` does not let the table be promoted (at the window's end)."""
+        """Why the primary `metric` does not let the table be promoted (at the window's end)."""
         s, st = self.settings, self.states.get(metric)
         if st is None or not st.looks:
             return (f"{metric} never had export.canary.min_clusters ({s.min_clusters}) clients in both arms "
@@ -162,8 +195,9 @@ class Canary:
         lo, hi = math.expm1(st.lo), math.expm1(st.hi)
         if (st.hi < math.log1p(s.harm_margin)) if HARM_IF_HIGHER[metric] else (st.lo > -math.log1p(s.harm_margin)):
             return f"{metric} within the margin [{lo:+.1%}, {hi:+.1%}]"
+        side = "below the +" if HARM_IF_HIGHER[metric] else "above the -"
         return (f"{metric} {st.last.get('rel_change', math.nan):+.1%}, always-valid interval [{lo:+.1%}, {hi:+.1%}] "
-                f"not below the +{s.harm_margin:.0%} margin (export.canary.harm_margin)")
+                f"not {side}{s.harm_margin:.0%} margin (export.canary.harm_margin)")
 
     def evidence(self) -> dict[str, Any]:
         return {"decision": self.decision, "reason": self.reason,
@@ -189,6 +223,6 @@ def moments_by_metric(rows: list[dict[str, Any]]) -> dict[str, dict[str, ArmMome
 
 def canary_moments(conns: DataFrame, node_id: str, from_ms: int, to_ms: int) -> dict[str, dict[str, ArmMoments]]:
     """The canary's cumulative moments since its load: silver.connections rows of `node_id`
-    that ended in [from_ms, to_ms) (Spark), by metric and arm."""
+    that ended in [from_ms, to_ms) (Spark), by metric and arm (CANARY_METRICS)."""
     mine = conns.where((F.col("node_id") == node_id) & F.col("ts_end_ms").between(from_ms, to_ms - 1))
-    return moments_by_metric([r.asDict() for r in arm_moments(metric_rows(mine)).collect()])
+    return moments_by_metric([r.asDict() for r in arm_moments(metric_rows(mine, CANARY_METRICS)).collect()])

@@ -23,14 +23,17 @@ Two gates:
   since the load (`silver_moments`: its silver.connections rows, so the stream must be ingesting
   the node's logs). Each node of the cohort is judged by its own test: any rollback rolls the
   cohort back; every node promoted promotes. A node promotes only on evidence of no harm
-  beyond `export.canary.harm_margin` on every metric (its always-valid intervals below the
-  margin); when the window (`export.canary.max_minutes`) ends without that or a rollback, the
-  gate says `observe` with each metric's interval (not promoted: the cohort goes back to its
+  beyond `export.canary.harm_margin` on its primary metrics (`export.canary.primary`: their
+  always-valid intervals exclude it), and rolls back once any metric, primary or guardrail,
+  shows harm; a guardrail's interval wider than the margin does not hold a table back. When the
+  window (`export.canary.max_minutes`) ends without a promote or a rollback, the gate says
+  `observe` with each primary metric's interval (not promoted: the cohort goes back to its
   previous table, nothing frozen), and a node with no outcome rows at all is named. So, per
   node and table, at any number of looks: a table that harms no metric is rolled back with
-  probability at most `export.canary.alpha`, and one that harms a metric by more than the
-  margin is promoted with probability at most `alpha` / number of metrics
-  (export/delivery/canary.py).
+  probability at most `export.canary.alpha`, and one that harms a primary metric by more than
+  the margin is promoted with probability at most `alpha` / number of metrics; a harm on a
+  guardrail alone too small for its interval to show is not guarded against
+  (export/delivery/canary.py, docs/rollouts.md).
 """
 from __future__ import annotations
 
@@ -84,7 +87,8 @@ Moments = Callable[[str, int, int], dict]   # (node_id, from_ms, to_ms) → metr
 
 def silver_moments(spark, cfg) -> Moments:
     """A node's cumulative arm moments since the load, read again at each look from
-    silver.connections (export.delivery.canary.canary_moments over the hours the interval spans)."""
+    silver.connections (export.delivery.canary.canary_moments over the hours the interval spans:
+    retransmission, rebuffer and delivery rate — silver's bytes_sent over request_time_ms)."""
     from pyspark.sql import functions as F
 
     path = table_path(cfg, "silver.connections")

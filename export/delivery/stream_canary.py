@@ -15,13 +15,14 @@ CC is fixed in advance: the table deployed changes nothing in the simulated arms
 is on the simulated arms, not on the table's own effect (the reacting fleet, app/follow.py, is
 not behind `make run`; docs/rollouts.md); the summary line says so.
 
-The verdict is the live gate's: `promote` only once every metric's always-valid interval lies
-below `export.canary.harm_margin`, `rollback` once one shows harm, else `observe` (not promoted)
+The verdict is the live gate's: `promote` only once every primary metric's always-valid
+interval (`export.canary.primary`) excludes a harm beyond `export.canary.harm_margin`,
+`rollback` once any metric (primary or guardrail) shows harm, else `observe` (not promoted)
 when the window or the lake's minutes end: no harm shown is not taken as safety, so a table
-whose intervals are still wider than the margin reads `observe` in the summary.
+whose primary intervals are still wider than the margin reads `observe` in the summary.
 
 One Spark job per table: per (metric, arm, client address, minute since the boundary) sums of
-evaluation.abtest's ratio metrics (`metric_rows`, segment `all`); the looks' cumulative
+the canary's ratio metrics (`metric_rows` over CANARY_METRICS, segment `all`); the looks' cumulative
 cluster moments are then summed in Python.
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ from ccselect.lake import table_path
 from export.delivery.canary import INCONCLUSIVE, OBSERVE, Canary
 from export.delivery.gates import Decision, DecisionLog, GateContext
 from export.delivery.store import StoreError
-from features.ab_moments import ArmMoments, metric_rows
+from features.ab_moments import CANARY_METRICS, ArmMoments, metric_rows
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark.
 
 COHORT = "canary (simulated arms)"
@@ -60,7 +61,7 @@ def minute_sums(conns, node_id: str, from_ms: int, minutes: int) -> list[dict]:
                         & F.col("ts_end_ms").between(from_ms, from_ms + minutes * 60_000 - 1))
             .withColumn("client_ip", F.concat_ws("|", F.col("client_ip").cast("string"),
                                                  F.floor((F.col("ts_end_ms") - from_ms) / 60_000).cast("string"))))
-    rows = (metric_rows(mine).where(F.col("segment_kind") == "all")
+    rows = (metric_rows(mine, CANARY_METRICS).where(F.col("segment_kind") == "all")
             .groupBy("metric", "arm", "client_ip")
             .agg(F.sum("y").alias("y"), F.sum("x").alias("x"), F.count(F.lit(1)).alias("conns")).collect())
     out = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -67,14 +68,16 @@ def test_freeze_pins_the_last_good_table_and_stops_every_rollout_until_lifted(fl
     assert "not frozen" in _cli(cfg, "rollout", "status", "--store", s).output
 
 
-def _outcomes(effect_retrans: float, effect_stall: float = 1.0, conns_per_minute: int = 600, seed: int = 5):
+def _outcomes(effect_retrans: float, effect_stall: float = 1.0, conns_per_minute: int = 600, seed: int = 5,
+              effect_delivery: float = 1.0):
     """Each node's arms minute by minute (sim/ab_outcomes.py): a look reads one more minute."""
     runs: dict[str, object] = {}
 
     def moments(node_id, from_ms, to_ms):
         if node_id not in runs:
             runs[node_id] = replay(np.random.default_rng(seed + len(runs)), 600, effect_retrans=effect_retrans,
-                                   effect_stall=effect_stall, s=ArmsSetting(conns_per_minute=conns_per_minute))
+                                   effect_stall=effect_stall, effect_delivery=effect_delivery,
+                                   s=ArmsSetting(conns_per_minute=conns_per_minute))
         arms = next(runs[node_id])[1]
         return {m: {arm: v if isinstance(v, ArmMoments) else ArmMoments.of_clusters(*v) for arm, v in a.items()}
                 for m, a in arms.items()}
@@ -106,8 +109,12 @@ def test_cohorts_pass_the_canary_verdict_and_a_harmful_table_is_rolled_back_and_
     log = gates.DecisionLog.for_config(cfg)
     for v, cc in ((1, a), (2, b)):
         store.publish(_table(keys, str(tmp_path / "export"), v, cc).manifest)
-    # a table that lowers retransmissions and stalls by 30%: each cohort promoted on its outcomes, in order
-    good = gates.CanaryVerdict(CanarySettings(), _outcomes(0.7, 0.7), look_s=0.01)
+    # a table 25% faster (the primary, delivery rate) with 30% fewer retransmissions and stalls:
+    # each cohort promoted on its outcomes, in order. A look here reads a replayed minute every
+    # 10 ms while the gate counts wall-clock minutes since the load, so no bake (the default's
+    # whole window would be 30 wall-clock minutes)
+    good = gates.CanaryVerdict(replace(CanarySettings(), bake_minutes=0), _outcomes(0.7, 0.7, effect_delivery=1.25),
+                               look_s=0.01)
     res = deploy(fleet, store, 1, HEALTH, gate=good, decisions=log, log=lambda m: None)
     assert res["ok"] and list(res["nodes"]) == ids and store.current() == 1, res.get("stopped")
     assert [(d["cohort"], d["decision"]) for d in res["decisions"]] == [("canary", "promote"), ("50%", "promote"),
@@ -165,6 +172,7 @@ def test_a_table_the_canary_cannot_resolve_is_not_promoted_and_goes_back(fleet_e
     assert not res["ok"] and list(res["nodes"]) == [fleet.nodes[0].node_id], res
     d = res["decisions"][0]
     assert d["decision"] == "observe" and "ended without evidence either way" in d["reason"], d
-    assert "not below the +5% margin (export.canary.harm_margin)" in d["reason"], d["reason"]
+    assert "delivery_rate " in d["reason"] and "not above the -5% margin (export.canary.harm_margin)" in d["reason"], \
+        d["reason"]
     assert [lf.status(cfg, i)["table"]["version"] for i in range(2)] == [1, 1] and store.current() == 1
     assert freeze.current(store) is None
