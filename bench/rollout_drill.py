@@ -12,18 +12,19 @@ simulated clients get the CC its agent would give them under the table live ther
   wrong decision is any cohort's verdict other than promote (a rollback: a false rollback; an
   observe: a good table held back, the cost of requiring evidence of no harm). Promised: a
   table that harms no metric is rolled back with probability at most α (export.canary.alpha); a
-  table that harms a metric by more than export.canary.harm_margin is promoted with probability
-  at most α / number of metrics; nothing is promised on how many good tables are promoted.
+  table that harms a primary metric (export.canary.primary: delivery rate) by more than
+  export.canary.harm_margin is promoted with probability at most α / number of metrics; a
+  harm on a guardrail alone (retransmissions, rebuffer) rolls a table back only if its interval
+  shows it within the window; nothing is promised on how many good tables are promoted.
 - planted bad tables: the good table of the hour with every decision inverted, `--bad` times
   (the fleet unfrozen after each): the canary's verdict, the minutes of simulated traffic it
   took, and whether the table reached any node past the canary (the agents' live versions and
   the simulated fleet's record of what was live where).
-- beside the gate's metrics, the outcomes the logs carry that the gate does not read, on the
-  canary over the same minutes (`side_metrics`): delivery rate (bytes sent over the time spent
-  serving the requests, the access log's; lower is worse) and startup delay (the QoE beacon's
-  startup_ms per session; higher is worse), each with the always-valid interval at the decision's
-  look (one look: not intersected over looks as the gate's are), to see which outcomes a bad
-  table moves.
+- beside the gate's metrics (delivery rate, retransmissions, rebuffer), an outcome the logs
+  carry that the gate does not read, on the canary over the same minutes (`side_metrics`):
+  startup delay (the QoE beacon's startup_ms per session; higher is worse), with the
+  always-valid interval at the decision's look (one look: not intersected over looks as the
+  gate's are), to see whether a bad table moves it.
 
 Run for each default CC (the control arm's, the nodes' sysctl) in `--defaults`: with bbr the
 inverted table puts cellular clients on cubic (ALICCS Observation III's policed paths); with
@@ -150,8 +151,7 @@ def _evidence(d: dict) -> dict:
 
 
 #: outcomes the logs carry that the gate does not read: name → (log, numerator, denominator, harm if higher)
-SIDE_METRICS = {"delivery_rate": ("access", "bytes_sent", "request_time_ms", False),
-                "startup_ms": ("qoe", "startup_ms", "sessions", True)}
+SIDE_METRICS = {"startup_ms": ("qoe", "startup_ms", "sessions", True)}
 
 
 def side_metrics(ff, node_id: str, from_ms: int, to_ms: int, settings) -> dict:
@@ -254,9 +254,17 @@ def drill(default_cc: str, a, binary: str, root: Path) -> dict:
             "good_observed_not_promoted": len(held),
             "good_observed_on_cohort": {c: sum(1 for r in out["good"] for d in first(r, "observe") if d["cohort"] == c)
                                         for c in ("canary", "50%", "all")},
+            "good_promoted_on_cohort": {c: sum(1 for r in out["good"] for d in first(r, "promote") if d["cohort"] == c)
+                                        for c in ("canary", "50%", "all")},
+            "good_rolled_back_on_cohort": {c: sum(1 for r in out["good"] for d in first(r, "rollback") if d["cohort"] == c)
+                                           for c in ("canary", "50%", "all")},
+            "good_promote_minutes_on_canary": [d["minute"] for r in out["good"] for d in first(r, "promote")
+                                               if d["cohort"] == "canary"],
             "good_false_rollback_rate": len(false_rb) / max(1, a.good),
             "promised_false_rollback_rate_at_most": settings.alpha,
             "promised_false_promote_rate_at_most": settings.alpha / len(settings.metrics),
+            "false_promote_promise_covers": f"a harm beyond the margin on the primary {list(settings.primary)}; "
+                                            f"not a harm on a guardrail alone {list(settings.guardrails)}",
             "bad_tables": a.bad, "bad_rolled_back_on_canary": len(bad_rb),
             "bad_observed_on_canary_not_promoted": len(bad_held),
             "bad_promoted_from_canary": sum(1 for r in out["bad"] for d in first(r, "promote") if d["cohort"] == "canary"),
@@ -289,7 +297,8 @@ def main(argv=None) -> int:
            "fleet": {"nodes": 3, "cohorts": ["canary", "50%", "all"], "conns_per_node_hour": a.conns, "seed": a.seed,
                      "look_every_sim_minutes": 1, "health_wait_s": HEALTH.wait_s},
            "canary_settings": {k: getattr(CanarySettings(), k) for k in ("alpha", "tau", "harm_margin", "min_clusters",
-                                                                          "max_minutes", "metrics")},
+                                                                          "max_minutes", "bake_minutes", "metrics",
+                                                                          "primary", "guardrails")},
            "drills": []}
     for dcc in [d for d in a.defaults.split(",") if d]:
         with tempfile.TemporaryDirectory(prefix="ccs-drill-") as d:
