@@ -33,7 +33,9 @@ def _cli(cfg, *args):
     return CliRunner().invoke(app, [*args, "--config", str(cfg.path)])
 
 
-def test_freeze_pins_the_last_good_table_and_stops_every_rollout_until_lifted(fleet_env, keys, tmp_path):
+def _v1_live_v2_published(fleet_env, keys, tmp_path):
+    """Tables 1 and 2 (two CCs other than the namespace's default) in a new store, table 1
+    rolled out to every node; → (cfg, lf, cc of 1, cc of 2, store, fleet)."""
     cfg, lf = fleet_env
     a, b = other_ccs(sysctl_cc())
     store = Store(str(tmp_path / "store"))
@@ -41,6 +43,11 @@ def test_freeze_pins_the_last_good_table_and_stops_every_rollout_until_lifted(fl
     for v, cc in ((1, a), (2, b)):
         store.publish(_table(keys, str(tmp_path / "export"), v, cc).manifest)
     assert deploy(fleet, store, 1, HEALTH)["ok"]
+    return cfg, lf, a, b, store, fleet
+
+
+def test_freeze_pins_the_last_good_table_and_stops_every_rollout_until_lifted(fleet_env, keys, tmp_path):
+    cfg, lf, a, b, store, fleet = _v1_live_v2_published(fleet_env, keys, tmp_path)
     # table 2 reached the canary by hand (a rollout half done) when the operator pulls the switch
     ag = fleet.nodes[0].agent()
     ag.load(store.fetch(2, fleet.nodes[0].table_dir))
@@ -141,13 +148,7 @@ def test_cohorts_pass_the_canary_verdict_and_a_harmful_table_is_rolled_back_and_
 def test_no_outcomes_within_the_window_does_not_promote(fleet_env, keys, tmp_path):
     """The canary's logs never reach the lake (no connection ends there): the window ends, the
     gate says so, the canary goes back, the store's table stays, and nothing is frozen."""
-    cfg, lf = fleet_env
-    a, b = other_ccs(sysctl_cc())
-    store = Store(str(tmp_path / "store"))
-    fleet = lf.fleet(cfg)
-    for v, cc in ((1, a), (2, b)):
-        store.publish(_table(keys, str(tmp_path / "export"), v, cc).manifest)
-    assert deploy(fleet, store, 1, HEALTH)["ok"]
+    cfg, lf, a, b, store, fleet = _v1_live_v2_published(fleet_env, keys, tmp_path)
     silent = gates.CanaryVerdict(CanarySettings(max_minutes=0.01), _outcomes(1.0, conns_per_minute=0), look_s=0.1)
     res = deploy(fleet, store, 2, HEALTH, gate=silent)
     assert not res["ok"] and res["decisions"][0]["decision"] == "observe", res
@@ -160,13 +161,7 @@ def test_a_table_the_canary_cannot_resolve_is_not_promoted_and_goes_back(fleet_e
     """Outcomes arrive, no harm is shown, and the intervals stay wider than export.canary.harm_margin
     when the window ends (a table that changes nothing, a few minutes of traffic): not promoted,
     the canary goes back to its previous table, nothing frozen, the next cohort never loads it."""
-    cfg, lf = fleet_env
-    a, b = other_ccs(sysctl_cc())
-    store = Store(str(tmp_path / "store"))
-    fleet = lf.fleet(cfg)
-    for v, cc in ((1, a), (2, b)):
-        store.publish(_table(keys, str(tmp_path / "export"), v, cc).manifest)
-    assert deploy(fleet, store, 1, HEALTH)["ok"]
+    cfg, lf, a, b, store, fleet = _v1_live_v2_published(fleet_env, keys, tmp_path)
     short = gates.CanaryVerdict(CanarySettings(max_minutes=0.01), _outcomes(1.0), look_s=0.1)
     res = deploy(fleet, store, 2, HEALTH, gate=short, log=lambda m: None)
     assert not res["ok"] and list(res["nodes"]) == [fleet.nodes[0].node_id], res
