@@ -82,6 +82,8 @@ def one_severity(severity: float, a, say) -> dict:
                      start="2026-11-01T00:00:00")
     t0 = time.time()
     cfg, lo, hi, info = lake(root, params, say)
+    # evaluate's fits take their threads from pipeline.train_threads (models.train.fit), not from torch's
+    cfg = replace(cfg, raw={**cfg.raw, "pipeline": {**cfg.raw["pipeline"], "train_threads": a.torch_threads}})
     lake_s = time.time() - t0
     spark = get_spark(cfg, "bench-shift-sweep")   # the process's one session (getOrCreate)
     t0 = time.time()
