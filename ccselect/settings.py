@@ -167,11 +167,16 @@ class SimulateSettings(_Section):
     conns_per_node_hour: int
     # the streams as the agent's rotated segments every N minutes (issue 26); 0: hourly files
     rotate_minutes: int = 0
+    # the simulator's stress knob SimParams.client_window: "stacks" (the grounded window) or
+    # "per_type_tables" (the pre-2026-11-28 window, kept only for docs/results/window-before-after.md)
+    client_window: str = "stacks"
 
     def __post_init__(self):
         for name in ("nodes", "hours", "conns_per_node_hour"):
             if getattr(self, name) < 1:
                 raise ValueError(f"simulate.{name} must be at least 1, got {getattr(self, name)}")
+        if self.client_window not in ("stacks", "per_type_tables"):
+            raise ValueError(f"simulate.client_window must be stacks or per_type_tables, not {self.client_window!r}")
         if not 0 <= self.rotate_minutes <= 30 or (self.rotate_minutes and 60 % self.rotate_minutes):
             raise ValueError(f"simulate.rotate_minutes must be 0 or divide the hour, not {self.rotate_minutes}")
 

@@ -900,13 +900,60 @@ def cubic_truth_qoe(est: DataFrame, truth: DataFrame, p: EmulateSettings) -> flo
     return None if r is None or r["reb"] is None else 1 - p.alpha * r["reb"] - (1 - p.alpha) * r["ret"]
 
 
-def truth_check(truthful: DataFrame, cells: DataFrame, p: EmulateSettings, base: float | None = None) -> dict:
+def cubic_truth_by_node(est: DataFrame, truth: DataFrame, p: EmulateSettings) -> dict[str, tuple[int, float]]:
+    """Per node of `est`'s sessions: (sessions, the sum of all-CUBIC's expected QoE by the truth),
+    the base of `truth_check`'s node-bootstrap intervals."""
+    rows = (est.select("conn_id", "node_id").join(truth, "conn_id").groupBy("node_id")
+            .agg(F.count(F.lit(1)).alias("n"), F.sum("exp_rebuffer_cubic").alias("reb"), F.sum("retrans_cubic").alias("ret"))
+            .collect())
+    return {str(r["node_id"]): (int(r["n"]), r["n"] - p.alpha * r["reb"] - (1 - p.alpha) * r["ret"]) for r in rows}
+
+
+def _node_intervals(truthful: DataFrame, p: EmulateSettings, base_by_node: dict[str, tuple[int, float]],
+                    out: dict) -> None:
+    """Adds to each policy of `out` the 95% intervals of its truth gain over all-CUBIC and of its
+    share of `true_type`'s gain from a bootstrap over nodes (the sessions of one node share its paths
+    and hours): `exp_qoe_gain_vs_cubic_node_95`, `share_of_true_type_gain_node_95` (each resample's
+    session-weighted gains, as the point figures)."""
+    rows = (truthful.groupBy("policy", "node_id")
+            .agg(F.count(F.lit(1)).alias("n"), F.sum("exp_rebuffer").alias("reb"), F.sum("exp_retrans").alias("ret"))
+            .collect())
+    nodes = sorted(base_by_node)
+    if not nodes:
+        return
+    col = {n: i for i, n in enumerate(nodes)}
+    pols = sorted({r["policy"] for r in rows})
+    gain = np.full((len(pols), len(nodes)), np.nan)     # per node: sum of (policy − CUBIC) expected QoE
+    for r in rows:
+        n = str(r["node_id"])
+        if n in col:
+            gain[pols.index(r["policy"]), col[n]] = (r["n"] - p.alpha * r["reb"] - (1 - p.alpha) * r["ret"]
+                                                     - base_by_node[n][1])
+    sessions = np.array([base_by_node[n][0] for n in nodes], dtype=float)
+    rng = np.random.default_rng(p.seed)
+    picks = rng.integers(0, len(nodes), (p.bootstrap_reps, len(nodes)))
+    g = np.nan_to_num(gain)[:, picks].sum(axis=2) / sessions[picks].sum(axis=1)     # (policies, reps)
+    top = g[pols.index("true_type")] if "true_type" in pols else None
+    for i, name in enumerate(pols):
+        d = out.setdefault(name, {})
+        if np.isnan(gain[i]).any():
+            continue          # a node without this policy's sessions: no interval
+        d["exp_qoe_gain_vs_cubic_node_95"] = [float(x) for x in np.percentile(g[i], [2.5, 97.5])]
+        if top is not None and (top > 0).all():
+            d["share_of_true_type_gain_node_95"] = [float(x) for x in np.percentile(g[i] / top, [2.5, 97.5])]
+    for d in out.values():
+        d["bootstrap"] = {"unit": "node", "nodes": len(nodes), "reps": p.bootstrap_reps}
+
+
+def truth_check(truthful: DataFrame, cells: DataFrame, p: EmulateSettings, base: float | None = None,
+                base_by_node: dict[str, tuple[int, float]] | None = None) -> dict:
     """What each policy's choices would truly have delivered (`with_truth`'s sessions: the
     simulator's per-connection expectations under the chosen CC), against the estimate: how far
     the emulator is off; and the tail percentiles of `cells` (truth_cells). Evaluation only.
     `exp_qoe_gain_vs_cubic` is against `base` (`cubic_truth_qoe`; by default the `cubic`
     policy's), and `share_of_true_type_gain` that gain over the `true_type` policy's: how much of
-    the per-session classifier bound a policy reaches."""
+    the per-session classifier bound a policy reaches. With `base_by_node` (`cubic_truth_by_node`)
+    both also get a 95% interval from a bootstrap over nodes (`_node_intervals`)."""
     rows = truthful.groupBy("policy").agg(F.count(F.lit(1)).alias("n"), F.avg("exp_rebuffer").alias("reb"),
                                           F.avg("exp_retrans").alias("ret")).collect()
     out = {r["policy"]: {"sessions": r["n"], "exp_rebuffer_rate": r["reb"], "exp_retrans_rate": r["ret"],
@@ -919,6 +966,8 @@ def truth_check(truthful: DataFrame, cells: DataFrame, p: EmulateSettings, base:
     for d in out.values():
         d["share_of_true_type_gain"] = (d["exp_qoe_gain_vs_cubic"] / top
                                          if top is not None and top > 0 and d["exp_qoe_gain_vs_cubic"] is not None else None)
+    if base_by_node:
+        _node_intervals(truthful, p, base_by_node, out)
     for r in _tail_rows(cells):
         d = out.setdefault(r["policy"], {})
         d["exp_rebuffer_pct"] = _by_percentile(r["reb"])
@@ -1097,7 +1146,8 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
             # one join with the truth, one aggregation into cells: the check and the contrasts read both
             truthful = with_truth(scored, truth).persist()
             t_cells = truth_cells(truthful, p).persist()
-            checked = truth_check(truthful, t_cells, p, base=cubic_truth_qoe(est, truth, p))
+            checked = truth_check(truthful, t_cells, p, base=cubic_truth_qoe(est, truth, p),
+                                  base_by_node=cubic_truth_by_node(est, truth, p))
             truth_pd = t_cells.select(*cols).toPandas()
             contrasts["truth"] = tail_contrasts(truth_pd, p)
             contrasts.update({f"truth, {r}": tail_contrasts(truth_pd, p, reference=r) for r in flow_refs})

@@ -129,6 +129,13 @@ class SimParams:
     #: way the access type reaches the first window on current Android (LTE, NR and Wi-Fi share
     #: 1 MiB, above the 64 KB cap).
     legacy_radio_buffer_share: float = 0.0
+    #: stress knob, kept only for the before/after comparison of issue 55
+    #: (docs/results/window-before-after.md): "stacks" (the default, the grounded window above) or
+    #: "per_type_tables", the simulator's window before 2026-11-28: drawn from per-(OS, access
+    #: type) tables, 43,690 only for Android on cellular, 87,380 only on Wi-Fi ("our pick of
+    #: common values", no source), from the same four rows of uniforms, so that it is that
+    #: simulator's window exactly and every other draw of a node-hour is the default's.
+    client_window: str = "stacks"
     #: share of (region, large ISP) branches whose broadband is not PPPoE (DS-Lite or L2TP), and
     #: whose mobile core gives UEs MTU 1500 (our pick; see BROADBAND_PLANTS above).
     odd_broadband_share: float = 0.3
@@ -228,7 +235,7 @@ class SimParams:
         if shift_severity is not None:
             knobs = {**shift_knobs(shift_severity), "extra": {"shift_severity": float(shift_severity)}}
         return cls(**{"nodes": s.nodes, "hours": s.hours, "start": s.start, "seed": s.seed,
-                      "conns_per_node_hour": s.conns_per_node_hour,
+                      "conns_per_node_hour": s.conns_per_node_hour, "client_window": s.client_window,
                       **knobs, "preset": preset, **overrides})
 
     def to_dict(self) -> dict[str, Any]:

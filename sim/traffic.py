@@ -19,6 +19,26 @@ from sim.world import World, unit
 SERVICES = np.array(["video", "live", "image"])
 SERVICE_P = np.array([0.55, 0.15, 0.30])
 _MEAN_EXTRA_REQ = np.array([3.0, 5.0, 1.0])
+#: `SimParams.client_window = "per_type_tables"` only (a stress knob kept for issue 55's before/after
+#: comparison): the client's first window as this simulator drew it before 2026-11-28, from
+#: per-(OS, access type) tables (values, probabilities; "our pick of common values", no source),
+#: in the order the four draws were taken (Android cellular, Android Wi-Fi, PC, iOS).
+PER_TYPE_WINDOWS = ((np.array([29200, 65160, 43690]), np.array([0.45, 0.35, 0.2])),   # Android cellular
+                    (np.array([65160, 87380, 131072]), np.array([0.6, 0.2, 0.2])),   # Android Wi-Fi
+                    (np.array([64240, 65535, 29200]), np.array([0.5, 0.3, 0.2])),    # PC
+                    (np.array([65535, 131072]), np.array([0.7, 0.3])))               # iOS
+CLIENT_WINDOWS = ("stacks", "per_type_tables")
+
+
+def per_type_table_window(u: np.ndarray, android: np.ndarray, cell: np.ndarray, pc: np.ndarray) -> np.ndarray:
+    """The pre-2026-11-28 window from the four rows of uniforms `u` [4, n]: row k is the k-th
+    table's draw for every connection (numpy's `Generator.choice(len(v), n, p=p)` is the search of
+    n uniforms in p's normalised cumulative sum, so this is that simulator's window exactly)."""
+    def draw(k):
+        values, probs = PER_TYPE_WINDOWS[k]
+        cdf = np.cumsum(probs)
+        return values[np.searchsorted(cdf / cdf[-1], u[k], side="right")]
+    return np.where(android, np.where(cell, draw(0), draw(1)), np.where(pc, draw(2), draw(3)))
 
 
 @dataclass
@@ -249,6 +269,10 @@ def _generate(world: World, node_idx: int, hour_idx: int, table: CcTable | None 
     legacy_radio = android & cell & (u_stack[1] < p.legacy_radio_buffer_share)
     client_mss = np.where(cell, mss_announced, 1460) - np.where(fam6, 20, 0)
     init_wnd = stacks.established_window(stack, client_mss, legacy_radio)
+    if p.client_window == "per_type_tables":       # the stress knob (issue 55's before/after only)
+        init_wnd = per_type_table_window(u_stack, android, cell, pc)
+    elif p.client_window != "stacks":
+        raise ValueError(f"unknown client_window {p.client_window!r}; one of {', '.join(CLIENT_WINDOWS)}")
     rmem_max = np.where(android, np.where(cell, 4 << 20, 2 << 20), np.where(pc, 6 << 20, 4 << 20))
     growth = np.clip(np.log2(np.maximum(bytes_c, 1) / init_wnd), 0, 8) * rng.uniform(0.6, 1.0, n)
     max_wnd = np.minimum(rmem_max, init_wnd * 2.0 ** growth)

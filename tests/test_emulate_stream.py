@@ -158,3 +158,20 @@ def test_truth_check_reports_each_policys_share_of_the_true_types_gain(spark):
     assert out["true_type"]["exp_qoe_gain_vs_cubic"] == pytest.approx(0.8 * 0.03)
     assert out["x"]["share_of_true_type_gain"] == pytest.approx((0.8 * 0.015) / (0.8 * 0.03))
     assert out["true_type"]["share_of_true_type_gain"] == pytest.approx(1.0)
+
+
+def test_truth_check_bootstraps_the_share_over_nodes(spark):
+    """With each node's all-CUBIC base, the share's interval comes from resampling nodes: x keeps
+    half of true_type's gain on n1 and none on n2, so its interval spans [0, 0.5] around 0.25."""
+    rows = [("true_type", "n1", 0.01), ("true_type", "n1", 0.03), ("x", "n1", 0.03), ("x", "n1", 0.04),
+            ("true_type", "n2", 0.02), ("true_type", "n2", 0.02), ("x", "n2", 0.05), ("x", "n2", 0.05)]
+    truthful = spark.createDataFrame([(pol, node, 0, "p", "wifi", reb, 0.0) for pol, node, reb in rows],
+                                     "policy string, node_id string, window_ms long, prefix string, net_type string, "
+                                     "exp_rebuffer double, exp_retrans double")
+    cells = emulate.truth_cells(truthful, EmulateSettings(min_cell_sessions=1))
+    by_node = {"n1": (2, 2 - 0.8 * 0.1), "n2": (2, 2 - 0.8 * 0.1)}
+    out = emulate.truth_check(truthful, cells, P, base=1 - 0.8 * 0.05, base_by_node=by_node)
+    assert out["x"]["share_of_true_type_gain"] == pytest.approx(0.25)
+    assert out["x"]["share_of_true_type_gain_node_95"] == pytest.approx([0.0, 0.5])
+    assert out["x"]["exp_qoe_gain_vs_cubic_node_95"] == pytest.approx([0.0, 0.8 * 0.015])
+    assert out["true_type"]["share_of_true_type_gain_node_95"] == pytest.approx([1.0, 1.0])
