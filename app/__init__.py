@@ -1,1 +1,1 @@
-"""app: the application on top of the layers: the `ccs` CLI, the pipeline steps, `make run`, Airflow wiring, notebook helpers."""
+"""app: the front door on top of the layers: the `ccs` CLI, `make run`'s command and summary, notebook and UI helpers, result files."""

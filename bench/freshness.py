@@ -3,7 +3,7 @@ bench/results/freshness.json and prints it.
 
 A simulated fleet (default: the default emulation fleet's rate, 12 nodes × 1,500 connections an
 hour, seed 7) is simulated for `--hours`; all but the last hour are batch-ingested, a champion is
-trained on them (app.pipeline: training set, train, promote) and they are scored, as the hourly
+trained on them (flows.pipeline: training set, train, promote) and they are scored, as the hourly
 DAG would have left the lake. Then the last hour is replayed into the agent's rotated layout
 (one-minute segments, renamed into place when their minute is over) at `--speed` × real time,
 while `ccs stream` runs as a service (its own process) deploying every table it emits to a real
@@ -231,7 +231,7 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("bench/freshness.py needs root (the enforcer is eBPF)", file=sys.stderr)
         return 2
-    from app import pipeline
+    from flows import pipeline
     from ccselect.config import load_config
     from export.delivery.publish import init_keys
     from sim.fleet import simulate
@@ -287,7 +287,7 @@ def main(argv=None) -> int:
 def measure(args, work: Path, fleet: str, setup: dict) -> int:
     """The two replays on the lake `main` set up (the freshness replay's lake is copied first, so
     that --reuse measures again from the same state)."""
-    from app.pipeline import _fleet_and_store_for
+    from flows.pipeline import fleet_and_store_for
     from ccselect.config import load_config
     from export.edge.probe import ensure_attached, teardown
     raw = setup["raw"]
@@ -303,7 +303,7 @@ def measure(args, work: Path, fleet: str, setup: dict) -> int:
     cfg_path = work / "ccs-measure.yaml"
     cfg_path.write_text(yaml.safe_dump(raw))
     cfg = load_config(str(cfg_path))
-    fl, _ = _fleet_and_store_for(cfg)
+    fl, _ = fleet_and_store_for(cfg)
     teardown(fl, log=lambda m: None)
     ensure_attached(fl, log=lambda m: None)   # as the agents' own service does on an edge
     agent = fl.nodes[0].agent()

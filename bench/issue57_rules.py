@@ -291,7 +291,7 @@ def simulate_and_score(args, root: Path) -> dict:
     torch.set_num_threads(1)
     from pyspark.sql import functions as F
 
-    from app import pipeline
+    from flows import pipeline
     from ccselect.lake import table_path
     from ccselect.spark import get_spark
     from jobs import ingest

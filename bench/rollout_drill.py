@@ -1,4 +1,4 @@
-"""bench/rollout_drill: issue 58's rollout drill on a fleet that reacts (app/follow.py).
+"""bench/rollout_drill: issue 58's rollout drill on a fleet that reacts (flows/follow.py).
 
 Real agents (one per node, each attached to a throwaway cgroup of its own) load the tables the
 rollout code gives them (export/delivery/rollout.deploy, cohorts canary → 50% → all); each node's
@@ -7,7 +7,7 @@ simulated clients get the CC its agent would give them under the table live ther
 (gates.CanaryVerdict, export.canary's shipped settings, a look every simulated minute).
 
 - twenty good tables in a row: each decides as ALICCS's rule on the truth (a prefix dominated by
-  cellular clients at the hour it is built → bbr, else cubic; app/follow.dominance_entries), over
+  cellular clients at the hour it is built → bbr, else cubic; flows/follow.dominance_entries), over
   a random 90% of each node's prefixes, so successive tables differ as retrained ones do. A
   wrong decision is any cohort's verdict other than promote (a rollback: a false rollback; an
   observe: a good table held back, the cost of requiring evidence of no harm). Promised: a
@@ -53,7 +53,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.follow import FollowFleet, dominance_entries  # noqa: E402
+from flows.follow import FollowFleet, dominance_entries  # noqa: E402
 from ccselect.config import load_config  # noqa: E402
 from ccselect.settings import CanarySettings  # noqa: E402
 from export.artifact import signing  # noqa: E402

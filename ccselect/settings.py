@@ -78,7 +78,7 @@ class MlflowSettings(_Section):
 
 @dataclass(frozen=True)
 class AirflowSettings(_Section):
-    """`airflow:` AIRFLOW_HOME of the project's Airflow (app/airflow_env.py); its metadata database
+    """`airflow:` AIRFLOW_HOME of the project's Airflow (flows/airflow_env.py); its metadata database
     (None: SQLite under the home, for `dag.test()`), executor, and the API server the scheduler's
     task runners report to (None: no scheduler; the DAGs run through `dag.test()`)."""
     home: str
@@ -717,7 +717,7 @@ class ExportSettings(PrefixLadder):
 
 @dataclass(frozen=True)
 class StreamSettings(_Section):
-    """`stream:` `ccs stream` (app/stream.py, issue 26): the edge's rotated log segments → bronze,
+    """`stream:` `ccs stream` (flows/stream.py, issue 26): the edge's rotated log segments → bronze,
     silver and gold.predictions every `trigger_seconds`, and ALICCS Algorithm 1 over the
     connections that closed in the last `window_minutes`, rebuilt at every `table_minutes`
     boundary of the data's own clock (the newest ts_end_ms seen) and emitted as a signed version
@@ -746,7 +746,7 @@ class StreamSettings(_Section):
 
 @dataclass(frozen=True)
 class PipelineSettings(_Section):
-    """`pipeline:` what the DAGs (app/pipeline.py) read."""
+    """`pipeline:` what the DAGs (flows/pipeline.py) read."""
     raw_dir: str                      # the edge logs: <stream>/<node>/<hour>.jsonl
     fleet: str                        # the fleet file `ccs_hourly` rolls out to
     deploy: bool                      # roll out to the fleet (needs root), else stop at the store
@@ -769,7 +769,7 @@ class PipelineSettings(_Section):
     # the variant `ccs_train` trains (models.train.VARIANTS): ALICCS, another variant, or
     # `select`: the one model.select's leave-node-out folds of the training nodes choose
     variant: str = "aliccs"
-    # each step's rows and duration as a textfile for node_exporter (app/job_metrics.py,
+    # each step's rows and duration as a textfile for node_exporter (flows/job_metrics.py,
     # <metrics_dir>/ccs-job-<job>.prom, issue 59); None: not written
     metrics_dir: str | None = None
 

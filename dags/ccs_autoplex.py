@@ -1,6 +1,6 @@
 """ccs_autoplex: every 30 minutes, AutoPlex's better-session statistics per user group for the
 period that just ended at the run's logical date (AutoPlex Algorithm 1) → gold.autoplex_params.
-The work lives in app.pipeline / jobs.autoplex; this file only wires it."""
+The work lives in flows.pipeline / jobs.autoplex; this file only wires it."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -8,7 +8,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import dag, task
 
-from app.pipeline import autoplex_period, previous_period, report
+from flows.pipeline import autoplex_period, previous_period, report
 
 DOC = """
 ### ccs_autoplex

@@ -1,6 +1,6 @@
 """ccs_hourly: every hour, the edge logs of the hour that just ended → bronze/silver → inference
 with `models:/<name>@champion` → ALICCS Algorithm 1 table → guards → rollout (canaries first).
-The work lives in app.pipeline and the packages under it; this file only wires it."""
+The work lives in flows.pipeline and the packages under it; this file only wires it."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -8,7 +8,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Asset, dag, task
 
-from app.pipeline import TableRefused, asset_uri, export_hour, infer_hour, ingest_hour, report, rollout as do_rollout
+from flows.pipeline import TableRefused, asset_uri, export_hour, infer_hour, ingest_hour, report, rollout as do_rollout
 from ccselect.hours import previous_hour
 # Imported inside the functions that use them (heavy, not needed to import this module): airflow.
 

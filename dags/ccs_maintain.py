@@ -1,5 +1,5 @@
 """ccs_maintain: daily, the lake's compaction, retention and VACUUM (jobs/maintain.py).
-The work lives in app.pipeline / jobs.maintain; this file only wires it."""
+The work lives in flows.pipeline / jobs.maintain; this file only wires it."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -7,7 +7,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import dag, task
 
-from app.pipeline import maintain_lake, report
+from flows.pipeline import maintain_lake, report
 
 DOC = """
 ### ccs_maintain

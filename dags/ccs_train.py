@@ -1,6 +1,6 @@
 """ccs_train: daily, the previous day's silver → training set → prefix groups → GAN/RSC training
 (MLflow run, registered version) → gate → (promotion only if configured) → distilled tree +
-SHAP diagnostics of the champion. The work lives in app.pipeline; this file only wires it."""
+SHAP diagnostics of the champion. The work lives in flows.pipeline; this file only wires it."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -8,7 +8,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import dag, task
 
-from app.pipeline import (
+from flows.pipeline import (
     distill_and_diagnose,
     handshake_tree,
     prefix_groups as groups,

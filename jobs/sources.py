@@ -187,7 +187,7 @@ def discover_all(input_dir: str, hours: tuple[str, str] | None = None,
 
 def classify(path: str, streams: tuple[str, ...] = STREAMS) -> SourceFile | Skipped:
     """One file by its path alone, as `discover_all` judges it inside its folder: the stream's
-    file source (app/stream.py) sees files one at a time."""
+    file source (flows/stream.py) sees files one at a time."""
     ndir, name = os.path.split(path if storage.is_remote(path) else os.path.abspath(path))
     sdir, node = os.path.split(ndir)
     stream = os.path.basename(sdir)
@@ -227,7 +227,7 @@ def read_lines(spark, files: list[SourceFile]):
 def explode_lines(files):
     """Whole files (a row per file: its text as `value`, and stream, node_id, hour, hour_start_ms,
     source_file) → one row per line with its 1-based line_no. Batch ingest (`read_lines`) and the
-    stream (app/stream.py) both cut lines here, with `ccs_split_lines` (jvm/src/ccselect/udf/
+    stream (flows/stream.py) both cut lines here, with `ccs_split_lines` (jvm/src/ccselect/udf/
     SplitLines.java: the file's bytes cut at each newline, without decoding the text into a Java
     string; jobs/README.md gives the measurement)."""
     register_udfs(files.sparkSession)

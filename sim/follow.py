@@ -6,7 +6,7 @@ The simulator knows nothing of tables, agents or stores (it imports only ccselec
 `Chooser` — given what the node's agent sees at PASSIVE_ESTABLISHED (the client's address and
 port, the served port, the handshake features as the transport log records them, the accept
 time) — for each connection's CC, decision and table version. The layer above provides the
-chooser that mirrors the agent (app/follow.py, over export/artifact/table_format.py).
+chooser that mirrors the agent (flows/follow.py, over export/artifact/table_format.py).
 
 How a node-hour is made (`generate`): every random draw of sim/traffic.py is positional and its
 count does not depend on the CCs, so the same node-hour generated under other CCs has the same

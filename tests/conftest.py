@@ -91,7 +91,7 @@ def main_job(tmp_path_factory, small_lake):
     import yaml
 
     from app import run as main_run
-    from app.airflow_env import result_of, run_in_airflow
+    from flows.airflow_env import result_of, run_in_airflow
     from ccs_testing import copy_lake, raw_section
     from ccselect.config import load_config
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("main_job"))
@@ -124,6 +124,6 @@ def main_job(tmp_path_factory, small_lake):
         yield cfg, res, autoplex
     finally:
         if deploy:
-            from app.pipeline import _fleet_and_store_for
+            from flows.pipeline import fleet_and_store_for
             from export.edge.probe import teardown
-            teardown(_fleet_and_store_for(cfg)[0])
+            teardown(fleet_and_store_for(cfg)[0])

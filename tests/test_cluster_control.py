@@ -228,7 +228,7 @@ def test_mlflow_run_model_and_alias_in_postgres_with_artifacts_on_the_store(clus
 
 
 def test_airflow_serves_our_dags_paused_without_import_errors(cluster):
-    from app.airflow_env import DAG_IDS
+    from flows.airflow_env import DAG_IDS
     from app.cluster import airflow
     cfg, _, _ = cluster
     assert all(s.running() for s in airflow.servers(cfg)), [s.status() for s in airflow.servers(cfg)]

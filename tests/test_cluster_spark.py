@@ -1,7 +1,7 @@
 """Spark standalone on the object store, for real (app/cluster/spark.py, ccselect/spark.py): the
 object store and a master with two workers brought up under a temporary `cluster.home` on the ports
 of infra/conf/cluster-local.yaml; a tiny simulated fleet uploaded to `pipeline.raw_dir`
-(s3a://ccselect-lake/raw); the hourly ingest (`app.pipeline.ingest_hour`, in its own process as an
+(s3a://ccselect-lake/raw); the hourly ingest (`flows.pipeline.ingest_hour`, in its own process as an
 Airflow task runs it) for two hours with the lake on the store gives exactly the silver.connections
 of the same ingest in local mode; a worker SIGKILLed, with its executor, while that executor runs a
 task of the ingest changes nothing in the result; `up` brings the worker back; `down` leaves no
@@ -44,7 +44,7 @@ KEYS = ["node_id", "hour", "conn_id"]
 INGEST = r'''
 import json, sys, time
 t0 = time.time()
-from app.pipeline import ingest_hour
+from flows.pipeline import ingest_hour
 from ccselect.config import load_config
 from ccselect.lake import table_path
 from ccselect.spark import get_spark

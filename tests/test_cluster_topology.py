@@ -189,7 +189,7 @@ class _LocalReference:
         import subprocess
         import sys
 
-        from app.airflow_env import airflow_env, ensure_db
+        from flows.airflow_env import airflow_env, ensure_db
         from ccselect.config import load_config
         from export.delivery.publish import init_keys
         root = tmp / "local"
@@ -208,7 +208,7 @@ class _LocalReference:
         # servers answer the test's requests in seconds, as when they run alone)
         self.out, self.err = open(root / "airflow.out", "w+"), open(root / "airflow.err", "w+")
         self.t0 = time.time()
-        self.proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "app.airflow_env", "sequence",
+        self.proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "flows.airflow_env", "sequence",
                                       json.dumps(_plan(deploy=False))],
                                      env=airflow_env(self.cfg), stdout=self.out, stderr=self.err, text=True)
         self.wall_s = None
@@ -222,7 +222,7 @@ class _LocalReference:
         """Waits for the child; → silver rows, predictions and the table's content."""
         import subprocess
 
-        from app.airflow_env import results_of
+        from flows.airflow_env import results_of
         from export.artifact import table_format as tf
         try:
             self.proc.wait(timeout=timeout)

@@ -120,7 +120,7 @@ def test_simulate_command_end_to_end(tmp_path):
 def test_run_reuses_an_unchanged_fleet(tmp_path, capsys):
     """`ccs run`'s first step: the simulated fleet is reused when its parameters and the simulator
     are unchanged, and simulated again when a parameter changes."""
-    from app.run import fleet
+    from flows.main_job import fleet
     sim = {"out": str(tmp_path / "raw"), "nodes": 2, "hours": 2, "start": "2026-11-01T00:00:00", "seed": 1,
            "conns_per_node_hour": 100}
     cfg = load_config(write_config(tmp_path, simulate=sim))

@@ -1,5 +1,5 @@
 """The Airflow DAGs through real Airflow (SQLite metadata DB, `dag.test()`), each run in a child
-process with the project's Airflow environment (app.airflow_env): ccs_train and ccs_hourly as
+process with the project's Airflow environment (flows.airflow_env): ccs_train and ccs_hourly as
 the main job (`ccs run`, the `main_job` fixture of conftest.py) runs them, ccs_autoplex on its own;
 the main job's summary; then the analysts' notebooks executed (nbclient) over the lake those runs
 wrote, one after the other in one kernel (each from an empty namespace)."""
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(2400)
 @pytest.fixture(scope="module")
 def airflow_home(tmp_path_factory):
     """One Airflow home (metadata DB migrated once) for the module's DAG runs."""
-    from app.airflow_env import ensure_db
+    from flows.airflow_env import ensure_db
     from ccselect.config import load_config
     root = tmp_path_factory.mktemp("airflow")
     home = root / "home"
@@ -33,7 +33,7 @@ def _delta(spark, cfg, name):
 
 
 def test_dagbag_imports_every_dag_with_tags_retries_and_docs(airflow_home, tmp_path):
-    from app.airflow_env import DAG_IDS, result_of, run_in_airflow
+    from flows.airflow_env import DAG_IDS, result_of, run_in_airflow
     from ccselect.config import load_config
     cfg = load_config(write_config(tmp_path, airflow={"home": airflow_home}))
     bag = result_of(run_in_airflow(cfg, ["dagbag"], timeout=600))
@@ -95,7 +95,7 @@ def test_autoplex_dag_writes_the_period_that_just_ended(spark, main_job):
 
 
 def test_each_job_writes_its_rows_and_duration(spark, main_job):
-    """pipeline.metrics_dir (app/job_metrics.py): every step the DAGs ran wrote its file, ok, with
+    """pipeline.metrics_dir (flows/job_metrics.py): every step the DAGs ran wrote its file, ok, with
     a duration; the rows are the lake's (hour 05's silver and predictions, the table's entries, the
     training set), and ingest's quarantined lines by reason code sum to its quarantined rows."""
     from pyspark.sql import functions as F

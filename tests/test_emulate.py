@@ -260,7 +260,7 @@ def test_tail_contrasts_interval_covers_a_difference_carried_by_one_node():
 
 
 def test_the_main_job_emulates_its_hourly_hour_under_every_policy_and_a_rerun_changes_nothing(spark, main_job):
-    """The main job's step 6 (`app.run._emulate`) on its lake: its champion scored hour 05
+    """The main job's step 6 (`flows.main_job._emulate`) on its lake: its champion scored hour 05
     (the one hourly run), the baselines learn from the hours before; with a single hourly run the
     ALICCS table is hour 05's own (lag 0). The simulator's truth gives true_type and the truth
     check. Then the same emulation again: gold.emulation unchanged."""

@@ -71,7 +71,7 @@ def _ingest(spark, cfg, input_dir, hour):
 
 
 def _stream(spark, cfg, input_dir, checkpoint, log=lambda m: None):
-    from app import stream
+    from flows import stream
     c = type(cfg)(path=cfg.path, raw={**cfg.raw, "stream": {**cfg.raw.get("stream", {}), "checkpoint": str(checkpoint)}})
     return stream.run(spark, c, str(input_dir), once=True, deploy=False, log=log)
 
@@ -168,7 +168,7 @@ def test_the_same_records_backfilled_then_streamed(spark, tmp_path, inputs):
 def test_a_backfill_commits_between_the_streams_read_and_its_append(spark, tmp_path, inputs, monkeypatch):
     """The stream judged its lines against bronze before the backfill's commit: its append is
     taken back and the batch judged again; the backfill's lines win."""
-    from app import stream
+    from flows import stream
     seg, hourly, lake, hour, batch = inputs
     cfg = _cfg(tmp_path / "lake", lake)
     real, fired = stream.as_before, []

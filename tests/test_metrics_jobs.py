@@ -1,5 +1,5 @@
-"""Each batch job's rows and duration (app/job_metrics.py, issue 59): a textfile per job under
-`pipeline.metrics_dir`, written when a step of app/pipeline.py ends. Real steps that need no Spark
+"""Each batch job's rows and duration (flows/job_metrics.py, issue 59): a textfile per job under
+`pipeline.metrics_dir`, written when a step of flows/pipeline.py ends. Real steps that need no Spark
 here (promotion left to a human; an export without a signing key, which fails before its work);
 the jobs with rows are checked against the lake the main job's DAG runs wrote (tests/test_dags.py,
 `main_job`)."""
@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from app import job_metrics, pipeline
+from flows import job_metrics, pipeline
 from ccs_testing import raw_section, write_config
 
 
@@ -90,7 +90,7 @@ def test_ingest_rows_and_quarantine_by_reason_code(tmp_path):
 
 
 def test_the_freeze_gauge_follows_ccs_freeze_unfreeze_and_the_rollout_step(tmp_path):
-    """ccs-rollout-freeze.prom (app/job_metrics.write_freeze) on a folder store: `ccs freeze` and
+    """ccs-rollout-freeze.prom (flows/job_metrics.write_freeze) on a folder store: `ccs freeze` and
     `ccs unfreeze` rewrite it at once; a freeze made without it (a gate's rollback inside a
     rollout, who: rollout) shows after the next rollout step, here one that fails before its work
     (no fleet file)."""

@@ -1,7 +1,7 @@
-"""The data path's metrics (app/stream_metrics.py, issue 59): `ccs stream --metrics-file` keeps a
+"""The data path's metrics (flows/stream_metrics.py, issue 59): `ccs stream --metrics-file` keeps a
 textfile in Prometheus's format beside the stream.
 
-The real stream (app/stream.run, once) over one node's first 10 minutes of segments of the small
+The real stream (flows/stream.run, once) over one node's first 10 minutes of segments of the small
 lake, one of them with a malformed line: the counters balance (lines read = accepted +
 quarantined, the malformed one among the quarantined, and the quarantined by stream and reason
 code sum to them, the malformed one as transport's bad_json), the segments taken in are the folder's,
@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from app.stream_metrics import StreamMetrics
+from flows.stream_metrics import StreamMetrics
 from ccs_testing import copy_lake, write_segments
 
 
@@ -43,7 +43,7 @@ def _promtool_check(text: str, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_stream_metrics_of_a_real_stream(spark, small_lake, tmp_path):
-    from app import stream
+    from flows import stream
     lake = copy_lake(small_lake, tmp_path / "lake")
     cfg = lake.cfg()
     node = sorted(os.listdir(os.path.join(small_lake.fleet_dir, "transport")))[0]

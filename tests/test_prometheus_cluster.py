@@ -8,7 +8,7 @@ control on one node. Fault drills on the other node, each alert firing through P
 API and reaching Alertmanager's, for that node only: its table left to expire (a TTL of seconds:
 CcsTableExpired), its log volume full (a tmpfs with no room left under its log folder, records
 to write: CcsLogErrors), and the node detached (its program off the cgroup: CcsNodeDetached, after
-the rule's minute). The stream killed: the stream's metrics writer (app/stream_metrics.py, what
+the rule's minute). The stream killed: the stream's metrics writer (flows/stream_metrics.py, what
 `ccs stream --metrics-file` runs) in a process of its own, writing into the platform exporter's
 textfile folder, is killed with SIGKILL while the detached node's minute runs; its heartbeat stops
 and CcsStreamDown (a minute without one) fires through Alertmanager in the same wait. `ccs fleet status` over both nodes names the same. Scrape and evaluation every second. The fleet is infra/fleet-netns.yaml with this run's
@@ -106,7 +106,7 @@ def _firing(cfg, alertname: str) -> list[str]:
 # work (the drill needs its heartbeat, not its batches): argv path, input folder, export folder
 STREAM_WRITER = """
 import sys, time
-from app.stream_metrics import StreamMetrics
+from flows.stream_metrics import StreamMetrics
 with StreamMetrics(sys.argv[1], sys.argv[2], sys.argv[3], lambda m: print(m, flush=True), every_s=1.0):
     print("writing", flush=True)
     while True:

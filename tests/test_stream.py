@@ -1,4 +1,4 @@
-"""`ccs stream` (app/stream.py, issue 26) on a node's half hour of the small fleet cut into the
+"""`ccs stream` (flows/stream.py, issue 26) on a node's half hour of the small fleet cut into the
 agent's one-minute segments, with a malformed line and a malformed file among them:
 
 - a stream killed with SIGKILL in the middle of a micro-batch (after its bronze commit, before
@@ -91,7 +91,7 @@ def _last_table(spark, cfg):
 
 def test_killed_stream_restarts_to_the_batch_result(spark, tmp_path, setup):
     from ccselect.config import load_config
-    from app import stream
+    from flows import stream
     from jobs import ingest
     from models import infer
     seg, lake = setup
@@ -156,7 +156,7 @@ def test_stream_follows_a_new_champion_without_restart(spark, tmp_path, setup):
     """The champion is resolved at every micro-batch: a version promoted while the stream runs
     scores its next batch."""
     from ccselect.config import load_config
-    from app.stream import StreamJob
+    from flows.stream import StreamJob
     seg, lake = setup
     cfg = lake.cfg()
     job = StreamJob(spark, cfg, str(seg), str(tmp_path / "ckpt"), log=lambda m: None)

@@ -1,11 +1,11 @@
 """Part `airflow`: Airflow 3 as a deployment, its metadata in Postgres (`airflow.sql_alchemy_conn`).
 
-`up` migrates the database (once per Airflow version, app.airflow_env.ensure_db), then starts
+`up` migrates the database (once per Airflow version, flows.airflow_env.ensure_db), then starts
   airflow-api-server     the REST API, the UI and the execution API the task runners report to,
                          on `airflow.api_url`, one worker;
   airflow-scheduler      LocalExecutor with PARALLELISM task slots (2 cores);
   airflow-dag-processor  parses dags/ into serialized DAGs in the database.
-Their environment is app.airflow_env.airflow_env's (the shared JWT secret and keys, the execution
+Their environment is flows.airflow_env.airflow_env's (the shared JWT secret and keys, the execution
 API's URL, new DAGs paused: nothing runs on `up` until asked), on top of the topology's own
 (app.cluster.env: the object store's credentials for the tasks).
 
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from ccselect.config import Config
 
-from app.airflow_env import API_USER, DAG_IDS, airflow_env, deployment_secrets, ensure_db
+from flows.airflow_env import API_USER, DAG_IDS, airflow_env, deployment_secrets, ensure_db
 from app.cluster import address, env as cluster_env, home
 from app.cluster.proc import ClusterError, Server, free_port, http_ok
 # Imported inside the functions that use them (heavy, not needed to import this module): psycopg2.

@@ -7,7 +7,7 @@ machine, and node_exporter inside each edge host's network namespace.
                   (export/edge/metrics.c): what an edge of a real fleet runs
   platform        node_exporter on this machine at `cluster.platform_exporter` (when set), its
                   textfile collector on `<cluster.home>/monitoring/textfile/`, where `ccs stream
-                  --metrics-file` keeps the data path's metrics (app/stream_metrics.py): job
+                  --metrics-file` keeps the data path's metrics (flows/stream_metrics.py): job
                   `ccs-platform`
   alertmanager    `cluster.alertmanager`'s address; alerts kept, none sent anywhere (a receiver
                   without integrations: the operator points it at their pager)

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from app.job_metrics import write_freeze
+from flows.job_metrics import write_freeze
 from ccselect.config import load_config
 from ccselect.hours import parse_hours
 from ccselect.spark import get_spark
@@ -180,7 +180,7 @@ def rollout_status_cmd(
 
 
 def _freeze_metrics(cfg) -> None:
-    """The freeze gauges rewritten at once (app/job_metrics.py, with `pipeline.metrics_dir`), so
+    """The freeze gauges rewritten at once (flows/job_metrics.py, with `pipeline.metrics_dir`), so
     CcsRolloutFrozen does not wait for the next rollout step; from the configured store, which is
     what that step reads. A failure is said and leaves the freeze as it is."""
     try:

@@ -12,7 +12,7 @@ import typer
 from ccselect.hours import parse_hours
 from ccselect.spark import session_for
 
-from app.stream_metrics import StreamMetrics
+from flows.stream_metrics import StreamMetrics
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
 
@@ -58,13 +58,13 @@ def stream_cmd(
     once: bool = typer.Option(False, "--once", help="process the segments there now, then stop (Trigger.AvailableNow)"),
     timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many seconds"),
     deploy: Optional[bool] = typer.Option(None, "--deploy/--no-deploy", help="roll tables out to the fleet (default: pipeline.deploy as root)"),
-    metrics_file: Optional[str] = typer.Option(None, "--metrics-file", help="keep the stream's metrics in this file, Prometheus's text format for node_exporter's textfile collector (app/stream_metrics.py)"),
+    metrics_file: Optional[str] = typer.Option(None, "--metrics-file", help="keep the stream's metrics in this file, Prometheus's text format for node_exporter's textfile collector (flows/stream_metrics.py)"),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Fresh tables: ingest, score and re-aggregate the edge's log segments as they arrive (Spark
     Structured Streaming; a long-lived service, infra/ccs-stream.service), emitting a signed table
     every `stream.table_minutes` of traffic when it changed enough; stop with SIGTERM."""
-    from app import stream
+    from flows import stream
     cfg, spark = _session(config, "ccs-stream")
     src = input or cfg.settings.pipeline.raw_dir
     log = lambda m: typer.echo(m, err=True)  # noqa: E731

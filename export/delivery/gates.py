@@ -109,7 +109,7 @@ class CanaryVerdict:
     each look reads a node's cumulative moments (`silver_moments(spark, cfg)` in a deployment);
     `look_s`: seconds between looks. The window is bounded by `settings.max_minutes` of wall
     clock since the load. `clock` (ms) and `sleep` (s): another clock than the wall's, e.g. a
-    simulated fleet's (app/follow.py); with one, the load's time is the clock's when the gate is
+    simulated fleet's (flows/follow.py); with one, the load's time is the clock's when the gate is
     asked."""
 
     name = "canary"

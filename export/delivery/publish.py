@@ -68,7 +68,7 @@ def publish(spark, cfg: Config, store: Store, version: int | None = None, log=pr
     hours = man["source_hours"]
     if live is None:
         preds = None
-    elif "from_ms" in hours:      # a table of the stream: its sliding window (app/stream.py)
+    elif "from_ms" in hours:      # a table of the stream: its sliding window (flows/stream.py)
         preds = aggregate.window_predictions(spark, cfg, hours["from_ms"], hours["to_ms"])
     else:
         preds = aggregate.extract(spark, cfg, hours["from"], hours["to"])

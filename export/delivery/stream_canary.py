@@ -12,7 +12,7 @@ Which node is the canary: the simulated fleet's nodes are not the edge fleet's, 
 the simulated traffic with the most connections after the boundary stands for it (named in the
 verdict). `make run`'s simulated hours are written before the stream runs, so each connection's
 CC is fixed in advance: the table deployed changes nothing in the simulated arms, and the verdict
-is on the simulated arms, not on the table's own effect (the reacting fleet, app/follow.py, is
+is on the simulated arms, not on the table's own effect (the reacting fleet, flows/follow.py, is
 not behind `make run`; docs/rollouts.md); the summary line says so.
 
 The verdict is the live gate's: `promote` only once every primary metric's always-valid
@@ -111,7 +111,7 @@ def looks(rows: list[dict], minutes: int, settings) -> Decision:
 
 def verdicts(spark, cfg, tables: list[dict], decisions: DecisionLog | None = None, store=None,
              conns=None, settings=None) -> list[dict]:
-    """The canary verdict of each emitted table of a stream run (`tables`: app/stream.py's
+    """The canary verdict of each emitted table of a stream run (`tables`: flows/stream.py's
     `tables`, with `version` and `boundary`); each recorded to `decisions` (default
     gold.rollout_decisions), with the table's epoch from `store` when given. `conns`: the
     connections (default silver.connections); `settings`: default export.canary."""

@@ -640,7 +640,7 @@ def extract(spark, cfg, lo: str, hi: str):
 
 def window_predictions(spark, cfg, from_ms: int, to_ms: int, decay_half_life_min: float | None = None):
     """gold.predictions of the connections that closed in (from_ms, to_ms] — the stream's sliding
-    window (app/stream.py). Predictions carry no time: silver.connections' ts_end_ms, joined on
+    window (flows/stream.py). Predictions carry no time: silver.connections' ts_end_ms, joined on
     the connection's key inside the hours the window touches. With `decay_half_life_min`, a
     prediction's requests (its weight in Algorithm 1) are scaled by 2^(−age/half-life), age from
     its close to `to_ms`, rounded up: an old request still counts, at least once."""
@@ -705,7 +705,7 @@ def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None
     """Aggregate the decisions of hours lo..hi into a signed table; record it in gold.cc_tables.
     Returns the manifest (as written) plus `manifest_path`.
 
-    The stream (app/stream.py) comes through here too, with no second export path: `preds` its
+    The stream (flows/stream.py) comes through here too, with no second export path: `preds` its
     sliding window's predictions (of connections closed in `window_ms`, recorded under the
     manifest's `source_hours` as `from_ms`/`to_ms`), and `unless(entries)` true when the table is
     too like the live one to be worth a version: then nothing is written and None returned."""

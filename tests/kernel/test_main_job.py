@@ -12,7 +12,7 @@ pytestmark = pytest.mark.kernel
 
 
 def test_main_job_loads_the_table_into_the_kernel_and_connections_get_its_cc(edge_binary, main_job):
-    from app.pipeline import _fleet_and_store_for
+    from flows.pipeline import fleet_and_store_for
     from export.edge.agent import DEFAULT_BINARY
     cfg, res, _ = main_job
     assert edge_binary == DEFAULT_BINARY
@@ -20,7 +20,7 @@ def test_main_job_loads_the_table_into_the_kernel_and_connections_get_its_cc(edg
     assert res["hourly"][0]["tasks"]["rollout"].endswith("success"), res["hourly"]
     probed = res["probe"]
     assert probed and probed["addresses"] >= 2, res["summary"]
-    fleet, store = _fleet_and_store_for(cfg)
+    fleet, store = fleet_and_store_for(cfg)
     assert store.current() == probed["version"] == 1
     assert sorted(probed["nodes"]) == sorted(n.node_id for n in fleet.nodes)
     for nid, r in probed["nodes"].items():
@@ -38,8 +38,8 @@ def test_probe_addresses_cover_both_families_and_follow_longest_prefix(main_job)
     from export.delivery.publish import key_paths
     from export.edge.probe import probe_addresses
     cfg, res, _ = main_job
-    from app.pipeline import _fleet_and_store_for
-    _, store = _fleet_and_store_for(cfg)
+    from flows.pipeline import fleet_and_store_for
+    _, store = fleet_and_store_for(cfg)
     if store.current() is None:
         pytest.skip("no table was published")
     man = store.fetch(store.current(), str(cfg.data_root) + "/probe-check")

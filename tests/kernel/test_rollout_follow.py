@@ -1,4 +1,4 @@
-"""Issue 58 on a fleet that reacts (app/follow.py): real agents load the tables the rollout gives
+"""Issue 58 on a fleet that reacts (flows/follow.py): real agents load the tables the rollout gives
 them, the simulated clients of each node get the CC its agent would give them under the table
 live there (export/delivery/mirror.py), and the canary's gate (gates.CanaryVerdict, on the
 simulated clock) judges the outcomes those CCs made. A planted bad table — every decision of a
@@ -31,7 +31,7 @@ def follow_fleet(edge_binary, keys, tmp_path):
     from ccs_testing import write_config
     from ccselect.config import load_config
 
-    from app.follow import FollowFleet
+    from flows.follow import FollowFleet
     cfg = load_config(write_config(tmp_path))
     lf = LocalFleet(edge_binary, keys["public_path"], tmp_path, more=1,
                     cohorts=["canary", {"name": "50%", "share": 0.5}, "all"])
@@ -55,7 +55,7 @@ def follow_fleet(edge_binary, keys, tmp_path):
 
 
 def _publish(store, ff, keys, out, version, invert=False):
-    from app.follow import dominance_entries
+    from flows.follow import dominance_entries
     entries = {str(e.prefix): e for i in range(len(ff.nodes)) for e in dominance_entries(ff.world, i, 0, invert=invert)}
     now = int(time.time())
     store.publish(signing.write_table(list(entries.values()), version, "m1", now + 3600, out, keys["private"],

@@ -2,7 +2,7 @@
 in dags/ only wire these, and `make run` calls the DAGs. Every step is keyed by its hour, period
 or window and is safe to repeat (the jobs underneath replace their partitions). With
 `pipeline.metrics_dir` set, each step's run writes its rows and duration there
-(app/job_metrics.py: `ccs-job-<job>.prom` for node_exporter's textfile collector), and a rollout
+(flows/job_metrics.py: `ccs-job-<job>.prom` for node_exporter's textfile collector), and a rollout
 also the store's freeze (`ccs-rollout-freeze.prom`)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import os
 import sys
 from datetime import datetime, datetime as _dt, timedelta, timezone
 
-from app.job_metrics import measured, write_freeze
+from flows.job_metrics import measured, write_freeze
 from ccselect.config import Config, load_config
 from ccselect.hours import HOUR_FMT, hour_of
 from ccselect.spark import get_spark
@@ -140,7 +140,7 @@ def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None =
     from export.delivery.guards import GuardRefused
     from export.delivery.publish import publish
     cfg = cfg or load_config()
-    fleet, store = _fleet_and_store_for(cfg)
+    fleet, store = fleet_and_store_for(cfg)
     try:
         pub = publish(_spark(cfg, "ccs-rollout"), cfg, store, version)
     except GuardRefused as e:
@@ -169,7 +169,7 @@ def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None =
     return out
 
 
-def _fleet_and_store_for(cfg: Config):
+def fleet_and_store_for(cfg: Config):
     from export.delivery.publish import fleet_and_store
     return fleet_and_store(cfg, cfg.settings.pipeline.fleet, None)
 

@@ -3,7 +3,7 @@ text format, for node_exporter's textfile collector on the host the stream runs 
 pattern as the edge agent's, export/edge/metrics.c; docs/operations-metrics.md).
 
 `StreamMetrics` stands between the stream and its log: every micro-batch's summary line
-(`stream: {...}`, app/stream.py) passes through unchanged and updates the counters; a thread
+(`stream: {...}`, flows/stream.py) passes through unchanged and updates the counters; a thread
 rewrites the file every `every_s` seconds, with a heartbeat (a killed stream's file stops moving:
 CcsStreamDown) and the newest segment waiting in the input folder (the lag behind it:
 CcsStreamLag). The file is written whole or not at all (a temporary file beside it, then rename).
@@ -68,7 +68,7 @@ def write_textfile(path: str, text: str) -> str:
 
 
 class StreamMetrics:
-    """A `log` for app/stream.run that also keeps the metrics file (see the module's docstring)."""
+    """A `log` for flows/stream.run that also keeps the metrics file (see the module's docstring)."""
 
     def __init__(self, path: str, input_dir: str, export_dir: str, log: Callable[[str], None],
                  every_s: float = 5.0):
@@ -101,7 +101,7 @@ class StreamMetrics:
             self.batch(info)
 
     def batch(self, info: dict) -> None:
-        """One micro-batch's summary, as app/stream.py logs it."""
+        """One micro-batch's summary, as flows/stream.py logs it."""
         with self.lock:
             c = self.counters
             c["batches"] += 1

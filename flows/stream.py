@@ -32,7 +32,7 @@ micro-batch (`foreachBatch`), in the driver:
    hourly export's code: `aggregate.run_export`); when it would give less than `stream.min_change`
    of the window's request weight another CC than the last emitted table (the guards' flip share),
    and that one is younger than `stream.refresh_hours`, nothing is emitted. Otherwise the version is signed, recorded in gold.cc_tables with its window
-   (`source_hours.from_ms/to_ms`), and goes through `app.pipeline.rollout`: the guards, the store
+   (`source_hours.from_ms/to_ms`), and goes through `flows.pipeline.rollout`: the guards, the store
    and the canary-first rollout of the hourly path. A refused table is logged; the live one stays.
    Being a function of the lake (the last table and its window are read back from gold.cc_tables),
    a restart continues where the stream stood.
@@ -63,7 +63,7 @@ from jobs.ingest import (AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, judg
                          to_bronze, to_quarantine)
 from jobs.parse import imputable_of
 from jobs.sources import SourceFile, classify, explode_lines
-# Imported inside the functions that use them (heavy, not needed to import this module): mlflow, and our modules that load torch or mlflow (models, export, app.pipeline).
+# Imported inside the functions that use them (heavy, not needed to import this module): mlflow, and our modules that load torch or mlflow (models, export, flows.pipeline).
 
 #: the segments of every stream under the input folder (hourly files `…THH.jsonl` are not matched:
 #: an hourly file grows while its hour lasts, which a file source must not read)
@@ -402,7 +402,7 @@ class StreamJob:
         if man is None:
             return {**out, "built": False, "why": f"changed {verdict['changed']:.4f} < stream.min_change"}
         out.update({"built": True, "version": man["version"], "coverage": man["coverage"]})
-        from app.pipeline import TableRefused, rollout
+        from flows.pipeline import TableRefused, rollout
         try:
             out["rollout"] = rollout(int(man["version"]), self.cfg, deploy_fleet=self.deploy)
         except TableRefused as e:     # a verdict on this table: the live one stays

@@ -1,7 +1,7 @@
-"""Each batch job's rows and duration (issue 59), as the stream keeps its own (app/stream_metrics.py):
+"""Each batch job's rows and duration (issue 59), as the stream keeps its own (flows/stream_metrics.py):
 a file in Prometheus's text format for node_exporter's textfile collector, here one per job,
 `<pipeline.metrics_dir>/ccs-job-<job>.prom`, rewritten whole (a temporary file, then rename) when
-a step of app/pipeline.py ends. docs/operations-metrics.md lists the series.
+a step of flows/pipeline.py ends. docs/operations-metrics.md lists the series.
 
 Why a textfile and not the Pushgateway: the stream already writes one for the same node_exporter
 (job ccs-platform in the topology), so the data path has one way in, with no second server to run
@@ -11,7 +11,7 @@ the job's last run, so they are gauges: its rows by kind, its duration, its outc
 and when it last succeeded (kept from the file before when a run fails or is skipped).
 
 Labels take bounded values: the job (the steps below), the row kind (fixed per job), and for
-ingest the stream and the quarantine reason's code (app.stream_metrics.reason_code). No hour, node
+ingest the stream and the quarantine reason's code (flows.stream_metrics.reason_code). No hour, node
 or window is a label: those are unbounded over time; the step's result (its log line) names them.
 
 The rollout's freeze (export/delivery/freeze.py) is state of the artifact store, not a value of a
@@ -31,7 +31,7 @@ import re
 import time
 from typing import Callable
 
-from app.stream_metrics import add_by_reason, by_reason_samples, write_textfile
+from flows.stream_metrics import add_by_reason, by_reason_samples, write_textfile
 from ccselect.config import Config, load_config
 from export.delivery import freeze
 from export.delivery.store import Store, store_for
@@ -43,7 +43,7 @@ def _streams_sum(res: dict, key: str) -> int:
     return sum(int(s.get(key) or 0) for s in (res.get("streams") or {}).values())
 
 
-#: job → its rows by kind, from the step's result (app/pipeline.py says what each returns)
+#: job → its rows by kind, from the step's result (flows/pipeline.py says what each returns)
 ROWS: dict[str, Callable[[dict], dict[str, int]]] = {
     "ingest": lambda r: {"files": int(r.get("files") or 0), "lines_read": _streams_sum(r, "lines_read"),
                          "accepted": _streams_sum(r, "accepted"), "quarantined": _streams_sum(r, "quarantined"),
