@@ -80,7 +80,7 @@ test: setup
 	echo "---- the kernel tests run beside ($(BESIDE_LOG)):"; cat $(BESIDE_LOG); \
 	echo "make test: main run exit $$rc, kernel tests beside exit $$krc"; exit $$(( rc || krc ))
 
-# The production topology on one machine (app/cluster/): Spark standalone, s3proxy, Postgres,
+# The production topology on one machine (topology/): Spark standalone, s3proxy, Postgres,
 # the MLflow server, Airflow's scheduler. `ccs cluster status` exits 3 when a part is down.
 CLUSTER_CONF ?= infra/conf/cluster-local.yaml
 cluster-up: setup

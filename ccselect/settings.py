@@ -101,14 +101,14 @@ class ObjectStoreSettings(_Section):
 @dataclass(frozen=True)
 class ClusterSettings(_Section):
     """`cluster:` what `ccs cluster up` starts on one machine besides the addresses the other
-    sections give (app/cluster/): the Spark standalone workers and the object store's server."""
+    sections give (topology/): the Spark standalone workers and the object store's server."""
     home: str | None = None                             # the servers' data, logs and pid files
     workers: int = 2
     worker_cores: int = 1
     worker_memory: str = "3g"
     s3proxy_version: str = "4.1.0"                      # org.gaul:s3proxy from Maven Central
     buckets: tuple[str, ...] = ()                       # created on the store at `up`
-    # monitoring (app/cluster/monitoring.py, issue 59): Debian's Prometheus and Alertmanager at
+    # monitoring (topology/monitoring.py, issue 59): Debian's Prometheus and Alertmanager at
     # these URLs (None: not part of the topology), node_exporter in each edge host on its address
     prometheus: str | None = None                       # e.g. http://127.0.0.1:19090
     alertmanager: str | None = None                     # e.g. http://127.0.0.1:19093

@@ -4,8 +4,8 @@ the configuration passed on as CCS_CONFIG), the one-time `airflow db migrate`, a
 the tests, `make run` and `make airflow` use.
 
 With `airflow.sql_alchemy_conn` the metadata DB is that database instead (Postgres in the
-one-machine topology, app/cluster/); with `airflow.api_url` the environment is also the one of a
-running deployment (app/cluster/airflow.py): its executor, the API server the task runners report
+one-machine topology, topology/); with `airflow.api_url` the environment is also the one of a
+running deployment (topology/airflow.py): its executor, the API server the task runners report
 to, and the secrets every component must share, generated once under the home (`secrets/`, mode
 600), never in the repository or the configuration.
 
@@ -34,7 +34,7 @@ DAG_IDS = ("ccs_hourly", "ccs_train", "ccs_autoplex", "ccs_maintain")
 #: a deployment on one machine of 2 cores: tasks at once, DAG files parsed at once
 PARALLELISM = 2
 PARSING_PROCESSES = 1
-#: the API user the project's own clients (app/cluster/airflow.py) log in as
+#: the API user the project's own clients (topology/airflow.py) log in as
 API_USER = "ccselect"
 
 

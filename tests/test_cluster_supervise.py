@@ -1,4 +1,4 @@
-"""The topology's process supervisor (app/cluster/supervise.py): a server that exits is started
+"""The topology's process supervisor (topology/supervise.py): a server that exits is started
 again after a back-off; a stop signal goes to the server, and nothing is restarted after it."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 
 
 def _supervise(*cmd: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "app.cluster.supervise", "--name", "t", "--", *cmd],
+    return subprocess.Popen([sys.executable, "-m", "topology.supervise", "--name", "t", "--", *cmd],
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

@@ -73,7 +73,7 @@ def _topology_rss(cfg) -> float:
     """MB resident of every server of the topology and what it forked (executors, task runners)."""
     import psutil
 
-    from app import cluster
+    import topology as cluster
     total = 0
     for s in cluster.servers(cfg):
         pid = s.pid()
@@ -101,7 +101,7 @@ class _Sampler(threading.Thread):
 
 def _backfill(cfg, dag_id: str, at: datetime, conf: dict) -> str:
     """A backfill of one logical date, run by the scheduler; → its DAG run's id."""
-    from app.cluster import airflow as af
+    from topology import airflow as af
     af.api(cfg, "POST", "backfills", {"dag_id": dag_id, "from_date": at.isoformat(), "to_date": at.isoformat(),
                                       "dag_run_conf": conf, "max_active_runs": 1, "reprocess_behavior": "completed"})
     deadline = time.monotonic() + 120
@@ -115,7 +115,7 @@ def _backfill(cfg, dag_id: str, at: datetime, conf: dict) -> str:
 
 
 def _task_running(cfg, dag_id: str, run_id: str, task_id: str, timeout: float = 600) -> None:
-    from app.cluster import airflow as af
+    from topology import airflow as af
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ti = af.api(cfg, "GET", f"dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
@@ -129,7 +129,7 @@ def _task_running(cfg, dag_id: str, run_id: str, task_id: str, timeout: float = 
 
 def _wait_for_executors(cfg, timeout: float = 300) -> list[str]:
     """The ALIVE workers running an executor of some application (the master's JSON)."""
-    from app.cluster import spark as sp
+    from topology import spark as sp
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         busy = [w["id"] for w in sp.alive_workers(cfg) if w.get("coresused", 0) > 0]
@@ -262,8 +262,8 @@ def _enforced_cc(node, ip: str) -> str:
 def test_scheduler_runs_the_dags_on_the_topology(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    from app import cluster
-    from app.cluster import airflow as af, objectstore, postgres, spark as sp
+    import topology as cluster
+    from topology import airflow as af, objectstore, postgres, spark as sp
     from ccselect import files
     from export.artifact import table_format as tf
     from export.delivery.publish import init_keys
@@ -375,7 +375,7 @@ def test_scheduler_runs_the_dags_on_the_topology(tmp_path, monkeypatch):
 
         # each edge host enforces the table it pulled
         if edges:
-            from app.cluster import edges as eh
+            from topology import edges as eh
             from export.edge.probe import probe_addresses
             picks = [(ip, cc) for ip, _, cc in probe_addresses(table, per_cc=1) if ":" not in ip]
             assert picks, "the table has no IPv4 entry to probe"

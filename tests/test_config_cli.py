@@ -43,7 +43,7 @@ def test_cluster_config_has_the_same_keys():
     assert keys(one_machine) == keys(cluster), "the one-machine topology shares the cluster's keys"
     cfg = load_config(REPO / "infra/conf/cluster.yaml")
     assert cfg.settings.lake.root == "s3a://ccselect-lake/lake", "remote paths stay untouched"
-    from app.cluster.monitoring import platform_textfile_dir
+    from topology.monitoring import platform_textfile_dir
     for f in ("cluster.yaml", "cluster-local.yaml"):
         c = load_config(REPO / "infra/conf" / f)
         assert c.settings.pipeline.metrics_dir == str(platform_textfile_dir(c)), \

@@ -1,5 +1,5 @@
-"""The fleet push as a fleet has it: signed tables on the object store (s3proxy, app/cluster/
-objectstore.py), two edge hosts in network namespaces of their own (app/cluster/edges.py), each
+"""The fleet push as a fleet has it: signed tables on the object store (s3proxy, topology/
+objectstore.py), two edge hosts in network namespaces of their own (topology/edges.py), each
 pulling over its veth from the store's address as it sees it, its agent verifying before anything
 reaches its kernel; canary-first rollout, a tampered table refused by the canary, rollback; then
 everything down and nothing left.
@@ -133,7 +133,7 @@ class _Node:
 
 def test_fleet_netns_file_names_hosts(cfg):
     """The shipped file: two hosts, a canary first, each its own namespace, subnet and store address."""
-    from app.cluster import edges
+    from topology import edges
     from export.delivery.rollout import load_fleet
     fleet = load_fleet(str(REPO / "infra" / "fleet-netns.yaml"), cfg)
     assert [(n.node_id, n.canary) for n in fleet.nodes] == [("edge-ns-canary", True), ("edge-ns-01", False)]
@@ -151,7 +151,7 @@ def test_s3_store_keeps_the_layout_and_state(tmp_path, monkeypatch):
     import shutil
     if shutil.which("java") is None:
         _unavailable("java is not installed (s3proxy)")
-    from app.cluster import env as cluster_env, objectstore
+    from topology import env as cluster_env, objectstore
     from export.artifact import signing
     from export.delivery.store import Store, StoreError, store_for
     port = free_port()
@@ -212,7 +212,7 @@ def test_fleet_push_over_netns(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from app.cli import app
-    from app.cluster import edges, env as cluster_env, objectstore
+    from topology import edges, env as cluster_env, objectstore
     from export.artifact import signing
     from export.delivery.publish import key_paths
     from export.delivery.rollout import Health, deploy, load_fleet, pull
@@ -349,6 +349,6 @@ def test_fleet_push_over_netns(tmp_path, monkeypatch):
     for n in hosts:
         assert not os.path.exists(n.config.cgroup), f"cgroup {n.config.cgroup} left"
         assert not os.path.exists(n.config.pin_dir), f"pins {n.config.pin_dir} left"
-    from app.cluster.proc import alive
+    from topology.proc import alive
     assert not [p for p in agent_pids + [store_pid] if p and alive(p)], "agent or store processes left"
     assert not processes_naming([str(tmp_path)]), "processes of this test left"

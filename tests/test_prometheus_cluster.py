@@ -1,5 +1,5 @@
-"""Prometheus and Alertmanager in the one-machine topology (issue 59, app/cluster/monitoring.py):
-two edge hosts in network namespaces of their own (app/cluster/edges.py), each with its agent
+"""Prometheus and Alertmanager in the one-machine topology (issue 59, topology/monitoring.py):
+two edge hosts in network namespaces of their own (topology/edges.py), each with its agent
 rewriting its metrics file and node_exporter serving it on the node's address; Prometheus on this
 machine scrapes both over their veths with infra/prometheus/rules.yml and sends to Alertmanager.
 
@@ -150,7 +150,7 @@ def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
             _unavailable(f"{tool} is not installed (make sysdeps)")
     binary = edge_binary()
 
-    from app.cluster import edges, env as cluster_env, monitoring
+    from topology import edges, env as cluster_env, monitoring
     from export.artifact import signing, table_format as tf
     from export.delivery.publish import key_paths
     from export.edge.probe import NetnsRunner, in_cgroup, listener, system_cc

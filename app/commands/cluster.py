@@ -1,4 +1,4 @@
-"""`ccs cluster up|down|status|env`: the production topology on one machine (app/cluster/)."""
+"""`ccs cluster up|down|status|env`: the production topology on one machine (topology/)."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ import typer
 
 from ccselect.config import load_config, project_root
 
-from app import cluster
+import topology as cluster
 
 DEFAULT = "infra/conf/cluster-local.yaml"
 

@@ -14,7 +14,7 @@ store's current version does not move. A failure among the rest rolls back every
 
 A fleet file (infra/fleet.yaml) lists nodes; on one machine each node is its own agent with its
 own cgroup and pin dir (the way tests/kernel runs agents). A node with `netns:` stands for a remote
-host (infra/fleet-netns.yaml, app/cluster/edges.py): its agent's commands run in that network
+host (infra/fleet-netns.yaml, topology/edges.py): its agent's commands run in that network
 namespace, and it pulls the table itself, over its own link, from the store at `store_endpoint`
 (`python -m export.delivery.pull`), instead of the control process copying it.
 """

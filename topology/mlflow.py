@@ -3,7 +3,7 @@
 Its runs and registry in Postgres (`mlflow.backend_store_uri`, migrated by the server itself before
 it listens), its artifacts on the object store (`mlflow.artifact_root` as `--artifacts-destination`):
 the server proxies every artifact upload and download, so only it needs the store's credentials,
-which come from the environment `up` gets (app.cluster.env). It listens where
+which come from the environment `up` gets (topology.env). It listens where
 `mlflow.tracking_uri` says, with one uvicorn worker (2 cores) and without MLflow's background job
 runner (GenAI scorers and prompt optimisation, which we do not use: one process less).
 """
@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ccselect.config import Config
 
-from app.cluster import address, home
-from app.cluster.proc import ClusterError, Server, free_port, http_ok
+from topology import address, home
+from topology.proc import ClusterError, Server, free_port, http_ok
 
 WORKERS = 1
 

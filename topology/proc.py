@@ -2,7 +2,7 @@
 and pid file under `<data_root>/cluster/<name>/`, wait until it listens, stop it (its whole process
 group: SIGTERM, then SIGKILL), and say what runs.
 
-Every part of `ccs cluster` (app/cluster/) goes through these, so `down` and `status` find each
+Every part of `ccs cluster` (topology/) goes through these, so `down` and `status` find each
 server from its pid file alone, whoever started it, and nothing is left behind."""
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Restart a server that exits, as systemd's `Restart=on-failure` or a Kubernetes pod would:
-`python -m app.cluster.supervise --name NAME -- ARGV...`.
+`python -m topology.supervise --name NAME -- ARGV...`.
 
 Airflow's scheduler and DAG processor exit when their database goes away under them (Postgres
 restarted: `OperationalError ... the database system is shutting down`); Airflow leaves bringing
@@ -7,7 +7,7 @@ them back to the process supervisor. This is the topology's supervisor: it runs 
 ARGV exits without having been asked to, starts it again after a back-off (1 s, doubling up to
 30 s; back to 1 s after a minute of running), logging each restart. SIGTERM or SIGINT to the
 supervisor goes to ARGV, which it then waits for, and it exits with ARGV's status. It runs in the
-server's session (app/cluster/proc.py), so `Server.stop` ends both."""
+server's session (topology/proc.py), so `Server.stop` ends both."""
 from __future__ import annotations
 
 import argparse

@@ -7,7 +7,7 @@
   airflow-dag-processor  parses dags/ into serialized DAGs in the database.
 Their environment is flows.airflow_env.airflow_env's (the shared JWT secret and keys, the execution
 API's URL, new DAGs paused: nothing runs on `up` until asked), on top of the topology's own
-(app.cluster.env: the object store's credentials for the tasks).
+(topology.env: the object store's credentials for the tasks).
 
 Helpers for callers that drive the deployment: `airflow_cli`, `api` (REST with a token of the
 project's API user), `unpause`, `trigger`, `wait_dag_run`, `heartbeat`.
@@ -27,8 +27,8 @@ from pathlib import Path
 from ccselect.config import Config
 
 from flows.airflow_env import API_USER, DAG_IDS, airflow_env, deployment_secrets, ensure_db
-from app.cluster import address, env as cluster_env, home
-from app.cluster.proc import ClusterError, Server, free_port, http_ok
+from topology import address, env as cluster_env, home
+from topology.proc import ClusterError, Server, free_port, http_ok
 # Imported inside the functions that use them (heavy, not needed to import this module): psycopg2.
 
 #: the job_type of each component's row in Airflow's `job` table (its heartbeat)
@@ -105,9 +105,9 @@ def up(cfg: Config, env: dict[str, str]) -> None:
 
 
 def supervised(server: Server, argv: list[str]) -> list[str]:
-    """`argv` under the topology's supervisor (app/cluster/supervise.py), which starts it again
+    """`argv` under the topology's supervisor (topology/supervise.py), which starts it again
     when it exits: Airflow's scheduler and DAG processor exit when Postgres restarts under them."""
-    return [sys.executable, "-m", "app.cluster.supervise", "--name", server.name, "--", *argv]
+    return [sys.executable, "-m", "topology.supervise", "--name", server.name, "--", *argv]
 
 
 def wait_dags(cfg: Config, dag_ids, timeout: float = 180.0) -> None:

@@ -4,7 +4,7 @@ Maven Central, its jar with dependencies, checked against a pinned sha256), over
 
 It speaks S3's REST API with AWS signature v2/v4 authentication, path-style buckets, on the port
 of `object_store.endpoint`. It listens on every address of the machine (0.0.0.0), so the edge
-hosts in their network namespaces reach it at their veth's host side (app/cluster/edges.py); every
+hosts in their network namespaces reach it at their veth's host side (topology/edges.py); every
 request must be signed with the store's key. The key pair is generated at the first `up` into
 `credentials.json` (mode 600) beside the data, never into the repository or the configuration;
 clients get it as the AWS SDKs' standard environment variables (`client_env`), as an instance role
@@ -23,8 +23,8 @@ from pathlib import Path
 from ccselect import files
 from ccselect.config import Config
 
-from app.cluster import address, home
-from app.cluster.proc import ClusterError, Server, free_port
+from topology import address, home
+from topology.proc import ClusterError, Server, free_port
 
 #: the jar with its dependencies of each s3proxy version we run, and its sha256
 JARS = {"4.1.0": "a4d025969aaf796616ed4b1e2491d87d455ce84bb28cb9db086b2e6aaa68b48d"}

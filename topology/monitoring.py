@@ -1,7 +1,7 @@
 """Monitoring of the one-machine topology (issue 59): Debian's Prometheus and Alertmanager on this
 machine, and node_exporter inside each edge host's network namespace.
 
-  node_exporter   one per namespaced node (app/cluster/edges.py), started in the node's namespace
+  node_exporter   one per namespaced node (topology/edges.py), started in the node's namespace
                   on its own address (`cluster.node_exporter_port`), with only the textfile
                   collector on the folder the node's agent rewrites its metrics file in
                   (export/edge/metrics.c): what an edge of a real fleet runs
@@ -31,8 +31,8 @@ import yaml
 from ccselect.config import Config, project_root
 from export.delivery.rollout import Node, host_dir, netns_argv
 
-from app.cluster import address, edges, home
-from app.cluster.proc import ClusterError, Server, free_port, http_ok
+from topology import address, edges, home
+from topology.proc import ClusterError, Server, free_port, http_ok
 
 RULES = project_root() / "infra" / "prometheus" / "rules.yml"
 #: the Debian packages' binaries (make sysdeps installs them)
@@ -119,7 +119,7 @@ def up(cfg: Config, env: dict[str, str]) -> None:
     c = cfg.settings.cluster
     if not c.prometheus:
         return
-    # without root there are no edge hosts (app/cluster/__init__.py skips them): Prometheus then
+    # without root there are no edge hosts (topology/__init__.py skips them): Prometheus then
     # finds their targets down, and says so (CcsEdgeScrapeDown)
     for node, srv in _exporters(cfg) if os.geteuid() == 0 else []:
         if node.netns not in edges.namespaces():

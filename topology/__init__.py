@@ -1,7 +1,9 @@
 """The production topology on one machine: `ccs cluster up|down|status` (`make cluster-up`...).
+A developer tool beside bench/, not the product: no product layer imports it (pyproject.toml's
+`topology` contract); the command line's `ccs cluster` calls it.
 
 Each part is a real server, started by the project and stopped by it, with its data, log and pid
-file under `cluster.home` (app/cluster/proc.py):
+file under `cluster.home` (topology/proc.py):
   objectstore  s3proxy (org.gaul:s3proxy from Maven Central) on a folder: the S3 the lake, MLflow's
                artifacts and the signed tables live on;
   edges        the fleet's edge hosts (`pipeline.fleet` nodes with `netns`): a network namespace
@@ -27,14 +29,14 @@ from urllib.parse import urlparse
 
 from ccselect.config import Config, project_root
 
-from app.cluster.proc import ClusterError, Server
+from topology.proc import ClusterError, Server
 
 #: the parts in the order `up` starts them (`down` stops them in reverse)
 PARTS = ("objectstore", "edges", "monitoring", "postgres", "spark", "mlflow", "airflow")
 
 
 def part(name: str):
-    return importlib.import_module(f"app.cluster.{name}")
+    return importlib.import_module(f"topology.{name}")
 
 
 def home(cfg: Config) -> str:

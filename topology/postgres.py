@@ -21,8 +21,8 @@ from urllib.parse import unquote, urlparse
 
 from ccselect.config import Config
 
-from app.cluster import address, home
-from app.cluster.proc import ClusterError, Server, free_port, group_members
+from topology import address, home
+from topology.proc import ClusterError, Server, free_port, group_members
 # Imported inside the functions that use them (heavy, not needed to import this module): psycopg2.
 
 BIN_DIRS = ("/usr/lib/postgresql/15/bin",)   # Debian's versioned binaries; PATH is searched after
@@ -199,16 +199,16 @@ def _configure(cfg: Config, data: Path) -> None:
     s = servers(cfg)[0]
     conf = {"listen_addresses": f"'{s.host}'", "port": str(s.port), **SERVER_CONF}
     _write_as_owner(data / "ccselect.conf",
-                    "# Written by `ccs cluster up` (app/cluster/postgres.py) at every start.\n"
+                    "# Written by `ccs cluster up` (topology/postgres.py) at every start.\n"
                     + "".join(f"{k} = {v}\n" for k, v in conf.items()))
     main = data / "postgresql.conf"
     include = "include_if_exists = 'ccselect.conf'\n"
     if include not in (text := main.read_text()):
-        _write_as_owner(main, f"{text}\n# ccselect's one-machine settings (app/cluster/postgres.py)\n{include}")
+        _write_as_owner(main, f"{text}\n# ccselect's one-machine settings (topology/postgres.py)\n{include}")
     # trust on loopback only; any other address must authenticate
     loopback = s.host in ("127.0.0.1", "localhost", "::1")
     _write_as_owner(data / "pg_hba.conf", "\n".join([
-        "# Written by `ccs cluster up` (app/cluster/postgres.py): TCP only.",
+        "# Written by `ccs cluster up` (topology/postgres.py): TCP only.",
         "# TYPE  DATABASE  USER  ADDRESS        METHOD",
         "host    all       all   127.0.0.1/32   trust",
         "host    all       all   ::1/128        trust",

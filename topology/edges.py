@@ -10,7 +10,7 @@ linked to the network the object store is on:
                 ends, so no link-local way around it either)
 and its agent: the node's cgroup, its program attached (`ccs-edge attach`, pins under its pin dir)
 and the long-running `ccs-edge run` (transport log, TTL watchdog, its metrics file under `metrics/`
-for the node's node_exporter: app/cluster/monitoring.py) in the namespace, with its
+for the node's node_exporter: topology/monitoring.py) in the namespace, with its
 config, log and pid file under `<cluster.home>/edges/<node_id>/`, beside the tables the node
 pulls (export/delivery/rollout.py `pull`). The rollout then reaches each node only through the
 agent's commands in its namespace and the store.
@@ -36,7 +36,7 @@ from export.delivery.rollout import NetnsAgent, Node, host_dir, load_fleet, netn
 from export.edge.agent import DEFAULT_BINARY
 from export.edge.probe import kernel_ready, remove_cgroup
 
-from app.cluster.proc import ClusterError, Server
+from topology.proc import ClusterError, Server
 # Imported inside the functions that use them (heavy, not needed to import this module):
 # export.delivery.publish (its guards load pyspark), for the signing key's path.
 
@@ -72,7 +72,7 @@ def link(node: Node) -> tuple[str, str, str]:
 
 def textfile_dir(cfg: Config, node: Node) -> Path:
     """The folder a node's agent rewrites its metrics in (`metrics_file`, export/edge/metrics.c),
-    which the node's node_exporter reads (app/cluster/monitoring.py)."""
+    which the node's node_exporter reads (topology/monitoring.py)."""
     return Path(host_dir(cfg, node.node_id)) / "metrics"
 
 
