@@ -14,7 +14,7 @@ DEB_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libssl-dev libcj
             postgresql openjdk-17-jdk-headless prometheus prometheus-alertmanager prometheus-node-exporter
 
 .PHONY: help setup run test test-cluster bench results clean sysdeps python warm mlflow airflow notebooks \
-        cluster-up cluster-down cluster-status
+        cluster-up cluster-down cluster-status kafka-up kafka-down kafka-status
 help:
 	@echo "make run    - set up, then run the main job on the embedded default (infra/conf/local.yaml)"
 	@echo "make test   - set up, then run the whole test suite"
@@ -24,6 +24,7 @@ help:
 	@echo "make mlflow / make airflow / make notebooks - the MLflow UI (:5000), Airflow UI (:8080), JupyterLab (:8888)"
 	@echo "make cluster-up / cluster-down / cluster-status - the production topology on this machine (infra/conf/cluster-local.yaml)"
 	@echo "make test-cluster - the tests that bring that topology up (CI runs them after make test)"
+	@echo "make kafka-up / kafka-down / kafka-status - the log transport's Kafka broker (KRaft, one node; KAFKA_HOME, default <data_root>/kafka)"
 
 # The eBPF enforcer and the ccs-edge agent (export/edge/build.mk); built when root (needs clang/libbpf).
 -include export/edge/build.mk
@@ -89,6 +90,17 @@ cluster-down: python
 	$(PY) -m app.cli cluster down --config $(CLUSTER_CONF)
 cluster-status: python
 	$(PY) -m app.cli cluster status --config $(CLUSTER_CONF)
+
+# The log transport's broker (app/kafka_broker.py, issue 60): Kafka in KRaft mode, its jars from
+# Maven Central on the first `up` (cached in the venv), topics per stream. Its address: <home>/bootstrap.
+KAFKA_HOME ?=
+KAFKA_ARGS = $(if $(KAFKA_HOME),--home $(KAFKA_HOME))
+kafka-up: setup
+	$(PY) -m app.kafka_broker up $(KAFKA_ARGS)
+kafka-down: python
+	$(PY) -m app.kafka_broker down $(KAFKA_ARGS)
+kafka-status: python
+	$(PY) -m app.kafka_broker status $(KAFKA_ARGS)
 
 test-cluster: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m cluster

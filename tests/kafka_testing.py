@@ -1,0 +1,53 @@
+"""The suite's Kafka broker (app/kafka_broker.py): one real KRaft node per test session, started on
+first use and stopped at the session's end. Tests take it with `from kafka_testing import
+kafka_broker` and are marked `cluster` (they run in `make test-cluster`, beside `make test`)."""
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """A started `app.kafka_broker.Broker` under a fresh folder, with the stream topics; its
+    process group is gone after the session (checked)."""
+    from topology.proc import group_members
+    from app.kafka_broker import Broker
+    broker = Broker(tmp_path_factory.mktemp("kafka"))
+    broker.up(log=print)
+    pid = broker.server().pid()
+    try:
+        yield broker
+    finally:
+        broker.down()
+        assert not group_members(pid), f"broker processes {group_members(pid)} left after down"
+
+
+def consume_all(bootstrap: str, topics: list[str]) -> list:
+    """Every record of `topics`, each partition read from its start to its end as of now."""
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "ccs-tests", "enable.auto.commit": False,
+                  "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    try:
+        md = c.list_topics(timeout=10)
+        parts = []
+        for t in topics:
+            for p in md.topics[t].partitions:
+                lo, hi = c.get_watermark_offsets(TopicPartition(t, p), timeout=10)
+                if hi > lo:
+                    parts.append((TopicPartition(t, p, lo), hi))
+        c.assign([tp for tp, _ in parts])
+        left = {(tp.topic, tp.partition): hi for tp, hi in parts}
+        out = []
+        while left:
+            msg = c.poll(10)
+            assert msg is not None, f"no record within 10 s; still to read: {left}"
+            if msg.error():
+                if msg.error().code() == KafkaError._PARTITION_EOF:
+                    continue
+                raise AssertionError(f"consumer error: {msg.error()}")
+            out.append(msg)
+            if msg.offset() + 1 >= left.get((msg.topic(), msg.partition()), 0):
+                left.pop((msg.topic(), msg.partition()), None)
+        return out
+    finally:
+        c.close()
