@@ -1,6 +1,9 @@
-"""AutoPlex (autoplex-nai22.txt): per user group and period, the better-performed sessions'
-statistics become the next period's CC parameters (Algorithm 1), and the similarity analysis of
-§3.4 (better sessions change less between periods than worse ones).
+"""AutoPlex (autoplex-nai22.txt), the Spark job: per user group and period, the better-performed
+sessions' statistics become the next period's CC parameters (Algorithm 1), and the similarity
+analysis of §3.4 (better sessions change less between periods than worse ones). The policies, the
+band rule, the parameters' arithmetic, the periods and the summary are jobs/autoplex_core.py's,
+shared with the in-process engine (jobs/autoplex_arrow.py); this module ranks, counts and sums with
+Spark's window functions, and chooses the engine for a run (`run_parameters`, `run_similarity`).
 
 A job is extract → pure transforms → load; the transforms take any DataFrame with the silver
 columns they name, so they are tested on tiny inline frames.
@@ -9,8 +12,6 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession, Window, functions as F
@@ -18,84 +19,21 @@ from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 from ccselect import delta_io
 from ccselect.delta_arrow import by_engine
 from ccselect.lake import connections_in, table_path
-from ccselect.settings import AutoplexSettings, PolicySettings
 from ccselect.spark import get_spark
-# the driver-side engine (same rows, in this process), called at run time (it imports this module)
 from jobs import autoplex_arrow
-# Imported inside the functions that use them (heavy, not needed to import this module): matplotlib.
+# the computation both engines share; its names stay importable from here
+from jobs.autoplex_core import (GOODPUT, METRIC_INPUTS, VALUES, Policy, PolicyError, f_cap, hour_key,  # noqa: F401
+                                in_band, input_columns, load_policies, max_cwnd_last, orderings, period_labels,
+                                period_window, plot_similarity, similarity_bands, similarity_summary as _summary,
+                                similarity_window)
 
-#: AutoPlex's goodput is the rate a session delivered at while sending: it becomes the next
-#: period's pacing rate (Algorithm 1 line 7), so it is silver's `delivery_rate_bps` (response bytes
-#: over the time spent serving them), not `goodput_bps` (bytes over the connection's whole life,
-#: the player's idle time included — for a video session about its bitrate, however good the path).
-GOODPUT = "delivery_rate_bps"
-#: metrics a policy may sort by: name → Spark expression over silver.connections columns
+#: metrics a policy may sort by: name → Spark expression over silver.connections columns (the
+#: names and inputs of autoplex_core.METRIC_INPUTS; autoplex_arrow.metric_values in NumPy)
 METRICS = {
     "retrans_ratio": lambda: F.col("retrans_ratio"),
     # goodput / srtt in Mbps per second, as AutoPlex Fig. 2 reports it
     "goodput_per_srtt": lambda: (F.col(GOODPUT) / 1e6) / (((F.col("min_srtt_us") + F.col("max_srtt_us")) / 2) / 1e6),
 }
-#: the silver columns each metric reads
-METRIC_INPUTS = {"retrans_ratio": ("retrans_ratio",), "goodput_per_srtt": (GOODPUT, "min_srtt_us", "max_srtt_us")}
-#: the band means of Algorithm 1 line 6: output name → silver column
-VALUES = {"goodput_bps": GOODPUT, "max_inflight_segs": "max_inflight_segs", "max_cwnd_segs": "max_cwnd_segs"}
-
-
-class PolicyError(ValueError):
-    """A user-defined policy that cannot be run (refused before any work)."""
-
-
-@dataclass(frozen=True)
-class Policy:
-    """A user-defined QoS policy P_usr of Algorithm 1: sort by `metric` (`ascending` or not) and
-    keep the [band_lo, band_hi) percentile band; groups with fewer sessions get no parameters."""
-
-    name: str
-    metric: str
-    ascending: bool
-    band_lo: float
-    band_hi: float
-    min_sessions: int
-
-    @classmethod
-    def from_settings(cls, s: PolicySettings) -> "Policy":
-        """A policy of `autoplex.policies`, validated."""
-        direction = str(s.direction).lower()
-        if direction not in ("asc", "ascending", "desc", "descending"):
-            raise PolicyError(f"policy {s.name}: direction must be asc or desc, got {s.direction!r}")
-        try:
-            p = cls(name=str(s.name), metric=str(s.metric), ascending=direction in ("asc", "ascending"),
-                    band_lo=float(s.band[0]), band_hi=float(s.band[1]), min_sessions=int(s.min_sessions))
-        except (TypeError, IndexError, ValueError) as e:
-            raise PolicyError(f"policy {s!r}: {e}") from e
-        p.validate()
-        return p
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "Policy":
-        """A policy written as in the YAML (the defaults of PolicySettings fill what it omits)."""
-        try:
-            s = PolicySettings(**d)
-        except TypeError as e:
-            raise PolicyError(f"policy {d!r}: {e}") from e
-        return cls.from_settings(s)
-
-    def validate(self) -> None:
-        if self.metric not in METRICS:
-            raise PolicyError(f"policy {self.name}: unknown metric {self.metric!r}; known: {sorted(METRICS)}")
-        if not (0 <= self.band_lo < self.band_hi <= 100):
-            raise PolicyError(f"policy {self.name}: band [{self.band_lo}, {self.band_hi}] must satisfy 0 <= lo < hi <= 100")
-        if self.min_sessions < 1:
-            raise PolicyError(f"policy {self.name}: min_sessions must be at least 1, got {self.min_sessions}")
-
-
-def f_cap(a: float, b: float) -> float:
-    """AutoPlex eq. (1): f(a, b) = a if a <= b else (a + b) / 2 — the computed value a
-    (BBR's pacing_gain·max_bw, or its inflight cap) is kept when below the last period's
-    better-session value b, and pulled half-way towards b when above it."""
-    return a if a <= b else (a + b) / 2
-
-
 def with_period(df: DataFrame, period_minutes: int) -> DataFrame:
     """Adds `period_start_ms`: the start of the T-minute period the connection closed in."""
     t = period_minutes * 60_000
@@ -124,10 +62,9 @@ def _sort_entry(i: int, p: Policy):
 
 def _banded(df: DataFrame, bands: list[tuple[str, Policy]], group_cols: list[str]) -> DataFrame:
     """Algorithm 1's Extract for any bands, in one sort: per group, period and ordering (metric and
-    direction, `_orderings`), sessions ordered by the metric (ties broken by conn_id, so the result
+    direction, `autoplex_core.orderings`), sessions ordered by the metric (ties broken by conn_id, so the result
     is deterministic; sessions without the metric last and not counted) take positions k (0-based,
-    n sessions with the metric); a session is in band (label, policy) when
-    lo·n/100 <= k < hi·n/100 — since hi <= 100, only sessions with the metric are. One row per
+    n sessions with the metric); a session is in band (label, policy) by `autoplex_core.in_band`. One row per
     session and band it is in, with `_band` (the label), `_m` (the band's metric) and `n_sessions`.
     `df` carries the `_m_<metric>` columns of `with_metrics`.
 
@@ -135,9 +72,9 @@ def _banded(df: DataFrame, bands: list[tuple[str, Policy]], group_cols: list[str
     keys, `_sort_entry`) and a single window over (ordering, group, period) ranks them all: one
     scan and one shuffle of the input rather than a cached input and a shuffle and sort per
     ordering (measured in jobs/README, AutoPlex)."""
-    orderings = _orderings(bands)
+    by_order = orderings(bands)
     keys = [*group_cols, "period_start_ms"]
-    entries = [_sort_entry(i, o[0][1]) for i, o in enumerate(orderings)]
+    entries = [_sort_entry(i, o[0][1]) for i, o in enumerate(by_order)]
     # one ordering needs no explode (§3.4's two bands share one)
     stacked = df.withColumn("_e", entries[0] if len(entries) == 1 else F.explode(F.array(*entries)))
     stacked = stacked.withColumns({c: F.col("_e")[c] for c in ("_o", "_f", "_key", "_m")}).drop("_e")
@@ -146,8 +83,7 @@ def _banded(df: DataFrame, bands: list[tuple[str, Policy]], group_cols: list[str
     whole = w.rowsBetween(Window.unboundedPreceding, Window.unboundedFollowing)
     ranked = stacked.withColumns({"_k": F.row_number().over(w) - 1, "n_sessions": F.count("_key").over(whole)})
     k, n, o = F.col("_k"), F.col("n_sessions"), F.col("_o")
-    member = {label: (o == i) & (k >= n * F.lit(p.band_lo / 100.0)) & (k < n * F.lit(p.band_hi / 100.0))
-              for i, ordering in enumerate(orderings) for label, p in ordering}
+    member = {label: (o == i) & in_band(k, n, p) for i, ordering in enumerate(by_order) for label, p in ordering}
     if len(member) == 1:
         (label, cond), = member.items()
         out = ranked.where(cond).withColumn("_band", F.lit(label))
@@ -157,14 +93,6 @@ def _banded(df: DataFrame, bands: list[tuple[str, Policy]], group_cols: list[str
                .withColumn("_band", F.explode(F.array(*[F.when(c, F.lit(label)) for label, c in member.items()])))
                .where(F.col("_band").isNotNull()))
     return out.drop("_o", "_f", "_key", "_k")
-
-
-def _orderings(bands: list[tuple[str, Policy]]) -> list[list[tuple[str, Policy]]]:
-    """`bands` grouped by (metric, direction): each group is ranked by one sort order."""
-    by: dict[tuple[str, bool], list[tuple[str, Policy]]] = {}
-    for label, p in bands:
-        by.setdefault((p.metric, p.ascending), []).append((label, p))
-    return list(by.values())
 
 
 def band(df: DataFrame, policy: Policy, group_cols: list[str]) -> DataFrame:
@@ -207,7 +135,7 @@ def parameters_all(df: DataFrame, policies: list[Policy], group_cols: list[str],
         lookup(lambda p: p.name).alias("policy"), lookup(lambda p: p.metric).alias("metric"),
         lookup(lambda p: float(p.band_lo)).alias("band_lo"), lookup(lambda p: float(p.band_hi)).alias("band_hi"),
         F.col("mean_goodput_bps").alias("pacing_rate_last_bps"),
-        ((F.col("mean_max_inflight_segs") + F.col("mean_max_cwnd_segs")) / 2).alias("max_cwnd_last_segs"),
+        max_cwnd_last(F.col("mean_max_inflight_segs"), F.col("mean_max_cwnd_segs")).alias("max_cwnd_last_segs"),
         (F.col("period_start_ms") + F.lit(period_minutes * 60_000)).alias("applies_from_ms"))
 
 
@@ -237,10 +165,10 @@ def change_rates(df: DataFrame, group_cols: list[str], better: Policy, worse: Po
             .where(F.col("change_rate").isNotNull()))
 
 
-def similarity_summary(rates: DataFrame) -> DataFrame:
-    """Mean change rate per band and value, and better/worse ratio (the paper sees 25-30%)."""
-    m = rates.groupBy("value").pivot("band", ["better", "worse"]).agg(F.avg("change_rate"))
-    return m.withColumn("better_over_worse", F.col("better") / F.col("worse")).orderBy("value")
+def similarity_summary(rates: DataFrame) -> list[dict[str, Any]]:
+    """Mean change rate per band and value, and better/worse ratio (`autoplex_core.similarity_summary`)."""
+    means = rates.groupBy("value", "band").agg(F.avg("change_rate").alias("m")).collect()
+    return _summary([(r["value"], r["band"], r["m"]) for r in means])
 
 
 def prefix_caps(reference: DataFrame, params: DataFrame, headroom: float = 1.0) -> DataFrame:
@@ -257,15 +185,9 @@ def prefix_caps(reference: DataFrame, params: DataFrame, headroom: float = 1.0) 
     return ref.join(latest, "ug_id")
 
 
-def load_policies(s: AutoplexSettings) -> list[Policy]:
-    """The policies of `autoplex.policies`, all validated (PolicyError) before any work."""
-    return [Policy.from_settings(p) for p in s.policies]
-
-
 def inputs(silver: DataFrame, group_cols: list[str], metrics) -> DataFrame:
-    """The silver columns that the bands of `metrics` and their means read."""
-    cols = {"conn_id", "ts_end_ms", *VALUES.values(), *(c for m in metrics for c in METRIC_INPUTS[m])}
-    return silver.select(*group_cols, *sorted(cols - set(group_cols)))
+    """The silver columns that the bands of `metrics` and their means read (`autoplex_core.input_columns`)."""
+    return silver.select(*input_columns(group_cols, metrics))
 
 
 def run(silver: DataFrame, policies: list[Policy], group_cols: list[str], period_minutes: int) -> DataFrame:
@@ -275,37 +197,13 @@ def run(silver: DataFrame, policies: list[Policy], group_cols: list[str], period
 
 # --- extract / load ----------------------------------------------------------------------------
 
-def _utc(ms: int, fmt: str) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime(fmt)
-
-
-def _hour(ms: int) -> str:
-    return _utc(ms, "%Y-%m-%dT%H")
-
-
-def _period_label_py(ms: int) -> str:
-    return _utc(ms, "%Y-%m-%dT%H:%M")
-
-
-def period_labels(start_ms: int, periods: int, period_minutes: int) -> list[str]:
-    """gold.autoplex_params' `period` partitions of `periods` periods from `start_ms` (a period
-    start)."""
-    return [_period_label_py(start_ms + i * period_minutes * 60_000) for i in range(periods)]
-
-
-def similarity_window(start_ms: int, periods: int, period_minutes: int) -> str:
-    """gold.autoplex_similarity's `window` partition of `periods` periods from `start_ms`."""
-    labels = period_labels(start_ms, periods, period_minutes)
-    return f"{labels[0]}..{labels[-1]}"
-
-
 def _period_label(ms_col: str = "period_start_ms"):
     return F.date_format(F.timestamp_millis(F.col(ms_col)), "yyyy-MM-dd'T'HH:mm")
 
 
 def extract(spark: SparkSession, cfg: Any, start_ms: int, end_ms: int) -> DataFrame:
     """silver.connections closed in [start_ms, end_ms)."""
-    return (connections_in(spark, cfg, _hour(start_ms), _hour(end_ms - 1))
+    return (connections_in(spark, cfg, hour_key(start_ms), hour_key(end_ms - 1))
             .where((F.col("ts_end_ms") >= start_ms) & (F.col("ts_end_ms") < end_ms)))
 
 
@@ -328,9 +226,7 @@ def run_parameters(spark: SparkSession | None, cfg: Any, start_ms: int, periods:
 def _run_parameters_spark(spark: SparkSession, cfg: Any, start_ms: int, periods: int) -> dict[str, Any]:
     s = cfg.settings.autoplex
     policies, group_cols, period = load_policies(s), list(s.group_by), s.period_minutes
-    t = period * 60_000
-    start_ms -= start_ms % t
-    end_ms = start_ms + periods * t
+    start_ms, end_ms = period_window(start_ms, periods, period)
     # the columns read, once: every policy's band comes from one window over them (`_banded`)
     silver = inputs(extract(spark, cfg, start_ms, end_ms), group_cols, {p.metric for p in policies})
     params = run(silver, policies, group_cols, period).withColumn("period", _period_label()).cache()
@@ -358,15 +254,6 @@ def write_similarity(cfg: Any, rates: DataFrame, window: str) -> None:
                                 table_path(cfg, "gold.autoplex_similarity"), {(window,)}, ("window",))
 
 
-def similarity_bands(s: AutoplexSettings) -> tuple[Policy, Policy]:
-    """AutoPlex §3.4's better- and worse-performed sessions: retransmission-ratio percentile bands
-    (`autoplex.similarity_better_band` / `_worse_band`), validated."""
-    better = Policy("better", "retrans_ratio", True, *s.similarity_better_band, 5)
-    worse = Policy("worse", "retrans_ratio", True, *s.similarity_worse_band, 5)
-    better.validate(), worse.validate()
-    return better, worse
-
-
 def run_similarity(spark: SparkSession | None, cfg: Any, start_ms: int, periods: int,
                    plot_dir: str | None = None, engine: str | None = None) -> dict[str, Any]:
     """AutoPlex §3.4 over `periods` periods: gold.autoplex_similarity (per group, period, band and
@@ -381,37 +268,15 @@ def _run_similarity_spark(spark: SparkSession, cfg: Any, start_ms: int, periods:
     s = cfg.settings.autoplex
     group_cols, period = list(s.group_by), s.period_minutes
     better, worse = similarity_bands(s)
-    t = period * 60_000
-    start_ms -= start_ms % t
-    df = with_period(extract(spark, cfg, start_ms, start_ms + periods * t), period)
+    start_ms, end_ms = period_window(start_ms, periods, period)
+    df = with_period(extract(spark, cfg, start_ms, end_ms), period)
     rates = change_rates(df, group_cols, better, worse, period).cache()
     window = similarity_window(start_ms, periods, period)
     n = rates.count()       # from the cache rather than from the table read back
     write_similarity(cfg, rates, window)
-    summary = [r.asDict() for r in similarity_summary(rates).collect()]
+    summary = similarity_summary(rates)
     rates.unpersist()
     out = {"window": window, "rows": n, "summary": summary}
     if plot_dir and summary:
         out["plot"] = plot_similarity(summary, os.path.join(plot_dir, "autoplex_similarity.png"))
     return out
-
-
-def plot_similarity(summary: list[dict[str, Any]], path: str) -> str:
-
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    names = [s["value"] for s in summary]
-    x = range(len(names))
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.bar([i - 0.2 for i in x], [s["better"] or 0 for s in summary], 0.4, label="better (retrans 5-20 pct)")
-    ax.bar([i + 0.2 for i in x], [s["worse"] or 0 for s in summary], 0.4, label="worse (retrans 75-90 pct)")
-    ax.set_xticks(list(x), names)
-    ax.set_ylabel("mean change rate between periods")
-    ax.set_title("AutoPlex §3.4: period-to-period change")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path

@@ -1,7 +1,9 @@
 """AutoPlex's driver-side engine (issue 31): silver.connections → gold.autoplex_params and
 gold.autoplex_similarity without Spark, over Arrow straight from the Delta files, in the job's
 own process. The same computation as `jobs/autoplex.py` (Algorithm 1 lines 5-8 and §3.4 of
-autoplex-nai22.txt), the same tables, partitions and results.
+autoplex-nai22.txt), the same tables, partitions and results: the policies, the band rule, the
+parameters' arithmetic, the periods and the summary are jobs/autoplex_core.py's, which both engines
+call; this module ranks, counts and sums in NumPy.
 
 Why: at one day of a 20-node fleet (720 k connections) the two Spark jobs take about 15 s on
 2 cores against DuckDB's 2.5 s for the same statements. The profile (stop 45's note) puts most of
@@ -13,8 +15,8 @@ The work itself (two sorts of 720 k rows and some sums) takes NumPy well under a
 - **Read.** The table's Delta log (delta-rs) names the live files of the window's hours
   (`ccselect.delta_arrow.live_files`); pyarrow reads the columns the bands need, a thread per core.
 - **Bands.** One stable sort per (metric, direction) by (group, period, metric with nulls last,
-  conn_id), as `jobs.autoplex._banded` orders its window; position k and the group's count n of
-  sessions with the metric give the band lo·n/100 <= k < hi·n/100 (the same double arithmetic).
+  conn_id), as the Spark job orders its window; position k and the group's count n of sessions
+  with the metric give the band (`autoplex_core.in_band`, the same double arithmetic).
 - **Means.** Sums of the band's non-null values over their count, as Spark's `avg`. NumPy adds a
   band's values pairwise where Spark adds them in sort order, so a mean may differ from the Spark
   job's in its last bits (the tests compare to 1e-12).
@@ -40,9 +42,7 @@ import pyarrow.parquet as pq
 
 from ccselect.delta_arrow import Unsupported, check_protocol, live_files, local_path
 from ccselect.lake import table_path
-# the Spark job's policies, metrics and labels, used at run time (it imports this module; pyspark is
-# imported, no JVM started)
-from jobs import autoplex as spark_job
+from jobs import autoplex_core as core
 # Imported inside the functions that use them (heavy, not needed to import this module): deltalake.
 
 #: silver's partition columns: a group_by that names one gets it from the file's partition values
@@ -53,7 +53,7 @@ def _param_cols() -> list[tuple[str, pa.DataType]]:
     """gold.autoplex_params' data columns after the group columns, with their Delta types, as the
     Spark job writes them (the partition column `period` last)."""
     return [("period_start_ms", pa.int64()), ("n_sessions", pa.int64()), ("n_band", pa.int64()),
-            *[(f"mean_{c}", pa.float64()) for c in spark_job.VALUES], ("mean_metric", pa.float64()),
+            *[(f"mean_{c}", pa.float64()) for c in core.VALUES], ("mean_metric", pa.float64()),
             ("policy", pa.string()), ("metric", pa.string()), ("band_lo", pa.float64()), ("band_hi", pa.float64()),
             ("pacing_rate_last_bps", pa.float64()), ("max_cwnd_last_segs", pa.float64()),
             ("applies_from_ms", pa.int64()), ("period", pa.string())]
@@ -68,7 +68,7 @@ def read_window(silver: str, start_ms: int, end_ms: int, columns: list[str], wor
     """`columns` of silver.connections' rows closed in [start_ms, end_ms), from the live files of
     the hours they can lie in (a partition column among `columns` comes from the file's path)."""
     silver = local_path(silver)
-    files = [f for f in live_files(silver, spark_job._hour(start_ms), spark_job._hour(end_ms - 1)) if f[3] != 0]
+    files = [f for f in live_files(silver, core.hour_key(start_ms), core.hour_key(end_ms - 1)) if f[3] != 0]
     data_cols = [c for c in columns if c not in PARTITION_COLS]
 
     def one(f):
@@ -97,11 +97,11 @@ def _floats(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def metric_values(t: pa.Table, metric: str) -> tuple[np.ndarray, np.ndarray]:
-    """(values, valid) of `metric` per row, the arithmetic of `jobs.autoplex.METRICS`."""
+    """(values, valid) of `metric` per row, the arithmetic of the Spark job's `jobs.autoplex.METRICS`."""
     if metric == "retrans_ratio":
         m, ok = _floats(t.column("retrans_ratio"))
     elif metric == "goodput_per_srtt":
-        g, ok = _floats(t.column(spark_job.GOODPUT))
+        g, ok = _floats(t.column(core.GOODPUT))
         lo, hi = (pc.cast(t.column(c), pa.int64()).combine_chunks() for c in ("min_srtt_us", "max_srtt_us"))
         ok = ok & np.asarray(lo.is_valid()) & np.asarray(hi.is_valid())
         lo, hi = np.asarray(lo.fill_null(0)), np.asarray(hi.fill_null(0))
@@ -144,9 +144,9 @@ def band_means(t: pa.Table, groups: Groups, period: np.ndarray, conn_rank: np.nd
     per (group, period) that has sessions in the band and at least the policy's min_sessions:
     `code` (Groups), `period_start_ms`, `n_sessions`, `n_band`, `mean_<value>` (NaN: no value),
     `mean_metric`. The bands of one metric and direction share one sort."""
-    values = {c: _floats(t.column(src)) for c, src in spark_job.VALUES.items()}
+    values = {c: _floats(t.column(src)) for c, src in core.VALUES.items()}
     out = []
-    for ordering in spark_job._orderings(bands):
+    for ordering in core.orderings(bands):
         metric, ascending = ordering[0][1].metric, ordering[0][1].ascending
         m, ok = metric_values(t, metric)
         # keys last to first: group, period, metric (nulls last, either direction), conn_id
@@ -164,7 +164,7 @@ def band_means(t: pa.Table, groups: Groups, period: np.ndarray, conn_rank: np.nd
         n_seg = np.add.reduceat(ok_s.astype(np.int64), starts)
         n = n_seg[seg]
         for label, p in ordering:
-            member = ok_s & (k >= n * (p.band_lo / 100.0)) & (k < n * (p.band_hi / 100.0))
+            member = ok_s & core.in_band(k, n, p)
             rows = np.flatnonzero(member)
             if not len(rows):
                 out.append({"label": label, "policy": p, "rows": 0})
@@ -216,12 +216,12 @@ def parameters(t: pa.Table, policies, group_cols: list[str], period_minutes: int
         inflight, cwnd = b["mean_max_inflight_segs"], b["mean_max_cwnd_segs"]
         cols = {**groups.columns(b["code"]), "period_start_ms": pa.array(b["period_start_ms"], pa.int64()),
                 "n_sessions": pa.array(b["n_sessions"], pa.int64()), "n_band": pa.array(b["n_band"], pa.int64()),
-                **{f"mean_{c}": _nullable(b[f"mean_{c}"]) for c in spark_job.VALUES},
+                **{f"mean_{c}": _nullable(b[f"mean_{c}"]) for c in core.VALUES},
                 "mean_metric": _nullable(b["mean_metric"]),
                 "policy": pa.array([p.name] * n, pa.string()), "metric": pa.array([p.metric] * n, pa.string()),
                 "band_lo": pa.array(np.full(n, float(p.band_lo))), "band_hi": pa.array(np.full(n, float(p.band_hi))),
                 "pacing_rate_last_bps": _nullable(b["mean_goodput_bps"]),
-                "max_cwnd_last_segs": _nullable((inflight + cwnd) / 2),
+                "max_cwnd_last_segs": _nullable(core.max_cwnd_last(inflight, cwnd)),
                 "applies_from_ms": pa.array(b["period_start_ms"] + period_minutes * 60_000, pa.int64()),
                 "period": _labels(b["period_start_ms"])}
         parts.append(pa.table(cols))
@@ -242,7 +242,7 @@ def change_rates(t: pa.Table, group_cols: list[str], better, worse, period_minut
         code, start = b["code"], b["period_start_ms"]      # sorted by (group, period): the window's order
         has_prev = np.zeros(len(code), bool)
         has_prev[1:] = (code[1:] == code[:-1]) & (start[1:] - start[:-1] == per_ms)
-        for c in spark_job.VALUES:
+        for c in core.VALUES:
             v = b[f"mean_{c}"]
             prev = np.full(len(v), np.nan)
             prev[1:] = v[:-1]
@@ -258,24 +258,16 @@ def change_rates(t: pa.Table, group_cols: list[str], better, worse, period_minut
 
 
 def similarity_summary(rates: pa.Table) -> list[dict[str, Any]]:
-    """`jobs.autoplex.similarity_summary`: mean change rate per value and band, better/worse."""
+    """Mean change rate per value and band, better/worse (`autoplex_core.similarity_summary`)."""
     if not rates.num_rows:
         return []
     g = rates.group_by(["value", "band"]).aggregate([("change_rate", "mean")]).to_pylist()
-    by: dict[str, dict[str, float]] = {}
-    for r in g:
-        by.setdefault(r["value"], {})[r["band"]] = r["change_rate_mean"]
-    out = []
-    for v in sorted(by):
-        b, w = by[v].get("better"), by[v].get("worse")
-        out.append({"value": v, "better": b, "worse": w,
-                    "better_over_worse": None if b is None or w is None or w == 0 else b / w})
-    return out
+    return core.similarity_summary([(r["value"], r["band"], r["change_rate_mean"]) for r in g])
 
 
 def _labels(ms: np.ndarray) -> pa.Array:
     uniq, inv = np.unique(ms, return_inverse=True)
-    return pa.array([spark_job._period_label_py(int(u)) for u in uniq], pa.string()).take(pa.array(inv))
+    return pa.array([core.period_label(int(u)) for u in uniq], pa.string()).take(pa.array(inv))
 
 
 def _typed(parts: list[pa.Table], t: pa.Table, group_cols: list[str], cols) -> pa.Table:
@@ -319,15 +311,13 @@ def replace_partitions(path: str, data: pa.Table, column: str, values: list[str]
 def run_parameters(cfg: Any, start_ms: int, periods: int) -> dict[str, Any]:
     """`jobs.autoplex.run_parameters` in this process (the same result dict, with `engine`)."""
     s = cfg.settings.autoplex
-    policies, group_cols, period = spark_job.load_policies(s), list(s.group_by), s.period_minutes
-    t = period * 60_000
-    start_ms -= start_ms % t
-    end_ms = start_ms + periods * t
+    policies, group_cols, period = core.load_policies(s), list(s.group_by), s.period_minutes
+    start_ms, end_ms = core.period_window(start_ms, periods, period)
     t0 = time.perf_counter()
-    cols = _columns(group_cols, {p.metric for p in policies})
+    cols = core.input_columns(group_cols, {p.metric for p in policies})
     params = parameters(read_window(table_path(cfg, "silver.connections"), start_ms, end_ms, cols),
                         policies, group_cols, period)
-    labels = spark_job.period_labels(start_ms, periods, period)
+    labels = core.period_labels(start_ms, periods, period)
     replace_partitions(table_path(cfg, "gold.autoplex_params"), params, "period", labels, "ccs autoplex")
     counts = {r["policy"]: r["count"] for r in params.group_by("policy").aggregate([("policy", "count")])
               .rename_columns(["policy", "count"]).to_pylist()} if params.num_rows else {}
@@ -339,14 +329,13 @@ def run_similarity(cfg: Any, start_ms: int, periods: int, plot_dir: str | None =
     """`jobs.autoplex.run_similarity` in this process (the same result dict, with `engine`)."""
     s = cfg.settings.autoplex
     group_cols, period = list(s.group_by), s.period_minutes
-    better, worse = spark_job.similarity_bands(s)
-    t = period * 60_000
-    start_ms -= start_ms % t
+    better, worse = core.similarity_bands(s)
+    start_ms, end_ms = core.period_window(start_ms, periods, period)
     t0 = time.perf_counter()
-    silver = read_window(table_path(cfg, "silver.connections"), start_ms, start_ms + periods * t,
-                         _columns(group_cols, {better.metric}))
+    silver = read_window(table_path(cfg, "silver.connections"), start_ms, end_ms,
+                         core.input_columns(group_cols, {better.metric}))
     rates = change_rates(silver, group_cols, better, worse, period)
-    window = spark_job.similarity_window(start_ms, periods, period)
+    window = core.similarity_window(start_ms, periods, period)
     replace_partitions(table_path(cfg, "gold.autoplex_similarity"),
                        rates.append_column("window", pa.array([window] * rates.num_rows, pa.string())),
                        "window", [window], "ccs autoplex-similarity")
@@ -354,11 +343,5 @@ def run_similarity(cfg: Any, start_ms: int, periods: int, plot_dir: str | None =
     out = {"window": window, "rows": rates.num_rows, "summary": summary, "engine": "arrow",
            "seconds": round(time.perf_counter() - t0, 3)}
     if plot_dir and summary:
-        out["plot"] = spark_job.plot_similarity(summary, os.path.join(plot_dir, "autoplex_similarity.png"))
+        out["plot"] = core.plot_similarity(summary, os.path.join(plot_dir, "autoplex_similarity.png"))
     return out
-
-
-def _columns(group_cols: list[str], metrics) -> list[str]:
-    """The silver columns the bands of `metrics` and their means read (`jobs.autoplex.inputs`)."""
-    cols = {"conn_id", "ts_end_ms", *spark_job.VALUES.values(), *(c for m in metrics for c in spark_job.METRIC_INPUTS[m])}
-    return [*group_cols, *sorted(cols - set(group_cols))]

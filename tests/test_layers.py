@@ -67,6 +67,8 @@ def tree_copy(tmp_path_factory):
     ("sim/physics.py", "from features import labels"),              # the simulator reaching the product
     ("export/artifact/signing.py", "from export.delivery import store"),  # inside export
     ("models/infer_core.py", "from models import infer_arrow"),    # the engines' shared computation
+    ("jobs/autoplex_arrow.py", "from jobs import autoplex"),       # an engine reaching the other
+    ("jobs/autoplex_core.py", "from jobs.autoplex_arrow import Groups"),  # AutoPlex's shared computation
     ("models/train.py", "def _late():\n    from evaluation import emulate"),  # inside a function too
 ])
 def test_an_upward_import_breaks_the_contract(tree_copy, module, upward):
