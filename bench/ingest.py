@@ -1,23 +1,26 @@
-"""bench/ingest: simulated edge logs → bronze → silver with Spark (local[2]) and, in the same run,
-the same parse-validate-join-enrich work in DuckDB (2 threads) over the same files, as the
-single-machine reference; and Spark's floor (`run_spark_floor`: the least of that work in one
+"""bench/ingest: simulated edge logs → bronze → silver with Spark (local[2]) and, interleaved with
+it in the same sitting (`--rounds`, 3: Spark, DuckDB, Spark, DuckDB, ...; medians reported, the
+load average beside each run), the same work in DuckDB (2 threads) over the same files with
+DuckDB's own functions (bench/ingest_duckdb.py, issue 62), as the single-machine reference; both
+sides' accepted/quarantined counts and silver rows are compared by key. Each Spark ingest runs in
+its own JVM (a child process). With `--floor`, Spark's floor (`run_spark_floor`: the least of that work in one
 Spark plan, with none of ingest's guarantees), so that the ratio a Spark ingest could reach on
 this machine stands next to the goal. Writes bench/results/ingest.json and prints it.
 
-    .venv/bin/python bench/ingest.py [--conns 5000000] [--workdir /tmp/ccs-bench-ingest] [--keep]
+    .venv/bin/python bench/ingest.py [--conns 5000000] [--rounds 3] [--floor] [--data LOGS] [--out JSON]
+                                     [--workdir /tmp/ccs-bench-ingest] [--keep]
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
-import ipaddress
 import json
 import os
 import shutil
+import subprocess
 import sys
 import threading
 import time
-import zlib
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -34,8 +37,9 @@ from sim.params import SimParams
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-#: the goal of issue 31: Spark's ingest within this factor of DuckDB's on the same files
-GOAL_RATIO = 2.0
+#: the goal of issue 62 (issue 31's was 2.0 against a reference with Python UDFs): Spark's ingest
+#: within this factor of DuckDB's on the same files, medians of interleaved rounds
+GOAL_RATIO = 1.5
 #: simulated connections per unit of `conns_per_node_hour` (measured: about 1.0 at 12 nodes x 24 h)
 SIM_YIELD = 1.0
 
@@ -69,56 +73,6 @@ class PeakRss:
     def __exit__(self, *exc):
         self._stop.set()
         self._t.join()
-
-
-DUCKDB_SQL = """
-CREATE TABLE t AS SELECT * FROM read_json('{d}/transport/*/*.jsonl', format='newline_delimited',
-    ignore_errors=true, filename=true, columns={tcols});
-CREATE TABLE a AS SELECT * FROM read_json('{d}/access/*/*.jsonl', format='newline_delimited',
-    ignore_errors=true, filename=true, columns={acols});
-CREATE TABLE q AS SELECT * FROM read_json('{d}/qoe/*/*.jsonl', format='newline_delimited',
-    ignore_errors=true, filename=true, columns={qcols});
-CREATE TABLE silver AS
-WITH tv AS (
-  SELECT *, regexp_extract(filename, '/([0-9T-]+)\\.jsonl$', 1) AS hour,
-         epoch_ms(strptime(regexp_extract(filename, '/([0-9T-]+)\\.jsonl$', 1), '%Y-%m-%dT%H')) AS h0,
-         row_number() OVER (PARTITION BY filename, conn_id ORDER BY ts_start_ms) AS rn
-  FROM t
-  WHERE conn_id IS NOT NULL AND cc IN ('cubic','bbr','reno') AND mss_bytes BETWEEN 88 AND 65535
-    AND min_rtt_us BETWEEN 1 AND 10000000 AND min_srtt_us BETWEEN 1 AND 10000000
-    AND max_srtt_us BETWEEN 1 AND 10000000 AND min_rtt_var_us >= 0 AND max_rtt_var_us >= 0
-    AND (regexp_matches(client_ip, '^[0-9.]+$') OR regexp_matches(client_ip, '^[0-9a-fA-F:.]+$'))
-), lab AS (
-  SELECT node_id, conn_id, count(*) AS requests, sum(bytes_sent) AS bytes_sent, sum(request_time_ms) AS request_time_ms,
-         CASE WHEN count(DISTINCT net_type) = 1 THEN any_value(net_type) FILTER (WHERE net_type IS NOT NULL) END AS net_type
-  FROM a WHERE status BETWEEN 100 AND 599 GROUP BY ALL
-), qo AS (
-  SELECT node_id, conn_id, count(*) AS qoe_sessions, sum(play_ms) AS play_ms, sum(rebuffer_ms) AS rebuffer_ms
-  FROM q GROUP BY ALL
-), ref AS (
-  SELECT split_part(cidr, '/', 1) AS net, CAST(split_part(cidr, '/', 2) AS INT) AS plen,
-         region || '-AS' || asn AS ug_id FROM read_csv('{d}/reference/ip_asn_region.csv')
-)
-SELECT tv.*,
-  CASE WHEN family = 4 THEN split_part(client_ip,'.',1)||'.'||split_part(client_ip,'.',2)||'.0.0/16' END AS prefix16,
-  CASE WHEN family = 4 THEN split_part(client_ip,'.',1)||'.'||split_part(client_ip,'.',2)||'.'||split_part(client_ip,'.',3)||'.0/24' END AS prefix24,
-  CASE WHEN family = 6 THEN ip6_prefix(client_ip, 3) END AS prefix48,
-  CASE WHEN family = 6 THEN ip6_prefix(client_ip, 4) END AS prefix64,
-  crc32_ip(client_ip) AS ab_bucket,
-  ref.ug_id, lab.net_type, CASE lab.net_type WHEN 'wifi' THEN 1 WHEN '4g' THEN 0 WHEN '5g' THEN 0 END AS label,
-  lab.requests, qo.qoe_sessions, qo.play_ms, qo.rebuffer_ms,
-  bytes_acked * 8e6 / nullif(duration_us, 0) AS goodput_bps,
-  lab.bytes_sent * 8e3 / nullif(lab.request_time_ms, 0) AS delivery_rate_bps,
-  total_retrans / nullif(data_segs_out, 0) AS retrans_ratio,
-  max_rtt_var_us / max_srtt_us AS rtt_var_norm
-FROM (SELECT *, CASE WHEN contains(client_ip, ':') THEN 6 ELSE 4 END AS family FROM tv
-      WHERE rn = 1 AND ts_start_ms >= h0 AND ts_end_ms < h0 + 3600000) tv
-LEFT JOIN lab USING (node_id, conn_id)
-LEFT JOIN qo USING (node_id, conn_id)
-LEFT JOIN ref ON ref.net = CASE WHEN tv.family = 4
-     THEN split_part(client_ip,'.',1)||'.'||split_part(client_ip,'.',2)||'.0.0' ELSE ip6_prefix32(client_ip) END;
-COPY silver TO '{out}' (FORMAT parquet, PARTITION_BY (node_id, hour), OVERWRITE_OR_IGNORE);
-"""
 
 
 def read_stream(spark, data: str, stream: str):
@@ -204,32 +158,78 @@ def duckdb_columns(stream: str) -> str:
 
 
 def run_duckdb(data: str, out: str) -> dict:
+    """The fair reference (issue 62): bench/ingest_duckdb.py, DuckDB's own functions only."""
+    from bench import ingest_duckdb
+    return ingest_duckdb.run(data, out, threads=2)
 
+
+def spark_once(data: str, work: Path, floor: bool) -> dict:
+    """One Spark ingest of `data` into a fresh lake under `work` (this process's own JVM), and
+    Spark's floor after it when `floor`; what the parent bench records of it."""
+    from jobs import ingest
+    cfg = bench_config(work, work / "root")
+    with PeakRss() as mem:
+        spark = get_spark(cfg, "ccs-bench-ingest")
+        t0 = time.perf_counter()
+        result = ingest.run(spark, cfg, data)
+        spark_s = time.perf_counter() - t0
+    out = {"seconds": round(spark_s, 2), "silver_rows": result["silver_rows"],
+           "streams": {s: {k: v for k, v in d.items() if k != "by_reason"} for s, d in result["streams"].items()},
+           "by_reason": {s: d.get("by_reason", {}) for s, d in result["streams"].items()},
+           "peak_driver_rss_mb": round(mem.peak / 2 ** 20), "peak_python_rss_mb": round(mem.peak_python / 2 ** 20),
+           "peak_jvm_rss_mb": round(mem.peak_jvm / 2 ** 20)}
+    lake = Path(cfg.settings.lake.root)
+    out["parquet_files"] = {t: len(list((lake / t.replace(".", "/")).rglob("*.parquet")))
+                            for t in ("bronze.transport", "bronze.access", "bronze.qoe", "silver.connections")}
+    if floor:
+        out["floor_load_1m"] = round(os.getloadavg()[0], 2)
+        out["floor"] = run_spark_floor(spark, data, str(work / "floor_silver"))
+    spark.stop()
+    return out
+
+
+#: silver's columns both sides write, compared row by row by (node_id, hour, conn_id)
+COMPARED = ("node_id", "hour", "conn_id", "ts_start_ms", "ts_end_ms", "client_ip", "client_port", "server_port", "cc",
+            "decision", "table_version", "mss_bytes", "min_rtt_us", "max_srtt_us", "bytes_acked", "duration_us",
+            "family", "prefix16", "prefix24", "prefix48", "prefix64", "ab_bucket", "ab_treatment", "ug_id", "imputed",
+            "net_type", "label", "requests", "bytes_sent", "request_time_ms", "qoe_sessions", "play_ms",
+            "rebuffer_ms", "rebuffer_count", "startup_ms", "rebuffer_rate", "goodput_bps", "delivery_rate_bps",
+            "retrans_ratio", "rtt_var_norm")
+
+
+def compare_silver(spark_lake: Path, duck_out: Path) -> dict:
+    """Spark's silver.connections (its live Delta files) against the reference's silver, by key:
+    rows only one side has, and rows of the same key that differ in any COMPARED column."""
     import duckdb
 
+    from ccselect.delta_arrow import live_files
+    files = [f[0] for f in live_files(str(spark_lake / "silver" / "connections"), "0000", "9999")]
     con = duckdb.connect()
-    con.execute("SET threads = 2")
+    con.execute("SET enable_progress_bar = false")
+    cols = ", ".join(COMPARED)
+    paths = "[" + ", ".join(f"'{f}'" for f in files) + "]"
+    con.execute(f"CREATE TABLE s AS SELECT {cols} FROM read_parquet({paths}, hive_partitioning = true)")
+    con.execute(f"CREATE TABLE d AS SELECT {cols} FROM read_parquet('{duck_out}/silver/*/*/*.parquet', hive_partitioning = true)")
+    key = "node_id, hour, conn_id"
+    only_spark = con.execute(f"SELECT count(*) FROM (SELECT {key} FROM s EXCEPT ALL SELECT {key} FROM d)").fetchone()[0]
+    only_duck = con.execute(f"SELECT count(*) FROM (SELECT {key} FROM d EXCEPT ALL SELECT {key} FROM s)").fetchone()[0]
+    differ = con.execute(f"SELECT count(*) FROM (SELECT * FROM s EXCEPT ALL SELECT * FROM d)").fetchone()[0] - only_spark
+    by_col = {}
+    if differ:
+        for c in COMPARED[3:]:
+            n = con.execute(f"SELECT count(*) FROM s JOIN d USING ({key}) WHERE s.{c} IS DISTINCT FROM d.{c}").fetchone()[0]
+            if n:
+                by_col[c] = n
+    return {"spark_rows": con.execute("SELECT count(*) FROM s").fetchone()[0],
+            "duckdb_rows": con.execute("SELECT count(*) FROM d").fetchone()[0],
+            "only_spark": only_spark, "only_duckdb": only_duck, "rows_differing": differ,
+            "differing_by_column": by_col, "columns_compared": len(COMPARED)}
 
-    def crc32_ip(ip: str) -> int:
-        return zlib.crc32(ipaddress.ip_address(ip).packed)
 
-    def ip6_prefix(ip: str, groups: int) -> str:
-        return str(ipaddress.ip_network(f"{ip}/{16 * groups}", strict=False))
-
-    def ip6_prefix32(ip: str) -> str:
-        return str(ipaddress.ip_network(f"{ip}/32", strict=False).network_address)
-
-    con.create_function("crc32_ip", crc32_ip, ["VARCHAR"], "BIGINT")
-    con.create_function("ip6_prefix", ip6_prefix, ["VARCHAR", "INTEGER"], "VARCHAR")
-    con.create_function("ip6_prefix32", ip6_prefix32, ["VARCHAR"], "VARCHAR")
-    sql = DUCKDB_SQL.format(d=data, out=out, tcols=duckdb_columns("transport"), acols=duckdb_columns("access"),
-                            qcols=duckdb_columns("qoe"))
-    t0 = time.perf_counter()
-    for stmt in [s for s in sql.split(";\n") if s.strip()]:
-        con.execute(stmt)
-    seconds = time.perf_counter() - t0
-    rows = con.execute("SELECT count(*) FROM silver").fetchone()[0]
-    return {"seconds": round(seconds, 2), "silver_rows": int(rows)}
+def median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else round((xs[n // 2 - 1] + xs[n // 2]) / 2, 2)
 
 
 def main(argv=None) -> int:
@@ -237,71 +237,100 @@ def main(argv=None) -> int:
     ap.add_argument("--conns", type=int, default=5_000_000)
     ap.add_argument("--nodes", type=int, default=12)
     ap.add_argument("--hours", type=int, default=24)
+    ap.add_argument("--rounds", type=int, default=3, help="Spark then DuckDB, this many times, interleaved")
+    ap.add_argument("--floor", action="store_true", help="Spark's floor after the first Spark ingest")
+    ap.add_argument("--data", help="the simulated logs of an earlier run (its --keep) instead of simulating")
     ap.add_argument("--workdir", default="/tmp/ccs-bench-ingest")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "ingest.json"))
     ap.add_argument("--keep", action="store_true", help="keep the simulated logs and the lake")
+    ap.add_argument("--spark-run", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    work = Path(args.workdir)
+    if args.spark_run:     # the child of one round: its own JVM, so that rounds do not share one
+        print(json.dumps(spark_once(args.data, work, args.floor)))
+        return 0
 
-    from jobs import ingest
     from sim.fleet import simulate
 
     load_start = os.getloadavg()
-    work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
-    (work / "root").mkdir(parents=True)
-    data = str(work / "logs")
-    per = max(1, round(args.conns / (args.nodes * args.hours * SIM_YIELD)))
-    t0 = time.perf_counter()
-    manifest = simulate(SimParams(nodes=args.nodes, hours=args.hours, conns_per_node_hour=per, seed=17),
-                        data, workers=2, progress=False)
-    sim_s = time.perf_counter() - t0
-    input_bytes = sum(f.stat().st_size for s in ("transport", "access", "qoe") for f in Path(data, s).rglob("*.jsonl"))
-
-    cfg = bench_config(work, work / "root")
-    print(f"simulated {manifest['counts']} in {sim_s:.0f} s; Spark ingest ...", file=sys.stderr, flush=True)
-    load_spark = os.getloadavg()[0]
-    with PeakRss() as mem:
-        spark = get_spark(cfg, "ccs-bench-ingest")
+    work.mkdir(parents=True)
+    sim_s = None
+    if args.data:
+        data = args.data
+        conns = sum(1 for f in Path(data, "transport").rglob("*.jsonl") for _ in f.open("rb"))
+        lines = sum(1 for s in ("transport", "access", "qoe") for f in Path(data, s).rglob("*.jsonl") for _ in f.open("rb"))
+    else:
+        data = str(work / "logs")
+        per = max(1, round(args.conns / (args.nodes * args.hours * SIM_YIELD)))
         t0 = time.perf_counter()
-        result = ingest.run(spark, cfg, data)
-        spark_s = time.perf_counter() - t0
-    load_floor = os.getloadavg()[0]
-    floor = run_spark_floor(spark, data, str(work / "floor_silver"))
-    lake = Path(cfg.settings.lake.root)
-    files = {t: len(list((lake / t.replace(".", "/")).rglob("*.parquet")))
-             for t in ("bronze.transport", "bronze.access", "bronze.qoe", "silver.connections")}
-    spark.stop()
-    print(f"Spark {spark_s:.0f} s; DuckDB ...", file=sys.stderr, flush=True)
-    load_duck = os.getloadavg()[0]
-    duck = run_duckdb(data, str(work / "duck_silver"))
-    conns = manifest["counts"]["transport"]
-    lines = sum(manifest["counts"][s] for s in ("transport", "access", "qoe"))
+        manifest = simulate(SimParams(nodes=args.nodes, hours=args.hours, conns_per_node_hour=per, seed=17),
+                            data, workers=2, progress=False)
+        sim_s = round(time.perf_counter() - t0, 1)
+        conns = manifest["counts"]["transport"]
+        lines = sum(manifest["counts"][s] for s in ("transport", "access", "qoe"))
+    input_bytes = sum(f.stat().st_size for s in ("transport", "access", "qoe") for f in Path(data, s).rglob("*.jsonl"))
+    non_json = sum(1 for f in Path(data, "access").rglob("*.jsonl") for line in f.open("rb") if not line.startswith(b"{"))
+
+    rounds, compared = [], None
+    for i in range(args.rounds):
+        rw = work / f"round{i}"
+        shutil.rmtree(rw, ignore_errors=True)
+        load_spark = round(os.getloadavg()[0], 2)
+        print(f"round {i + 1}: Spark ingest (load {load_spark}) ...", file=sys.stderr, flush=True)
+        cmd = [sys.executable, __file__, "--spark-run", "--data", data, "--workdir", str(rw)] + (["--floor"] if args.floor and i == 0 else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        sp = json.loads(proc.stdout.strip().splitlines()[-1])
+        load_duck = round(os.getloadavg()[0], 2)
+        print(f"round {i + 1}: Spark {sp['seconds']} s; DuckDB (load {load_duck}) ...", file=sys.stderr, flush=True)
+        duck = run_duckdb(data, str(rw / "duck"))
+        if compared is None:
+            compared = compare_silver(rw / "root" / "lake", rw / "duck")
+            compared["counts_equal"] = {s: sp["streams"].get(s) == {k: v for k, v in duck["streams"].get(s, {}).items()
+                                                                    if k != "by_reason"}
+                                        for s in ("transport", "access", "qoe")}
+            compared["reasons_equal"] = {s: sp["by_reason"].get(s, {}) == duck["streams"].get(s, {}).get("by_reason", {})
+                                         for s in ("transport", "access", "qoe")}
+        rounds.append({"spark": sp, "duckdb": duck, "load_1m": {"spark_start": load_spark, "duckdb_start": load_duck}})
+        if not args.keep:
+            shutil.rmtree(rw, ignore_errors=True)
+        print(f"round {i + 1}: DuckDB {duck['seconds']} s", file=sys.stderr, flush=True)
+
+    spark_s = median([r["spark"]["seconds"] for r in rounds])
+    duck_s = median([r["duckdb"]["seconds"] for r in rounds])
+    first = rounds[0]["spark"]
     out = {
         "bench": "ingest", "cores": 2, "connections": conns, "lines": lines, "input_bytes": input_bytes,
-        "simulate_seconds": round(sim_s, 1),
-        "spark": {"seconds": round(spark_s, 2), "connections_per_s": round(conns / spark_s),
-                  "lines_per_s": round(lines / spark_s), "silver_rows": result["silver_rows"],
-                  "silver_rows_per_s": round(result["silver_rows"] / spark_s),
-                  "peak_driver_rss_mb": round(mem.peak / 2 ** 20),
-                  "peak_python_rss_mb": round(mem.peak_python / 2 ** 20),
-                  "peak_jvm_rss_mb": round(mem.peak_jvm / 2 ** 20),
-                  "parquet_files": files, "master": "local[2]", "driver_memory": "4g"},
-        "duckdb": {**duck, "connections_per_s": round(conns / duck["seconds"]), "threads": 2},
-        "spark_floor": {**floor, "connections_per_s": round(conns / floor["seconds"])},
-        "spark_over_duckdb": round(spark_s / duck["seconds"], 2),
-        # the floor's ratio: were it above the goal, no ingest that keeps the guarantees could meet it here
-        "floor_over_duckdb": round(floor["seconds"] / duck["seconds"], 2),
-        "goal": f"spark within {GOAL_RATIO:g}x of duckdb",
+        "simulate_seconds": sim_s, "rounds": len(rounds), "access_lines_not_json": non_json,
+        "spark": {"seconds": spark_s, "runs_s": [r["spark"]["seconds"] for r in rounds],
+                  "connections_per_s": round(conns / spark_s), "lines_per_s": round(lines / spark_s),
+                  "silver_rows": first["silver_rows"], "silver_rows_per_s": round(first["silver_rows"] / spark_s),
+                  "streams": first["streams"], "quarantined_by_reason": first["by_reason"],
+                  "peak_driver_rss_mb": max(r["spark"]["peak_driver_rss_mb"] for r in rounds),
+                  "peak_python_rss_mb": max(r["spark"]["peak_python_rss_mb"] for r in rounds),
+                  "peak_jvm_rss_mb": max(r["spark"]["peak_jvm_rss_mb"] for r in rounds),
+                  "parquet_files": first["parquet_files"], "master": "local[2]", "driver_memory": "4g"},
+        "duckdb": {"seconds": duck_s, "runs_s": [r["duckdb"]["seconds"] for r in rounds],
+                   "silver_rows": rounds[0]["duckdb"]["silver_rows"], "streams": rounds[0]["duckdb"]["streams"],
+                   "connections_per_s": round(conns / duck_s), "threads": 2,
+                   "how": "bench/ingest_duckdb.py: DuckDB built-ins and SQL macros only, no Python UDF"},
+        "same_result": compared,
+        "spark_over_duckdb": round(spark_s / duck_s, 2),
+        "spark_over_duckdb_per_round": [round(r["spark"]["seconds"] / r["duckdb"]["seconds"], 2) for r in rounds],
+        "goal": f"spark within {GOAL_RATIO:g}x of duckdb (medians of {len(rounds)} interleaved rounds)",
         "goal_ratio": GOAL_RATIO,
-        "meets_goal": spark_s / duck["seconds"] <= GOAL_RATIO,
+        "meets_goal": spark_s / duck_s <= GOAL_RATIO,
         # Other work on the machine slows both sides: the 1, 5 and 15-minute load averages as the
-        # bench started, and the 1-minute load as each side started.
+        # bench started, and the 1-minute load as each side of each round started.
         "load_average_start": [round(x, 2) for x in load_start],
-        "load_average_1m": {"spark_start": round(load_spark, 2), "floor_start": round(load_floor, 2),
-                            "duckdb_start": round(load_duck, 2),
-                            "end": round(os.getloadavg()[0], 2)},
+        "load_average_1m": {"per_round": [r["load_1m"] for r in rounds], "end": round(os.getloadavg()[0], 2)},
     }
-    Path(REPO, "bench", "results").mkdir(parents=True, exist_ok=True)
-    Path(REPO, "bench", "results", "ingest.json").write_text(json.dumps(out, indent=2) + "\n")
+    if "floor" in first:
+        out["spark_floor"] = {**first["floor"], "connections_per_s": round(conns / first["floor"]["seconds"]),
+                              "load_1m_start": first["floor_load_1m"]}
+        out["floor_over_duckdb"] = round(first["floor"]["seconds"] / duck_s, 2)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps(out, indent=2))
     if not args.keep:
         shutil.rmtree(work, ignore_errors=True)
