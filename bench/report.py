@@ -65,6 +65,9 @@ SOURCES = {
     "default-fleet-select": ("The default fleet's knobs on 20 nodes: the protocol's pick against the MLP and GBDT (issue 55)",
                              "python bench/shift_sweep.py --nodes 20 --hours 12 --severities 0 --share 0.3 --out "
                              "bench/results/default_fleet_select.json", ["bench/results/default_fleet_select.json"]),
+    "select-folds": ("The selection protocol on 2 folds against leave-one-node-out of make run's training nodes (issue 55)",
+                     "python bench/select_folds.py --config infra/conf/local.yaml --data-root ROOT",
+                     ["bench/results/select_folds.json"]),
     "issue57-rules": ("What issue 57's rules change on the default fleet's held-out nodes", "python bench/issue57_rules.py",
                       ["bench/results/issue57_rules.json"]),
 }

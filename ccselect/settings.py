@@ -290,14 +290,18 @@ class SelectSettings(_Section):
     of the training nodes among `candidates` by ALICCS Appendix D's rule (models/select.py): least
     per-node spread among the candidates within `tolerance` of the best mean."""
     candidates: tuple[str, ...] = ("mlp", "aliccs", "aliccs_nodes")
-    folds: int = 2
+    # leave-node-out folds of the training nodes; 0 (the default): one fold per training node
+    # (leave-one-node-out), as the held-out nodes are scored, one at a time. On make run's window
+    # (4 training nodes) 2 folds picked aliccs or mlp by how the nodes fell into the folds, and
+    # leave-one-node-out (one way to split) took 1.8x their time (docs/results/select-folds.md)
+    folds: int = 0
     tolerance: float = 0.005
 
     def __post_init__(self):
         if not self.candidates:
             raise ValueError("model.select.candidates must name at least one variant")
-        if self.folds < 2:
-            raise ValueError(f"model.select.folds must be at least 2, got {self.folds}")
+        if self.folds != 0 and self.folds < 2:
+            raise ValueError(f"model.select.folds must be 0 (one per training node) or at least 2, got {self.folds}")
 
 
 @dataclass(frozen=True)

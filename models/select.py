@@ -65,7 +65,8 @@ def select_variant(params: TrainParams, data: TrainData, node: np.ndarray,
                    log: Callable[[str], None] | None = None, x_nodestd: np.ndarray | None = None) -> Selection:
     """Score every candidate on leave-node-out folds of the training rows `data` (`node` [N] names
     each row's node; `unl_node` names each unlabelled row's) and choose one. `x_nodestd` [N, F]:
-    the same rows standardized per node, which a `*_nodestd` candidate needs."""
+    the same rows standardized per node, which a `*_nodestd` candidate needs. `n_folds` 0: one
+    fold per training node (leave-one-node-out)."""
     candidates = tuple(candidates)
     for v in candidates:
         if base_variant(v)[1] and x_nodestd is None:
@@ -77,7 +78,8 @@ def select_variant(params: TrainParams, data: TrainData, node: np.ndarray,
         if log:
             log(f"select: {rule}")
         return Selection(candidates[0], [], [], rule)
-    folds = node_folds(node, n_folds, seed)
+    # n_folds 0: one fold per training node (leave-one-node-out, as the held-out nodes are scored)
+    folds = node_folds(node, n_folds or len(set(node.tolist())), seed)
     data = training_nodes_only(data, unl_node, node)
     table = []
     for v in candidates:

@@ -99,3 +99,12 @@ def test_ccs_train_select_registers_the_folds_choice(tmp_path, small_lake):
     # the registered model says how it standardizes, and a per-node one names its window
     params = mlflow.get_run(out["run_id"]).data.params
     assert (params.get("standardization") == "node") == (sel["variant"] == "mlp_nodestd"), params
+
+
+def test_zero_folds_is_leave_one_node_out():
+    """`model.select.folds` 0 (the default): one fold per training node, as the held-out nodes are
+    scored one at a time."""
+    data, node, unl_node = _data()
+    sel = select_variant(TrainParams(epochs=1, min_steps=0, device="cpu"), data, node, ("mlp",), unl_node=unl_node,
+                         n_folds=0)
+    assert sorted(sel.folds) == [["a"], ["b"], ["c"], ["d"]] and "4 leave-node-out folds" in sel.rule, sel.folds
