@@ -61,75 +61,135 @@ def run(cfg: Config, hourly_hours: int = 2, fresh: bool = False, probe: bool = T
     Raises FleetTooShort when the simulated fleet has too few hours for the plan."""
     t0 = time.time()
     reused: list[str] = []
-    manifest, fleet_reused = fleet(cfg)
+    manifest, fleet_reused = fleet(cfg)                                         # 1. the fleet
     if fleet_reused:
         reused.append("fleet")
+    start, window_hours = _window(manifest, hourly_hours, stream_hours)
+    lo, hi = start.strftime(HOUR_FMT), (start + timedelta(hours=window_hours - 1)).strftime(HOUR_FMT)
+    state_path = os.path.join(cfg.data_root, "run", "state.json")
+    digest = _digest(manifest)
+    state = _state(state_path, digest, fresh)
+    spark = get_spark(cfg, "ccs-run")
+    if _backfill(spark, cfg, lo, hi, window_hours, reuse=fleet_reused and not fresh):   # 2. backfill
+        reused.append("backfill")
+    if _keys(cfg):
+        reused.append("keys")
+    deploy, why, fleet_obj = _deployment(cfg)
+    train_at = start + timedelta(hours=window_hours)
+    plan, model_reused = _airflow_plan(cfg, state, lo, hi, train_at, window_hours, hourly_hours, deploy)  # 3. + 4.
+    if model_reused:
+        reused.append("model")
+    train, hourly = _train_and_hourly(cfg, plan, state, state_path, lo, hi)
+    probed = _probe(cfg, fleet_obj) if deploy and probe else None               # 5. the kernel
+    streamed = None                                                             # 5b. the stream
+    if stream_hours:
+        first = train_at + timedelta(hours=hourly_hours)
+        streamed = _stream(spark, cfg, [(first + timedelta(hours=i)).strftime(HOUR_FMT) for i in range(stream_hours)],
+                           deploy, digest)
+    last = (train_at + timedelta(hours=hourly_hours - 1)).strftime(HOUR_FMT)
+    emulated = _emulate(spark, cfg, last, hourly_hours)                         # 6. the emulation
+    from jobs import audit
+    audited = audit.run(spark, cfg)                                             # 7. the lake's invariants
+    say("audit: clean" if audited["clean"] else "audit: broken:\n  " + "\n  ".join(audited["lines"]))
+    ok = (train["state"] == "reused" or train["state"].endswith("success")) and len(hourly) == hourly_hours and \
+        all(r["state"].endswith("success") for r in hourly) and "error" not in emulated and \
+        (probed is None or all(n["as_table"] == n["connections"] for n in probed["nodes"].values())) and \
+        (streamed is None or "error" not in streamed) and audited["clean"]
+    result = {"ok": ok, "train": train, "hourly": hourly, "probe": probed, "emulation": emulated,
+              "reused": reused, "stream": streamed, "audit": audited}
+    return result, {"manifest": manifest, "seconds": time.time() - t0, "no_deploy": why if not deploy else None}
+
+
+def _window(manifest: dict, hourly_hours: int, stream_hours: int) -> tuple[datetime, int]:
+    """(the fleet's first hour, the training window's hours): the fleet's hours less the hourly and
+    the streamed ones, at least 2 (FleetTooShort)."""
     start = datetime.fromisoformat(manifest["params"]["start"]).replace(tzinfo=timezone.utc)
     hours = int(manifest["params"]["hours"])
     if hours < hourly_hours + stream_hours + 2:
         raise FleetTooShort(f"the fleet has {hours} hours: need at least {hourly_hours + stream_hours + 2} "
-                                 f"(a training window of 2 or more, then {hourly_hours} hourly runs and "
-                                 f"{stream_hours} streamed)")
-    window_hours = hours - hourly_hours - stream_hours
-    lo, hi = start.strftime(HOUR_FMT), (start + timedelta(hours=window_hours - 1)).strftime(HOUR_FMT)
-    state_path = os.path.join(cfg.data_root, "run", "state.json")
+                            f"(a training window of 2 or more, then {hourly_hours} hourly runs and "
+                            f"{stream_hours} streamed)")
+    return start, hours - hourly_hours - stream_hours
+
+
+def _state(state_path: str, digest: str, fresh: bool) -> dict:
+    """What the last run of the same fleet left (its model's window and version), or a new state."""
     state = {} if fresh or not os.path.exists(state_path) else json.load(open(state_path))
-    digest = _digest(manifest)
-    if state.get("fleet") != digest:
-        state = {"fleet": digest}
+    return state if state.get("fleet") == digest else {"fleet": digest}
 
-    # 2. backfill
-    spark = get_spark(cfg, "ccs-run")
-    if fleet_reused and not fresh and _ingested(spark, cfg, lo, hi):
+
+def _backfill(spark, cfg: Config, lo: str, hi: str, window_hours: int, reuse: bool) -> bool:
+    """The training window lo..hi ingested into the lakehouse, unless `reuse` and it already is.
+    → whether it was reused."""
+    if reuse and _ingested(spark, cfg, lo, hi):
         say(f"backfill: reusing the lakehouse's {lo}..{hi} (gold.ingest_audit has every file of the window)")
-        reused.append("backfill")
-    else:
-        from jobs import ingest
-        say(f"backfill: ingest the training window {lo}..{hi} ({window_hours} h) into the lakehouse")
-        res = ingest.run(spark, cfg, cfg.settings.pipeline.raw_dir, (lo, hi))
-        for stream, t in sorted(res["streams"].items()):
-            say(f"  {stream:9s}: {t['lines_read']:,} lines = {t['accepted']:,} accepted + "
-                 f"{t['quarantined']:,} quarantined")
+        return True
+    from jobs import ingest
+    say(f"backfill: ingest the training window {lo}..{hi} ({window_hours} h) into the lakehouse")
+    res = ingest.run(spark, cfg, cfg.settings.pipeline.raw_dir, (lo, hi))
+    for stream, t in sorted(res["streams"].items()):
+        say(f"  {stream:9s}: {t['lines_read']:,} lines = {t['accepted']:,} accepted + "
+            f"{t['quarantined']:,} quarantined")
+    return False
 
+
+def _keys(cfg: Config) -> bool:
+    """The signing keys, created when missing. → whether they were there (reused)."""
     from export.delivery.publish import init_keys, key_paths
-    if not os.path.exists(key_paths(cfg)[0]):
-        init_keys(cfg)
-        say(f"signing keys created under {os.path.dirname(key_paths(cfg)[0])} (private key stays there)")
-    else:
-        reused.append("keys")
+    if os.path.exists(key_paths(cfg)[0]):
+        return True
+    init_keys(cfg)
+    say(f"signing keys created under {os.path.dirname(key_paths(cfg)[0])} (private key stays there)")
+    return False
 
-    # 3. + 4. ccs_train, then ccs_hourly for each hour after the window: one Airflow process
+
+def _deployment(cfg: Config) -> tuple[bool, str, object]:
+    """(deploy, why not, the local fleet): when the kernel enforcer can be used, the local fleet's
+    agents attached (a new store's deployment starts from nodes cleared of the last one's table)."""
     deploy, why = _can_deploy(cfg)
-    fleet_obj = None
-    if deploy:
-        from export.edge.probe import ensure_attached, teardown
-        fleet_obj, store = fleet_and_store_for(cfg)
-        if store.current() is None:
-            # A store without a table is a new deployment: what the local nodes hold (their table
-            # and the version floor the agent keeps, versions only going forward) is the last one's.
-            teardown(fleet_obj, log=say)
-        ensure_attached(fleet_obj, log=say)
-    else:
+    if not deploy:
         say(f"rollout will stop at the signed artifact in the store: {why}")
+        return False, why, None
+    from export.edge.probe import ensure_attached, teardown
+    fleet_obj, store = fleet_and_store_for(cfg)
+    if store.current() is None:
+        # A store without a table is a new deployment: what the local nodes hold (their table
+        # and the version floor the agent keeps, versions only going forward) is the last one's.
+        teardown(fleet_obj, log=say)
+    ensure_attached(fleet_obj, log=say)
+    return True, why, fleet_obj
+
+
+def _airflow_plan(cfg: Config, state: dict, lo: str, hi: str, train_at: datetime, window_hours: int,
+                  hourly_hours: int, deploy: bool) -> tuple[list[dict], bool]:
+    """(the DAG runs for Airflow, in order: ccs_train for the window unless the champion was trained
+    on the same window of the same fleet, then ccs_hourly for each hour after it; whether the model
+    is reused)."""
     from models import registry
-    train_at = start + timedelta(hours=window_hours)
     champ = champion(cfg)
     model_state = state.get("model") or {}
     plan = []
-    if champ and model_state.get("window") == [lo, hi] and model_state.get("version") == champ["version"]:
+    reuse = bool(champ) and model_state.get("window") == [lo, hi] and model_state.get("version") == champ["version"]
+    if reuse:
         say(f"ccs_train: reusing {registry.model_name(cfg)} v{champ['version']} @champion "
-             f"(trained on {lo}..{hi} of the same fleet)")
-        reused.append("model")
+            f"(trained on {lo}..{hi} of the same fleet)")
     else:
         say(f"Airflow: ccs_train for the window ending {train_at:%Y-%m-%dT%H:%M}Z ({window_hours} h), "
-             "auto_promote on (make run stands in for the human who runs `ccs promote`)")
+            "auto_promote on (make run stands in for the human who runs `ccs promote`)")
         plan.append({"dag_id": "ccs_train", "date": train_at.isoformat(),
                      "conf": {"window_hours": window_hours, "auto_promote": True}})
     for i in range(hourly_hours):
         at = train_at + timedelta(hours=i + 1)
         plan.append({"dag_id": "ccs_hourly", "date": at.isoformat(), "conf": {"deploy": deploy}})
     say(f"Airflow: ccs_hourly at {', '.join(p['date'][11:16] + 'Z' for p in plan if p['dag_id'] == 'ccs_hourly')} "
-         "(each on the hour before it)")
+        "(each on the hour before it)")
+    return plan, reuse
+
+
+def _train_and_hourly(cfg: Config, plan: list[dict], state: dict, state_path: str, lo: str,
+                      hi: str) -> tuple[dict, list[dict]]:
+    """`plan` run by one Airflow process. → (ccs_train's run, or {"state": "reused"} when the plan
+    has none; the ccs_hourly runs); the state keeps the champion a successful training left."""
     runs = airflow_sequence(cfg, plan, os.path.join(cfg.data_root, "run", "airflow.log"))
     train = next((r for r in runs if r["dag_id"] == "ccs_train"), None) if plan[0]["dag_id"] == "ccs_train" \
         else {"state": "reused", "tasks": {}}
@@ -140,31 +200,7 @@ def run(cfg: Config, hourly_hours: int = 2, fresh: bool = False, probe: bool = T
     if champ and train["state"].endswith("success"):
         state["model"] = {"window": [lo, hi], "version": champ["version"]}
         _save(state_path, state)
-
-    # 5. the kernel, with real connections
-    probed = None
-    if deploy and probe:
-        probed = _probe(cfg, fleet_obj)
-    # 5b. the stream over the hours after the hourly ones: fresh tables into the same fleet
-    streamed = None
-    if stream_hours:
-        first = train_at + timedelta(hours=hourly_hours)
-        streamed = _stream(spark, cfg, [(first + timedelta(hours=i)).strftime(HOUR_FMT) for i in range(stream_hours)],
-                           deploy, digest)
-    # 6. the emulation of the last hourly hour
-    last = (train_at + timedelta(hours=hourly_hours - 1)).strftime(HOUR_FMT)
-    emulated = _emulate(spark, cfg, last, hourly_hours)
-    # 7. the lake's invariants (`ccs audit`, jobs/audit.py)
-    from jobs import audit
-    audited = audit.run(spark, cfg)
-    say("audit: clean" if audited["clean"] else "audit: broken:\n  " + "\n  ".join(audited["lines"]))
-    ok = (train["state"] == "reused" or train["state"].endswith("success")) and len(hourly) == hourly_hours and \
-        all(r["state"].endswith("success") for r in hourly) and "error" not in emulated and \
-        (probed is None or all(n["as_table"] == n["connections"] for n in probed["nodes"].values())) and \
-        (streamed is None or "error" not in streamed) and audited["clean"]
-    result = {"ok": ok, "train": train, "hourly": hourly, "probe": probed, "emulation": emulated,
-              "reused": reused, "stream": streamed, "audit": audited}
-    return result, {"manifest": manifest, "seconds": time.time() - t0, "no_deploy": why if not deploy else None}
+    return train, hourly
 
 
 # ---- steps --------------------------------------------------------------------------------------
