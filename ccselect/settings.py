@@ -738,8 +738,20 @@ class StreamSettings(_Section):
     half_life_minutes: float | None = None
     min_change: float = 0.01
     refresh_hours: float = 2.0
+    # where the micro-batches come from (jobs/stream_sources.py, issue 60): file, the segments under
+    # the input folder; kafka, the broker's topics ccs.<stream> (export/edge/shipper.py)
+    source: str = "file"
+    kafka_bootstrap: str | None = None    # host:port; None: the project's broker (<data_root>/kafka/bootstrap)
+    max_offsets_per_trigger: int = 200_000  # Kafka records per micro-batch (bounds a backlog's batch)
+    # where a new checkpoint starts reading the topics: earliest, latest, or Spark's JSON of offsets
+    # per partition ({"ccs.transport": {"0": 42, ...}, ...}); a checkpoint's own offsets win
+    kafka_starting_offsets: str = "earliest"
 
     def __post_init__(self):
+        if self.source not in ("file", "kafka"):
+            raise ValueError(f"stream.source must be file or kafka, not {self.source!r}")
+        if self.max_offsets_per_trigger < 1:
+            raise ValueError("stream.max_offsets_per_trigger must be >= 1")
         if self.trigger_seconds < 1 or self.table_minutes < 1 or self.window_minutes < self.table_minutes:
             raise ValueError("stream: trigger_seconds >= 1, table_minutes >= 1, window_minutes >= table_minutes")
         if not 0 <= self.min_change <= 1:

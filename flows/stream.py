@@ -47,6 +47,7 @@ import json
 import os
 import signal
 import time
+from contextlib import ExitStack
 from datetime import datetime, timezone
 from typing import Callable
 
@@ -62,12 +63,18 @@ from jobs import silver as silver_job
 from jobs.ingest import (AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, judge_against, summarize, to_audit,
                          to_bronze, to_quarantine)
 from jobs.parse import imputable_of
-from jobs.sources import SourceFile, classify, explode_lines
+from jobs import stream_sources
+from jobs.stream_sources import SEGMENT_GLOB  # noqa: F401  (where it was)
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, and our modules that load torch or mlflow (models, export, flows.pipeline).
 
-#: the segments of every stream under the input folder (hourly files `…THH.jsonl` are not matched:
-#: an hourly file grows while its hour lasts, which a file source must not read)
-SEGMENT_GLOB = "{" + ",".join(STREAMS) + "}/*/*T[0-9][0-9][0-9][0-9]*.jsonl"
+#: Spark settings for a micro-batch: no adaptive execution. A micro-batch is a minute of segments
+#: (tens to a few thousand lines); with adaptive execution each of its shuffles and broadcasts ran
+#: as a Spark job of its own, re-planned after it. Measured by bench/stream_batch.py, warm
+#: micro-batches of 2 nodes' minute (42-128 lines), 2 cores at load 11-15 (other engineers' work):
+#: 106 Spark jobs a batch and a median of 50.2 s with it, 71 jobs and 42.2 s without
+#: (docs/results/stream-batch.md and its data/stream-batch.json). The guarantees do not depend
+#: on it (the plans' results are the same; only how Spark schedules them changes).
+MICRO_BATCH_CONF = {"spark.sql.adaptive.enabled": "false"}
 #: fault injection for the crash test: `CCS_STREAM_CRASH=<stage>:<batch id>` makes the process
 #: kill itself with SIGKILL after that stage of that batch (stages: bronze, silver, predictions)
 CRASH_ENV = "CCS_STREAM_CRASH"
@@ -79,10 +86,7 @@ def checkpoint_dir(cfg: Config) -> str:
 
 def source(spark: SparkSession, input_dir: str, max_files: int) -> DataFrame:
     """The file source: a row per new segment (its path as `uri`, its text as `value`)."""
-    return (spark.readStream.format("text").option("wholetext", "true")
-            .option("maxFilesPerTrigger", int(max_files))
-            .load(os.path.join(os.path.abspath(input_dir), SEGMENT_GLOB))
-            .select(F.regexp_replace("_metadata.file_path", "^file:(//)?", "").alias("uri"), "value"))
+    return stream_sources.FileSource(input_dir, max_files).read(spark)
 
 
 def batch_tag(app_id: str, version: int) -> str:
@@ -189,8 +193,10 @@ class StreamJob:
     from the lake, so a restarted job continues where the last one stood."""
 
     def __init__(self, spark: SparkSession, cfg: Config, input_dir: str, checkpoint: str,
-                 deploy: bool | None = None, log: Callable[[str], None] = print):
+                 deploy: bool | None = None, log: Callable[[str], None] = print, source=None):
         self.spark, self.cfg, self.input_dir, self.checkpoint = spark, cfg, input_dir, checkpoint
+        # where the batches come from (jobs/stream_sources.py): file segments or Kafka records
+        self.source = source or stream_sources.make(cfg, input_dir)
         self.deploy, self.log = deploy, log
         self.s = cfg.settings.stream
         self._champion = None
@@ -213,20 +219,22 @@ class StreamJob:
     def process(self, batch: DataFrame, batch_id: int) -> None:
         # the batch's files are read once: for their paths, then by each stream's parse
         batch = batch.persist()
+        # MICRO_BATCH_CONF on the session the batch came in (foreachBatch's, a clone of the
+        # query's) and on this job's, which read the lake
+        sessions = list({id(s): s for s in (self.spark, batch.sparkSession)}.values())
         try:
-            self._process(batch, batch_id)
+            with ExitStack() as settings:
+                for s in sessions:
+                    settings.enter_context(conf_set(s, MICRO_BATCH_CONF))
+                self._process(batch, batch_id)
         finally:
             batch.unpersist()
 
     def _process(self, batch: DataFrame, batch_id: int) -> None:
         t0 = time.time()
         spark = self.spark
-        uris = [r["uri"] for r in batch.select("uri").collect()]
-        judged = [classify(u) for u in sorted(uris)]
-        files = [f for f in judged if isinstance(f, SourceFile)]
-        for sk in judged:
-            if not isinstance(sk, SourceFile):
-                self.log(f"stream: batch {batch_id}: not read: {sk.path} ({sk.why})")
+        got = self.source.take(batch, batch_id, self.log)
+        files = got.units       # the audit's units: files, or Kafka (topic, partition, offset range)s
         info: dict = {"batch": batch_id, "files": len(files)}
         stage = {}
 
@@ -237,10 +245,10 @@ class StreamJob:
         if files:
             # each step reads what it judges or rebuilds from, then commits: one that loses a
             # commit race (a backfill of the same hour) is run again from its read
-            info.update(delta_io.retry_conflicts(lambda: self.ingest(batch, files, batch_id),
+            info.update(delta_io.retry_conflicts(lambda: self.ingest(got, batch_id),
                                                  f"stream batch {batch_id}: bronze", log=self.log))
             lap("bronze")
-            keys = {(f.node_id, f.hour) for f in files}
+            keys = got.all_keys
             delta_io.retry_conflicts(lambda: silver_job.run(spark, self.cfg, keys, self.input_dir),
                                      f"stream batch {batch_id}: silver", log=self.log)
             lap("silver")
@@ -253,30 +261,27 @@ class StreamJob:
                 info["table"] = self.table_step(int(info["max_ts_end_ms"]))
                 lap("table")
         info["stages_s"] = stage
-        mtimes = [os.stat(f.path).st_mtime for f in files if os.path.exists(f.path)]
-        if mtimes:      # how long the batch's segments waited for their rows to be in the lake
-            info["lag_s"] = {"newest": round(time.time() - max(mtimes), 3), "oldest": round(time.time() - min(mtimes), 3)}
+        if got.arrived:     # how long the batch's records waited for their rows to be in the lake
+            now = time.time()
+            info["lag_s"] = {"newest": round(now - got.arrived[0], 3), "oldest": round(now - got.arrived[1], 3)}
         info["ended_unix"] = round(time.time(), 3)
         info["seconds"] = round(time.time() - t0, 3)
         self.batches.append(info)
         self.log("stream: " + json.dumps(info, default=str))
 
-    def ingest(self, batch: DataFrame, files: list[SourceFile], batch_id: int) -> dict:
+    def ingest(self, got: stream_sources.SourceBatch, batch_id: int) -> dict:
         spark, cfg = self.spark, self.cfg
-        meta = spark.createDataFrame(
-            [(f.path, f.stream, f.node_id, f.hour, f.hour_start_ms, f.path) for f in files],
-            "uri string, stream string, node_id string, hour string, hour_start_ms bigint, source_file string")
-        lines = explode_lines(batch.join(F.broadcast(meta), "uri"))
+        files, lines = got.units, got.lines
         ingest_time = datetime.now(timezone.utc).replace(tzinfo=None)
         parsed = []
         for stream in STREAMS:
-            if not any(f.stream == stream for f in files):
+            pkeys = got.keys.get(stream)
+            if not pkeys:
                 continue
             impute = imputable_of(cfg.settings.ingest, stream)
             path = table_path(cfg, f"bronze.{stream}")
             b = to_bronze(lines.where(F.col("stream") == stream), stream, ingest_time, impute)
             held, read_version, done = as_before(spark, path, self.app_id, batch_id)
-            pkeys = {(f.node_id, f.hour) for f in files if f.stream == stream}
             if held is not None:     # identity across batches, checkpoints and sources (issue 61)
                 b = judge_against(b, held.where(delta_io.partition_predicate(pkeys)), stream)
             b = b.persist()
@@ -293,7 +298,9 @@ class StreamJob:
         new_files = [f for f in files if f.path not in seen]
         out: dict = {"max_ts_end_ms": None}
         try:
-            every = None
+            every = None        # the lines the source quarantined itself (a Kafka record without node or hour)
+            if got.rejected is not None:
+                every = got.rejected.withColumn("ingest_time", F.lit(ingest_time))
             for stream, b in parsed:
                 cols = b.select("stream", "node_id", "hour", "source_file", "line_no", "raw", "reason", "status",
                                 "ingest_time")
@@ -305,7 +312,7 @@ class StreamJob:
                         ("stream", "node_id", "hour"))
             if not new_files:
                 return {**out, "lines_read": 0, "accepted": 0, "quarantined": 0, "read_before": len(files)}
-            audit = to_audit(every, files_frame(spark, new_files), ingest_time).persist()
+            audit = to_audit(got.audit_lines(every), files_frame(spark, new_files), ingest_time).persist()
             append_once(audit, apath, self.app_id, batch_id, ("node_id", "hour"),
                         constraints=AUDIT_CONSTRAINTS)
             # the totals, and the quarantined lines per stream and reason (the metrics' by-reason counts)
@@ -336,6 +343,8 @@ class StreamJob:
 
     def score(self, keys: set[tuple[str, str]]) -> dict:
         from models import infer
+        if not keys:        # a batch of records only the source quarantined (no node or hour)
+            return {"skipped": "no partitions"}
         champ = self.champion()
         if champ is None:
             return {"skipped": "no @champion"}
@@ -413,15 +422,17 @@ class StreamJob:
 
 
 def run(spark: SparkSession, cfg: Config, input_dir: str, once: bool = False, deploy: bool | None = None,
-        timeout_s: float | None = None, log: Callable[[str], None] = print, max_files: int | None = None) -> dict:
+        timeout_s: float | None = None, log: Callable[[str], None] = print, max_files: int | None = None,
+        bootstrap: str | None = None) -> dict:
     """Run the stream over `input_dir` until stopped (SIGTERM/SIGINT), `timeout_s`, or — with
     `once` — until every segment there now is processed (Trigger.AvailableNow). `max_files`:
     segments per micro-batch (default `stream.max_files_per_trigger`)."""
     s = cfg.settings.stream
     ckpt = checkpoint_dir(cfg)
     os.makedirs(os.path.dirname(ckpt), exist_ok=True)
-    job = StreamJob(spark, cfg, input_dir, ckpt, deploy, log)
-    writer = (source(spark, input_dir, max_files or s.max_files_per_trigger).writeStream
+    job = StreamJob(spark, cfg, input_dir, ckpt, deploy, log,
+                    source=stream_sources.make(cfg, input_dir, max_files, bootstrap))
+    writer = (job.source.read(spark).writeStream
               .foreachBatch(job.process).option("checkpointLocation", ckpt).queryName("ccs_stream"))
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{s.trigger_seconds} seconds")
     query = writer.start()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from typing import Optional
@@ -59,20 +60,31 @@ def stream_cmd(
     timeout: Optional[float] = typer.Option(None, "--timeout", help="stop after this many seconds"),
     deploy: Optional[bool] = typer.Option(None, "--deploy/--no-deploy", help="roll tables out to the fleet (default: pipeline.deploy as root)"),
     metrics_file: Optional[str] = typer.Option(None, "--metrics-file", help="keep the stream's metrics in this file, Prometheus's text format for node_exporter's textfile collector (flows/stream_metrics.py)"),
+    source: Optional[str] = typer.Option(None, "--source", help="file (the segments under --input) or kafka (the broker's topics ccs.<stream>; --input then only holds the reference); default: stream.source"),
+    bootstrap: Optional[str] = typer.Option(None, "--bootstrap", help="the Kafka broker, host:port (default: stream.kafka_bootstrap, else the project's broker's <home>/bootstrap)"),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Fresh tables: ingest, score and re-aggregate the edge's log segments as they arrive (Spark
     Structured Streaming; a long-lived service, infra/ccs-stream.service), emitting a signed table
     every `stream.table_minutes` of traffic when it changed enough; stop with SIGTERM."""
+    from ccselect.config import load_config
+    from ccselect.spark import get_spark
     from flows import stream
-    cfg, spark = _session(config, "ccs-stream")
+    from jobs import stream_sources
+    # --source, and the Kafka source's jar only in a session that reads Kafka
+    cfg = stream_sources.session_config(load_config(config), source)
+    if cfg.settings.stream.source == "kafka" and not bootstrap and not cfg.settings.stream.kafka_bootstrap:
+        from app.kafka_broker import Broker
+        bootstrap = Broker(os.path.join(cfg.data_root, "kafka")).bootstrap()
+    spark = get_spark(cfg, "ccs-stream")
     src = input or cfg.settings.pipeline.raw_dir
     log = lambda m: typer.echo(m, err=True)  # noqa: E731
     with contextlib.ExitStack() as stack:
         if metrics_file:
             log = stack.enter_context(StreamMetrics(metrics_file, src, cfg.settings.export.out, log))
         with contextlib.redirect_stdout(sys.stderr):      # the rollout's guard lines are log, not the result
-            result = stream.run(spark, cfg, src, once=once, deploy=deploy, timeout_s=timeout, log=log)
+            result = stream.run(spark, cfg, src, once=once, deploy=deploy, timeout_s=timeout, log=log,
+                                bootstrap=bootstrap)
     _emit(result, True)
 
 
