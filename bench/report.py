@@ -72,6 +72,11 @@ SOURCES = {
     "default-fleet-select": ("The default fleet's knobs on 20 nodes: the protocol's pick against the MLP and GBDT (issue 55)",
                              "python bench/shift_sweep.py --nodes 20 --hours 12 --severities 0 --share 0.3 --out "
                              "bench/results/default_fleet_select.json", ["bench/results/default_fleet_select.json"]),
+    "window-before-after": ("The grounded client window against the old per-type window tables: the handshake tree, the "
+                            "emulation's shares of the true type's gain and the tails against Disco (issue 55)",
+                            "make run twice (simulate.client_window stacks, then per_type_tables), then python "
+                            "bench/window_before_after.py --after ROOT --before ROOT",
+                            ["bench/results/window_before_after.json"]),
     "select-folds": ("The selection protocol on 2 folds against leave-one-node-out of make run's training nodes (issue 55)",
                      "python bench/select_folds.py --config infra/conf/local.yaml --data-root ROOT",
                      ["bench/results/select_folds.json"]),

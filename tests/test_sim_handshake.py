@@ -83,3 +83,22 @@ def test_the_window_adds_at_most_two_points_over_the_mss(knob, bound):
     lo, hi = bound
     assert hi is None or gain <= hi, f"the window adds {gain * 100:.2f} points of balanced accuracy over the MSS"
     assert lo is None or gain >= lo, f"the knob should make the window carry the type: +{gain * 100:.2f} points"
+
+
+def test_the_per_type_tables_knob_changes_only_the_window():
+    """`client_window="per_type_tables"` (the stress knob kept for issue 55's before/after) is the
+    old tables' draw: 43,690 only for Android on cellular, 87,380 only on Wi-Fi; every field but the
+    window and the two that follow from it is the default's, draw for draw."""
+    world = World(SimParams(nodes=2, hours=1, seed=7))
+    old_world = World(SimParams(nodes=2, hours=1, seed=7, client_window="per_type_tables"))
+    new, old = generate_node_hour(world, 1, 0), generate_node_hour(old_world, 1, 0)
+    changed = {c for c in new.transport.columns if not new.transport[c].equals(old.transport[c])}
+    assert changed == {"init_snd_wnd_bytes", "max_snd_wnd_bytes", "min_snd_wnd_bytes"}, changed
+    assert new.access.equals(old.access) and new.qoe.equals(old.qoe) and new.truth.equals(old.truth)
+    t = old.transport.join(old.truth.select("conn_id", "net_type"), on="conn_id")
+    by_type = {w: set(g["net_type"]) for w, g in t.group_by("init_snd_wnd_bytes")
+               for w in [w[0] if isinstance(w, tuple) else w]}
+    assert set(by_type) <= {29200, 43690, 64240, 65160, 65535, 87380, 131072}, by_type
+    assert by_type[43690] <= {"4g", "5g"} and by_type[87380] == {"wifi"}, by_type
+    with pytest.raises(ValueError, match="client_window"):
+        generate_node_hour(World(SimParams(nodes=2, hours=1, seed=7, client_window="tables")), 0, 0)
