@@ -41,7 +41,7 @@ SOURCES = {
     "ingest-profile": ("Ingest: where the time goes, stage by stage and in the JVM (issue 62)",
                        "python bench/ingest_profile.py --conns 500000", ["bench/results/ingest_profile.json"]),
     "ingest-reference": ("Ingest against the fair DuckDB reference, interleaved rounds (issue 62)",
-                         "python bench/ingest.py --conns 250000 --out bench/results/ingest_reference.json",
+                         "python bench/ingest.py --conns 100000 --out bench/results/ingest_reference.json",
                          ["bench/results/ingest_reference.json"]),
     "stream-batch": ("The stream's warm micro-batch: its fixed cost and where it goes (issue 62)",
                      "python bench/stream_batch.py", ["bench/results/stream_batch.json"]),
