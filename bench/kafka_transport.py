@@ -1,4 +1,4 @@
-"""The log transport's costs (issue 60, first phase): the project's Kafka broker (app/kafka_broker.py)
+"""The log transport's costs (issue 60, first phase): the project's Kafka broker (topology/kafka.py)
 started RUNS times in a fresh folder each (seconds from launch until the broker is registered in
 its own metadata and the stream topics exist; its resident memory then and after the shipping
 below; seconds to stop), and the edge's shipper (export/edge/shipper.py) publishing a simulated
@@ -23,7 +23,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from app.kafka_broker import HEAP, Broker, jars  # noqa: E402
+from topology.kafka import HEAP, Broker, jars  # noqa: E402
 from export.edge.shipper import Shipper, find  # noqa: E402
 from sim.fleet import simulate  # noqa: E402
 from sim.params import SimParams  # noqa: E402

@@ -43,7 +43,7 @@ from jobs.sources import SourceFile, classify, explode_lines
 SEGMENT_GLOB = "{" + ",".join(STREAMS) + "}/*/*T[0-9][0-9][0-9][0-9]*.jsonl"
 #: Spark's Kafka source, for Spark 4.2 (pyspark's version) and Scala 2.13
 KAFKA_PACKAGE = "org.apache.spark:spark-sql-kafka-0-10_2.13:4.2.0"
-#: the topics are ccs.<stream> (app/kafka_broker.py, export/edge/shipper.py)
+#: the topics are ccs.<stream> (topology/kafka.py, export/edge/shipper.py)
 TOPIC_PREFIX = "ccs."
 HOUR_HEADER = "ccs.hour"
 SCHEME = "kafka://"

@@ -1,4 +1,4 @@
-"""The suite's Kafka broker (app/kafka_broker.py): one real KRaft node per test session, started on
+"""The suite's Kafka broker (topology/kafka.py): one real KRaft node per test session, started on
 first use and stopped at the session's end. Tests take it with `from kafka_testing import
 kafka_broker` and are marked `cluster` (they run in `make test-cluster`, beside `make test`)."""
 from __future__ import annotations
@@ -8,10 +8,10 @@ import pytest
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory):
-    """A started `app.kafka_broker.Broker` under a fresh folder, with the stream topics; its
+    """A started `topology.kafka.Broker` under a fresh folder, with the stream topics; its
     process group is gone after the session (checked)."""
     from topology.proc import group_members
-    from app.kafka_broker import Broker
+    from topology.kafka import Broker
     broker = Broker(tmp_path_factory.mktemp("kafka"))
     broker.up(log=print)
     pid = broker.server().pid()

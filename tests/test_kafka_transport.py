@@ -1,4 +1,4 @@
-"""Logs over Kafka (issue 60), first phase: the project's own broker (app/kafka_broker.py) and the
+"""Logs over Kafka (issue 60), first phase: the project's own broker (topology/kafka.py) and the
 edge's shipper (export/edge/shipper.py) against it. One broker for the session (kafka_testing)."""
 from __future__ import annotations
 

@@ -74,7 +74,7 @@ def stream_cmd(
     # --source, and the Kafka source's jar only in a session that reads Kafka
     cfg = stream_sources.session_config(load_config(config), source)
     if cfg.settings.stream.source == "kafka" and not bootstrap and not cfg.settings.stream.kafka_bootstrap:
-        from app.kafka_broker import Broker
+        from topology.kafka import Broker
         bootstrap = Broker(os.path.join(cfg.data_root, "kafka")).bootstrap()
     spark = get_spark(cfg, "ccs-stream")
     src = input or cfg.settings.pipeline.raw_dir

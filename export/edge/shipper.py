@@ -1,6 +1,6 @@
 """The edge's log shipper (issue 60): the files the agent, nginx and the players' beacons leave in
 the contract's folder (`<root>/<stream>/<node_id>/<name>`, docs/architecture.md "Inputs") published
-to the broker's topic per stream (app/kafka_broker.py: `ccs.transport`, `ccs.access`, `ccs.qoe`),
+to the broker's topic per stream (topology/kafka.py: `ccs.transport`, `ccs.access`, `ccs.qoe`),
 at least once, resumable:
 
     python -m export.edge.shipper --root DIR --bootstrap 127.0.0.1:PORT [--follow SECONDS]
@@ -46,7 +46,7 @@ from confluent_kafka import Producer
 
 from ccselect.contract import FILE_NAME, IDENTITY, STREAMS
 
-TOPIC_PREFIX = "ccs."         # app/kafka_broker.py's topics: the app layer sits above this one
+TOPIC_PREFIX = "ccs."         # topology/kafka.py's topics (topology may import export, not the reverse)
 BATCH = 5000                  # lines between two records of the state (the most a restart resends per file)
 GRACE_S = 120.0               # an hourly file's last line without a newline is whole this long after its hour
 FLUSH_S = 60.0                # how long a batch waits for the broker's acknowledgements
@@ -255,7 +255,7 @@ class Shipper:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--root", required=True, help="the contract's folder: <root>/<stream>/<node_id>/<file>")
-    ap.add_argument("--bootstrap", required=True, help="the broker, host:port (app/kafka_broker.py: <home>/bootstrap)")
+    ap.add_argument("--bootstrap", required=True, help="the broker, host:port (topology/kafka.py: <home>/bootstrap)")
     ap.add_argument("--state", help=f"where the acknowledged prefixes are kept (default <root>/{STATE})")
     ap.add_argument("--stream", action="append", choices=STREAMS, help="only these streams (repeatable)")
     ap.add_argument("--batch", type=int, default=BATCH)
