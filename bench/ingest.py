@@ -37,6 +37,8 @@ from sim.params import SimParams
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from bench import result_file  # noqa: E402
+
 #: the goal of issue 62 (issue 31's was 2.0 against a reference with Python UDFs): Spark's ingest
 #: within this factor of DuckDB's on the same files, medians of interleaved rounds
 GOAL_RATIO = 1.5
@@ -329,12 +331,7 @@ def main(argv=None) -> int:
         out["spark_floor"] = {**first["floor"], "connections_per_s": round(conns / first["floor"]["seconds"]),
                               "load_1m_start": first["floor_load_1m"]}
         out["floor_over_duckdb"] = round(first["floor"]["seconds"] / duck_s, 2)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return result_file.finish(args.out, out, work, args.keep)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.ingest import SIM_YIELD, bench_config  # noqa: E402
+from bench import result_file  # noqa: E402
 from ccselect.config import load_config  # noqa: E402
 from sim.params import SimParams  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, and our modules that load them.
@@ -276,12 +277,7 @@ def main(argv=None) -> int:
         # Other engineers' work shares the 2 cores: the 1-minute load average at each point
         "load_average_1m": load,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return result_file.finish(args.out, out, work, args.keep)
 
 
 if __name__ == "__main__":

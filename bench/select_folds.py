@@ -30,7 +30,6 @@ import os
 import pickle
 import sys
 import time
-from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -38,6 +37,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+from bench import result_file  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
 
@@ -195,10 +195,7 @@ def main(argv=None) -> int:
                          if two else None},
            "seconds": round(time.time() - t0, 1)}
     res["page_markdown"] = page_markdown(res)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=2)
-    print(res["page_markdown"])
+    result_file.write(a.out, res, show=res["page_markdown"])
     return 0
 
 

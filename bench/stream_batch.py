@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.ingest import bench_config  # noqa: E402
 from bench.ingest_profile import _event_lines  # noqa: E402
+from bench import result_file  # noqa: E402
 from ccselect.config import load_config  # noqa: E402
 from sim.params import SimParams  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, and our modules that load it.
@@ -156,12 +157,7 @@ def main(argv=None) -> int:
                     "balanced": all(b["lines_read"] == (b["accepted"] or 0) + (b["quarantined"] or 0) for b in warm)},
            # other engineers share the 2 cores: the 1-minute load average as each batch started
            "load_average_1m": [b["load_1m"] for b in batches]}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
-    return 0
+    return result_file.finish(args.out, out, work, args.keep)
 
 
 if __name__ == "__main__":

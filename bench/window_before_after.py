@@ -34,6 +34,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from bench import result_file  # noqa: E402
+
 # Imported inside the functions that use them (heavy, not needed to import this module): sklearn, through bench.handshake_window, and the simulator.
 
 POLICIES = ("true_type", "aliccs", "aliccs_prior", "aliccs_flow", "aliccs_stream_prior", "disco", "disco_type", "gbdt",
@@ -186,10 +189,7 @@ def main(argv=None) -> int:
     if a.verdict:
         res["verdict"] = Path(a.verdict).read_text().strip()
     res["page_markdown"] = page_markdown(res)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(res, f, indent=2)
-    print(res["page_markdown"])
+    result_file.write(a.out, res, show=res["page_markdown"])
     return 0
 
 
