@@ -1,13 +1,26 @@
 """Helpers shared by the tests (importable by name, unlike conftest.py)."""
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def ccs_process(args: list[str], config, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """`ccs <args>` as a process of its own (a kill or a crash stays out of the test's), on
+    `config`; raises with the end of its stderr when it fails and `check`."""
+    res = subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=REPO, capture_output=True, text=True,
+                         env={**os.environ, "CCS_CONFIG": str(config), **(env or {})}, timeout=900)
+    if check and res.returncode:
+        raise AssertionError(f"ccs {' '.join(args)} exited {res.returncode}:\n{res.stderr[-4000:]}")
+    return res
 
 
 def write_config(root: Path, **overrides) -> Path:

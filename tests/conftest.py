@@ -73,6 +73,23 @@ def _fleet_hours(fleet_dir: str) -> list[str]:
     return [f.hour for f in discover(fleet_dir, streams=("transport",))]
 
 
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """The log transport's broker (topology/kafka.py): one real KRaft node per test session under a
+    fresh folder, with the stream topics, started on first use; its process group is gone after
+    the session (checked)."""
+    from topology.kafka import Broker
+    from topology.proc import group_members
+    broker = Broker(tmp_path_factory.mktemp("kafka"))
+    broker.up(log=print)
+    pid = broker.server().pid()
+    try:
+        yield broker
+    finally:
+        broker.down()
+        assert not group_members(pid), f"broker processes {group_members(pid)} left after down"
+
+
 def in_ci() -> bool:
     return os.environ.get("CI", "").lower() == "true"
 

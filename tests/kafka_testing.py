@@ -1,25 +1,6 @@
-"""The suite's Kafka broker (topology/kafka.py): one real KRaft node per test session, started on
-first use and stopped at the session's end. Tests take it with `from kafka_testing import
-kafka_broker` and are marked `cluster` (they run in `make test-cluster`, beside `make test`)."""
+"""Helpers for the tests of the log transport over Kafka (the broker itself is the session fixture
+`kafka_broker` of tests/conftest.py; those tests are marked `cluster`)."""
 from __future__ import annotations
-
-import pytest
-
-
-@pytest.fixture(scope="session")
-def kafka_broker(tmp_path_factory):
-    """A started `topology.kafka.Broker` under a fresh folder, with the stream topics; its
-    process group is gone after the session (checked)."""
-    from topology.proc import group_members
-    from topology.kafka import Broker
-    broker = Broker(tmp_path_factory.mktemp("kafka"))
-    broker.up(log=print)
-    pid = broker.server().pid()
-    try:
-        yield broker
-    finally:
-        broker.down()
-        assert not group_members(pid), f"broker processes {group_members(pid)} left after down"
 
 
 def consume_all(bootstrap: str, topics: list[str]) -> list:

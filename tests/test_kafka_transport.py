@@ -1,5 +1,5 @@
 """Logs over Kafka (issue 60), first phase: the project's own broker (topology/kafka.py) and the
-edge's shipper (export/edge/shipper.py) against it. One broker for the session (kafka_testing)."""
+edge's shipper (export/edge/shipper.py) against it. One broker for the session (conftest.kafka_broker)."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ import pytest
 
 from ccs_testing import REPO
 from ccselect.contract import FILE_NAME, IDENTITY, STREAMS
-from kafka_testing import consume_all, kafka_broker  # noqa: F401  (the session's broker)
+from kafka_testing import consume_all
 
 pytestmark = [pytest.mark.cluster]
 

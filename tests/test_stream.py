@@ -13,14 +13,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 
 import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from ccs_testing import REPO, copy_lake, quick_champion, write_config, write_segments
+from ccs_testing import ccs_process, copy_lake, quick_champion, write_config, write_segments
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -58,14 +56,6 @@ def _config(root, lake, **stream):
                                                                          "min_worst_accuracy": 0.0}})
 
 
-def _ccs(args, config, env=None, check=True):
-    res = subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "CCS_CONFIG": str(config), **(env or {})}, timeout=900)
-    if check and res.returncode:
-        raise AssertionError(f"ccs {' '.join(args)} exited {res.returncode}:\n{res.stderr[-4000:]}")
-    return res
-
-
 def _keys_init(config):
     """`ccs keys init` in this process (a child of its own would only add a start-up)."""
     from typer.testing import CliRunner
@@ -99,7 +89,7 @@ def test_killed_stream_restarts_to_the_batch_result(spark, tmp_path, setup):
     # the stream, killed after the bronze commit of its second micro-batch, then restarted
     crashed = _config(tmp_path / "crashed", lake)
     _keys_init(crashed)
-    dead = _ccs(["stream", "--input", str(seg), "--once"], crashed, env={"CCS_STREAM_CRASH": "bronze:1"}, check=False)
+    dead = ccs_process(["stream", "--input", str(seg), "--once"], crashed, env={"CCS_STREAM_CRASH": "bronze:1"}, check=False)
     assert dead.returncode == -signal.SIGKILL, dead.stderr[-3000:]
     c = load_config(crashed)
     # restarted (in this process: the replayed batch and the rest)
