@@ -3,8 +3,10 @@
 - **identity**: one accepted bronze line per identity (`contract.IDENTITY`) in each bronze table,
   one silver.connections row and one gold.predictions row per (node_id, conn_id);
 - **balance**: every gold.ingest_audit row has lines_read = accepted + quarantined, and agrees
-  with the bronze lines of its file (a file's lines in bronze are the audit's, per status), and
-  bronze.quarantine holds exactly bronze's quarantined lines;
+  with the bronze lines of its unit (a file's lines in bronze are the audit's, per status; a
+  Kafka source's unit is a micro-batch's offset range of one partition, `jobs/stream_sources.py`,
+  whose records the source quarantined before the parse are in bronze.quarantine only), and
+  bronze.quarantine holds exactly bronze's quarantined lines and those records;
 - **traceable**: every silver row has its accepted bronze.transport line (same node, hour, conn_id);
 - **scored**: in every (node, hour) that gold.predictions holds, one prediction per silver row and
   none for a connection silver does not hold.
@@ -21,6 +23,7 @@ from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import IDENTITY, STREAMS
 from ccselect.lake import table_path
+from jobs.stream_sources import NO_HOUR, NO_NODE, SCHEME
 
 #: examples shown per broken check
 EXAMPLES = 5
@@ -78,6 +81,21 @@ def identity_checks(spark: SparkSession, cfg: Config) -> list[Finding | None]:
     return out
 
 
+def _units(rows: DataFrame, audit: DataFrame) -> DataFrame:
+    """`rows` (with source_file, line_no) and `unit`, the gold.ingest_audit row that counts each:
+    its file, or for a Kafka record the `kafka://<topic>/<partition>@<first>-<last>` range of the
+    micro-batch that read its offset (null when no audit row holds it)."""
+    m = r"^(" + SCHEME + r".*)@([0-9]+)-([0-9]+)$"
+    ranges = audit.select(F.col("source_file").alias("unit"), F.regexp_extract("source_file", m, 1).alias("_base"),
+                          F.regexp_extract("source_file", m, 2).alias("_lo"),
+                          F.regexp_extract("source_file", m, 3).alias("_hi")).where("_base != ''")
+    kafka = F.col("source_file").startswith(SCHEME)
+    at = ((F.col("source_file") == F.col("_base")) & (F.col("line_no") >= F.col("_lo").cast("long"))
+          & (F.col("line_no") <= F.col("_hi").cast("long")))
+    return rows.where(~kafka).withColumn("unit", F.col("source_file")).unionByName(
+        rows.where(kafka).join(ranges, at, "left").drop("_base", "_lo", "_hi"))
+
+
 def balance_checks(spark: SparkSession, cfg: Config) -> list[Finding | None]:
     audit = _read(spark, cfg, "gold.ingest_audit")
     if audit is None:
@@ -85,35 +103,35 @@ def balance_checks(spark: SparkSession, cfg: Config) -> list[Finding | None]:
     out = [_finding("balance", "gold.ingest_audit", "rows with lines_read != accepted + quarantined",
                     audit.where("lines_read != accepted + quarantined"),
                     ["source_file", "lines_read", "accepted", "quarantined"])]
+    q = _read(spark, cfg, "bronze.quarantine")
+    # records a Kafka source quarantined before the parse: in the audit and bronze.quarantine only
+    unparsed = (q.where(F.col("reason").isin(NO_NODE, NO_HOUR)).select("source_file", "line_no", F.lit("quarantined")
+                                                                         .alias("status"))
+                if q is not None else None)
     lines = None
     for stream in STREAMS:
         b = _read(spark, cfg, f"bronze.{stream}")
         if b is not None:
-            c = b.groupBy("source_file").agg(
-                F.count(F.lit(1)).alias("b_lines"),
-                F.sum(F.when(F.col("status") == "ok", 1).otherwise(0)).alias("b_accepted"),
-                F.sum(F.when(F.col("status") == "quarantined", 1).otherwise(0)).alias("b_quarantined"))
-            lines = c if lines is None else lines.unionByName(c)
-    if lines is not None:
-        per_file = audit.groupBy("source_file").agg(F.sum("lines_read").alias("lines_read"),
-                                                    F.sum("accepted").alias("accepted"),
-                                                    F.sum("quarantined").alias("quarantined"),
-                                                    F.count(F.lit(1)).alias("audit_rows"))
-        both = per_file.join(lines, "source_file", "full")
+            s = b.select("source_file", "line_no", "status")
+            lines = s if lines is None else lines.unionByName(s)
+    if lines is not None or unparsed is not None:
+        lines = unparsed if lines is None else (lines if unparsed is None else lines.unionByName(unparsed))
+        per_unit = _units(lines, audit).groupBy("unit").agg(
+            F.count(F.lit(1)).alias("b_lines"),
+            F.sum(F.when(F.col("status") == "ok", 1).otherwise(0)).alias("b_accepted"),
+            F.sum(F.when(F.col("status") == "quarantined", 1).otherwise(0)).alias("b_quarantined"))
+        per_row = audit.groupBy(F.col("source_file").alias("unit")).agg(
+            F.sum("lines_read").alias("lines_read"), F.sum("accepted").alias("accepted"),
+            F.sum("quarantined").alias("quarantined"), F.count(F.lit(1)).alias("audit_rows"))
+        both = per_row.join(per_unit, "unit", "full").withColumnRenamed("unit", "source_file")
         z = lambda c: F.coalesce(F.col(c), F.lit(0))    # noqa: E731  (a file with no lines, or no row)
         bad = both.where((z("lines_read") != z("b_lines")) | (z("accepted") != z("b_accepted"))
                          | (z("quarantined") != z("b_quarantined")) | (z("audit_rows") > 1))
-        out.append(_finding("balance", "gold.ingest_audit", "files whose audit rows disagree with their bronze lines "
-                            "(or have none, or several)", bad,
+        out.append(_finding("balance", "gold.ingest_audit", "files or offset ranges whose audit rows disagree with "
+                            "their bronze lines (or have none, or several)", bad,
                             ["source_file", "audit_rows", "lines_read", "b_lines", "accepted", "b_accepted"]))
-    q = _read(spark, cfg, "bronze.quarantine")
     if q is not None and lines is not None:
-        quarantined = None
-        for stream in STREAMS:
-            b = _read(spark, cfg, f"bronze.{stream}")
-            if b is not None:
-                s = b.where(F.col("status") == "quarantined").select("source_file", "line_no")
-                quarantined = s if quarantined is None else quarantined.unionByName(s)
+        quarantined = lines.where(F.col("status") == "quarantined").select("source_file", "line_no")
         keys = q.select("source_file", "line_no")
         extra = keys.join(quarantined, ["source_file", "line_no"], "left_anti").withColumn("in", F.lit("quarantine only"))
         missing = quarantined.join(keys, ["source_file", "line_no"], "left_anti").withColumn("in", F.lit("bronze only"))

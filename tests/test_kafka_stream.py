@@ -1,29 +1,27 @@
 """Logs over Kafka into the lake (issue 60, second phase): `ccs stream --source kafka`
 (jobs/stream_sources.py) on the records the edge's shipper published, against a batch `ccs ingest`
-of the same files. One broker for the session (kafka_testing); the stream runs as `ccs stream`
+of the same files. One broker for the session (conftest.kafka_broker); the stream runs as `ccs stream`
 (its session is the only one that loads Spark's Kafka source), one at a time.
 
 Exactly once: a stream killed with SIGKILL after the bronze commit of a micro-batch and restarted,
 then a producer resending every record (its state lost), leave silver equal to the batch ingest's,
 by key, and bronze with each accepted record once; the audit has a row per (topic, partition,
-offset range) per micro-batch covering each offset once, in = accepted + quarantined."""
+offset range) per micro-batch covering each offset once, in = accepted + quarantined, and `ccs audit`'s
+checks find the lake clean."""
 from __future__ import annotations
 
 import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 from collections import Counter
 
 import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from ccs_testing import REPO, raw_section, write_config
+from ccs_testing import ccs_process, raw_section, write_config
 from ccselect.contract import DUPLICATE_REASON, STREAMS
-from kafka_testing import kafka_broker  # noqa: F401  (the session's broker)
 
 # `cluster` keeps it out of `make test`; `kafka_stream` out of `make test-cluster` (make test-kafka runs it)
 pytestmark = [pytest.mark.cluster, pytest.mark.kafka_stream, pytest.mark.filterwarnings("ignore")]
@@ -52,14 +50,6 @@ def _end_offsets(bootstrap: str) -> dict:
                              for p in md.topics[f"ccs.{s}"].partitions} for s in STREAMS}
     finally:
         c.close()
-
-
-def _ccs(args, config, env=None, check=True):
-    res = subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "CCS_CONFIG": str(config), **(env or {})}, timeout=900)
-    if check and res.returncode:
-        raise AssertionError(f"ccs {' '.join(args)} exited {res.returncode}:\n{res.stderr[-4000:]}")
-    return res
 
 
 def _table(spark, cfg, name):
@@ -107,9 +97,9 @@ def test_kafka_stream_equals_batch_ingest_through_a_kill_and_a_producer_retry(sp
                                   "kafka_starting_offsets": json.dumps(start)})
     args = ["stream", "--input", str(root), "--once", "--no-deploy"]
     # killed after its second micro-batch's bronze commit, then restarted on the same checkpoint
-    dead = _ccs(args, config, env={"CCS_STREAM_CRASH": "bronze:1"}, check=False)
+    dead = ccs_process(args, config, env={"CCS_STREAM_CRASH": "bronze:1"}, check=False)
     assert dead.returncode == -signal.SIGKILL, dead.stderr[-3000:]
-    done = json.loads(_ccs(args, config).stdout)
+    done = json.loads(ccs_process(args, config).stdout)
     assert done["batches"] >= 1, done
     k = load_config(config)
 
@@ -125,6 +115,14 @@ def test_kafka_stream_equals_batch_ingest_through_a_kill_and_a_producer_retry(sp
         assert _accepted(spark, k) == _accepted(spark, batch), "bronze's accepted records differ from batch ingest's"
 
     same_silver()
+
+    def lake_clean():
+        """`ccs audit`'s checks on the Kafka-written lake: each offset range's audit row agrees
+        with its bronze lines and bronze.quarantine, one accepted line per identity, silver traced."""
+        from jobs import audit
+        report = audit.run(spark, k)
+        assert report["clean"], report["lines"]
+
     qcols = ["stream", "node_id", "hour", "raw", "reason"]
     q = _table(spark, k, "bronze.quarantine")
     assert Counter(r["reason"] for r in q.collect()) == Counter({"bad_json": 1, "no_hour": 1, "no_node": 1})
@@ -151,15 +149,17 @@ def test_kafka_stream_equals_batch_ingest_through_a_kill_and_a_producer_retry(sp
         return sum(r["lines_read"] for r in a), sum(r["quarantined"] for r in a)
 
     assert audit_covers(end) == (shipped + 2, 3)
+    lake_clean()
 
     # a producer retrying everything (its state lost): every record again, at new offsets
     os.remove(root / "_shipper" / "state.json")
     again = Shipper(str(root), boot, batch=500)
     assert again.ship()["sent"] == shipped
     again.close()
-    _ccs(args, config)
+    ccs_process(args, config)
     same_silver()
     q = Counter(r["reason"] for r in _table(spark, k, "bronze.quarantine").collect())
     dup = sum(n for r, n in q.items() if r in DUPLICATE_REASON.values())
     assert dup == shipped - 1 and q["bad_json"] == 2, q
     assert audit_covers(_end_offsets(boot)) == (2 * shipped + 2, shipped + 3)
+    lake_clean()
