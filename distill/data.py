@@ -16,6 +16,7 @@ import numpy as np
 from pyspark.sql import functions as F
 
 from ccselect import delta_io
+from ccselect.config import Config
 from ccselect.contract import FEATURES
 from ccselect.lake import connections_in, table_path
 from features import labels, node_stats, scaling
@@ -44,7 +45,7 @@ class WindowRows:
                           self.client_ip[idx], self.node[idx], self.conn_id[idx], self.window)
 
 
-def training_rows(spark, cfg, lo: str, hi: str):
+def training_rows(spark, cfg: Config, lo: str, hi: str):
     """gold.training_set for window lo..hi; when that window was never written, the same
     selection (labelled, balanced 50% 4G) over silver.connections."""
 
@@ -58,7 +59,7 @@ def training_rows(spark, cfg, lo: str, hi: str):
     return labels.training_set(connections_in(spark, cfg, lo, hi), 0.5)
 
 
-def load_window(spark, cfg, lo: str, hi: str, stats, node_std=None) -> WindowRows:
+def load_window(spark, cfg: Config, lo: str, hi: str, stats, node_std=None) -> WindowRows:
     """The window's labelled rows, standardized with `stats` (features/scaling.py, the champion's),
     and with `node_std` (the champion's NodeStandardization) per (node, hour) on top."""
 

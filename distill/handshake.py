@@ -27,6 +27,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ccselect.config import Config
 from ccselect.contract import HANDSHAKE_FEATURES
 from ccselect.lake import connections_in
 from ccselect.settings import HandshakeSettings
@@ -124,7 +125,7 @@ class HandshakeRows:
         return HandshakeRows(self.x[mask], self.y[mask], self.node[mask])
 
 
-def window_rows(spark, cfg, lo: str, hi: str) -> HandshakeRows:
+def window_rows(spark, cfg: Config, lo: str, hi: str) -> HandshakeRows:
     """Every labelled connection of silver.connections in lo..hi (natural mix) with a complete
     handshake (no imputed or missing feature)."""
     from pyspark.sql import functions as F
@@ -159,11 +160,11 @@ HANDSHAKE_EXPERIMENT = "ccs-handshake"
 HANDSHAKE_JSON = "handshake/tree.json"
 
 
-def handshake_model_name(cfg) -> str:
+def handshake_model_name(cfg: Config) -> str:
     return f"{cfg.settings.mlflow.model_name}-handshake"
 
 
-def log_handshake(cfg, hs, clf, tree, report: dict, full: dict, window: str, promote: bool) -> dict:
+def log_handshake(cfg: Config, hs, clf, tree, report: dict, full: dict, window: str, promote: bool) -> dict:
     """One MLflow run in experiment `ccs-handshake`: the settings, the held-out report as metrics
     and JSON, the integer tree (what ships in the table) as `handshake/tree.json`, and the fitted
     classifier (skops) registered as `<name>-handshake`; alias `champion` when `promote`.
@@ -190,7 +191,7 @@ def log_handshake(cfg, hs, clf, tree, report: dict, full: dict, window: str, pro
         return {"run_id": run.info.run_id, "name": name, "version": version, "champion": bool(promote)}
 
 
-def load_handshake(cfg):
+def load_handshake(cfg: Config):
     """(HandshakeTree, "<name>-handshake v<version>") of `<name>-handshake@champion`, or None when
     there is none."""
     import mlflow.artifacts

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ccselect import delta_io, files
+from ccselect.config import Config
 from ccselect.lake import table_path
 from ccselect.contract import HANDSHAKE_FEATURES
 from ccselect.settings import HandshakeSettings
@@ -37,7 +38,7 @@ def dnn_probabilities(model, z: np.ndarray, batch: int = 65536) -> np.ndarray:
     return np.concatenate(out).astype(np.float64) if out else np.zeros((0, 2))
 
 
-def run_distill(spark, cfg, lo: str, hi: str, params=None) -> dict:
+def run_distill(spark, cfg: Config, lo: str, hi: str, params=None) -> dict:
     """Distill `models:/<name>@champion` over window lo..hi into a tree; log and register it."""
 
     params = params or cfg.settings.distill
@@ -61,7 +62,7 @@ DIAGNOSTICS_SCHEMA = ("run string, created_at string, window string, dnn_name st
                       "share double, global_share double, lift double, over_relied boolean")
 
 
-def run_diagnose(spark, cfg, hours: tuple[str, str] | None = None, prefix: str | None = None,
+def run_diagnose(spark, cfg: Config, hours: tuple[str, str] | None = None, prefix: str | None = None,
                  node_id: str | None = None, worst: int | None = None, params=None, log_mlflow: bool = True) -> dict:
     """SHAP diagnostics of the champion's distilled tree over a window (default: the tree's):
     report under <data_root>/reports/diagnose/<run>/, rows in gold.diagnostics, MLflow artifacts."""
@@ -146,13 +147,13 @@ def _diagnostics_frame(run, now, window, champion, tv, meta, global_prof, found)
     return pd.concat(parts, ignore_index=True)
 
 
-def _write_diagnostics(spark, cfg, frame: pd.DataFrame, run: str) -> None:
+def _write_diagnostics(spark, cfg: Config, frame: pd.DataFrame, run: str) -> None:
     """gold.diagnostics, one row per run × subset × feature, keyed (replaced) by run."""
     df = spark.createDataFrame(frame.replace({np.nan: None}), DIAGNOSTICS_SCHEMA)
     delta_io.replace_partitions(df, table_path(cfg, "gold.diagnostics"), {(run,)}, ("run",))
 
 
-def _log_mlflow(cfg, out_dir: str, meta: dict, params, found: list[dict]) -> str:
+def _log_mlflow(cfg: Config, out_dir: str, meta: dict, params, found: list[dict]) -> str:
     import mlflow
 
     tracking(cfg)
@@ -189,7 +190,7 @@ def handshake_report(rows: HandshakeRows, settings: HandshakeSettings, share: fl
     return out
 
 
-def run_handshake(spark, cfg, lo: str, hi: str, promote: bool = True, features=None) -> dict:
+def run_handshake(spark, cfg: Config, lo: str, hi: str, promote: bool = True, features=None) -> dict:
     """`ccs handshake`: the report on held-out nodes (distill/handshake.py), then the deployed tree
     fitted on every labelled node of lo..hi over `features` (default handshake.features),
     registered as `<name>-handshake`; alias champion when `promote` and it beats always answering

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from ccselect.config import Config
 from ccselect.contract import FEATURES
 from distill.store import experiment_id, tracking
 from distill.tree import rules_text
@@ -21,18 +22,18 @@ EXPERIMENT = "ccs-distill"
 TREE_ARTIFACT = "tree"
 
 
-def tree_model_name(cfg) -> str:
+def tree_model_name(cfg: Config) -> str:
     return f"{cfg.settings.mlflow.model_name}-tree"
 
 
-def load_champion(cfg):
+def load_champion(cfg: Config):
     """The champion classifier, its FeatureStats, name, version and run id, through
     `models:/<name>@champion` (models.registry.load_champion)."""
     tracking(cfg)
     return _load(cfg)
 
 
-def log_tree(cfg, distilled, params, champion, window: str, sample_raw) -> dict:
+def log_tree(cfg: Config, distilled, params, champion, window: str, sample_raw) -> dict:
     """One MLflow run in experiment `ccs-distill`: params, the depth search as metrics (step =
     depth), the rules as text, the tree (skops) registered as `<name>-tree` and tagged with the
     DNN it was distilled from. Returns {run_id, name, version}."""
@@ -79,7 +80,7 @@ class TreeVersion:
     tags: dict
 
 
-def load_tree_for(cfg, dnn_version: str) -> TreeVersion:
+def load_tree_for(cfg: Config, dnn_version: str) -> TreeVersion:
     """The latest tree distilled from DNN version `dnn_version` (alias `dnn-v<version>`), loaded
     from its skops file with our own trusted-type list, not the one stored beside the model."""
     import mlflow.artifacts

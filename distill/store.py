@@ -4,10 +4,13 @@ that the export can read the handshake tree without the training stack."""
 from __future__ import annotations
 
 import os
+
+from ccselect.config import Config
+
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow.
 
 
-def tracking(cfg):
+def tracking(cfg: Config):
     """Point MLflow at the configured store; returns a client."""
     import mlflow
     from mlflow.tracking import MlflowClient
@@ -19,7 +22,7 @@ def tracking(cfg):
     return MlflowClient(uri, uri)
 
 
-def experiment_id(cfg, name: str) -> str:
+def experiment_id(cfg: Config, name: str) -> str:
     """The experiment `name`, created with its artifacts under mlflow.artifact_root."""
     import mlflow
     client = tracking(cfg)

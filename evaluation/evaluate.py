@@ -47,6 +47,7 @@ import numpy as np
 import pandas as pd
 
 from ccselect import delta_io
+from ccselect.config import Config
 from ccselect.lake import table_path
 from features import node_stats
 from features.scaling import window_stats
@@ -73,7 +74,7 @@ ALL_VARIANTS = (*VARIANTS, *NODESTD, CONFIGANATOR, GBDT, GBDT_NODESTD)
 UNLABELLED_PER_NODE = 2000
 
 
-def deployed_node_standardization(spark, cfg, stats, ns: node_stats.NodeStandardization, tr, te, unl=None) -> dict:
+def deployed_node_standardization(spark, cfg: Config, stats, ns: node_stats.NodeStandardization, tr, te, unl=None) -> dict:
     """The training, held-out and (with `unl`) unlabelled rows, fleet-standardized with `stats`,
     standardized per (node, hour) as `ccs train` and `ccs infer` do (node_stats.lookup, then
     from_fleet_z: the node's trailing `ns.hours` of silver.node_stats, the fleet's statistics
@@ -102,7 +103,7 @@ def _corr(a: pd.Series, b: pd.Series) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-def run_evaluation(spark, cfg, lo: str, hi: str, variants: Iterable[str] | None = None,
+def run_evaluation(spark, cfg: Config, lo: str, hi: str, variants: Iterable[str] | None = None,
                    share: float | None = None, seed: int | None = None, epochs: int | None = None,
                    k: int | None = None, grid: bool = False, params: TrainParams | None = None,
                    write: bool = True, progress: Callable[[str], None] | None = None,
@@ -277,7 +278,7 @@ def _frame(spark, pdf: pd.DataFrame, schema: str):
     return spark.createDataFrame(rows, schema)
 
 
-def write_tables(spark, cfg, window: str, variants, per_node_pd: pd.DataFrame, summary_pd: pd.DataFrame) -> dict:
+def write_tables(spark, cfg: Config, window: str, variants, per_node_pd: pd.DataFrame, summary_pd: pd.DataFrame) -> dict:
     """Replace the (window, variant) partitions of gold.model_eval and gold.model_eval_summary."""
     keys = {(window, v) for v in variants}
     out = {}

@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pyspark.sql import DataFrame, functions as F
 
 from ccselect import delta_io, files
+from ccselect.config import Config
 from ccselect.contract import FEATURES
 from ccselect.lake import connections_in, table_path
 
@@ -120,7 +121,7 @@ def artifact_path(data_root: str, window: str) -> str:
     return files.join(data_root, "artifacts", "feature_stats", f"{window.replace('..', '_')}.json")
 
 
-def save(spark, cfg, stats: FeatureStats, fitted_at: str) -> str:
+def save(spark, cfg: Config, stats: FeatureStats, fitted_at: str) -> str:
     """Write gold.feature_stats (replacing this window's rows) and the JSON artifact (plus
     `latest.json`); returns the artifact path."""
     delta_io.replace_partitions(stats_frame(spark, stats, fitted_at), table_path(cfg, "gold.feature_stats"),
@@ -131,7 +132,7 @@ def save(spark, cfg, stats: FeatureStats, fitted_at: str) -> str:
     return path
 
 
-def load(path: str, cfg=None) -> FeatureStats:
+def load(path: str, cfg: Config=None) -> FeatureStats:
     """The statistics saved at `path` (a remote path needs the configuration's object store)."""
     if cfg is None:
         with open(path) as fh:
@@ -139,7 +140,7 @@ def load(path: str, cfg=None) -> FeatureStats:
     return FeatureStats.from_json(files.read_text(cfg, path))
 
 
-def window_stats(spark, cfg, lo: str, hi: str, save_fitted: bool = False) -> tuple[FeatureStats, str | None, bool]:
+def window_stats(spark, cfg: Config, lo: str, hi: str, save_fitted: bool = False) -> tuple[FeatureStats, str | None, bool]:
     """The feature statistics of the window lo..hi: its saved artifact (`ccs features`), else
     fitted now on silver over the window (unlabelled rows too, §4.2 "Data cleaning") and, with
     `save_fitted`, saved as `ccs features` would. Returns (stats, artifact path or None, fitted now)."""

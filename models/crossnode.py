@@ -12,6 +12,7 @@ from typing import Iterable
 import numpy as np
 import pandas as pd
 
+from ccselect.config import Config
 from models.dataset import Unlabelled, load_labelled, load_unlabelled, to_train_data, window_name, window_nodes
 from models.groups import compute_groups
 from models.train import TrainData, accuracy_report
@@ -79,7 +80,7 @@ class Split:
     unlabelled: Unlabelled | None = None
 
 
-def cross_node_split(spark, cfg, lo: str, hi: str, stats, share: float, seed: int, k: int | None = None,
+def cross_node_split(spark, cfg: Config, lo: str, hi: str, stats, share: float, seed: int, k: int | None = None,
                      unlabelled_per_node: int = 0) -> Split:
     """What `ccs evaluate` and `ccs train` share: labelled rows of lo..hi standardized with
     `stats`, split into training and held-out nodes (`share` of the window's nodes, drawn from

@@ -117,3 +117,18 @@ def test_imports_sit_at_the_top_except_heavy_libraries_said_once_per_module():
             if inner and NOTE not in path.read_text():
                 bad.append(f"{path.relative_to(REPO)}: function-level imports without the module's note")
     assert not bad, "\n".join(bad)
+
+
+def test_a_configuration_parameter_says_its_type():
+    """Every function of the packages that takes the project's configuration (`cfg`, `config`)
+    annotates it (`cfg: Config`, issue 63), so a reader and a type checker know what arrives."""
+    bad = []
+    for top in PACKAGES:
+        for path in sorted((REPO / top).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    a = node.args
+                    bad += [f"{path.relative_to(REPO)}:{node.lineno} {node.name}({p.arg})"
+                            for p in a.posonlyargs + a.args + a.kwonlyargs
+                            if p.arg in ("cfg", "config") and p.annotation is None]
+    assert not bad, "untyped configuration parameters:\n" + "\n".join(bad)

@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from flows.job_metrics import write_freeze
-from ccselect.config import load_config
+from ccselect.config import Config, load_config
 from ccselect.hours import parse_hours
 from ccselect.spark import get_spark
 from export.artifact import signing
@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
     app.command("undeploy")(undeploy_cmd)
 
 
-def _gate(cfg, gate: str, look_s: float):
+def _gate(cfg: Config, gate: str, look_s: float):
     """The gate a cohort passes before the next (export/delivery/gates.py)."""
     from export.delivery import gates
     if gate == "health":
@@ -179,7 +179,7 @@ def rollout_status_cmd(
                    f"at {r['minute']:g} min: {r['decision']} — {r['reason']}")
 
 
-def _freeze_metrics(cfg) -> None:
+def _freeze_metrics(cfg: Config) -> None:
     """The freeze gauges rewritten at once (flows/job_metrics.py, with `pipeline.metrics_dir`), so
     CcsRolloutFrozen does not wait for the next rollout step; from the configured store, which is
     what that step reads. A failure is said and leaves the freeze as it is."""

@@ -19,6 +19,7 @@ import os
 import socket
 import time
 
+from ccselect.config import Config
 from export.artifact.signing import SERIAL_MAX
 
 STATE_NAME = "epoch.json"
@@ -29,11 +30,11 @@ class EpochError(ValueError):
     """An epoch file that cannot be read, or an opening without a reason."""
 
 
-def _dir(cfg) -> str:
+def _dir(cfg: Config) -> str:
     return cfg.settings.export.keys_dir
 
 
-def current(cfg) -> int:
+def current(cfg: Config) -> int:
     """The epoch new tables are signed in: 0 until an operator opened one."""
     path = os.path.join(_dir(cfg), STATE_NAME)
     try:
@@ -48,7 +49,7 @@ def current(cfg) -> int:
     return e
 
 
-def history(cfg) -> list[dict]:
+def history(cfg: Config) -> list[dict]:
     """The epochs opened, oldest first (the log's lines)."""
     path = os.path.join(_dir(cfg), LOG_NAME)
     if not os.path.exists(path):
@@ -57,7 +58,7 @@ def history(cfg) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def open_next(cfg, reason: str, fleet_epoch: int | None = None, now: int | None = None) -> int:
+def open_next(cfg: Config, reason: str, fleet_epoch: int | None = None, now: int | None = None) -> int:
     """Open the next epoch: current + 1, or `fleet_epoch` + 1 when the fleet is further on (a new
     keys dir starts at 0: the operator reads the fleet's epoch with `ccs-edge floor` and names
     it). Logged (who, when, why, from which epoch), then made current. → the new epoch."""

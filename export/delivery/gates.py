@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from ccselect.config import Config
 from ccselect.hours import hour_of_ms
 from ccselect.lake import table_path
 from export.delivery.canary import PROMOTE as C_PROMOTE, ROLLBACK as C_ROLLBACK, Canary, canary_moments
@@ -85,7 +86,7 @@ def health_gate(ctx: GateContext) -> Decision:
 Moments = Callable[[str, int, int], dict]   # (node_id, from_ms, to_ms) → metric → arm → ArmMoments
 
 
-def silver_moments(spark, cfg) -> Moments:
+def silver_moments(spark, cfg: Config) -> Moments:
     """A node's cumulative arm moments since the load, read again at each look from
     silver.connections (export.delivery.canary.canary_moments over the hours the interval spans:
     retransmission, rebuffer and delivery rate — silver's bytes_sent over request_time_ms)."""
@@ -169,7 +170,7 @@ class DecisionLog:
         self.path, self.rows = path, []
 
     @classmethod
-    def for_config(cls, cfg) -> "DecisionLog":
+    def for_config(cls, cfg: Config) -> "DecisionLog":
         return cls(table_path(cfg, DECISIONS_TABLE))
 
     def record(self, rollout_id: str, ctx: GateContext, d: Decision) -> dict:

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import functions as F
 
+from ccselect.config import Config
 from export.artifact import table_format as tf
 from export.tables import aggregate as agg
 from models import registry
@@ -77,7 +78,7 @@ def bogon_overlaps(entries) -> list[tuple[str, str]]:
     return out
 
 
-def check_gate(report: GuardReport, cfg, model_versions: list[str]) -> None:
+def check_gate(report: GuardReport, cfg: Config, model_versions: list[str]) -> None:
     """Every registered model version the decisions came from passed its gate."""
     if not cfg.settings.export.guards.require_gate:
         report.add("gate", True, "gate check switched off (export.guards.require_gate)")
@@ -91,7 +92,7 @@ def check_gate(report: GuardReport, cfg, model_versions: list[str]) -> None:
                else f"model version(s) {model_versions} passed the gate", model_versions)
 
 
-def check_coverage(report: GuardReport, cfg, coverage: float) -> None:
+def check_coverage(report: GuardReport, cfg: Config, coverage: float) -> None:
     floor = cfg.settings.export.guards.min_coverage
     report.add("coverage", coverage >= floor,
                f"coverage {coverage:.1%} is below the floor {floor:.1%} (export.guards.min_coverage)"
@@ -137,7 +138,7 @@ def flip_share(preds, new_entries, live_entries) -> float:
     return change_shares(preds, new_entries, live_entries)[0]
 
 
-def check_flips(report: GuardReport, cfg, preds, new_entries, live: tf.Table | None,
+def check_flips(report: GuardReport, cfg: Config, preds, new_entries, live: tf.Table | None,
                 previous: tf.Table | None = None) -> None:
     """The flip cap against the live table, and the hysteresis against the table before it."""
     g = cfg.settings.export.guards
@@ -162,7 +163,7 @@ def check_flips(report: GuardReport, cfg, preds, new_entries, live: tf.Table | N
                     f"(≤ {g.max_revert_share:.1%})", back)
 
 
-def check_size(report: GuardReport, cfg, table: tf.Table, live: tf.Table | None = None) -> None:
+def check_size(report: GuardReport, cfg: Config, table: tf.Table, live: tf.Table | None = None) -> None:
     """Entries, tree nodes and encoded bytes within the caps; and against the live table's."""
     g = cfg.settings.export.guards
     size = len(tf.encode(table))
@@ -194,7 +195,7 @@ def check_size(report: GuardReport, cfg, table: tf.Table, live: tf.Table | None 
                else f"{grew:.2f}× the live version {live.version} (≤ {g.max_growth}×)", grew)
 
 
-def run_all(cfg, manifest: dict, entries, preds=None, live: tf.Table | None = None,
+def run_all(cfg: Config, manifest: dict, entries, preds=None, live: tf.Table | None = None,
             table: tf.Table | None = None, previous: tf.Table | None = None) -> GuardReport:
     """All guards on an exported table (its manifest and entries, and the decoded `table` for the
     size caps); `preds` are the predictions it was built from (needed for the flip check when there

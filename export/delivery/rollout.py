@@ -30,7 +30,7 @@ from typing import Callable
 
 import yaml
 
-from ccselect.config import project_root
+from ccselect.config import Config, project_root
 from ccselect.settings import Health  # cfg.settings.export.rollout.health
 from export.artifact import signing
 from export.delivery import freeze
@@ -140,11 +140,11 @@ def _cohorts(raw: dict, nodes: list[Node], path: str) -> list[str]:
     return names
 
 
-def _expand(value: str, cfg) -> str:
+def _expand(value: str, cfg: Config) -> str:
     return str(value).replace("${data_root}", cfg.data_root)
 
 
-def host_dir(cfg, node_id: str) -> str:
+def host_dir(cfg: Config, node_id: str) -> str:
     """A node's own folder on the one-machine fleet (tables it pulled; for a namespaced edge host
     also its agent's config and log): under `cluster.home` when set, else under the data root."""
     if cfg.settings.cluster.home:
@@ -152,7 +152,7 @@ def host_dir(cfg, node_id: str) -> str:
     return os.path.join(cfg.data_root, "fleet", node_id)
 
 
-def load_fleet(path: str, cfg, public_key: str | None = None) -> Fleet:
+def load_fleet(path: str, cfg: Config, public_key: str | None = None) -> Fleet:
     """Nodes from a fleet file: each with `node_id`, `canary`, optional `table_dir`, and its agent
     config either inline (`agent:` mapping, EdgeConfig fields) or as a file (`edge_config:`);
     optionally `netns`, `address` and `store_endpoint` (a node on a host of its own), and

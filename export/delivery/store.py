@@ -19,6 +19,7 @@ import posixpath
 from urllib.parse import urlparse
 
 from ccselect import files
+from ccselect.config import Config
 from export.artifact.signing import SIG_SUFFIX
 # Imported inside the functions that use them (heavy, not needed to import this module): fsspec, botocore.
 
@@ -241,7 +242,7 @@ class Store:
         return json.loads(data)
 
 
-def store_for(cfg, url: str | None = None) -> Store:
+def store_for(cfg: Config, url: str | None = None) -> Store:
     """The store `url` names (default `export.rollout.store`), on the configuration's object store."""
     st = cfg.settings.object_store
     return Store(url or cfg.settings.export.rollout.store, endpoint=st.endpoint, region=st.region,

@@ -33,6 +33,7 @@ from typing import Any
 
 import numpy as np
 
+from ccselect.config import Config
 from ccselect.hours import hour_of_ms
 from ccselect.lake import table_path
 from export.delivery.canary import INCONCLUSIVE, OBSERVE, Canary
@@ -109,7 +110,7 @@ def looks(rows: list[dict], minutes: int, settings) -> Decision:
     return Decision(d, reason, {"gate": "canary", "outcome_rows": conns, **c.evidence()}, float(m))
 
 
-def verdicts(spark, cfg, tables: list[dict], decisions: DecisionLog | None = None, store=None,
+def verdicts(spark, cfg: Config, tables: list[dict], decisions: DecisionLog | None = None, store=None,
              conns=None, settings=None) -> list[dict]:
     """The canary verdict of each emitted table of a stream run (`tables`: flows/stream.py's
     `tables`, with `version` and `boundary`); each recorded to `decisions` (default

@@ -55,6 +55,7 @@ import pyarrow.compute as pc
 from pyspark.sql import Window, functions as F
 
 from ccselect import delta_io
+from ccselect.config import Config
 from ccselect.hours import hour_of_ms
 from ccselect.ipaddr import canonical, with_ip
 from ccselect.lake import table_path
@@ -589,7 +590,7 @@ def per_level_counts(aggs: list[Aggregated], settings: PrefixLadder) -> dict:
 
 
 # ---- AutoPlex caps -------------------------------------------------------------------------
-def with_caps(spark, cfg, preds, aggs: list[Aggregated]) -> tuple[list[Aggregated], dict]:
+def with_caps(spark, cfg: Config, preds, aggs: list[Aggregated]) -> tuple[list[Aggregated], dict]:
     """Attach AutoPlex caps (jobs.autoplex.prefix_caps' rule: pacing = pacing_rate_last, cwnd clamp
     = max_cwnd_last of the latest period) of each entry's main user group (by weight), when a
     service has caps switched on in `autoplex.caps_services` and gold.autoplex_params exists."""
@@ -631,14 +632,14 @@ CC_TABLES_COLS = ("version", "created", "expires", "hours", "model_name", "model
                   "manifest_path")
 
 
-def extract(spark, cfg, lo: str, hi: str):
+def extract(spark, cfg: Config, lo: str, hi: str):
     """gold.predictions of the hours lo..hi (inclusive)."""
 
     return (spark.read.format("delta").load(table_path(cfg, "gold.predictions"))
             .where(F.col("hour").between(lo, hi)))
 
 
-def window_predictions(spark, cfg, from_ms: int, to_ms: int, decay_half_life_min: float | None = None):
+def window_predictions(spark, cfg: Config, from_ms: int, to_ms: int, decay_half_life_min: float | None = None):
     """gold.predictions of the connections that closed in (from_ms, to_ms] — the stream's sliding
     window (flows/stream.py). Predictions carry no time: silver.connections' ts_end_ms, joined on
     the connection's key inside the hours the window touches. With `decay_half_life_min`, a
@@ -667,7 +668,7 @@ def model_versions(preds) -> tuple[str, str, list[str]]:
     return str(rows[0]["model_name"]), str(rows[0]["model_version"]), sorted({str(r["model_version"]) for r in rows})
 
 
-def next_version(spark, cfg) -> int:
+def next_version(spark, cfg: Config) -> int:
     path = table_path(cfg, "gold.cc_tables")
     if not delta_io.is_delta(spark, path):
         return 1
@@ -675,7 +676,7 @@ def next_version(spark, cfg) -> int:
     return int(v or 0) + 1
 
 
-def record(spark, cfg, manifest: dict, manifest_path: str) -> None:
+def record(spark, cfg: Config, manifest: dict, manifest_path: str) -> None:
     """One row per exported version in gold.cc_tables (keyed by version: a re-run replaces it)."""
 
     row = {"version": int(manifest["version"]), "created": int(manifest["created"]),
@@ -692,14 +693,14 @@ def record(spark, cfg, manifest: dict, manifest_path: str) -> None:
     delta_io.replace_partitions(df, table_path(cfg, "gold.cc_tables"), {(str(row["version"]),)}, ("version",))
 
 
-def history(spark, cfg) -> list[dict]:
+def history(spark, cfg: Config) -> list[dict]:
     path = table_path(cfg, "gold.cc_tables")
     if not delta_io.is_delta(spark, path):
         return []
     return [r.asDict() for r in spark.read.format("delta").load(path).orderBy("version").collect()]
 
 
-def run_export(spark, cfg, lo: str, hi: str, private_key, now: int | None = None,
+def run_export(spark, cfg: Config, lo: str, hi: str, private_key, now: int | None = None,
                out_dir: str | None = None, preds=None, window_ms: tuple[int, int] | None = None,
                unless=None) -> dict | None:
     """Aggregate the decisions of hours lo..hi into a signed table; record it in gold.cc_tables.
