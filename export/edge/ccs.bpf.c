@@ -624,24 +624,231 @@ static __always_inline struct ccs_lpm_val *lookup(void *map, const struct ccs_me
 	return best;
 }
 
+/*
+ * What on_established decided for one connection, filled step by step: the table's answer
+ * (table_decide), the flow tree's (flow_decide), the CC set (apply_cc); log_decision reads it.
+ */
+struct decision {
+	struct ccs_lpm_key key;    /* the client's address, prefix length 128 */
+	struct ccs_meta *meta;     /* the live slot's meta (NULL: no table) */
+	struct ccs_lpm_val *val;   /* the entry that covers the client (NULL: none) */
+	struct tcp_sock *tp;       /* the socket, if the flow tree needed it */
+	__u64 version;             /* the live table's version (0: none) */
+	__u32 slot;                /* the live slot (valid once meta is set) */
+	__u16 purity;              /* the entry's purity, per mille */
+	__u8 family;               /* 4 (also an IPv4-mapped IPv6 client) or 6 */
+	__u8 decision;             /* enum ccs_decision */
+	__u8 has_table;
+	__u8 table_cc;             /* the table's CC (0: none) */
+	__u8 cc;                   /* the CC to set (0: the socket keeps the default) */
+	bool looked_up;            /* the index was searched */
+};
+
+/* step 1: the client's address as a /128 key (an IPv4 client as ::ffff:a.b.c.d); -1: no IP */
+static __always_inline int client_key(struct bpf_sock_ops *skops, struct decision *d)
+{
+	__u32 a0, a1, a2;
+
+	if (skops->family == AF_INET) {
+		d->key.addr[10] = 0xff;
+		d->key.addr[11] = 0xff;
+		*(__u32 *)&d->key.addr[12] = skops->remote_ip4;
+		d->family = 4;
+	} else if (skops->family == AF_INET6) {
+		a0 = skops->remote_ip6[0];
+		a1 = skops->remote_ip6[1];
+		a2 = skops->remote_ip6[2];
+		*(__u32 *)&d->key.addr[0] = a0;
+		*(__u32 *)&d->key.addr[4] = a1;
+		*(__u32 *)&d->key.addr[8] = a2;
+		*(__u32 *)&d->key.addr[12] = skops->remote_ip6[3];
+		d->family = (a0 == 0 && a1 == 0 && a2 == bpf_htonl(0x0000ffff)) ? 4 : 6;
+	} else {
+		return -1;
+	}
+	d->key.prefixlen = 128;
+	return 0;
+}
+
+/*
+ * step 2: the live table's answer: none (no table), stale (expired), A/B control, or the index's
+ * entry for the client (miss, keep, low confidence: fallback; else the entry's CC). 0: go on to the
+ * flow tree; -1: decided without a lookup (d->decision says what).
+ */
+static __always_inline int table_decide(struct bpf_sock_ops *skops, const struct ccs_policy *pol,
+					struct ccs_svc_counters *sc, struct decision *d)
+{
+	struct ccs_lpm_val *val;
+	struct ccs_ctl *ctl;
+	void *index_map;
+	__u32 zero = 0;
+
+	ctl = bpf_map_lookup_elem(&ccs_ctl, &zero);
+	if (!ctl || ctl->live == 0 || ctl->live > CCS_SLOTS) {
+		cnt(sc, CCS_CNT_NO_TABLE);
+		return -1;
+	}
+	d->slot = ctl->live - 1;
+	d->meta = bpf_map_lookup_elem(&ccs_meta, &d->slot);
+	index_map = bpf_map_lookup_elem(&ccs_tables, &d->slot);
+	if (!d->meta || !d->meta->valid || !index_map) {
+		cnt(sc, CCS_CNT_NO_TABLE);
+		return -1;
+	}
+	d->version = d->meta->version;
+	d->has_table = 1;
+	if (expiry_now_ns(skops) >= d->meta->expires_mono_ns) {
+		cnt(sc, CCS_CNT_EXPIRED);
+		d->decision = CCS_DEC_STALE;
+		return -1;
+	}
+	if (pol->ab) {
+		__u32 crc = d->family == 4 ? crc32_addr(&d->key.addr[12], 4) : crc32_addr(d->key.addr, 16);
+
+		if (!(crc & 1)) {
+			cnt(sc, CCS_CNT_AB_CONTROL);
+			d->decision = CCS_DEC_AB_CONTROL;
+			return -1;
+		}
+	}
+	cnt(sc, CCS_CNT_LOOKUPS);
+	d->looked_up = true;
+	val = lookup(index_map, d->meta, &d->key, d->family);
+	d->val = val;
+	/* an IPv6 entry covering ::ffff:0:0/96 (e.g. ::/0) never decides for an IPv4 client: lookup
+	 * searches the IPv4 lengths only */
+	if (!val) {
+		cnt(sc, CCS_CNT_MISS);
+	} else if (val->cc == CCS_CC_KEEP || val->cc > CCS_CC_MAX) {
+		cnt(sc, CCS_CNT_HIT_KEEP);
+		d->decision = CCS_DEC_FALLBACK;
+	} else if (val->flags & CCS_ENTRY_LOW_CONF) {
+		cnt(sc, CCS_CNT_HIT_LOWCONF);
+		d->decision = CCS_DEC_FALLBACK;
+	} else {
+		cnt(sc, CCS_CNT_HIT_CUBIC + val->cc - 1);
+		d->table_cc = val->cc;
+		d->purity = val->purity_permille;
+		d->decision = CCS_DEC_TABLE;
+	}
+	d->cc = d->table_cc;
+	return 0;
+}
+
+/*
+ * step 3: the service's flow mode over the table's answer: the slot's tree, if it belongs to the
+ * slot's table (ccs.h struct ccs_flow), evaluated on the handshake as the transport log records it
+ * (start_log), may replace d->cc (flow, table+flow).
+ */
+static __always_inline void flow_decide(struct bpf_sock_ops *skops, const struct ccs_policy *pol,
+					struct ccs_svc_counters *sc, struct decision *d)
+{
+	struct bpf_sock *sk = skops->sk;
+	struct ccs_flow *flow;
+	void *tree;
+	bool confident;
+	__u8 mode = pol->flow_mode, leaf_cc = 0;
+	__u16 leaf_conf = 0;
+
+	if (mode == CCS_FLOW_OFF || mode > CCS_FLOW__MAX || !sk)
+		return;
+	flow = bpf_map_lookup_elem(&ccs_flow, &d->slot);
+	tree = bpf_map_lookup_elem(&ccs_trees, &d->slot);
+	if (!flow || !tree || !flow->n_nodes || flow->version != d->meta->version ||
+	    flow->loaded_unix != d->meta->loaded_unix)
+		return;
+	confident = d->table_cc && d->purity >= flow->min_purity_permille;
+	if (mode == CCS_FLOW_FILL && confident)
+		return;
+	d->tp = bpf_skc_to_tcp_sock(sk);
+	fcnt(sc, CCS_FCNT_TREE_EVALS);
+	if (!d->tp || tree_leaf(tree, CTX_U32(skops, mss_cache), d->tp->snd_wnd,
+				CTX_U32(skops, srtt_us) >> 3, &leaf_cc, &leaf_conf)) {
+		fcnt(sc, CCS_FCNT_TREE_NO_LEAF);
+	} else if (mode == CCS_FLOW_FLOW || !confident ||
+		   (mode == CCS_FLOW_PRIOR && leaf_conf >= flow->min_leaf_permille)) {
+		d->cc = leaf_cc;
+		d->decision = CCS_DEC_FLOW;
+	} else if (mode == CCS_FLOW_COMBINE && leaf_cc != d->table_cc && leaf_conf > d->purity) {
+		d->cc = leaf_cc;
+		d->decision = CCS_DEC_TABLE_FLOW;
+	}
+}
+
+/*
+ * step 4: set d->cc on the socket (a failure: fallback), then, for a table decision of a service
+ * with caps, the entry's pacing rate and cwnd clamp.
+ */
+static __always_inline void apply_cc(struct bpf_sock_ops *skops, const struct ccs_policy *pol,
+				     struct ccs_svc_counters *sc, struct decision *d)
+{
+	struct ccs_lpm_val *val = d->val;
+	int err;
+
+	err = set_cc(skops, cc_routes || !default_cc_id || d->cc == default_cc_id, d->cc);
+	if (err == 0 && cc_routes)
+		cnt(sc, CCS_CNT_CC_PRESET);
+	if (err < 0) {
+		cnt(sc, CCS_CNT_SETSOCKOPT_ERR);
+		d->decision = CCS_DEC_FALLBACK;
+		return;
+	}
+	if (d->decision != CCS_DEC_TABLE || !pol->caps || !val)
+		return;
+	if (val->pacing_rate_bps) {
+		__u64 bytes = val->pacing_rate_bps / 8;
+		int rate = bytes >= 0xfffffffeULL ? (int)0xfffffffe : (int)bytes;
+
+		if (!rate)
+			rate = 1;
+		if (bpf_setsockopt(skops, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate)))
+			cnt(sc, CCS_CNT_CAPS_ERR);
+		else
+			cnt(sc, CCS_CNT_PACING_SET);
+	}
+	if (val->cwnd_clamp_segs) {
+		int clamp = (int)val->cwnd_clamp_segs;
+
+		if (bpf_setsockopt(skops, SOL_TCP, TCP_BPF_SNDCWND_CLAMP, &clamp, sizeof(clamp)))
+			cnt(sc, CCS_CNT_CAPS_ERR);
+		else
+			cnt(sc, CCS_CNT_CLAMP_SET);
+	}
+}
+
+/*
+ * step 5, whatever was decided: with route CCs, the default put back where the program decided it
+ * (a table decision has set its CC); the decision's source counted for a looked-up connection; the
+ * sampled connection's log record started.
+ */
+static __always_inline void finish_decision(struct bpf_sock_ops *skops, const struct ccs_policy *pol,
+					    struct ccs_svc_counters *sc, struct decision *d)
+{
+	__u8 decision = d->decision;
+
+	if (cc_routes && !d->cc)
+		route_default(skops, sc);
+	if (d->looked_up)
+		fcnt(sc, decision == CCS_DEC_TABLE ? CCS_FCNT_SRC_TABLE :
+		     decision == CCS_DEC_FLOW ? CCS_FCNT_SRC_FLOW :
+		     decision == CCS_DEC_TABLE_FLOW ? CCS_FCNT_SRC_TABLE_FLOW :
+		     decision == CCS_DEC_FALLBACK ? CCS_FCNT_SRC_FALLBACK : CCS_FCNT_SRC_DEFAULT);
+	if (sample_thresh && (__u64)bpf_get_prandom_u32() < sample_thresh)
+		start_log(skops, skops->sk, d->tp, &d->key, d->family, decision, d->version,
+			  d->has_table, sc, pol->service_id);
+}
+
+/*
+ * A connection accepted: the policy of its port (unserved: counted, the default kept), then the
+ * steps above: the client's key, the table's answer, the flow tree's, the CC set, the counts and
+ * the log.
+ */
 static __always_inline int on_established(struct bpf_sock_ops *skops)
 {
-	struct ccs_lpm_key key = {};
+	struct decision d = { .decision = CCS_DEC_DEFAULT };
 	struct ccs_svc_counters *sc;
 	struct ccs_policy *pol;
-	struct ccs_ctl *ctl;
-	struct ccs_meta *meta;
-	struct ccs_lpm_val *val;
-	struct tcp_sock *tp = NULL;
-	struct bpf_sock *sk;
-	void *index_map;
-	__u32 port = skops->local_port, zero = 0, slot;
-	__u64 version = 0;
-	__u8 family, decision = CCS_DEC_DEFAULT, has_table = 0, cc = 0, table_cc = 0, mode;
-	__u16 purity = 0;
-	bool looked_up = false;
-	__u32 a0, a1, a2;
-	int err;
+	__u32 port = skops->local_port;
 
 	pol = bpf_map_lookup_elem(&ccs_policy, &port);
 	if (!pol || !pol->served) {
@@ -656,148 +863,14 @@ static __always_inline int on_established(struct bpf_sock_ops *skops)
 	if (!sc)	/* never: an array's key below max_entries */
 		return 1;
 	cnt(sc, CCS_CNT_ESTABLISHED);
-
-	if (skops->family == AF_INET) {
-		key.addr[10] = 0xff;
-		key.addr[11] = 0xff;
-		*(__u32 *)&key.addr[12] = skops->remote_ip4;
-		family = 4;
-	} else if (skops->family == AF_INET6) {
-		a0 = skops->remote_ip6[0];
-		a1 = skops->remote_ip6[1];
-		a2 = skops->remote_ip6[2];
-		*(__u32 *)&key.addr[0] = a0;
-		*(__u32 *)&key.addr[4] = a1;
-		*(__u32 *)&key.addr[8] = a2;
-		*(__u32 *)&key.addr[12] = skops->remote_ip6[3];
-		family = (a0 == 0 && a1 == 0 && a2 == bpf_htonl(0x0000ffff)) ? 4 : 6;
-	} else {
+	if (client_key(skops, &d))
 		return 1;
+	if (table_decide(skops, pol, sc, &d) == 0) {
+		flow_decide(skops, pol, sc, &d);
+		if (d.cc) /* else default or fallback: the socket keeps the default CC */
+			apply_cc(skops, pol, sc, &d);
 	}
-	key.prefixlen = 128;
-
-	ctl = bpf_map_lookup_elem(&ccs_ctl, &zero);
-	if (!ctl || ctl->live == 0 || ctl->live > CCS_SLOTS) {
-		cnt(sc, CCS_CNT_NO_TABLE);
-		goto out;
-	}
-	slot = ctl->live - 1;
-	meta = bpf_map_lookup_elem(&ccs_meta, &slot);
-	index_map = bpf_map_lookup_elem(&ccs_tables, &slot);
-	if (!meta || !meta->valid || !index_map) {
-		cnt(sc, CCS_CNT_NO_TABLE);
-		goto out;
-	}
-	version = meta->version;
-	has_table = 1;
-	if (expiry_now_ns(skops) >= meta->expires_mono_ns) {
-		cnt(sc, CCS_CNT_EXPIRED);
-		decision = CCS_DEC_STALE;
-		goto out;
-	}
-	if (pol->ab) {
-		__u32 crc = family == 4 ? crc32_addr(&key.addr[12], 4) : crc32_addr(key.addr, 16);
-
-		if (!(crc & 1)) {
-			cnt(sc, CCS_CNT_AB_CONTROL);
-			decision = CCS_DEC_AB_CONTROL;
-			goto out;
-		}
-	}
-	cnt(sc, CCS_CNT_LOOKUPS);
-	looked_up = true;
-	val = lookup(index_map, meta, &key, family);
-	/* an IPv6 entry covering ::ffff:0:0/96 (e.g. ::/0) never decides for an IPv4 client: lookup
-	 * searches the IPv4 lengths only */
-	if (!val) {
-		cnt(sc, CCS_CNT_MISS);
-	} else if (val->cc == CCS_CC_KEEP || val->cc > CCS_CC_MAX) {
-		cnt(sc, CCS_CNT_HIT_KEEP);
-		decision = CCS_DEC_FALLBACK;
-	} else if (val->flags & CCS_ENTRY_LOW_CONF) {
-		cnt(sc, CCS_CNT_HIT_LOWCONF);
-		decision = CCS_DEC_FALLBACK;
-	} else {
-		cnt(sc, CCS_CNT_HIT_CUBIC + val->cc - 1);
-		table_cc = val->cc;
-		purity = val->purity_permille;
-		decision = CCS_DEC_TABLE;
-	}
-	cc = table_cc;
-	sk = skops->sk;
-	mode = pol->flow_mode;
-	if (mode != CCS_FLOW_OFF && mode <= CCS_FLOW__MAX && sk) {
-		struct ccs_flow *flow = bpf_map_lookup_elem(&ccs_flow, &slot);
-		void *tree = bpf_map_lookup_elem(&ccs_trees, &slot);
-		bool confident;
-		__u8 leaf_cc = 0;
-		__u16 leaf_conf = 0;
-
-		/* the slot's tree, if it belongs to the slot's table (ccs.h struct ccs_flow) */
-		if (flow && tree && flow->n_nodes && flow->version == meta->version &&
-		    flow->loaded_unix == meta->loaded_unix) {
-			confident = table_cc && purity >= flow->min_purity_permille;
-			if (mode != CCS_FLOW_FILL || !confident) {
-				tp = bpf_skc_to_tcp_sock(sk);
-				fcnt(sc, CCS_FCNT_TREE_EVALS);
-				/* the handshake as the transport log records it (start_log) */
-				if (!tp || tree_leaf(tree, CTX_U32(skops, mss_cache), tp->snd_wnd,
-						     CTX_U32(skops, srtt_us) >> 3, &leaf_cc, &leaf_conf)) {
-					fcnt(sc, CCS_FCNT_TREE_NO_LEAF);
-				} else if (mode == CCS_FLOW_FLOW || !confident ||
-					   (mode == CCS_FLOW_PRIOR && leaf_conf >= flow->min_leaf_permille)) {
-					cc = leaf_cc;
-					decision = CCS_DEC_FLOW;
-				} else if (mode == CCS_FLOW_COMBINE && leaf_cc != table_cc && leaf_conf > purity) {
-					cc = leaf_cc;
-					decision = CCS_DEC_TABLE_FLOW;
-				}
-			}
-		}
-	}
-	if (!cc) /* default or fallback: the socket keeps the default CC */
-		goto out;
-	err = set_cc(skops, cc_routes || !default_cc_id || cc == default_cc_id, cc);
-	if (err == 0 && cc_routes)
-		cnt(sc, CCS_CNT_CC_PRESET);
-	if (err < 0) {
-		cnt(sc, CCS_CNT_SETSOCKOPT_ERR);
-		decision = CCS_DEC_FALLBACK;
-		goto out;
-	}
-	if (decision == CCS_DEC_TABLE && pol->caps && val) {
-		if (val->pacing_rate_bps) {
-			__u64 bytes = val->pacing_rate_bps / 8;
-			int rate = bytes >= 0xfffffffeULL ? (int)0xfffffffe : (int)bytes;
-
-			if (!rate)
-				rate = 1;
-			if (bpf_setsockopt(skops, SOL_SOCKET, SO_MAX_PACING_RATE, &rate, sizeof(rate)))
-				cnt(sc, CCS_CNT_CAPS_ERR);
-			else
-				cnt(sc, CCS_CNT_PACING_SET);
-		}
-		if (val->cwnd_clamp_segs) {
-			int clamp = (int)val->cwnd_clamp_segs;
-
-			if (bpf_setsockopt(skops, SOL_TCP, TCP_BPF_SNDCWND_CLAMP, &clamp, sizeof(clamp)))
-				cnt(sc, CCS_CNT_CAPS_ERR);
-			else
-				cnt(sc, CCS_CNT_CLAMP_SET);
-		}
-	}
-out:
-	/* route CCs: the default where the program decided it (a table decision has set its CC) */
-	if (cc_routes && !cc)
-		route_default(skops, sc);
-	if (looked_up)
-		fcnt(sc, decision == CCS_DEC_TABLE ? CCS_FCNT_SRC_TABLE :
-		     decision == CCS_DEC_FLOW ? CCS_FCNT_SRC_FLOW :
-		     decision == CCS_DEC_TABLE_FLOW ? CCS_FCNT_SRC_TABLE_FLOW :
-		     decision == CCS_DEC_FALLBACK ? CCS_FCNT_SRC_FALLBACK : CCS_FCNT_SRC_DEFAULT);
-	if (sample_thresh && (__u64)bpf_get_prandom_u32() < sample_thresh)
-		start_log(skops, skops->sk, tp, &key, family, decision, version, has_table, sc,
-			  pol->service_id);
+	finish_decision(skops, pol, sc, &d);
 	return 1;
 }
 
