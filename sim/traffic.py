@@ -96,21 +96,72 @@ def generate_node_hour(world: World, node_idx: int, hour_idx: int, table: CcTabl
     return follow.generate(world, node_idx, hour_idx, chooser, _generate)
 
 
+# A node-hour is made in stages, each drawing from the node-hour's stream `rng` in turn: who
+# connects (`_clients`), the CC each gets (`_cc_choice`, no draws), the path (`_path`), the
+# requests (`_requests`), the transfers (`_outcome`), their times (`_timing`), the TCP statistics
+# the kernel logs (`_tcp_stats`), then the records (`_transport`, `_access`, `_qoe`, `_truth`).
+# The stages run in this order and each takes its draws in the order they were always taken:
+# every stream and every draw stays where it was (tests/test_sim_bytes.py pins the bytes).
+
 def _generate(world: World, node_idx: int, hour_idx: int, table: CcTable | None = None,
               forced: "follow.Forced | None" = None) -> NodeHour:
     """`forced`: the CC, decision and table version of every connection, in generation order (the
     follow mode's passes, sim/follow.py), with retransmissions drawn per connection so that one
     connection's CC never moves another's draws."""
     p = world.p
-    node = world.nodes[node_idx]
-    ps = world.prefixes(node_idx)
     rng = np.random.default_rng([p.seed, 10, node_idx, hour_idx])
-    hour_ms = world.hour_start_ms(hour_idx)
+    c = _clients(world, node_idx, hour_idx, rng)
+    cc, decision, version = _cc_choice(p, c, table, forced)
+    pm = _path(world, node_idx, hour_idx, c, rng)
+    req = _requests(rng, c.n)
+    rate, loss, t_req, _, bytes_c, goodput = _outcome(pm, cc, req, rng)
+    # counterfactuals for the ground truth: the same path under each CC (never in the logs)
+    cf = {}
+    for name, code in (("cubic", physics.CUBIC), ("bbr", physics.BBR)):
+        r2, l2, _, _, _, g2 = _outcome(pm, np.full(c.n, code), req,
+                                       np.random.default_rng([p.seed, 11, node_idx, hour_idx, code]))
+        cf[name] = (g2, l2, physics.expected_rebuffer_rate(req.bitrate, g2, r2, l2))
+    times = _timing(world, hour_idx, pm, req, t_req, rng)
+    stats = _tcp_stats(world, node_idx, hour_idx, c, pm, cc, rate, loss, bytes_c, forced, rng)
+    conn_id = _conn_ids(node_idx, hour_idx, c.n)
+    node_id = world.nodes[node_idx].node_id
+    transport = _transport(node_id, conn_id, c, pm, times, stats, cc, decision, version, bytes_c, rng)
+    access = _access(world, node_idx, conn_id, c, req, times, t_req, rng)
+    qoe = _qoe(node_id, conn_id, c, pm, req, times, t_req, rate, loss, goodput, rng)
+    truth = _truth(world, node_idx, hour_idx, conn_id, c, pm, req, loss, goodput, cf)
+    return NodeHour(transport, access, qoe, truth)
+
+
+@dataclass
+class _Clients:
+    """Who connects in the node-hour: one entry per connection, in generation order."""
+    n: int
+    pref: np.ndarray          # the client's /24 (or /48): an index into world.prefixes(node)
+    fam6: np.ndarray
+    host: np.ndarray
+    seg: np.ndarray           # the prefix's dominance segment at this hour
+    month: float
+    q_cell: np.ndarray        # the prefix's cellular share at this hour
+    nat: np.ndarray
+    cell: np.ndarray
+    is5g: np.ndarray
+    net_type: np.ndarray
+    net: np.ndarray
+    addr_hi: np.ndarray
+    addr_lo: np.ndarray
+    ip_text: list[str]
+    crc: np.ndarray
+
+
+def _clients(world: World, node_idx: int, hour_idx: int, rng: np.random.Generator) -> _Clients:
+    """How many connect this hour (the diurnal curve), from which prefixes and hosts, on which
+    access type, with which addresses."""
+    p = world.p
+    ps = world.prefixes(node_idx)
     lh = world.local_hour(hour_idx)
     diurnal = 0.45 + 0.55 * (0.5 + 0.5 * np.cos((lh - 21) / 24 * 2 * np.pi))
     n = int(rng.poisson(p.conns_per_node_hour * diurnal / 0.725))  # mean over a day ≈ knob
 
-    # --- who connects -------------------------------------------------------------------------
     pref = rng.choice(len(ps.weight), size=n, p=ps.weight)
     fam6 = ps.family[pref] == 6
     host = np.minimum((ps.n_hosts[pref] * rng.random(n) ** 1.5).astype(np.int64), ps.n_hosts[pref] - 1)
@@ -131,9 +182,16 @@ def _generate(world: World, node_idx: int, hour_idx: int, table: CcTable | None 
     addr_hi = np.where(fam6, v6_hi, 0)
     addr_lo = np.where(fam6, iid, v4_lo)
     ip_text, crc = _ip_text(np.where(fam6, 6, 4), addr_hi, addr_lo)
+    return _Clients(n, pref, fam6, host, seg, month, q_cell, nat, cell, is5g, net_type, net, addr_hi, addr_lo,
+                    ip_text, crc)
 
-    # --- which CC (ALICCS Appendix A A/B by CRC32 parity, or an exported table) ---------------
-    odd = (crc & 1) == 1
+
+def _cc_choice(p, c: _Clients, table: CcTable | None, forced: "follow.Forced | None"
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Which CC each connection gets (ALICCS Appendix A A/B by CRC32 parity, or an exported
+    table, or the follow mode's `forced`), with its logged decision and table version. No draws."""
+    n = c.n
+    odd = (c.crc & 1) == 1
     cc = np.zeros(n, dtype=np.int64)
     decision = np.full(n, "default", dtype=object)
     version = np.full(n, None, dtype=object)
@@ -146,7 +204,7 @@ def _generate(world: World, node_idx: int, hour_idx: int, table: CcTable | None 
     elif p.cc_mode == "table":
         if table is None:
             raise ValueError("cc_mode='table' needs a table")
-        looked = table.lookup(np.where(fam6, 6, 4), addr_hi, addr_lo)
+        looked = table.lookup(np.where(c.fam6, 6, 4), c.addr_hi, c.addr_lo)
         hit = looked >= 0
         treat = odd if p.table_ab else np.ones(n, dtype=bool)
         cc = np.where(hit & treat, looked, physics.CUBIC)
@@ -154,9 +212,32 @@ def _generate(world: World, node_idx: int, hour_idx: int, table: CcTable | None 
         version = np.full(n, table.version, dtype=object)
     elif p.cc_mode != "default":
         raise ValueError(f"unknown cc_mode {p.cc_mode!r}")
+    return cc, decision, version
 
-    # --- the path and its TCP statistics ------------------------------------------------------
-    police_p = p.police_p_start + (p.police_p_end - p.police_p_start) * month
+
+@dataclass
+class _Path:
+    """Each connection's path (physics.Path), its congestion and its MSS."""
+    path: physics.Path
+    epoch_len: int
+    epoch_of_conn: np.ndarray
+    cong_sev: np.ndarray
+    isp: np.ndarray
+    mss_announced: np.ndarray
+    mss: np.ndarray
+    fault: np.ndarray
+    mss_logged: np.ndarray
+
+
+def _path(world: World, node_idx: int, hour_idx: int, c: _Clients, rng: np.random.Generator) -> _Path:
+    """The path and the MSS of every connection: its /24's gateway, the congestion of its user
+    group's aggregation in its epoch, the access plant's MSS and the planted MSS fault."""
+    p = world.p
+    node = world.nodes[node_idx]
+    ps = world.prefixes(node_idx)
+    n, pref, cell = c.n, c.pref, c.cell
+    hour_ms = world.hour_start_ms(hour_idx)
+    police_p = p.police_p_start + (p.police_p_end - p.police_p_start) * c.month
     day = world.day_index(hour_idx)
     day_eff = np.exp(0.07 * (unit(p.seed, 30, ps.region[pref], day) * 2 - 1) * 1.7)
     # the /24's pool at this hour (mobile if cellular-dominated) picks its gateway path
@@ -167,10 +248,10 @@ def _generate(world: World, node_idx: int, hour_idx: int, table: CcTable | None 
     # `rng` stays as it was)
     epoch_len = congestion.epoch_ms(p)
     epoch_of_conn = np.random.default_rng([p.seed, 14, node_idx, hour_idx]).integers(0, 3_600_000 // epoch_len, n)
-    cong_sev = np.where(congestion.exposed(p, node_idx, pref, host, cell),
+    cong_sev = np.where(congestion.exposed(p, node_idx, pref, c.host, cell),
                         congestion.severity(p, ps.region[pref], ps.isp[pref], hour_ms // epoch_len + epoch_of_conn), 0.0)
     loss_mult, fair_share = congestion.on_path(p, cong_sev, cell)
-    path = physics.draw_path(rng, cell, is5g, fam6, node.base_rtt_ms,
+    path = physics.draw_path(rng, cell, c.is5g, c.fam6, node.base_rtt_ms,
                              ps.dist_rtt_ms[pref] + ps.gw_rtt_ms[pref][rows, pool],
                              ps.cap_mult[pref], node.capacity_factor, node.competing_flows,
                              ps.path_jitter_ms[pref] + ps.gw_jitter_ms[pref][rows, pool], police_p, p.police_rate_mbps, day_eff,
@@ -178,14 +259,31 @@ def _generate(world: World, node_idx: int, hour_idx: int, table: CcTable | None 
     isp = ps.isp[pref]
     plant_bb, plant_cell = ps.plant_bb[pref], ps.plant_cell[pref]
     mss_announced = _mss_profile(rng, isp, cell, plant_bb, plant_cell)
-    mss = np.minimum(np.minimum(mss_announced - np.where(fam6, 20, 0), ps.mss_clamp[pref]), ps.gw_clamp[pref][rows, pool])
+    mss = np.minimum(np.minimum(mss_announced - np.where(c.fam6, 20, 0), ps.mss_clamp[pref]), ps.gw_clamp[pref][rows, pool])
     # planted fault (ALICCS §3.2's /16 whose MSS misled the model): the /16's IPv4 connections
     # are logged with an anomalous MSS; the path, the transfer and every other feature keep the
     # real MSS, so MSS is the only feature that is off
-    fault = ((~fam6) & ((net >> 8) == world.fault_prefix16)) \
+    fault = ((~c.fam6) & ((c.net >> 8) == world.fault_prefix16)) \
         if world.fault_prefix16 is not None and hour_idx >= p.fault_start_hour else np.zeros(n, dtype=bool)
     mss_logged = np.where(fault, p.fault_mss_bytes, mss)
+    return _Path(path, epoch_len, epoch_of_conn, cong_sev, isp, mss_announced, mss, fault, mss_logged)
 
+
+@dataclass
+class _Requests:
+    """The HTTP requests of the node-hour's connections, flattened (one entry per request), and
+    each connection's service and video bitrate."""
+    service_idx: np.ndarray   # per connection
+    total_req: int
+    conn_of_req: np.ndarray   # per request: its connection
+    first_req: np.ndarray     # per connection: its first request's index
+    req_rank: np.ndarray      # per request: its rank in its connection
+    svc_r: np.ndarray         # per request: its service
+    size: np.ndarray          # per request: the response's bytes
+    bitrate: np.ndarray       # per connection: Mbps
+
+
+def _requests(rng: np.random.Generator, n: int) -> _Requests:
     service_idx = rng.choice(3, size=n, p=SERVICE_P)
     n_req = 1 + rng.poisson(_MEAN_EXTRA_REQ[service_idx])
     total_req = int(n_req.sum())
@@ -202,36 +300,77 @@ def _generate(world: World, node_idx: int, hour_idx: int, table: CcTable | None 
     size = np.clip(size, 300, 4e6).astype(np.int64)
 
     bitrate = np.clip(rng.lognormal(np.log(1.0), 0.5, n), 0.15, 6.0)  # >90% below 2 Mbps
+    return _Requests(service_idx, total_req, conn_of_req, first_req, req_rank, svc_r, size, bitrate)
 
-    def outcome(cc_arr: np.ndarray, r: np.random.Generator):
-        rate, loss = physics.rate_and_loss(path, cc_arr, mss, r)
-        t_req = physics.transfer_time_ms(size, rate[conn_of_req], path.min_rtt_ms[conn_of_req],
-                                         mss[conn_of_req], req_rank > 0)
-        busy = np.bincount(conn_of_req, weights=t_req, minlength=n)
-        bytes_c = np.bincount(conn_of_req, weights=size, minlength=n)
-        goodput = bytes_c * 8 / np.maximum(busy, 1.0) / 1e3  # Mbps
-        return rate, loss, t_req, busy, bytes_c, goodput
 
-    rate, loss, t_req, busy, bytes_c, goodput = outcome(cc, rng)
-    # counterfactuals for the ground truth: the same path under each CC (never in the logs)
-    cf = {}
-    for name, code in (("cubic", physics.CUBIC), ("bbr", physics.BBR)):
-        r2, l2, _, _, _, g2 = outcome(np.full(n, code), np.random.default_rng([p.seed, 11, node_idx, hour_idx, code]))
-        cf[name] = (g2, l2, physics.expected_rebuffer_rate(bitrate, g2, r2, l2))
+def _outcome(pm: _Path, cc_arr: np.ndarray, req: _Requests, r: np.random.Generator):
+    """The transfers under the CCs `cc_arr`: (rate Mbps, retransmission ratio, each request's
+    transfer time ms, each connection's busy time ms, its bytes, its goodput Mbps)."""
+    path, mss = pm.path, pm.mss
+    n = len(cc_arr)
+    rate, loss = physics.rate_and_loss(path, cc_arr, mss, r)
+    t_req = physics.transfer_time_ms(req.size, rate[req.conn_of_req], path.min_rtt_ms[req.conn_of_req],
+                                     mss[req.conn_of_req], req.req_rank > 0)
+    busy = np.bincount(req.conn_of_req, weights=t_req, minlength=n)
+    bytes_c = np.bincount(req.conn_of_req, weights=req.size, minlength=n)
+    goodput = bytes_c * 8 / np.maximum(busy, 1.0) / 1e3  # Mbps
+    return rate, loss, t_req, busy, bytes_c, goodput
 
-    # players idle between chunks while the buffer plays; images have think time
-    play_r = size * 8 / (bitrate[conn_of_req] * 1e3)  # ms of video in each chunk
-    idle = np.where(svc_r == 2, rng.lognormal(np.log(1500), 1.0, total_req),
-                    np.maximum(0.0, play_r - t_req) * rng.uniform(0.4, 0.9, total_req))
-    idle = np.where(req_rank == 0, 0.0, idle)
+
+@dataclass
+class _Times:
+    play_r: np.ndarray        # per request: ms of video in the chunk
+    gap: np.ndarray           # per request: idle before it + its transfer
+    duration_ms: np.ndarray
+    start_ms: np.ndarray
+    end_ms: np.ndarray
+
+
+def _timing(world: World, hour_idx: int, pm: _Path, req: _Requests, t_req: np.ndarray,
+            rng: np.random.Generator) -> _Times:
+    """When each connection starts and ends: players idle between chunks while the buffer plays;
+    images have think time."""
+    n = len(pm.mss)
+    hour_ms = world.hour_start_ms(hour_idx)
+    epoch_len = pm.epoch_len
+    play_r = req.size * 8 / (req.bitrate[req.conn_of_req] * 1e3)  # ms of video in each chunk
+    idle = np.where(req.svc_r == 2, rng.lognormal(np.log(1500), 1.0, req.total_req),
+                    np.maximum(0.0, play_r - t_req) * rng.uniform(0.4, 0.9, req.total_req))
+    idle = np.where(req.req_rank == 0, 0.0, idle)
     gap = idle + t_req
-    duration_ms = np.minimum(np.bincount(conn_of_req, weights=gap, minlength=n) + path.min_rtt_ms, 600_000)
-    start_ms = hour_ms + epoch_of_conn * epoch_len + (rng.random(n) * np.maximum(1.0, epoch_len - duration_ms - 1)
-                                                      ).astype(np.int64)
+    duration_ms = np.minimum(np.bincount(req.conn_of_req, weights=gap, minlength=n) + pm.path.min_rtt_ms, 600_000)
+    start_ms = hour_ms + pm.epoch_of_conn * epoch_len + (rng.random(n) * np.maximum(1.0, epoch_len - duration_ms - 1)
+                                                         ).astype(np.int64)
     # a connection longer than an epoch (epochs under 10 minutes) still ends inside its hour
     start_ms = np.minimum(start_ms, hour_ms + np.maximum(0, 3_600_000 - duration_ms.astype(np.int64) - 1))
     end_ms = start_ms + duration_ms.astype(np.int64)
+    return _Times(play_r, gap, duration_ms, start_ms, end_ms)
 
+
+@dataclass
+class _TcpStats:
+    """What the kernel's tcp_info says of each connection at its close (ALICCS Table 4)."""
+    segs: np.ndarray
+    retrans: np.ndarray
+    min_srtt: np.ndarray
+    max_srtt: np.ndarray
+    min_var: np.ndarray
+    max_var: np.ndarray
+    min_rto: np.ndarray
+    conn_time: np.ndarray
+    init_wnd: np.ndarray
+    max_wnd: np.ndarray
+    min_wnd: np.ndarray
+    max_cwnd: np.ndarray
+    max_inflight: np.ndarray
+
+
+def _tcp_stats(world: World, node_idx: int, hour_idx: int, c: _Clients, pm: _Path, cc: np.ndarray,
+               rate: np.ndarray, loss: np.ndarray, bytes_c: np.ndarray, forced: "follow.Forced | None",
+               rng: np.random.Generator) -> _TcpStats:
+    p = world.p
+    ps = world.prefixes(node_idx)
+    path, mss, cell, n = pm.path, pm.mss, c.cell, c.n
     segs = np.ceil(bytes_c / mss).astype(np.int64)
     # own stream: Poisson sampling consumes a variable number of draws
     if forced is None:
@@ -252,12 +391,12 @@ def _generate(world: World, node_idx: int, hour_idx: int, table: CcTable | None 
     # client's uplink access delay — an LTE uplink waits for a scheduling grant (SR period plus
     # grant, ~5-15 ms), NR's is shorter, Wi-Fi contends for the air only briefly. This radio-side
     # delay is the same on every path (ALICCS Table 4 "connection time"; §3.1 X_y).
-    uplink = np.where(cell, np.where(is5g, rng.lognormal(np.log(4.0), 0.5, n), rng.lognormal(np.log(8.0), 0.5, n)),
+    uplink = np.where(cell, np.where(c.is5g, rng.lognormal(np.log(4.0), 0.5, n), rng.lognormal(np.log(8.0), 0.5, n)),
                       rng.lognormal(np.log(0.8), 0.6, n))
     conn_time = path.min_rtt_ms * (1 + rng.lognormal(np.log(0.03), 0.6, n)) + uplink
     os_u = rng.random(n)
-    android = os_u < ps.android_share[pref]
-    pc = (~cell) & (os_u > 0.8 + 0.2 * ps.android_share[pref])
+    android = os_u < ps.android_share[c.pref]
+    pc = (~cell) & (os_u > 0.8 + 0.2 * ps.android_share[c.pref])
     # the client's first window from its stack's own rule (sim/stacks.py, docs/simulator.md "The
     # client's first window"): its OS and kernel, its receive buffer and its *own* MSS — the LAN's
     # 1500-byte MTU behind a home gateway (which clamps the MSS on the way, not the phone's
@@ -267,7 +406,7 @@ def _generate(world: World, node_idx: int, hour_idx: int, table: CcTable | None 
     stack = np.where(android, np.where(u_stack[0] < p.android_legacy_kernel_share, stacks.ANDROID_LEGACY_KERNEL,
                                        stacks.ANDROID), np.where(pc, stacks.WINDOWS, stacks.IOS))
     legacy_radio = android & cell & (u_stack[1] < p.legacy_radio_buffer_share)
-    client_mss = np.where(cell, mss_announced, 1460) - np.where(fam6, 20, 0)
+    client_mss = np.where(cell, pm.mss_announced, 1460) - np.where(c.fam6, 20, 0)
     init_wnd = stacks.established_window(stack, client_mss, legacy_radio)
     if p.client_window == "per_type_tables":       # the stress knob (issue 55's before/after only)
         init_wnd = per_type_table_window(u_stack, android, cell, pc)
@@ -283,104 +422,135 @@ def _generate(world: World, node_idx: int, hour_idx: int, table: CcTable | None 
     cwnd_cap = np.where(path.policed & (cc == physics.CUBIC), cwnd_cap * 2.5, cwnd_cap)
     max_cwnd = np.maximum(10, np.minimum(segs + 10, cwnd_cap)).astype(np.int64)
     max_inflight = np.maximum(1, (max_cwnd * rng.uniform(0.7, 1.0, n))).astype(np.int64)
+    return _TcpStats(segs, retrans, min_srtt, max_srtt, min_var, max_var, min_rto, conn_time, init_wnd, max_wnd,
+                     min_wnd, max_cwnd, max_inflight)
 
+
+def _conn_ids(node_idx: int, hour_idx: int, n: int) -> np.ndarray:
     node_tag = f"{node_idx:03x}{hour_idx:05x}"
-    conn_id = np.array([f"c{node_tag}{i:06x}" for i in range(n)])
-    ip_arr = np.array(ip_text)
-    us = lambda ms: np.maximum(1, np.round(ms * 1000)).astype(np.int64)  # noqa: E731
-    transport = pl.DataFrame({
+    return np.array([f"c{node_tag}{i:06x}" for i in range(n)])
+
+
+def _us(ms):
+    return np.maximum(1, np.round(ms * 1000)).astype(np.int64)
+
+
+def _transport(node_id: str, conn_id: np.ndarray, c: _Clients, pm: _Path, t: _Times, st: _TcpStats,
+               cc: np.ndarray, decision: np.ndarray, version: np.ndarray, bytes_c: np.ndarray,
+               rng: np.random.Generator) -> pl.DataFrame:
+    """The transport log: one record per closed connection, as the edge agent writes it."""
+    n = c.n
+    return pl.DataFrame({
         "conn_id": conn_id,
-        "node_id": [node.node_id] * n,
-        "ts_start_ms": start_ms,
-        "ts_end_ms": end_ms,
-        "client_ip": ip_text,
+        "node_id": [node_id] * n,
+        "ts_start_ms": t.start_ms,
+        "ts_end_ms": t.end_ms,
+        "client_ip": c.ip_text,
         "client_port": rng.integers(1024, 65536, n),
         "server_port": np.where(rng.random(n) < 0.9, 443, 80),
         "cc": np.array(["cubic", "bbr"])[cc],
         "decision": decision.astype(str),
         "table_version": pl.Series(version.tolist(), dtype=pl.Utf8),
-        "mss_bytes": mss_logged.astype(np.int64),
-        "connection_time_us": us(conn_time),
-        "init_snd_wnd_bytes": init_wnd.astype(np.int64),
-        "min_rtt_us": us(path.min_rtt_ms),
-        "max_snd_wnd_bytes": max_wnd.astype(np.int64),
-        "min_snd_wnd_bytes": min_wnd.astype(np.int64),
-        "min_rtt_var_us": us(min_var),
-        "max_rtt_var_us": us(max_var),
-        "min_rto_us": us(min_rto),
-        "min_srtt_us": us(min_srtt),
-        "max_srtt_us": us(max_srtt),
-        "max_cwnd_segs": max_cwnd,
+        "mss_bytes": pm.mss_logged.astype(np.int64),
+        "connection_time_us": _us(st.conn_time),
+        "init_snd_wnd_bytes": st.init_wnd.astype(np.int64),
+        "min_rtt_us": _us(pm.path.min_rtt_ms),
+        "max_snd_wnd_bytes": st.max_wnd.astype(np.int64),
+        "min_snd_wnd_bytes": st.min_wnd.astype(np.int64),
+        "min_rtt_var_us": _us(st.min_var),
+        "max_rtt_var_us": _us(st.max_var),
+        "min_rto_us": _us(st.min_rto),
+        "min_srtt_us": _us(st.min_srtt),
+        "max_srtt_us": _us(st.max_srtt),
+        "max_cwnd_segs": st.max_cwnd,
         "bytes_acked": bytes_c.astype(np.int64),
-        "data_segs_out": segs + retrans,
-        "total_retrans": retrans.astype(np.int64),
-        "max_inflight_segs": max_inflight,
-        "duration_us": us(duration_ms),
+        "data_segs_out": st.segs + st.retrans,
+        "total_retrans": st.retrans.astype(np.int64),
+        "max_inflight_segs": st.max_inflight,
+        "duration_us": _us(t.duration_ms),
     }).sort("ts_end_ms")
 
-    # --- access log: one record per request ---------------------------------------------------
-    conn_start_cum = np.r_[0.0, np.cumsum(gap)][first_req][conn_of_req]
-    req_done = start_ms[conn_of_req] + (np.cumsum(gap) - conn_start_cum).astype(np.int64)
-    req_done = np.minimum(req_done, end_ms[conn_of_req])
-    labelled = node.labelled & (svc_r == 0) & (rng.random(total_req) < p.label_prob)
-    status = np.where(rng.random(total_req) < 0.97, np.where(req_rank > 0, 206, 200),
+
+def _access(world: World, node_idx: int, conn_id: np.ndarray, c: _Clients, req: _Requests, t: _Times,
+            t_req: np.ndarray, rng: np.random.Generator) -> pl.DataFrame:
+    """The access log: one record per request; the reporting app's requests carry the network
+    type with probability `label_prob` on a labelled node."""
+    p = world.p
+    node = world.nodes[node_idx]
+    total_req, conn_of_req = req.total_req, req.conn_of_req
+    conn_start_cum = np.r_[0.0, np.cumsum(t.gap)][req.first_req][conn_of_req]
+    req_done = t.start_ms[conn_of_req] + (np.cumsum(t.gap) - conn_start_cum).astype(np.int64)
+    req_done = np.minimum(req_done, t.end_ms[conn_of_req])
+    labelled = node.labelled & (req.svc_r == 0) & (rng.random(total_req) < p.label_prob)
+    status = np.where(rng.random(total_req) < 0.97, np.where(req.req_rank > 0, 206, 200),
                       rng.choice([304, 404, 499, 502], total_req))
-    access = pl.DataFrame({
+    return pl.DataFrame({
         "conn_id": conn_id[conn_of_req],
         "node_id": [node.node_id] * total_req,
         "ts_ms": req_done,
-        "client_ip": ip_arr[conn_of_req],
-        "service": SERVICES[svc_r],
+        "client_ip": np.array(c.ip_text)[conn_of_req],
+        "service": SERVICES[req.svc_r],
         "status": status,
-        "bytes_sent": size,
+        "bytes_sent": req.size,
         "request_time_ms": np.maximum(1, np.round(t_req)).astype(np.int64),
-        "net_type": pl.Series(np.where(labelled, net_type[conn_of_req], None).tolist(), dtype=pl.Utf8),
+        "net_type": pl.Series(np.where(labelled, c.net_type[conn_of_req], None).tolist(), dtype=pl.Utf8),
     }).sort("ts_ms")
 
-    # --- QoE beacons: one playback session per video/live connection ---------------------------
-    play = service_idx != 2
-    play_ms = np.bincount(conn_of_req, weights=play_r, minlength=n)
-    reb_rate = physics.expected_rebuffer_rate(bitrate, goodput, rate, loss)
+
+def _qoe(node_id: str, conn_id: np.ndarray, c: _Clients, pm: _Path, req: _Requests, t: _Times,
+         t_req: np.ndarray, rate: np.ndarray, loss: np.ndarray, goodput: np.ndarray,
+         rng: np.random.Generator) -> pl.DataFrame:
+    """The QoE beacons: one playback session per video/live connection."""
+    n = c.n
+    play = req.service_idx != 2
+    play_ms = np.bincount(req.conn_of_req, weights=t.play_r, minlength=n)
+    reb_rate = physics.expected_rebuffer_rate(req.bitrate, goodput, rate, loss)
     realized = np.minimum(reb_rate * rng.gamma(0.5, 2.0, n), 0.9)
     reb_ms = (play_ms * realized).astype(np.int64)
     reb_ms = np.where(reb_ms < 50, 0, reb_ms)
     reb_cnt = np.where(reb_ms > 0, np.maximum(1, np.round(reb_ms / rng.lognormal(np.log(900), 0.5, n))), 0)
-    first_t = t_req[first_req]
-    startup = path.min_rtt_ms * 2 + first_t * rng.uniform(0.3, 0.6, n)
+    first_t = t_req[req.first_req]
+    startup = pm.path.min_rtt_ms * 2 + first_t * rng.uniform(0.3, 0.6, n)
     idx = np.flatnonzero(play)
-    qoe = pl.DataFrame({
+    return pl.DataFrame({
         "session_id": np.char.add("s", np.char.lstrip(conn_id[idx], "c")),
         "conn_id": conn_id[idx],
-        "node_id": [node.node_id] * len(idx),
-        "client_ip": ip_arr[idx],
-        "ts_ms": end_ms[idx],
+        "node_id": [node_id] * len(idx),
+        "client_ip": np.array(c.ip_text)[idx],
+        "ts_ms": t.end_ms[idx],
         "play_ms": play_ms[idx].astype(np.int64),
         "rebuffer_ms": reb_ms[idx],
         "rebuffer_count": reb_cnt[idx].astype(np.int64),
         "startup_ms": np.maximum(1, startup[idx]).astype(np.int64),
     }, schema_overrides={"rebuffer_count": pl.Int64}).sort("ts_ms")
 
-    truth = pl.DataFrame({
+
+def _truth(world: World, node_idx: int, hour_idx: int, conn_id: np.ndarray, c: _Clients, pm: _Path,
+           req: _Requests, loss: np.ndarray, goodput: np.ndarray, cf: dict) -> pl.DataFrame:
+    """The ground truth, kept apart from the logs: each connection's hidden state and its
+    outcome under either CC."""
+    ps = world.prefixes(node_idx)
+    path, n = pm.path, c.n
+    return pl.DataFrame({
         "conn_id": conn_id,
-        "node_id": [node.node_id] * n,
-        "hour_start_ms": np.full(n, hour_ms),
-        "net_type": net_type,
-        "prefix": np.array([ps.cidr(i) for i in range(len(ps.weight))])[pref],
-        "segment_id": seg,
-        "share_cell": q_cell,
-        "nat_host": nat,
-        "isp_asn": np.array([s.asn for s in ISPS])[isp],
-        "region": np.array([r.name for r in REGIONS])[ps.region[pref]],
+        "node_id": [world.nodes[node_idx].node_id] * n,
+        "hour_start_ms": np.full(n, world.hour_start_ms(hour_idx)),
+        "net_type": c.net_type,
+        "prefix": np.array([ps.cidr(i) for i in range(len(ps.weight))])[c.pref],
+        "segment_id": c.seg,
+        "share_cell": c.q_cell,
+        "nat_host": c.nat,
+        "isp_asn": np.array([s.asn for s in ISPS])[pm.isp],
+        "region": np.array([r.name for r in REGIONS])[ps.region[c.pref]],
         "policed": path.policed,
         "capacity_mbps": path.capacity_mbps,
         "base_rtt_ms": path.min_rtt_ms,
-        "congestion_severity": cong_sev,
-        "bitrate_mbps": bitrate,
+        "congestion_severity": pm.cong_sev,
+        "bitrate_mbps": req.bitrate,
         "goodput_mbps": goodput,
         "retrans_ratio": loss,
         "goodput_cubic_mbps": cf["cubic"][0], "goodput_bbr_mbps": cf["bbr"][0],
         "retrans_cubic": cf["cubic"][1], "retrans_bbr": cf["bbr"][1],
         "exp_rebuffer_cubic": cf["cubic"][2], "exp_rebuffer_bbr": cf["bbr"][2],
-        "fault_mss": fault,
+        "fault_mss": pm.fault,
     })
-    return NodeHour(transport, access, qoe, truth)
