@@ -8,10 +8,11 @@ STAMP   := $(VENV)/.installed
 SYSSTAMP := $(VENV)/.sysdeps
 export CCS_HOME := $(CURDIR)
 # Debian packages the kernel side, the headless-browser tests, the agent, the topology's Postgres and
-# monitoring (Prometheus, Alertmanager, node_exporter; promtool for the rules' tests) and our JVM
-# functions (javac: ccselect/spark.py udf_jar) need.
+# monitoring (Prometheus, Alertmanager, node_exporter; promtool for the rules' tests), our JVM
+# functions (javac: ccselect/spark.py udf_jar) and the edge's Kafka producer bench (librdkafka) need.
 DEB_PKGS := clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev libssl-dev libcjson-dev pkg-config iproute2 chromium \
-            postgresql openjdk-17-jdk-headless prometheus prometheus-alertmanager prometheus-node-exporter
+            postgresql openjdk-17-jdk-headless prometheus prometheus-alertmanager prometheus-node-exporter \
+            librdkafka-dev
 
 .PHONY: help setup run test test-cluster bench results clean sysdeps python warm mlflow airflow notebooks \
         cluster-up cluster-down cluster-status kafka-up kafka-down kafka-status test-kafka
@@ -110,6 +111,11 @@ test-cluster: setup
 # machine, three `ccs stream` processes; kept out of .ci/run (45 minutes on 2 cores) until it is cheaper.
 test-kafka: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m kafka_stream
+
+# bench/edge_produce.c (issue 60): the agent's segment writes against librdkafka producing in-process
+export/build/edge-produce: bench/edge_produce.c
+	@mkdir -p $(@D)
+	$(CC) -O2 -g -Wall -Wextra -o $@ $< -lrdkafka
 
 # bench/ingest's issue figure is 5 million connections (hours at today's speed):
 # `make bench BENCH_INGEST_CONNS=5000000`.
