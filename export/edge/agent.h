@@ -3,11 +3,12 @@
  * agent.h - what the ccs-edge agent's files share (not the kernel: that is ccs.h).
  *
  *   ccs.c       main: options, config precedence, command dispatch
- *   config.c    the edge YAML subset (infra/edge/edge.yaml) -> cfg, strictly
+ *   config.c    the edge YAML subset (infra/edge/edge.yaml) -> struct config, strictly
  *   util.c      messages, clocks, files, JSON strings, pinned objects, link state, pin-dir lock
  *   attach.c    attach / detach / policy (the only user of the skeleton)
  *   manifest.c  signature over the manifest bytes, then the manifest's fields (cJSON)
- *   table.c     load (verify the .bin, build the lookup hash, swap) and rollback
+ *   table.c     load and rollback, by step (table.h: verify, the version rule, build the
+ *               index, swap), one file each
  *   floor.c     the version rule's (epoch, version) floor, kept on disk (state_dir)
  *   routes.c    route CCs: the live table's CCs as routes (congctl), a head start for the program
  *   status.c    status [--json]
@@ -61,8 +62,12 @@ struct config {
 
 enum { ROUTE_CCS_AUTO, ROUTE_CCS_ON, ROUTE_CCS_OFF };
 
-/* config file, then command-line options (ccs.c) */
-extern struct config cfg;
+/*
+ * The settings: defaults, then the config file, then the command-line options, filled by main
+ * (ccs.c) and passed, read-only, to what needs them: a command takes the whole config, a helper
+ * the part it reads (a pin dir, a state dir, a key). No global: the one signal handler (translog.c)
+ * only sets its stop flag.
+ */
 
 /* the fields of a verified manifest (ccs_table.h documents the format) */
 struct manifest {
@@ -86,7 +91,7 @@ struct link_state {
 	__u32 link_id;
 	__u32 prog_id;
 	__u64 cgroup_id;    /* the link's cgroup; 0 once that cgroup was removed (severed) */
-	__u64 path_id;      /* the id of cfg.cgroup as it is now; 0 if unset or missing */
+	__u64 path_id;      /* the id of the configured cgroup as it is now; 0 if unset or missing */
 	const char *state;  /* "ok", "none", "severed", "elsewhere", "unreadable" */
 	bool attached;      /* state "ok": the program runs for the configured cgroup */
 };
@@ -109,22 +114,23 @@ struct floor {
 };
 
 /* floor.c: 0 (f->present says whether there is one), or -1 after printing why */
-int floor_path(char *buf, size_t n);
-int floor_read(struct floor *f);
-int floor_write(const struct floor *f);
+int floor_path(const char *state_dir, char *buf, size_t n);
+int floor_read(const char *state_dir, struct floor *f);
+int floor_write(const char *state_dir, const struct floor *f);
 
-/* config.c */
-int load_config(const char *path);
+/* config.c: the defaults; the file over them (0, or -1 after printing where and why) */
+void config_defaults(struct config *cfg);
+int load_config(struct config *cfg, const char *path);
 
-/* routes.c */
-bool routes_enabled(void);
-int routes_sync(const struct ccs_table_entry *ents, size_t n);
-int routes_flush(void);
-long routes_count(void);
-__u32 routes_mark(void);
-const char *routes_why(void);
-const char *routes_table(void);
-const char *routes_within(void);
+/* routes.c (what the namespace can carry is read once per process, for the first cfg given) */
+bool routes_enabled(const struct config *cfg);
+int routes_sync(const struct config *cfg, const struct ccs_table_entry *ents, size_t n);
+int routes_flush(const struct config *cfg);
+long routes_count(const struct config *cfg);
+__u32 routes_mark(const struct config *cfg);
+const char *routes_why(const struct config *cfg);
+const char *routes_table(const struct config *cfg);
+const char *routes_within(const struct config *cfg);
 int routes_check_within(const char *list, char *why, size_t why_n);
 int parse_fraction_option(const char *what, const char *v, double *out);
 int check_node_id(const char *v);
@@ -137,14 +143,14 @@ void hex(const unsigned char *b, size_t n, char *out);
 void json_str(FILE *o, const char *s);
 int json_escape(char *out, size_t n, const char *s);
 __u64 cgroup_id_of(const char *path);
-void link_state(struct link_state *ls);
+void link_state(const struct config *cfg, struct link_state *ls);
 int read_file(const char *path, unsigned char **buf, size_t *len);
-int pin_path(char *buf, size_t n, const char *name);
-int open_pinned(const char *name);
-int lock_pin_dir(void);
+int pin_path(const char *pin_dir, char *buf, size_t n, const char *name);
+int open_pinned(const char *pin_dir, const char *name);
+int lock_pin_dir(const char *pin_dir);
 
 /* manifest.c: 0 with *m filled, or -1 after printing why the manifest is refused */
-int manifest_read(const char *path, struct manifest *m);
+int manifest_read(const char *public_key, const char *path, struct manifest *m);
 
 /* table.c: the map id of the inner map in ccs_tables[slot] or ccs_trees[slot]; whether a slot's meta
  * describes its index */
@@ -152,18 +158,19 @@ int slot_map_id(int tables_fd, __u32 slot, __u32 *id);
 bool slot_consistent(const struct ccs_meta *m, __u32 index_id);
 
 /* the commands; each returns the process exit status */
-int cmd_attach(void);
-int cmd_detach(bool purge);
-int cmd_policy(void);
+int cmd_attach(const struct config *cfg);
+int cmd_detach(const struct config *cfg, bool purge);
+int cmd_policy(const struct config *cfg);
 /* allow_downgrade: NULL, or the table the operator names (load --allow-downgrade [EPOCH:]VERSION) */
-int cmd_load(const char *manifest_path, bool json, const char *allow_downgrade);
-int cmd_floor(bool json);
-int cmd_rollback(void);
-int cmd_status(bool json);
-int cmd_log(const char *out, bool drain, bool watch);
-int cmd_metrics(const char *path);
+int cmd_load(const struct config *cfg, const char *manifest_path, bool json,
+	     const char *allow_downgrade);
+int cmd_floor(const struct config *cfg, bool json);
+int cmd_rollback(const struct config *cfg);
+int cmd_status(const struct config *cfg, bool json);
+int cmd_log(const struct config *cfg, const char *out, bool drain, bool watch);
+int cmd_metrics(const struct config *cfg, const char *path);
 
-/* metrics.c: run's loop calls it; it rewrites metrics_file when due */
-void metrics_tick(void);
+/* metrics.c: run's loop calls it; it rewrites cfg->metrics_file when due */
+void metrics_tick(const struct config *cfg);
 
 #endif /* CCS_AGENT_H */

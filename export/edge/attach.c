@@ -62,10 +62,11 @@ static int ensure_bpffs(void)
  * config): a slot whose port changes (a service added, removed, moved or reordered) starts from
  * zero, so that no service's counters go on with another port's counts. cur: ccs_policy now.
  */
-static int reset_moved_slots(const struct ccs_policy *cur, __u32 n)
+static int reset_moved_slots(const struct config *cfg, const struct ccs_policy *cur, __u32 n)
 {
 	unsigned before[CCS_SVC_SLOTS] = {}, after[CCS_SVC_SLOTS] = {};
-	int fd = open_pinned("ccs_svc_counters"), ncpu = libbpf_num_possible_cpus(), err = 0;
+	int fd = open_pinned(cfg->pin_dir, "ccs_svc_counters"), err = 0;
+	int ncpu = libbpf_num_possible_cpus();
 	struct ccs_svc_counters *zero;
 	__u32 port, id;
 
@@ -79,8 +80,8 @@ static int reset_moved_slots(const struct ccs_policy *cur, __u32 n)
 	for (port = 0; port < n; port++)
 		if (cur[port].served && cur[port].service_id < CCS_SVC_SLOTS)
 			before[cur[port].service_id] = port;
-	for (id = 1; id <= (__u32)cfg.n_services; id++)
-		after[id] = cfg.services[id - 1].port;
+	for (id = 1; id <= (__u32)cfg->n_services; id++)
+		after[id] = cfg->services[id - 1].port;
 	for (id = 1; id < CCS_SVC_SLOTS && !err; id++)
 		if (before[id] != after[id] && bpf_map_update_elem(fd, &id, zero, BPF_ANY))
 			err = -errno;
@@ -96,7 +97,7 @@ static int reset_moved_slots(const struct ccs_policy *cur, __u32 n)
  * (policy, attach, an agent restart) leaves no moment where it is not enforced. Each write is
  * one element. *changed: the number of ports written.
  */
-static int apply_policy(int policy_fd, int *changed)
+static int apply_policy(const struct config *cfg, int policy_fd, int *changed)
 {
 	const __u32 n = 65536;
 	struct ccs_policy *cur = calloc(n, sizeof(*cur)), *want = calloc(n, sizeof(*want));
@@ -134,14 +135,14 @@ static int apply_policy(int policy_fd, int *changed)
 		memcpy(cur, tmp, n * sizeof(*cur));
 		free(tmp);
 	}
-	for (i = 0; i < cfg.n_services; i++) {
-		port = cfg.services[i].port;
-		want[port] = (struct ccs_policy){ .served = 1, .ab = cfg.services[i].ab,
-						  .caps = cfg.services[i].caps,
-						  .flow_mode = cfg.services[i].flow_mode,
+	for (i = 0; i < cfg->n_services; i++) {
+		port = cfg->services[i].port;
+		want[port] = (struct ccs_policy){ .served = 1, .ab = cfg->services[i].ab,
+						  .caps = cfg->services[i].caps,
+						  .flow_mode = cfg->services[i].flow_mode,
 						  .service_id = i + 1 };
 	}
-	err = reset_moved_slots(cur, n);
+	err = reset_moved_slots(cfg, cur, n);
 	if (err)
 		goto out;
 	for (pass = 0; pass < 2; pass++) {
@@ -165,9 +166,9 @@ out:
 }
 
 /* open the skeleton with its maps pinned (reused) under the pin dir, set the tunables, load */
-static int open_and_load(struct ccs_bpf **skelp)
+static int open_and_load(const struct config *cfg, struct ccs_bpf **skelp)
 {
-	LIBBPF_OPTS(bpf_object_open_opts, oopts, .pin_root_path = cfg.pin_dir);
+	LIBBPF_OPTS(bpf_object_open_opts, oopts, .pin_root_path = cfg->pin_dir);
 	struct ccs_bpf *skel;
 	__u64 thresh;
 	int err, changed;
@@ -178,65 +179,65 @@ static int open_and_load(struct ccs_bpf **skelp)
 		print_error("open BPF object: %s", strerror(-err));
 		return err;
 	}
-	if (cfg.sample_rate <= 0)
+	if (cfg->sample_rate <= 0)
 		thresh = 0;
-	else if (cfg.sample_rate >= 1)
+	else if (cfg->sample_rate >= 1)
 		thresh = 1ull << 32;
 	else
-		thresh = (__u64)(cfg.sample_rate * 4294967296.0);
+		thresh = (__u64)(cfg->sample_rate * 4294967296.0);
 	skel->rodata->sample_thresh = thresh;
 	skel->rodata->default_cc_id = sysctl_cc_id();
 	/* route CCs on by default where the namespace can carry them (routes.c resolve) */
-	if (cfg.route_ccs == ROUTE_CCS_ON && !routes_enabled()) {
-		print_error("attach: route_ccs: on, but this namespace cannot carry them: %s", routes_why());
+	if (cfg->route_ccs == ROUTE_CCS_ON && !routes_enabled(cfg)) {
+		print_error("attach: route_ccs: on, but this namespace cannot carry them: %s", routes_why(cfg));
 		ccs_bpf__destroy(skel);
 		*skelp = NULL;
 		return -EOPNOTSUPP;
 	}
-	if (cfg.route_ccs == ROUTE_CCS_AUTO && routes_why()[0])
+	if (cfg->route_ccs == ROUTE_CCS_AUTO && routes_why(cfg)[0])
 		fprintf(stderr, "ccs-edge: attach: route CCs %s: %s%s\n",
-			routes_enabled() ? "on for one family only" : "off",
-			routes_why(), routes_enabled() ? "" : " (the program switches every connection)");
-	skel->rodata->cc_routes = routes_enabled();
+			routes_enabled(cfg) ? "on for one family only" : "off",
+			routes_why(cfg), routes_enabled(cfg) ? "" : " (the program switches every connection)");
+	skel->rodata->cc_routes = routes_enabled(cfg);
 	/* the mark of the agent's ip rule: only this cgroup's listeners' connections see its routes */
-	skel->rodata->route_mark = routes_mark();
-	skel->rodata->mark_cgroup_id = cgroup_id_of(cfg.cgroup);
+	skel->rodata->route_mark = routes_mark(cfg);
+	skel->rodata->mark_cgroup_id = cgroup_id_of(cfg->cgroup);
 	/* the iterator that marks the listeners already listening: loaded only with route CCs on */
-	bpf_program__set_autoload(skel->progs.ccs_mark_listeners, routes_enabled());
+	bpf_program__set_autoload(skel->progs.ccs_mark_listeners, routes_enabled(cfg));
 	err = ccs_bpf__load(skel);
-	if (!err && !routes_enabled())
-		routes_flush(); /* route CCs turned off: none of ours may outlive them */
+	if (!err && !routes_enabled(cfg))
+		routes_flush(cfg); /* route CCs turned off: none of ours may outlive them */
 	if (err) {
 		print_error("load BPF object: %s", strerror(-err));
 		return err;
 	}
-	err = apply_policy(bpf_map__fd(skel->maps.ccs_policy), &changed);
+	err = apply_policy(cfg, bpf_map__fd(skel->maps.ccs_policy), &changed);
 	if (err)
 		print_error("policy: %s", strerror(-err));
 	return err;
 }
 
 /* a new link on the cgroup (created if missing), pinned at lp */
-static int attach_new(struct ccs_bpf *skel, const char *lp)
+static int attach_new(const struct config *cfg, struct ccs_bpf *skel, const char *lp)
 {
 	struct bpf_link *link = NULL;
 	int cg_fd = -1, err = 0;
 
-	if (mkdir(cfg.cgroup, 0755) && errno != EEXIST) {
+	if (mkdir(cfg->cgroup, 0755) && errno != EEXIST) {
 		err = -errno;
-		print_error("create cgroup %s: %s", cfg.cgroup, strerror(-err));
+		print_error("create cgroup %s: %s", cfg->cgroup, strerror(-err));
 		goto cleanup;
 	}
-	cg_fd = open(cfg.cgroup, O_RDONLY | O_DIRECTORY);
+	cg_fd = open(cfg->cgroup, O_RDONLY | O_DIRECTORY);
 	if (cg_fd < 0) {
 		err = -errno;
-		print_error("open cgroup %s: %s", cfg.cgroup, strerror(-err));
+		print_error("open cgroup %s: %s", cfg->cgroup, strerror(-err));
 		goto cleanup;
 	}
 	link = bpf_program__attach_cgroup(skel->progs.ccs_sockops, cg_fd);
 	if (!link) {
 		err = -errno;
-		print_error("attach to %s: %s", cfg.cgroup, strerror(-err));
+		print_error("attach to %s: %s", cfg->cgroup, strerror(-err));
 		goto cleanup;
 	}
 	unlink(lp);  /* a pin left by an attach that died before its rename */
@@ -300,39 +301,39 @@ static int mark_existing(struct ccs_bpf *skel)
  *   elsewhere  attached to another cgroup than the one asked for: a new link on the asked one,
  *              pinned over the old, then the old one detached (the program moves).
  */
-int cmd_attach(void)
+int cmd_attach(const struct config *cfg)
 {
 	struct ccs_bpf *skel = NULL;
 	struct link_state ls = { .fd = -1 };
 	char lp[PATH_MAX], tmp[PATH_MAX];
 	int lock_fd = -1, err = 0;
 
-	if (!cfg.cgroup[0]) {
+	if (!cfg->cgroup[0]) {
 		print_error("attach: no cgroup (--cgroup or config cgroup:)");
 		return 1;
 	}
 	if (ensure_bpffs())
 		return 1;
-	if (mkdir(cfg.pin_dir, 0700) && errno != EEXIST) {
-		print_error("mkdir %s: %s", cfg.pin_dir, strerror(errno));
+	if (mkdir(cfg->pin_dir, 0700) && errno != EEXIST) {
+		print_error("mkdir %s: %s", cfg->pin_dir, strerror(errno));
 		return 1;
 	}
-	lock_fd = lock_pin_dir();
+	lock_fd = lock_pin_dir(cfg->pin_dir);
 	if (lock_fd < 0) {
 		err = lock_fd;
-		print_error("lock %s: %s", cfg.pin_dir, strerror(-err));
+		print_error("lock %s: %s", cfg->pin_dir, strerror(-err));
 		goto cleanup;
 	}
-	err = open_and_load(&skel);
+	err = open_and_load(cfg, &skel);
 	if (err)
 		goto cleanup;
-	pin_path(lp, sizeof(lp), "link");
-	link_state(&ls);
+	pin_path(cfg->pin_dir, lp, sizeof(lp), "link");
+	link_state(cfg, &ls);
 	if (ls.fd < 0) {
-		err = attach_new(skel, lp);
+		err = attach_new(cfg, skel, lp);
 		if (!err)
-			printf("attached to %s, pinned under %s (sample rate %g)\n", cfg.cgroup,
-			       cfg.pin_dir, cfg.sample_rate);
+			printf("attached to %s, pinned under %s (sample rate %g)\n", cfg->cgroup,
+			       cfg->pin_dir, cfg->sample_rate);
 		goto cleanup;
 	}
 	if (ls.attached) {
@@ -342,13 +343,13 @@ int cmd_attach(void)
 			print_error("replace program in %s: %s", lp, strerror(-err));
 			goto cleanup;
 		}
-		printf("replaced program on existing link %s (cgroup %s)\n", lp, cfg.cgroup);
+		printf("replaced program on existing link %s (cgroup %s)\n", lp, cfg->cgroup);
 		goto cleanup;
 	}
 	/* severed or elsewhere: a new link where it belongs, pinned over the old one (rename is
 	 * atomic on bpffs: the pin always names a link), then the old one leaves its cgroup */
 	snprintf(tmp, sizeof(tmp), "%s_new", lp);  /* bpffs refuses a dot in a name */
-	err = attach_new(skel, tmp);
+	err = attach_new(cfg, skel, tmp);
 	if (err)
 		goto cleanup;
 	if (rename(tmp, lp)) {
@@ -359,22 +360,22 @@ int cmd_attach(void)
 	}
 	if (!strcmp(ls.state, "severed")) {
 		printf("re-attached to %s (cgroup id %llu): the pinned link was severed, its cgroup "
-		       "was removed or recreated\n", cfg.cgroup,
-		       (unsigned long long)cgroup_id_of(cfg.cgroup));
+		       "was removed or recreated\n", cfg->cgroup,
+		       (unsigned long long)cgroup_id_of(cfg->cgroup));
 	} else {
 		if (bpf_link_detach(ls.fd) && errno != EINVAL && errno != ENOLINK)
 			print_error("detach the old link (cgroup id %llu): %s",
 				(unsigned long long)ls.cgroup_id, strerror(errno));
-		printf("moved to %s (cgroup id %llu) from cgroup id %llu\n", cfg.cgroup,
-		       (unsigned long long)cgroup_id_of(cfg.cgroup), (unsigned long long)ls.cgroup_id);
+		printf("moved to %s (cgroup id %llu) from cgroup id %llu\n", cfg->cgroup,
+		       (unsigned long long)cgroup_id_of(cfg->cgroup), (unsigned long long)ls.cgroup_id);
 	}
 cleanup:
-	if (!err && skel && routes_enabled()) {
+	if (!err && skel && routes_enabled(cfg)) {
 		int m = mark_existing(skel);
 
 		if (m >= 0)
 			printf("route CCs on (table %s, mark 0x%x): %d listener%s already listening marked\n",
-			       routes_table(), routes_mark(), m, m == 1 ? "" : "s");
+			       routes_table(cfg), routes_mark(cfg), m, m == 1 ? "" : "s");
 	}
 	if (ls.fd >= 0)
 		close(ls.fd);
@@ -384,7 +385,7 @@ cleanup:
 	return err ? 1 : 0;
 }
 
-int cmd_detach(bool purge)
+int cmd_detach(const struct config *cfg, bool purge)
 {
 	char p[PATH_MAX];
 	int fd, err = 0;
@@ -397,8 +398,8 @@ int cmd_detach(bool purge)
 	 * wrong) and detach fails, naming the step. With route CCs off none should exist: a failed
 	 * flush is only said.
 	 */
-	if (routes_flush()) {
-		if (routes_enabled()) {
+	if (routes_flush(cfg)) {
+		if (routes_enabled(cfg)) {
 			print_error("detach: step 1 (flush the route CCs) failed: the program stays attached "
 				"(it corrects the routes' CCs); nothing detached");
 			return 1;
@@ -406,44 +407,44 @@ int cmd_detach(bool purge)
 		fprintf(stderr, "ccs-edge: detach: route CCs are off, but the flush of any left failed\n");
 	}
 	/* 2. the link */
-	fd = open_pinned("link");
+	fd = open_pinned(cfg->pin_dir, "link");
 	if (fd >= 0) {
 		if (bpf_link_detach(fd) && errno != EINVAL && errno != ENOLINK)
 			fprintf(stderr, "ccs-edge: link detach: %s\n", strerror(errno));
 		close(fd);
-		pin_path(p, sizeof(p), "link");
+		pin_path(cfg->pin_dir, p, sizeof(p), "link");
 		unlink(p);
 	}
 	if (!purge)
 		return err;
-	d = opendir(cfg.pin_dir);
+	d = opendir(cfg->pin_dir);
 	if (!d)
 		return errno == ENOENT ? 0 : 1;
 	while ((de = readdir(d))) {
 		if (de->d_name[0] == '.')
 			continue;
-		pin_path(p, sizeof(p), de->d_name);
+		pin_path(cfg->pin_dir, p, sizeof(p), de->d_name);
 		if (unlink(p)) {
 			fprintf(stderr, "ccs-edge: unlink %s: %s\n", p, strerror(errno));
 			err = 1;
 		}
 	}
 	closedir(d);
-	if (rmdir(cfg.pin_dir) && errno != ENOENT)
+	if (rmdir(cfg->pin_dir) && errno != ENOENT)
 		err = 1;
 	return err;
 }
 
-int cmd_policy(void)
+int cmd_policy(const struct config *cfg)
 {
-	int fd = open_pinned("ccs_policy"), lock_fd, err, changed = 0;
+	int fd = open_pinned(cfg->pin_dir, "ccs_policy"), lock_fd, err, changed = 0;
 
 	if (fd < 0) {
-		print_error("not attached (no %s/ccs_policy)", cfg.pin_dir);
+		print_error("not attached (no %s/ccs_policy)", cfg->pin_dir);
 		return 1;
 	}
-	lock_fd = lock_pin_dir();
-	err = apply_policy(fd, &changed);
+	lock_fd = lock_pin_dir(cfg->pin_dir);
+	err = apply_policy(cfg, fd, &changed);
 	close(fd);
 	if (lock_fd >= 0)
 		close(lock_fd);
@@ -451,6 +452,6 @@ int cmd_policy(void)
 		print_error("policy: %s", strerror(-err));
 		return 1;
 	}
-	printf("policy: %d services, %d ports changed\n", cfg.n_services, changed);
+	printf("policy: %d services, %d ports changed\n", cfg->n_services, changed);
 	return 0;
 }

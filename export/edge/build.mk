@@ -16,7 +16,8 @@ EDGE_CFLAGS   ?= -O2 -g -Wall -Wextra -Wno-unused-parameter -Wno-missing-field-i
 EDGE_LDLIBS   := -lbpf -lelf -lz -lcrypto -lcjson
 EDGE_HDRS     := $(EDGE_SRC)/ccs_table.h $(EDGE_SRC)/ccs.h
 # the agent: ccs.c (main) and one file per concern, sharing agent.h
-EDGE_AGENT_SRCS := $(addprefix $(EDGE_SRC)/,ccs.c config.c util.c attach.c manifest.c table.c floor.c \
+EDGE_AGENT_SRCS := $(addprefix $(EDGE_SRC)/,ccs.c config.c util.c attach.c manifest.c table.c \
+                     table_verify.c table_rule.c table_index.c table_slots.c floor.c \
                      routes.c status.c translog.c metrics.c)
 
 .PHONY: edge edge-clean
@@ -36,7 +37,7 @@ $(EDGE_OUT)/ccs.skel.h: $(EDGE_OUT)/ccs.bpf.o
 	$(EDGE_BPFTOOL) gen skeleton $< name ccs_bpf > $@.tmp && mv $@.tmp $@
 
 # one compiler run over all the agent's files: a second or two, no object files to track
-$(EDGE_OUT)/ccs-edge: $(EDGE_AGENT_SRCS) $(EDGE_SRC)/agent.h $(EDGE_OUT)/ccs.skel.h $(EDGE_HDRS)
+$(EDGE_OUT)/ccs-edge: $(EDGE_AGENT_SRCS) $(EDGE_SRC)/agent.h $(EDGE_SRC)/table.h $(EDGE_OUT)/ccs.skel.h $(EDGE_HDRS)
 	$(EDGE_CC) $(EDGE_CFLAGS) $(EDGE_INCLUDES) $(EDGE_AGENT_SRCS) -o $@ $(EDGE_LDLIBS)
 
 # accept-rate load generator for bench/kernel.py

@@ -133,72 +133,74 @@ static void collect_positional(int argc, char **argv, struct args *a)
 }
 
 /* the config file, then the command-line options over it */
-static int apply_settings(struct args *a)
+static int apply_settings(struct config *cfg, struct args *a)
 {
-	if (a->config && load_config(a->config))
+	config_defaults(cfg);
+	if (a->config && load_config(cfg, a->config))
 		return -1;
 	if (a->pin)
-		snprintf(cfg.pin_dir, sizeof(cfg.pin_dir), "%s", a->pin);
+		snprintf(cfg->pin_dir, sizeof(cfg->pin_dir), "%s", a->pin);
 	if (a->pubkey)
-		snprintf(cfg.public_key, sizeof(cfg.public_key), "%s", a->pubkey);
+		snprintf(cfg->public_key, sizeof(cfg->public_key), "%s", a->pubkey);
 	if (a->node) {
-		if (check_node_id(a->node) || strlen(a->node) >= sizeof(cfg.node_id)) {
+		if (check_node_id(a->node) || strlen(a->node) >= sizeof(cfg->node_id)) {
 			print_error("--node-id \"%s\": printable, without '/', at most %zu bytes", a->node,
-				sizeof(cfg.node_id) - 1);
+				sizeof(cfg->node_id) - 1);
 			return -1;
 		}
-		snprintf(cfg.node_id, sizeof(cfg.node_id), "%s", a->node);
+		snprintf(cfg->node_id, sizeof(cfg->node_id), "%s", a->node);
 	}
 	if (a->cgroup)
-		snprintf(cfg.cgroup, sizeof(cfg.cgroup), "%s", a->cgroup);
-	if (a->sample && parse_fraction_option("--sample-rate", a->sample, &cfg.sample_rate))
+		snprintf(cfg->cgroup, sizeof(cfg->cgroup), "%s", a->cgroup);
+	if (a->sample && parse_fraction_option("--sample-rate", a->sample, &cfg->sample_rate))
 		return -1;
-	if (!a->out && cfg.log_dir[0])
-		a->out = cfg.log_dir;
-	if (!cfg.state_dir[0]) {   /* the floor of the enforcer the pin dir names */
-		const char *base = strrchr(cfg.pin_dir, '/');
+	if (!a->out && cfg->log_dir[0])
+		a->out = cfg->log_dir;
+	if (!cfg->state_dir[0]) {   /* the floor of the enforcer the pin dir names */
+		const char *base = strrchr(cfg->pin_dir, '/');
 
-		base = base && base[1] ? base + 1 : cfg.pin_dir;
-		snprintf(cfg.state_dir, sizeof(cfg.state_dir), "/var/lib/ccs-edge/%s", base);
+		base = base && base[1] ? base + 1 : cfg->pin_dir;
+		snprintf(cfg->state_dir, sizeof(cfg->state_dir), "/var/lib/ccs-edge/%s", base);
 	}
 	return 0;
 }
 
-static int dispatch(const struct args *a)
+static int dispatch(const struct config *cfg, const struct args *a)
 {
 	const char *cmd = a->pos[0];
 
 	if (!strcmp(cmd, "attach"))
-		return cmd_attach();
+		return cmd_attach(cfg);
 	if (!strcmp(cmd, "detach"))
-		return cmd_detach(a->purge);
+		return cmd_detach(cfg, a->purge);
 	if (!strcmp(cmd, "policy"))
-		return cmd_policy();
+		return cmd_policy(cfg);
 	if (!strcmp(cmd, "load")) {
 		if (a->np < 2) {
 			usage();
 			return 2;
 		}
-		return cmd_load(a->pos[1], a->json, a->downgrade);
+		return cmd_load(cfg, a->pos[1], a->json, a->downgrade);
 	}
 	if (!strcmp(cmd, "floor"))
-		return cmd_floor(a->json);
+		return cmd_floor(cfg, a->json);
 	if (!strcmp(cmd, "rollback"))
-		return cmd_rollback();
+		return cmd_rollback(cfg);
 	if (!strcmp(cmd, "status"))
-		return cmd_status(a->json);
+		return cmd_status(cfg, a->json);
 	if (!strcmp(cmd, "log"))
-		return cmd_log(a->out, a->drain, false);
+		return cmd_log(cfg, a->out, a->drain, false);
 	if (!strcmp(cmd, "metrics"))
-		return cmd_metrics(a->np > 1 ? a->pos[1] : NULL);
+		return cmd_metrics(cfg, a->np > 1 ? a->pos[1] : NULL);
 	if (!strcmp(cmd, "run"))
-		return cmd_log(a->out, false, true);
+		return cmd_log(cfg, a->out, false, true);
 	usage();
 	return 2;
 }
 
 int main(int argc, char **argv)
 {
+	struct config cfg;   /* apply_settings fills it; each command gets it, read-only */
 	struct args a = {};
 
 	if (parse_options(argc, argv, &a)) {
@@ -210,10 +212,10 @@ int main(int argc, char **argv)
 		usage();
 		return 2;
 	}
-	if (apply_settings(&a))
+	if (apply_settings(&cfg, &a))
 		return 1;
 	libbpf_set_print(libbpf_print_fn);
 	/* a pipe whose reader died (ip -batch, a closed stdout) is an error to report, not the end */
 	signal(SIGPIPE, SIG_IGN);
-	return dispatch(&a);
+	return dispatch(&cfg, &a);
 }

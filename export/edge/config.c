@@ -24,13 +24,19 @@
 
 #include "agent.h"
 
-struct config cfg = {
-	.pin_dir = "/sys/fs/bpf/ccs",
-	.default_cc = "",
-	.sample_rate = 0.01,
-	.rotate_minutes = 1,
-	.version_max_step = CCS_VERSION_MAX_STEP,
-};
+/* the settings before the config file and the options: these, everything else 0 or "" */
+void config_defaults(struct config *cfg)
+{
+	static const struct config defaults = {
+		.pin_dir = "/sys/fs/bpf/ccs",
+		.default_cc = "",
+		.sample_rate = 0.01,
+		.rotate_minutes = 1,
+		.version_max_step = CCS_VERSION_MAX_STEP,
+	};
+
+	*cfg = defaults;
+}
 
 #define MAX_LINE 4096
 
@@ -239,7 +245,7 @@ int check_node_id(const char *v)
 }
 
 /* `{port: N, name: x, ab: bool, caps: bool}` (after the '-') -> the next service */
-static int parse_service(const struct pos *p, const char *s)
+static int parse_service(struct config *cfg, const struct pos *p, const char *s)
 {
 	struct service *svc;
 	bool seen[5] = {};
@@ -247,7 +253,7 @@ static int parse_service(const struct pos *p, const char *s)
 	unsigned long port;
 	int i, k;
 
-	if (cfg.n_services >= MAX_SERVICES) {
+	if (cfg->n_services >= MAX_SERVICES) {
 		cfg_err(p, "more than %d services", MAX_SERVICES);
 		return -1;
 	}
@@ -256,7 +262,7 @@ static int parse_service(const struct pos *p, const char *s)
 		cfg_err(p, "a service must be a one-line flow mapping {port: N, ...}");
 		return -1;
 	}
-	svc = &cfg.services[cfg.n_services];
+	svc = &cfg->services[cfg->n_services];
 	memset(svc, 0, sizeof(*svc));
 	s = skip_blank(s + 1);
 	while (*s != '}') {
@@ -321,18 +327,18 @@ static int parse_service(const struct pos *p, const char *s)
 		cfg_err(p, "service without port");
 		return -1;
 	}
-	for (i = 0; i < cfg.n_services; i++) {
-		if (cfg.services[i].port == svc->port) {
-			cfg_err(p, "port %u is already a service (%s)", svc->port, cfg.services[i].name);
+	for (i = 0; i < cfg->n_services; i++) {
+		if (cfg->services[i].port == svc->port) {
+			cfg_err(p, "port %u is already a service (%s)", svc->port, cfg->services[i].name);
 			return -1;
 		}
 	}
-	cfg.n_services++;
+	cfg->n_services++;
 	return 0;
 }
 
 /* rotate_minutes: 0 (hourly files) or a divisor of the hour (ccselect/contract.py ROTATE_MINUTES) */
-static int parse_rotate(const struct pos *p, const char *v)
+static int parse_rotate(struct config *cfg, const struct pos *p, const char *v)
 {
 	unsigned long m;
 
@@ -343,7 +349,7 @@ static int parse_rotate(const struct pos *p, const char *v)
 			"12, 15, 20, 30; or 0 for hourly files)", m);
 		return -1;
 	}
-	cfg.rotate_minutes = (int)m;
+	cfg->rotate_minutes = (int)m;
 	return 0;
 }
 
@@ -364,7 +370,7 @@ static int set_str(const struct pos *p, const char *key, char *dst, size_t n, co
  * writes no route). Each goes to ip as words on a line of
  * `ip -batch` (no shell).
  */
-static int parse_route_key(const struct pos *p, const char *key, const char *val)
+static int parse_route_key(struct config *cfg, const struct pos *p, const char *key, const char *val)
 {
 	const char *c;
 
@@ -377,7 +383,7 @@ static int parse_route_key(const struct pos *p, const char *key, const char *val
 			cfg_err(p, "route_table \"%s\": a table number (1..2^32-1), local or main", val);
 			return -1;
 		}
-		return set_str(p, key, cfg.route_table, sizeof(cfg.route_table), val);
+		return set_str(p, key, cfg->route_table, sizeof(cfg->route_table), val);
 	}
 	for (c = val; *c; c++)
 		if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
@@ -388,7 +394,7 @@ static int parse_route_key(const struct pos *p, const char *key, const char *val
 	if (!strcmp(key, "route_spec")) {
 		char buf[256], *tok, *save = NULL;
 
-		if (set_str(p, key, cfg.route_spec, sizeof(cfg.route_spec), val))
+		if (set_str(p, key, cfg->route_spec, sizeof(cfg->route_spec), val))
 			return -1;
 		strcpy(buf, val);
 		for (tok = strtok_r(buf, " ", &save); tok; tok = strtok_r(NULL, " ", &save))
@@ -407,11 +413,11 @@ static int parse_route_key(const struct pos *p, const char *key, const char *val
 			return -1;
 		}
 	}
-	return set_str(p, key, cfg.route_within, sizeof(cfg.route_within), val);
+	return set_str(p, key, cfg->route_within, sizeof(cfg->route_within), val);
 }
 
 /* a top-level `key: value` line; *in_services says whether `- {...}` items may follow */
-static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *in_services)
+static int parse_setting(struct config *cfg, const struct pos *p, const char *s, bool *seen, bool *in_services)
 {
 	char key[64], val[PATH_MAX];
 	int k;
@@ -451,18 +457,18 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 		return 0;
 	}
 	if (!strcmp(key, "sample_rate"))
-		return parse_real(p, key, val, 0.0, 1.0, &cfg.sample_rate);
+		return parse_real(p, key, val, 0.0, 1.0, &cfg->sample_rate);
 	if (!strcmp(key, "rotate_minutes"))
-		return parse_rotate(p, val);
+		return parse_rotate(cfg, p, val);
 	if (!strcmp(key, "node_id")) {
 		if (val[0] && check_node_id(val)) {
 			cfg_err(p, "node_id \"%s\": must be printable, without '/', not . or ..", val);
 			return -1;
 		}
-		return set_str(p, key, cfg.node_id, sizeof(cfg.node_id), val);
+		return set_str(p, key, cfg->node_id, sizeof(cfg->node_id), val);
 	}
 	if (!strcmp(key, "default_cc"))
-		return set_str(p, key, cfg.default_cc, sizeof(cfg.default_cc), val);
+		return set_str(p, key, cfg->default_cc, sizeof(cfg->default_cc), val);
 	if (!strcmp(key, "route_ccs")) {
 		static const char *const modes[] = { "auto", "on", "off" };
 		int m;
@@ -474,25 +480,25 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 			cfg_err(p, "route_ccs \"%s\": auto, on or off", val);
 			return -1;
 		}
-		cfg.route_ccs = m;
+		cfg->route_ccs = m;
 		return 0;
 	}
 	if (!strcmp(key, "route_table") || !strcmp(key, "route_spec") || !strcmp(key, "route_within"))
-		return parse_route_key(p, key, val);
+		return parse_route_key(cfg, p, key, val);
 	if (!strcmp(key, "cgroup"))
-		return set_str(p, key, cfg.cgroup, sizeof(cfg.cgroup), val);
+		return set_str(p, key, cfg->cgroup, sizeof(cfg->cgroup), val);
 	if (!strcmp(key, "pin_dir"))
-		return set_str(p, key, cfg.pin_dir, sizeof(cfg.pin_dir), val);
+		return set_str(p, key, cfg->pin_dir, sizeof(cfg->pin_dir), val);
 	if (!strcmp(key, "public_key"))
-		return set_str(p, key, cfg.public_key, sizeof(cfg.public_key), val);
+		return set_str(p, key, cfg->public_key, sizeof(cfg->public_key), val);
 	if (!strcmp(key, "metrics_file"))
-		return set_str(p, key, cfg.metrics_file, sizeof(cfg.metrics_file), val);
+		return set_str(p, key, cfg->metrics_file, sizeof(cfg->metrics_file), val);
 	if (!strcmp(key, "state_dir")) {
 		if (val[0] && val[0] != '/') {
 			cfg_err(p, "state_dir \"%s\": an absolute path", val);
 			return -1;
 		}
-		return set_str(p, key, cfg.state_dir, sizeof(cfg.state_dir), val);
+		return set_str(p, key, cfg->state_dir, sizeof(cfg->state_dir), val);
 	}
 	if (!strcmp(key, "version_max_step")) {
 		/* 1 .. 2^32: past that a handful of tables would use up an epoch's 2^53 versions */
@@ -500,10 +506,10 @@ static int parse_setting(const struct pos *p, const char *s, bool *seen, bool *i
 
 		if (parse_uint(p, key, val, 1, 4294967296ul, &step))
 			return -1;
-		cfg.version_max_step = step;
+		cfg->version_max_step = step;
 		return 0;
 	}
-	return set_str(p, key, cfg.log_dir, sizeof(cfg.log_dir), val);
+	return set_str(p, key, cfg->log_dir, sizeof(cfg->log_dir), val);
 }
 
 /* cut a comment: '#' at the start or after a blank, outside quotes */
@@ -528,7 +534,7 @@ static void cut_comment(char *s)
 	}
 }
 
-int load_config(const char *path)
+int load_config(struct config *cfg, const char *path)
 {
 	struct pos p = { .path = path };
 	bool seen[sizeof(top_keys) / sizeof(top_keys[0])] = {}, in_services = false;
@@ -569,13 +575,13 @@ int load_config(const char *path)
 				cfg_err(&p, "a list item outside services:");
 				err = -1;
 			} else {
-				err = parse_service(&p, s + 1);
+				err = parse_service(cfg, &p, s + 1);
 			}
 		} else if (s != line) {
 			cfg_err(&p, "unexpected indentation (top-level keys start at column 1)");
 			err = -1;
 		} else {
-			err = parse_setting(&p, s, seen, &in_services);
+			err = parse_setting(cfg, &p, s, seen, &in_services);
 		}
 	}
 	free(line);

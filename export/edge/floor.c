@@ -24,14 +24,14 @@
 
 #define FLOOR_NAME "version-floor.json"
 
-int floor_path(char *buf, size_t n)
+int floor_path(const char *state_dir, char *buf, size_t n)
 {
-	if (!cfg.state_dir[0]) {
+	if (!state_dir[0]) {
 		print_error("no state_dir: the version floor has nowhere to live");
 		return -1;
 	}
-	if ((size_t)snprintf(buf, n, "%s/%s", cfg.state_dir, FLOOR_NAME) >= n) {
-		print_error("state_dir %s: path too long", cfg.state_dir);
+	if ((size_t)snprintf(buf, n, "%s/%s", state_dir, FLOOR_NAME) >= n) {
+		print_error("state_dir %s: path too long", state_dir);
 		return -1;
 	}
 	return 0;
@@ -74,7 +74,7 @@ static int unhex(const char *s, __u8 *out, size_t n)
 	return 0;
 }
 
-int floor_read(struct floor *f)
+int floor_read(const char *state_dir, struct floor *f)
 {
 	char path[PATH_MAX];
 	unsigned char *buf = NULL;
@@ -84,7 +84,7 @@ int floor_read(struct floor *f)
 	int err = -1, rc;
 
 	memset(f, 0, sizeof(*f));
-	if (floor_path(path, sizeof(path)))
+	if (floor_path(state_dir, path, sizeof(path)))
 		return -1;
 	rc = read_file(path, &buf, &len);
 	if (rc) {
@@ -138,16 +138,16 @@ static int mkdirs(const char *dir)
 	return mkdir(p, 0700) && errno != EEXIST ? -1 : 0;
 }
 
-int floor_write(const struct floor *f)
+int floor_write(const char *state_dir, const struct floor *f)
 {
 	char path[PATH_MAX], tmp[PATH_MAX + 8], sha[65];
 	FILE *o = NULL;
 	int fd = -1, dfd = -1, err = -1;
 
-	if (floor_path(path, sizeof(path)))
+	if (floor_path(state_dir, path, sizeof(path)))
 		return -1;
-	if (mkdirs(cfg.state_dir)) {
-		print_error("version floor: create %s: %s", cfg.state_dir, strerror(errno));
+	if (mkdirs(state_dir)) {
+		print_error("version floor: create %s: %s", state_dir, strerror(errno));
 		return -1;
 	}
 	snprintf(tmp, sizeof(tmp), "%s.tmp", path);
@@ -182,9 +182,9 @@ int floor_write(const struct floor *f)
 		print_error("version floor: rename %s: %s", tmp, strerror(errno));
 		goto cleanup;
 	}
-	dfd = open(cfg.state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	dfd = open(state_dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
 	if (dfd < 0 || fsync(dfd)) {
-		print_error("version floor: fsync %s: %s", cfg.state_dir, strerror(errno));
+		print_error("version floor: fsync %s: %s", state_dir, strerror(errno));
 		goto cleanup;
 	}
 	err = 0;
@@ -201,12 +201,12 @@ cleanup:
 }
 
 /* `ccs-edge floor [--json]`: what the floor file holds (nothing else: no pin dir needed) */
-int cmd_floor(bool json)
+int cmd_floor(const struct config *cfg, bool json)
 {
 	struct floor f;
 	char path[PATH_MAX], sha[65];
 
-	if (floor_path(path, sizeof(path)) || floor_read(&f))
+	if (floor_path(cfg->state_dir, path, sizeof(path)) || floor_read(cfg->state_dir, &f))
 		return 1;
 	hex(f.sha256, sizeof(f.sha256), sha);
 	sha[64] = 0;
@@ -222,7 +222,7 @@ int cmd_floor(bool json)
 		       "\"version_max_step\": %llu}\n", (unsigned long long)f.epoch,
 		       (unsigned long long)f.version, sha, (unsigned long long)f.updated_unix,
 		       (unsigned long long)f.epoch_since_unix, (unsigned long long)f.overrides,
-		       (unsigned long long)cfg.version_max_step);
+		       (unsigned long long)cfg->version_max_step);
 	} else if (!f.present) {
 		printf("no version floor yet (%s): the first table sets it\n", path);
 	} else {

@@ -40,27 +40,27 @@ struct jdoc {
 	size_t n_nums;
 };
 
-static int verify_signature(const unsigned char *msg, size_t len, const unsigned char *sig,
-			    size_t sig_len)
+static int verify_signature(const char *public_key, const unsigned char *msg, size_t len,
+			    const unsigned char *sig, size_t sig_len)
 {
 	EVP_PKEY *pkey = NULL;
 	EVP_MD_CTX *ctx = NULL;
 	FILE *f;
 	int ok = 0;
 
-	if (!cfg.public_key[0]) {
+	if (!public_key[0]) {
 		print_error("no public key (--pubkey or config public_key:)");
 		return -1;
 	}
-	f = fopen(cfg.public_key, "r");
+	f = fopen(public_key, "r");
 	if (!f) {
-		print_error("public key %s: %s", cfg.public_key, strerror(errno));
+		print_error("public key %s: %s", public_key, strerror(errno));
 		return -1;
 	}
 	pkey = PEM_read_PUBKEY(f, NULL, NULL, NULL);
 	fclose(f);
 	if (!pkey || EVP_PKEY_id(pkey) != EVP_PKEY_ED25519) {
-		print_error("public key %s: not an Ed25519 PEM public key", cfg.public_key);
+		print_error("public key %s: not an Ed25519 PEM public key", public_key);
 		goto cleanup;
 	}
 	if (sig_len != 64) {
@@ -426,7 +426,7 @@ cleanup:
 	return err;
 }
 
-int manifest_read(const char *path, struct manifest *m)
+int manifest_read(const char *public_key, const char *path, struct manifest *m)
 {
 	unsigned char *man = NULL, *sig = NULL;
 	char sig_path[PATH_MAX];
@@ -443,7 +443,7 @@ int manifest_read(const char *path, struct manifest *m)
 		print_error("refused: no signature %s", sig_path);
 		goto cleanup;
 	}
-	if (verify_signature(man, man_len, sig, sig_len)) {
+	if (verify_signature(public_key, man, man_len, sig, sig_len)) {
 		print_error("refused: bad signature on %s", path);
 		goto cleanup;
 	}

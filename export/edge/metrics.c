@@ -122,7 +122,7 @@ struct snapshot {
 	__u64 cnt[CCS_CNT__MAX];
 	__u64 fcnt[CCS_FCNT__MAX];
 	bool has_fcnt;
-	/* ccs_svc_counters' slots 0..cfg.n_services summed over the CPUs (NULL: no such map) */
+	/* ccs_svc_counters' slots 0..cfg->n_services summed over the CPUs (NULL: no such map) */
 	struct ccs_svc_counters *svc;
 };
 
@@ -147,9 +147,9 @@ static void header(FILE *o, const char *name, const char *type, const char *help
 }
 
 /* a per-CPU array of n counters, summed; false when the map is not there */
-static bool read_percpu(const char *map, __u64 *sum, __u32 n)
+static bool read_percpu(const struct config *cfg, const char *map, __u64 *sum, __u32 n)
 {
-	int fd = open_pinned(map), ncpu = libbpf_num_possible_cpus(), c;
+	int fd = open_pinned(cfg->pin_dir, map), ncpu = libbpf_num_possible_cpus(), c;
 	__u64 *vals;
 	__u32 k;
 
@@ -167,10 +167,11 @@ static bool read_percpu(const char *map, __u64 *sum, __u32 n)
 	return true;
 }
 
-/* ccs_svc_counters' slots 0..cfg.n_services, each summed over the CPUs; NULL without the map */
-static struct ccs_svc_counters *read_services(void)
+/* ccs_svc_counters' slots 0..cfg->n_services, each summed over the CPUs; NULL without the map */
+static struct ccs_svc_counters *read_services(const struct config *cfg)
 {
-	int fd = open_pinned("ccs_svc_counters"), ncpu = libbpf_num_possible_cpus(), c;
+	int fd = open_pinned(cfg->pin_dir, "ccs_svc_counters"), c;
+	int ncpu = libbpf_num_possible_cpus();
 	struct ccs_svc_counters *sum, *vals;
 	__u32 id, k;
 
@@ -178,9 +179,9 @@ static struct ccs_svc_counters *read_services(void)
 		return NULL;
 	if (ncpu < 1)
 		ncpu = 1;
-	sum = calloc(cfg.n_services + 1, sizeof(*sum));
+	sum = calloc(cfg->n_services + 1, sizeof(*sum));
 	vals = calloc(ncpu, sizeof(*vals));
-	for (id = 0; sum && vals && id <= (__u32)cfg.n_services; id++) {
+	for (id = 0; sum && vals && id <= (__u32)cfg->n_services; id++) {
 		if (bpf_map_lookup_elem(fd, &id, vals))
 			continue;
 		for (c = 0; c < ncpu; c++) {
@@ -199,11 +200,12 @@ static struct ccs_svc_counters *read_services(void)
 	return sum;
 }
 
-static void read_snapshot(struct snapshot *s)
+static void read_snapshot(const struct config *cfg, struct snapshot *s)
 {
-	int ctl_fd = open_pinned("ccs_ctl"), meta_fd = open_pinned("ccs_meta");
-	int tables_fd = open_pinned("ccs_tables"), model_fd = open_pinned("ccs_model");
-	int version_fd = open_pinned("ccs_version"), log_fd = open_pinned("ccs_log"), prog_fd;
+	const char *pin = cfg->pin_dir;
+	int ctl_fd = open_pinned(pin, "ccs_ctl"), meta_fd = open_pinned(pin, "ccs_meta");
+	int tables_fd = open_pinned(pin, "ccs_tables"), model_fd = open_pinned(pin, "ccs_model");
+	int version_fd = open_pinned(pin, "ccs_version"), log_fd = open_pinned(pin, "ccs_log"), prog_fd;
 	__u32 zero = 0, slot, index_id, ilen = sizeof(s->prog);
 	struct ccs_ctl ctl = {};
 
@@ -227,13 +229,13 @@ static void read_snapshot(struct snapshot *s)
 		if (version_fd >= 0)
 			bpf_map_lookup_elem(version_fd, &zero, &s->ver);
 		s->has_log = log_fd >= 0 && !bpf_map_lookup_elem(log_fd, &zero, &s->log);
-		read_percpu("ccs_counters", s->cnt, CCS_CNT__MAX);
-		s->has_fcnt = read_percpu("ccs_flow_counters", s->fcnt, CCS_FCNT__MAX);
-		s->svc = read_services();
+		read_percpu(cfg, "ccs_counters", s->cnt, CCS_CNT__MAX);
+		s->has_fcnt = read_percpu(cfg, "ccs_flow_counters", s->fcnt, CCS_FCNT__MAX);
+		s->svc = read_services(cfg);
 	}
 	/* a damaged floor file: floor_read says so on stderr (every load refuses until it is put right) */
-	s->floor_ok = !floor_read(&s->fl);
-	link_state(&s->ls);
+	s->floor_ok = !floor_read(cfg->state_dir, &s->fl);
+	link_state(cfg, &s->ls);
 	if (s->ls.prog_id && (prog_fd = bpf_prog_get_fd_by_id(s->ls.prog_id)) >= 0) {
 		bpf_obj_get_info_by_fd(prog_fd, &s->prog, &ilen);
 		close(prog_fd);
@@ -334,11 +336,11 @@ static void print_tables(FILE *o, const struct snapshot *s)
 }
 
 /* the service label's value: its name, or its port where it has none */
-static const char *service_label(int i, char *buf, size_t n)
+static const char *service_label(const struct config *cfg, int i, char *buf, size_t n)
 {
-	if (cfg.services[i].name[0])
-		return cfg.services[i].name;
-	snprintf(buf, n, "%u", cfg.services[i].port);
+	if (cfg->services[i].name[0])
+		return cfg->services[i].name;
+	snprintf(buf, n, "%u", cfg->services[i].port);
 	return buf;
 }
 
@@ -349,8 +351,8 @@ static __u64 svc_value(const struct ccs_svc_counters *svc, int id, bool flow, in
 }
 
 /* v: the node totals; svc: per service (NULL: the totals alone, unlabelled) */
-static void print_counters(FILE *o, const struct counter_metric *cm, const __u64 *v, int n,
-			   const struct ccs_svc_counters *svc, bool flow)
+static void print_counters(const struct config *cfg, FILE *o, const struct counter_metric *cm,
+			   const __u64 *v, int n, const struct ccs_svc_counters *svc, bool flow)
 {
 	const char *last = "", *label;
 	char buf[16], obuf[16];
@@ -370,15 +372,15 @@ static void print_counters(FILE *o, const struct counter_metric *cm, const __u64
 				(unsigned long long)(svc ? svc_value(svc, 0, flow, k) : v[k]));
 		if (!svc || cm[k].scope == NO_SERVICE)
 			continue;
-		for (i = 0; i < cfg.n_services; i++) {
-			label = service_label(i, buf, sizeof(buf));
+		for (i = 0; i < cfg->n_services; i++) {
+			label = service_label(cfg, i, buf, sizeof(buf));
 			for (j = 0; j < i; j++)
-				if (!strcmp(service_label(j, obuf, sizeof(obuf)), label))
+				if (!strcmp(service_label(cfg, j, obuf, sizeof(obuf)), label))
 					break;
 			if (j < i)
 				continue;	/* a name already given: summed there */
-			for (sum = 0, j = i; j < cfg.n_services; j++)
-				if (!strcmp(service_label(j, obuf, sizeof(obuf)), label))
+			for (sum = 0, j = i; j < cfg->n_services; j++)
+				if (!strcmp(service_label(cfg, j, obuf, sizeof(obuf)), label))
 					sum += svc_value(svc, j + 1, flow, k);
 			fprintf(o, "%s{service=", cm[k].name);
 			label_value(o, label);
@@ -388,7 +390,7 @@ static void print_counters(FILE *o, const struct counter_metric *cm, const __u64
 	}
 }
 
-static void print_state(FILE *o, const struct snapshot *s)
+static void print_state(const struct config *cfg, FILE *o, const struct snapshot *s)
 {
 	static const char *const links[] = { "ok", "none", "severed", "elsewhere", "unreadable" };
 	long routes;
@@ -396,9 +398,9 @@ static void print_state(FILE *o, const struct snapshot *s)
 
 	header(o, "ccs_edge_agent_info", "gauge", "The agent's node id and default CC (value 1).");
 	fprintf(o, "ccs_edge_agent_info{node_id=");
-	label_value(o, cfg.node_id);
+	label_value(o, cfg->node_id);
 	fprintf(o, ",default_cc=");
-	label_value(o, cfg.default_cc);
+	label_value(o, cfg->default_cc);
 	fprintf(o, "} 1\n");
 	header(o, "ccs_edge_maps_present", "gauge", "1 when the pin dir holds the program's maps.");
 	fprintf(o, "ccs_edge_maps_present %d\n", s->maps);
@@ -432,15 +434,15 @@ static void print_state(FILE *o, const struct snapshot *s)
 	fprintf(o, "ccs_edge_version_overrides_total %llu\n", (unsigned long long)(s->floor_ok && s->fl.present ?
 										   s->fl.overrides : s->ver.overrides));
 	header(o, "ccs_edge_route_ccs_enabled", "gauge", "1 when route CCs are configured.");
-	fprintf(o, "ccs_edge_route_ccs_enabled %d\n", routes_enabled());
-	if (routes_enabled() && (routes = routes_count()) >= 0) {
+	fprintf(o, "ccs_edge_route_ccs_enabled %d\n", routes_enabled(cfg));
+	if (routes_enabled(cfg) && (routes = routes_count(cfg)) >= 0) {
 		header(o, "ccs_edge_route_ccs_routes", "gauge", "Routes of this agent's route CCs now.");
 		fprintf(o, "ccs_edge_route_ccs_routes %ld\n", routes);
 	}
 	header(o, "ccs_edge_service_info", "gauge",
 	       "A served port of the policy, with its name and switches (value 1).");
-	for (i = 0; i < cfg.n_services; i++) {
-		const struct service *sv = &cfg.services[i];
+	for (i = 0; i < cfg->n_services; i++) {
+		const struct service *sv = &cfg->services[i];
 
 		fprintf(o, "ccs_edge_service_info{port=\"%u\",service=", sv->port);
 		label_value(o, sv->name);
@@ -472,17 +474,17 @@ static void print_log(FILE *o, const struct snapshot *s)
 		(unsigned long long)s->log.last_error_unix);
 }
 
-static void print_metrics(FILE *o)
+static void print_metrics(const struct config *cfg, FILE *o)
 {
 	struct snapshot s;
 
-	read_snapshot(&s);
-	print_state(o, &s);
+	read_snapshot(cfg, &s);
+	print_state(cfg, o, &s);
 	print_tables(o, &s);
 	if (s.maps) {
-		print_counters(o, counter_metrics, s.cnt, CCS_CNT__MAX, s.svc, false);
+		print_counters(cfg, o, counter_metrics, s.cnt, CCS_CNT__MAX, s.svc, false);
 		if (s.has_fcnt)
-			print_counters(o, flow_metrics, s.fcnt, CCS_FCNT__MAX, s.svc, true);
+			print_counters(cfg, o, flow_metrics, s.fcnt, CCS_FCNT__MAX, s.svc, true);
 	}
 	print_log(o, &s);
 	free(s.svc);
@@ -490,7 +492,7 @@ static void print_metrics(FILE *o)
 
 /* PATH written whole or not at all: a temporary file beside it (not *.prom, so node_exporter
  * never reads it half-written), then rename */
-int metrics_write(const char *path)
+int metrics_write(const struct config *cfg, const char *path)
 {
 	char tmp[PATH_MAX + 16];
 	const char *slash = strrchr(path, '/');
@@ -510,7 +512,7 @@ int metrics_write(const char *path)
 		unlink(tmp);
 		return err;
 	}
-	print_metrics(o);
+	print_metrics(cfg, o);
 	err = ferror(o) ? -EIO : 0;
 	if (fclose(o) && !err)
 		err = -errno;
@@ -521,36 +523,38 @@ int metrics_write(const char *path)
 	return err;
 }
 
-int cmd_metrics(const char *path)
+int cmd_metrics(const struct config *cfg, const char *path)
 {
+	struct config named = *cfg;   /* the node named as run names it (translog.c) */
 	int err;
 
-	if (!cfg.node_id[0] && gethostname(cfg.node_id, sizeof(cfg.node_id) - 1))
-		cfg.node_id[0] = 0;    /* as run names the node (translog.c) */
+	if (!named.node_id[0] && gethostname(named.node_id, sizeof(named.node_id) - 1))
+		named.node_id[0] = 0;
+	cfg = &named;
 	if (!path) {
-		print_metrics(stdout);
+		print_metrics(cfg, stdout);
 		return fflush(stdout) ? 1 : 0;
 	}
-	err = metrics_write(path);
+	err = metrics_write(cfg, path);
 	if (err)
 		print_error("metrics %s: %s", path, strerror(-err));
 	return err ? 1 : 0;
 }
 
 /* run's loop: rewrite metrics_file when due; a failure is said once until a write succeeds */
-void metrics_tick(void)
+void metrics_tick(const struct config *cfg)
 {
 	static __u64 last;
 	static bool failing;
 	__u64 now = clock_ns(CLOCK_MONOTONIC);
 	int err;
 
-	if (!cfg.metrics_file[0] || (last && now - last < METRICS_INTERVAL_S * 1000000000ull))
+	if (!cfg->metrics_file[0] || (last && now - last < METRICS_INTERVAL_S * 1000000000ull))
 		return;
 	last = now;
-	err = metrics_write(cfg.metrics_file);
+	err = metrics_write(cfg, cfg->metrics_file);
 	if (err && !failing)
-		fprintf(stderr, "ccs-edge: metrics %s: %s (retrying every %d s)\n", cfg.metrics_file,
+		fprintf(stderr, "ccs-edge: metrics %s: %s (retrying every %d s)\n", cfg->metrics_file,
 			strerror(-err), METRICS_INTERVAL_S);
 	failing = err != 0;
 }

@@ -82,7 +82,7 @@ static bool inside(const struct within *w, int family, const __u8 *a, unsigned l
 static struct {
 	int done, on;
 	char table[33];
-	char within[sizeof(cfg.route_within)];
+	char within[sizeof(((struct config *)0)->route_within)];
 	bool fam_on[FAMS];
 	char spec[FAMS][256];
 	bool spec_auto[FAMS];           /* taken from the default route: main's others excluded */
@@ -206,7 +206,7 @@ static unsigned long table_of_pin_dir(const char *pin)
 	return 1000 + h % 1000000;
 }
 
-static void resolve(void)
+static void resolve(const struct config *cfg)
 {
 	char out[256], cmd[64], why[2][256] = { "", "" };
 	int fam, i;
@@ -216,27 +216,27 @@ static void resolve(void)
 	rs.done = 1;
 	/* off: only a configured table besides the recorded one (ccs_routes) is flushed; an agent
 	 * that never wrote routes touches no table */
-	if (cfg.route_table[0])
-		snprintf(rs.table, sizeof(rs.table), "%s", cfg.route_table);
-	if (cfg.route_ccs == ROUTE_CCS_OFF) {
+	if (cfg->route_table[0])
+		snprintf(rs.table, sizeof(rs.table), "%s", cfg->route_table);
+	if (cfg->route_ccs == ROUTE_CCS_OFF) {
 		snprintf(rs.why, sizeof(rs.why), "route_ccs: off in the config");
 		return;
 	}
 	if (!rs.table[0])
-		snprintf(rs.table, sizeof(rs.table), "%lu", table_of_pin_dir(cfg.pin_dir));
-	snprintf(rs.within, sizeof(rs.within), "%s", cfg.route_within[0] ? cfg.route_within :
+		snprintf(rs.table, sizeof(rs.table), "%lu", table_of_pin_dir(cfg->pin_dir));
+	snprintf(rs.within, sizeof(rs.within), "%s", cfg->route_within[0] ? cfg->route_within :
 		 "0.0.0.0/0,::/0");
 	for (fam = 4; fam <= 6; fam += 2) {
 		i = fam_ix(fam);
 		/* auto only: with route_ccs on, ip's own failure at the write says what is missing */
 		snprintf(cmd, sizeof(cmd), "ip -%d rule show 2>/dev/null", fam);
-		if (cfg.route_ccs == ROUTE_CCS_AUTO && ip_read(cmd, out, sizeof(out))) {
+		if (cfg->route_ccs == ROUTE_CCS_AUTO && ip_read(cmd, out, sizeof(out))) {
 			snprintf(why[i], sizeof(why[i]), "IPv%d: `ip -%d rule show` failed (no policy "
 				 "routing in this kernel, or no ip)", fam, fam);
 			continue;
 		}
-		if (cfg.route_spec[0]) {
-			snprintf(rs.spec[i], sizeof(rs.spec[i]), "%s", cfg.route_spec);
+		if (cfg->route_spec[0]) {
+			snprintf(rs.spec[i], sizeof(rs.spec[i]), "%s", cfg->route_spec);
 		} else if (default_spec(fam, rs.spec[i], sizeof(rs.spec[i]), why[i], sizeof(why[i])) ||
 			   main_routes(fam)) {
 			if (!why[i][0])
@@ -251,35 +251,35 @@ static void resolve(void)
 	snprintf(rs.why, sizeof(rs.why), "%s%s%s", why[0], why[0][0] && why[1][0] ? "; " : "", why[1]);
 }
 
-bool routes_enabled(void)
+bool routes_enabled(const struct config *cfg)
 {
-	resolve();
+	resolve(cfg);
 	return rs.on;
 }
 
 /* why route CCs are off, or which family is (""  when both are on) */
-const char *routes_why(void)
+const char *routes_why(const struct config *cfg)
 {
-	resolve();
+	resolve(cfg);
 	return rs.why;
 }
 
-const char *routes_table(void)
+const char *routes_table(const struct config *cfg)
 {
-	resolve();
+	resolve(cfg);
 	return rs.table;
 }
 
-const char *routes_within(void)
+const char *routes_within(const struct config *cfg)
 {
-	resolve();
+	resolve(cfg);
 	return rs.within;
 }
 
 /* the prefixes of `list` (route_within's syntax) -> w[], at most max; -1 with why[] on a malformed one */
 static int parse_within(const char *list, struct within *w, int max, char *why, size_t why_n)
 {
-	char buf[sizeof(cfg.route_within)], *tok, *save = NULL;
+	char buf[sizeof(((struct config *)0)->route_within)], *tok, *save = NULL;
 	int n = 0;
 
 	snprintf(buf, sizeof(buf), "%s", list);
@@ -375,11 +375,11 @@ static int ip_batch(int family, const char *lines, size_t n_lines, const char *w
  * finds the old ones. Without ccs_routes (a pin dir attached by an agent from before it) every
  * table's, as before.
  */
-static int recorded_table(char *out, size_t n)
+static int recorded_table(const char *pin_dir, char *out, size_t n)
 {
 	struct ccs_route_state st = {};
 	__u32 zero = 0;
-	int fd = open_pinned("ccs_routes"), err;
+	int fd = open_pinned(pin_dir, "ccs_routes"), err;
 
 	if (fd < 0)
 		return -1;
@@ -391,18 +391,18 @@ static int recorded_table(char *out, size_t n)
 	return 0;
 }
 
-static int record_table(const char *table)
+static int record_table(const char *pin_dir, const char *table)
 {
 	struct ccs_route_state st = {};
 	__u32 zero = 0;
-	int fd = open_pinned("ccs_routes"), err = 0;
+	int fd = open_pinned(pin_dir, "ccs_routes"), err = 0;
 
 	if (fd < 0)
 		return 0;   /* a pin dir from before it: flushes take every table's */
 	snprintf(st.table, sizeof(st.table), "%s", table);
 	if (bpf_map_update_elem(fd, &zero, &st, BPF_ANY)) {
 		err = -errno;
-		print_error("route CCs: record table \"%s\" in %s/ccs_routes: %s", table, cfg.pin_dir,
+		print_error("route CCs: record table \"%s\" in %s/ccs_routes: %s", table, pin_dir,
 			strerror(-err));
 	}
 	close(fd);
@@ -411,16 +411,16 @@ static int record_table(const char *table)
 
 /* this agent's tables (the recorded one, the configured one, each once) into t[]; -> how many,
  * or -1 for every table (no ccs_routes) */
-static int own_tables(char t[2][33])
+static int own_tables(const struct config *cfg, char t[2][33])
 {
 	int k = 0;
 
-	if (recorded_table(t[0], sizeof(t[0])) < 0)
+	if (recorded_table(cfg->pin_dir, t[0], sizeof(t[0])) < 0)
 		return -1;
 	if (t[0][0])
 		k++;
-	if (routes_table()[0] && (!k || strcmp(t[0], routes_table())))
-		snprintf(t[k++], sizeof(t[0]), "%s", routes_table());
+	if (routes_table(cfg)[0] && (!k || strcmp(t[0], routes_table(cfg))))
+		snprintf(t[k++], sizeof(t[0]), "%s", routes_table(cfg));
 	return k;
 }
 
@@ -446,9 +446,9 @@ static __u32 mark_of(const char *t)
 }
 
 /* the mark the program gives the cgroup's listeners, 0 with route CCs off */
-__u32 routes_mark(void)
+__u32 routes_mark(const struct config *cfg)
 {
-	return routes_enabled() ? mark_of(routes_table()) : 0;
+	return routes_enabled(cfg) ? mark_of(routes_table(cfg)) : 0;
 }
 
 /* whether the namespace holds this agent's rule for table t, family fam (-1: ip cannot say) */
@@ -475,16 +475,16 @@ static int rule_present(int fam, const char *t)
  * `keep` (the configured table on a write; NULL on a flush), which they add if it is missing.
  * -> their length.
  */
-static size_t rule_lines(int fam, const char *keep, char *buf, size_t n)
+static size_t rule_lines(const struct config *cfg, int fam, const char *keep, char *buf, size_t n)
 {
 	char t[2][33];
-	int k = own_tables(t), i, has;
+	int k = own_tables(cfg, t), i, has;
 	size_t len = 0;
 
 	buf[0] = 0;
 	if (k < 0) {   /* no ccs_routes: the configured table's only */
-		k = routes_table()[0] ? 1 : 0;
-		snprintf(t[0], sizeof(t[0]), "%s", routes_table());
+		k = routes_table(cfg)[0] ? 1 : 0;
+		snprintf(t[0], sizeof(t[0]), "%s", routes_table(cfg));
 	}
 	for (i = 0; i < k; i++) {
 		bool mine = keep && !strcmp(t[i], keep);
@@ -501,10 +501,10 @@ static size_t rule_lines(int fam, const char *keep, char *buf, size_t n)
 }
 
 /* the ip -batch lines that flush this agent's routes into buf (n bytes); -> their length */
-static size_t flush_lines(char *buf, size_t n)
+static size_t flush_lines(const struct config *cfg, char *buf, size_t n)
 {
 	char t[2][33];
-	int k = own_tables(t), i;
+	int k = own_tables(cfg, t), i;
 	size_t len = 0;
 
 	buf[0] = 0;
@@ -518,33 +518,33 @@ static size_t flush_lines(char *buf, size_t n)
 
 /* this agent's routes and rules, whatever the config says now; -1 after saying which family's
  * flush failed */
-int routes_flush(void)
+int routes_flush(const struct config *cfg)
 {
 	char lines[768];
 	int fam, err = 0;
 	size_t len, rl;
 
 	for (fam = 4; fam <= 6; fam += 2) {
-		len = flush_lines(lines, sizeof(lines));
-		rl = rule_lines(fam, NULL, lines + len, sizeof(lines) - len);
+		len = flush_lines(cfg, lines, sizeof(lines));
+		rl = rule_lines(cfg, fam, NULL, lines + len, sizeof(lines) - len);
 		if (len + rl && ip_batch(fam, lines, 0, "flush"))
 			err = -1;
 	}
-	return err ? -1 : record_table("");
+	return err ? -1 : record_table(cfg->pin_dir, "");
 }
 
 /*
  * The routes of a table's entries (n of them): flushed, then written again. Returns the number of
  * routes written, or -1 (a route ip refused; the others stand).
  */
-int routes_sync(const struct ccs_table_entry *ents, size_t n)
+int routes_sync(const struct config *cfg, const struct ccs_table_entry *ents, size_t n)
 {
 	struct within w[ROUTE_WITHIN_MAX];
 	char why[256];
 	int nw, fam, err = 0;
 	size_t i, k, count = 0;
 
-	if (!routes_enabled())
+	if (!routes_enabled(cfg))
 		return 0;
 	nw = parse_within(rs.within, w, ROUTE_WITHIN_MAX, why, sizeof(why));
 	if (nw < 0) {
@@ -571,10 +571,11 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n)
 			print_error("route CCs: out of memory");
 			return -1;
 		}
-		len += flush_lines(buf, cap);
+		len += flush_lines(cfg, buf, cap);
 		/* this agent's rule added if missing (an old table's taken out); a family that cannot
 		 * carry route CCs gets its rule and routes taken out only */
-		len += rule_lines(fam, rs.fam_on[fam_ix(fam)] ? rs.table : NULL, buf + len, cap - len);
+		len += rule_lines(cfg, fam, rs.fam_on[fam_ix(fam)] ? rs.table : NULL, buf + len,
+				  cap - len);
 		for (i = 0; rs.fam_on[fam_ix(fam)] && i < n; i++) {
 			const struct ccs_table_entry *e = &ents[i];
 			char a[INET6_ADDRSTRLEN], line[512];
@@ -621,7 +622,7 @@ int routes_sync(const struct ccs_table_entry *ents, size_t n)
 		}
 		if (len && ip_batch(fam, buf, lines, "write the table's routes"))
 			err = -1;
-		else if (fam == 6 && !err && record_table(rs.table))
+		else if (fam == 6 && !err && record_table(cfg->pin_dir, rs.table))
 			err = -1;   /* both families written: ours are in the agent's table now */
 		count += lines;
 		free(buf);
@@ -636,10 +637,10 @@ static const char *table_name(const char *t)
 }
 
 /* how many of this agent's routes the namespace holds (both families), -1 if ip cannot say */
-long routes_count(void)
+long routes_count(const struct config *cfg)
 {
 	char line[512], t[2][33], *p_tab;
-	int k = own_tables(t), i;
+	int k = own_tables(cfg, t), i;
 	long n = 0;
 	FILE *p = popen("ip -4 route show table all proto 204 2>/dev/null; "
 			"ip -6 route show table all proto 204 2>/dev/null", "r");

@@ -153,81 +153,192 @@ static void print_counters(FILE *o, int cnt_fd, int fcnt_fd, __u64 *vals, int nc
 	fprintf(o, "}");
 }
 
-int cmd_status(bool json)
+/* the pinned maps status reads (-1: not pinned; a program from before the map) */
+struct status_maps {
+	int ctl, meta, cnt, tables, model, version, flow, fcnt, log;
+};
+
+static void open_status_maps(const char *pin, struct status_maps *m)
 {
-	int ctl_fd = open_pinned("ccs_ctl"), meta_fd = open_pinned("ccs_meta");
-	int cnt_fd = open_pinned("ccs_counters"), tables_fd = open_pinned("ccs_tables");
-	int model_fd = open_pinned("ccs_model"), version_fd = open_pinned("ccs_version");
-	int flow_fd = open_pinned("ccs_flow"), fcnt_fd = open_pinned("ccs_flow_counters");
-	int log_fd = open_pinned("ccs_log");
-	int ncpu = libbpf_num_possible_cpus(), err = 1, live = -1;
+	m->ctl = open_pinned(pin, "ccs_ctl");
+	m->meta = open_pinned(pin, "ccs_meta");
+	m->cnt = open_pinned(pin, "ccs_counters");
+	m->tables = open_pinned(pin, "ccs_tables");
+	m->model = open_pinned(pin, "ccs_model");
+	m->version = open_pinned(pin, "ccs_version");
+	m->flow = open_pinned(pin, "ccs_flow");
+	m->fcnt = open_pinned(pin, "ccs_flow_counters");
+	m->log = open_pinned(pin, "ccs_log");
+}
+
+static void close_status_maps(struct status_maps *m)
+{
+	int *fds[] = { &m->ctl, &m->meta, &m->cnt, &m->tables, &m->model, &m->version, &m->flow,
+		       &m->fcnt, &m->log };
+	size_t i;
+
+	for (i = 0; i < sizeof(fds) / sizeof(fds[0]); i++)
+		if (*fds[i] >= 0)
+			close(*fds[i]);
+}
+
+/* what status shows of the slots, the version floor and the transport log */
+struct status_view {
+	int live;                       /* the live slot, -1 if none */
+	struct ccs_ctl ctl;
+	struct ccs_meta meta[CCS_SLOTS];
+	__u32 index_id[CCS_SLOTS];
+	bool ok[CCS_SLOTS];             /* slot_consistent() */
+	struct ccs_model model[CCS_SLOTS];
+	bool has_model[CCS_SLOTS];
+	struct ccs_flow flow[CCS_SLOTS];
+	bool has_flow[CCS_SLOTS];
+	struct ccs_version ver;
+	struct ccs_log_state logst;
+	bool has_log;
+	__u64 floor, floor_epoch;       /* the version rule's floor */
+	struct floor fl;                /* the floor file (floor.c) */
+	bool fl_ok;                     /* it could be read (absent is fine; damaged is not) */
+};
+
+static void read_status_view(const char *state_dir, const struct status_maps *m,
+			     struct status_view *v)
+{
+	__u32 zero = 0, slot;
+
+	v->live = -1;
+	bpf_map_lookup_elem(m->ctl, &zero, &v->ctl);
+	if (v->ctl.live >= 1 && v->ctl.live <= CCS_SLOTS)
+		v->live = v->ctl.live - 1;
+	for (slot = 0; slot < CCS_SLOTS; slot++) {
+		bpf_map_lookup_elem(m->meta, &slot, &v->meta[slot]);
+		if (m->tables >= 0)
+			slot_map_id(m->tables, slot, &v->index_id[slot]);
+		v->ok[slot] = slot_consistent(&v->meta[slot], v->index_id[slot]);
+		v->has_model[slot] = m->model >= 0 &&
+				     !bpf_map_lookup_elem(m->model, &slot, &v->model[slot]);
+		v->has_flow[slot] = m->flow >= 0 && !bpf_map_lookup_elem(m->flow, &slot, &v->flow[slot]);
+	}
+	if (m->version >= 0)
+		bpf_map_lookup_elem(m->version, &zero, &v->ver);
+	v->has_log = m->log >= 0 && !bpf_map_lookup_elem(m->log, &zero, &v->logst);
+	v->floor = v->ver.highest;
+	for (slot = 0; slot < CCS_SLOTS; slot++)
+		if (v->ok[slot] && v->meta[slot].version > v->floor)
+			v->floor = v->meta[slot].version;
+	/* the version rule's floor is the file (floor.c) once there is one; a damaged one is shown
+	 * as null (every load refuses, naming the file) */
+	v->fl_ok = !floor_read(state_dir, &v->fl);
+	if (v->fl_ok && v->fl.present) {
+		v->floor = v->fl.version;
+		v->floor_epoch = v->fl.epoch;
+		v->ver.overrides = v->fl.overrides;
+		v->ver.override_unix = v->fl.override_unix;
+		v->ver.override_from = v->fl.override_from;
+		v->ver.override_to = v->fl.override_to;
+	}
+}
+
+/* "version_floor", "epoch_floor", "version_max_step", "overrides" */
+static void print_versions(FILE *o, const struct status_view *v, __u64 version_max_step)
+{
+	const struct floor *fl = &v->fl;
+
+	if (v->fl_ok)
+		fprintf(o, "\"version_floor\": %llu, \"epoch_floor\": %llu, ",
+			(unsigned long long)v->floor, (unsigned long long)v->floor_epoch);
+	else
+		fprintf(o, "\"version_floor\": null, \"epoch_floor\": null, ");
+	fprintf(o, "\"version_max_step\": %llu, \"overrides\": {\"count\": %llu, \"last\": ",
+		(unsigned long long)version_max_step, (unsigned long long)v->ver.overrides);
+	if (v->ver.overrides && v->fl_ok && fl->present)
+		fprintf(o, "{\"at\": %llu, \"from_epoch\": %llu, \"from\": %llu, \"to_epoch\": "
+			"%llu, \"to\": %llu}", (unsigned long long)fl->override_unix,
+			(unsigned long long)fl->override_from_epoch, (unsigned long long)fl->override_from,
+			(unsigned long long)fl->override_to_epoch, (unsigned long long)fl->override_to);
+	else if (v->ver.overrides)
+		fprintf(o, "{\"at\": %llu, \"from\": %llu, \"to\": %llu}",
+			(unsigned long long)v->ver.override_unix, (unsigned long long)v->ver.override_from,
+			(unsigned long long)v->ver.override_to);
+	else
+		fprintf(o, "null");
+	fprintf(o, "}, ");
+}
+
+/* "table" (the live slot's), "previous" (rollback's target), "slot_state" */
+static void print_slots(FILE *o, const struct status_view *v, bool attached)
+{
+	int live = v->live;
+	__u32 slot;
+
+	fprintf(o, "\"table\": ");
+	if (live >= 0 && v->ok[live])
+		print_meta(o, &v->meta[live], v->has_model[live] ? &v->model[live] : NULL,
+			   v->has_flow[live] ? &v->flow[live] : NULL, live, attached);
+	else
+		fprintf(o, "null");
+	fprintf(o, ", \"previous\": ");
+	slot = live >= 0 ? (__u32)(live + 1) % CCS_SLOTS : 0;
+	if (live >= 0 && v->ok[slot] && v->meta[slot].valid != CCS_META_STAGED)   /* rollback's target */
+		print_meta(o, &v->meta[slot], v->has_model[slot] ? &v->model[slot] : NULL,
+			   v->has_flow[slot] ? &v->flow[slot] : NULL, slot, false);
+	else
+		fprintf(o, "null");
+	fprintf(o, ", \"slot_state\": [\"%s\", \"%s\"], ",
+		slot_state(&v->meta[0], v->index_id[0], live == 0),
+		slot_state(&v->meta[1], v->index_id[1], live == 1));
+}
+
+/* route CCs (routes.c): off, or the table, the prefixes and the routes of ours now; and why
+ * they are off, or off for one family ("" when on for both) */
+static void print_routes(FILE *o, const struct config *cfg)
+{
+	if (routes_enabled(cfg)) {
+		fprintf(o, "\"route_ccs\": {\"table\": ");
+		json_str(o, routes_table(cfg));
+		fprintf(o, ", \"within\": ");
+		json_str(o, routes_within(cfg));
+		fprintf(o, ", \"routes\": %ld, \"mark\": %u}, ", routes_count(cfg), routes_mark(cfg));
+	} else {
+		fprintf(o, "\"route_ccs\": null, ");
+	}
+	fprintf(o, "\"route_ccs_off\": ");
+	json_str(o, routes_why(cfg));
+	fprintf(o, ", ");
+}
+
+int cmd_status(const struct config *cfg, bool json)
+{
+	struct status_maps m;
+	struct status_view v = {};
 	struct link_state ls = { .fd = -1 };
 	struct bpf_prog_info pinfo = {};
-	__u32 zero = 0, slot, index_id[CCS_SLOTS] = {};
-	struct ccs_ctl ctl = {};
-	struct ccs_meta meta[CCS_SLOTS] = {};
-	struct ccs_model model[CCS_SLOTS] = {};
-	struct ccs_flow flow[CCS_SLOTS] = {};
-	bool has_flow[CCS_SLOTS] = {};
-	struct ccs_version ver = {};
-	struct ccs_log_state logst = {};
-	bool has_log = false;
-	bool has_model[CCS_SLOTS] = {}, ok[CCS_SLOTS] = {};
-	__u64 *vals = NULL, floor, floor_epoch = 0;
-	struct floor fl;
-	bool fl_ok;
+	int ncpu = libbpf_num_possible_cpus(), err = 1;
+	__u64 *vals = NULL;
 	FILE *o = stdout;
 
-	if (ctl_fd < 0 || meta_fd < 0 || cnt_fd < 0) {
+	open_status_maps(cfg->pin_dir, &m);
+	if (m.ctl < 0 || m.meta < 0 || m.cnt < 0) {
 		if (json) {
 			printf("{\"attached\": false, \"link\": \"none\", \"pin_dir\": ");
-			json_str(o, cfg.pin_dir);
+			json_str(o, cfg->pin_dir);
 			printf(", \"table\": null}\n");
 		} else {
-			printf("not attached (no maps under %s)\n", cfg.pin_dir);
+			printf("not attached (no maps under %s)\n", cfg->pin_dir);
 		}
 		err = json ? 0 : 1;
 		goto cleanup;
 	}
-	bpf_map_lookup_elem(ctl_fd, &zero, &ctl);
-	if (ctl.live >= 1 && ctl.live <= CCS_SLOTS)
-		live = ctl.live - 1;
-	for (slot = 0; slot < CCS_SLOTS; slot++) {
-		bpf_map_lookup_elem(meta_fd, &slot, &meta[slot]);
-		if (tables_fd >= 0)
-			slot_map_id(tables_fd, slot, &index_id[slot]);
-		ok[slot] = slot_consistent(&meta[slot], index_id[slot]);
-		has_model[slot] = model_fd >= 0 &&
-				  !bpf_map_lookup_elem(model_fd, &slot, &model[slot]);
-		has_flow[slot] = flow_fd >= 0 && !bpf_map_lookup_elem(flow_fd, &slot, &flow[slot]);
-	}
-	if (version_fd >= 0)
-		bpf_map_lookup_elem(version_fd, &zero, &ver);
-	has_log = log_fd >= 0 && !bpf_map_lookup_elem(log_fd, &zero, &logst);
-	floor = ver.highest;
-	for (slot = 0; slot < CCS_SLOTS; slot++)
-		if (ok[slot] && meta[slot].version > floor)
-			floor = meta[slot].version;
-	/* the version rule's floor is the file (floor.c) once there is one; a damaged one is shown
-	 * as null (every load refuses, naming the file) */
-	fl_ok = !floor_read(&fl);
-	if (fl_ok && fl.present) {
-		floor = fl.version;
-		floor_epoch = fl.epoch;
-		ver.overrides = fl.overrides;
-		ver.override_unix = fl.override_unix;
-		ver.override_from = fl.override_from;
-		ver.override_to = fl.override_to;
-	}
-	link_state(&ls);
+	read_status_view(cfg->state_dir, &m, &v);
+	link_state(cfg, &ls);
 	prog_info(ls.prog_id, &pinfo);
 	vals = calloc(ncpu, sizeof(__u64));
 	if (!vals)
 		goto cleanup;
 	if (!json)
 		printf("attached: %s (link %s)  pin dir %s  generation %u%s\n",
-		       ls.attached ? "yes" : "no", ls.state, cfg.pin_dir, ctl.generation,
-		       has_log && logst.degraded ? "  transport log DEGRADED (records lost: see \"log\")" : "");
+		       ls.attached ? "yes" : "no", ls.state, cfg->pin_dir, v.ctl.generation,
+		       v.has_log && v.logst.degraded ? "  transport log DEGRADED (records lost: see \"log\")" : "");
 	/*
 	 * attached: the pinned link runs the program for the configured cgroup as it is now (its id
 	 * is the link's). link: ok, none, severed (the link's cgroup was removed: recreating the
@@ -235,92 +346,31 @@ int cmd_status(bool json)
 	 */
 	fprintf(o, "{\"attached\": %s, \"link\": \"%s\", \"pin_dir\": ", ls.attached ? "true" : "false",
 		ls.state);
-	json_str(o, cfg.pin_dir);
+	json_str(o, cfg->pin_dir);
 	fprintf(o, ", \"cgroup\": ");
-	if (cfg.cgroup[0])
-		json_str(o, cfg.cgroup);
+	if (cfg->cgroup[0])
+		json_str(o, cfg->cgroup);
 	else
 		fprintf(o, "null");
 	fprintf(o, ", \"cgroup_path_id\": %llu, \"node_id\": ", (unsigned long long)ls.path_id);
-	json_str(o, cfg.node_id);
+	json_str(o, cfg->node_id);
 	fprintf(o, ", \"default_cc\": ");
-	json_str(o, cfg.default_cc);
+	json_str(o, cfg->default_cc);
 	fprintf(o, ", \"generation\": %u, \"link_id\": %u, \"prog_id\": %u, \"cgroup_id\": %llu, "
-		"\"run_cnt\": %llu, \"run_time_ns\": %llu, ", ctl.generation, ls.link_id, ls.prog_id,
+		"\"run_cnt\": %llu, \"run_time_ns\": %llu, ", v.ctl.generation, ls.link_id, ls.prog_id,
 		(unsigned long long)ls.cgroup_id, (unsigned long long)pinfo.run_cnt,
 		(unsigned long long)pinfo.run_time_ns);
-	if (fl_ok)
-		fprintf(o, "\"version_floor\": %llu, \"epoch_floor\": %llu, ",
-			(unsigned long long)floor, (unsigned long long)floor_epoch);
-	else
-		fprintf(o, "\"version_floor\": null, \"epoch_floor\": null, ");
-	fprintf(o, "\"version_max_step\": %llu, \"overrides\": {\"count\": %llu, \"last\": ",
-		(unsigned long long)cfg.version_max_step, (unsigned long long)ver.overrides);
-	if (ver.overrides && fl_ok && fl.present)
-		fprintf(o, "{\"at\": %llu, \"from_epoch\": %llu, \"from\": %llu, \"to_epoch\": "
-			"%llu, \"to\": %llu}", (unsigned long long)fl.override_unix,
-			(unsigned long long)fl.override_from_epoch, (unsigned long long)fl.override_from,
-			(unsigned long long)fl.override_to_epoch, (unsigned long long)fl.override_to);
-	else if (ver.overrides)
-		fprintf(o, "{\"at\": %llu, \"from\": %llu, \"to\": %llu}",
-			(unsigned long long)ver.override_unix, (unsigned long long)ver.override_from,
-			(unsigned long long)ver.override_to);
-	else
-		fprintf(o, "null");
-	fprintf(o, "}, \"table\": ");
-	if (live >= 0 && ok[live])
-		print_meta(o, &meta[live], has_model[live] ? &model[live] : NULL,
-			   has_flow[live] ? &flow[live] : NULL, live, ls.attached);
-	else
-		fprintf(o, "null");
-	fprintf(o, ", \"previous\": ");
-	slot = live >= 0 ? (__u32)(live + 1) % CCS_SLOTS : 0;
-	if (live >= 0 && ok[slot] && meta[slot].valid != CCS_META_STAGED)   /* rollback's target */
-		print_meta(o, &meta[slot], has_model[slot] ? &model[slot] : NULL,
-			   has_flow[slot] ? &flow[slot] : NULL, slot, false);
-	else
-		fprintf(o, "null");
-	fprintf(o, ", \"slot_state\": [\"%s\", \"%s\"], ", slot_state(&meta[0], index_id[0], live == 0),
-		slot_state(&meta[1], index_id[1], live == 1));
-	/* route CCs (routes.c): off, or the table, the prefixes and the routes of ours now */
-	if (routes_enabled()) {
-		fprintf(o, "\"route_ccs\": {\"table\": ");
-		json_str(o, routes_table());
-		fprintf(o, ", \"within\": ");
-		json_str(o, routes_within());
-		fprintf(o, ", \"routes\": %ld, \"mark\": %u}, ", routes_count(), routes_mark());
-	} else {
-		fprintf(o, "\"route_ccs\": null, ");
-	}
-	/* why they are off, or off for one family ("" when on for both) */
-	fprintf(o, "\"route_ccs_off\": ");
-	json_str(o, routes_why());
-	fprintf(o, ", ");
-	print_log(o, has_log ? &logst : NULL);
-	print_counters(o, cnt_fd, fcnt_fd, vals, ncpu, has_log ? &logst : NULL);
+	print_versions(o, &v, cfg->version_max_step);
+	print_slots(o, &v, ls.attached);
+	print_routes(o, cfg);
+	print_log(o, v.has_log ? &v.logst : NULL);
+	print_counters(o, m.cnt, m.fcnt, vals, ncpu, v.has_log ? &v.logst : NULL);
 	fprintf(o, "}\n");
 	err = 0;
 cleanup:
 	free(vals);
 	if (ls.fd >= 0)
 		close(ls.fd);
-	if (ctl_fd >= 0)
-		close(ctl_fd);
-	if (meta_fd >= 0)
-		close(meta_fd);
-	if (cnt_fd >= 0)
-		close(cnt_fd);
-	if (tables_fd >= 0)
-		close(tables_fd);
-	if (model_fd >= 0)
-		close(model_fd);
-	if (version_fd >= 0)
-		close(version_fd);
-	if (flow_fd >= 0)
-		close(flow_fd);
-	if (fcnt_fd >= 0)
-		close(fcnt_fd);
-	if (log_fd >= 0)
-		close(log_fd);
+	close_status_maps(&m);
 	return err;
 }

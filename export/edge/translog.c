@@ -85,7 +85,8 @@ struct logger {
 	char dir[PATH_MAX];
 	int dir_fd;
 	char boot[9];
-	char node_json[6 * 128];  /* cfg.node_id, JSON-escaped (no quotes) */
+	char node_json[6 * 128];  /* the node id, JSON-escaped (no quotes) */
+	int rotate_minutes;       /* the config's: segments of that many minutes; 0 = hourly files */
 	__s64 boot_to_real_ns;
 	struct out hourly;        /* rotate_minutes 0: the hourly file */
 	char hour_name[32];
@@ -370,7 +371,7 @@ static void close_segments(struct logger *lg, bool all)
 	int i;
 
 	for (i = lg->n_seg - 1; i >= 0; i--)
-		if (all || now_ms >= (lg->seg[i].start_min + cfg.rotate_minutes) * 60000 + SEG_GRACE_MS)
+		if (all || now_ms >= (lg->seg[i].start_min + lg->rotate_minutes) * 60000 + SEG_GRACE_MS)
 			close_segment(lg, i);
 }
 
@@ -429,7 +430,7 @@ static void recover_part(struct logger *lg, const char *part, long long now_ms)
 {
 	char name[NAME_MAX + 1];
 	struct tm tm = {};
-	long long start_ms, span_min = cfg.rotate_minutes ? cfg.rotate_minutes : 60;
+	long long start_ms, span_min = lg->rotate_minutes ? lg->rotate_minutes : 60;
 	off_t size, keep;
 	int fd;
 
@@ -586,8 +587,8 @@ static int log_event(void *ctx, void *data, size_t size)
 		return 0;
 	start_ms = ((__s64)c->start_boot_ns + lg->boot_to_real_ns) / 1000000;
 	end_ms = ((__s64)c->end_boot_ns + lg->boot_to_real_ns) / 1000000;
-	if (cfg.rotate_minutes) {
-		s = segment_of(lg, end_ms / 60000 / cfg.rotate_minutes * cfg.rotate_minutes);
+	if (lg->rotate_minutes) {
+		s = segment_of(lg, end_ms / 60000 / lg->rotate_minutes * lg->rotate_minutes);
 		o = s ? &s->o : NULL;
 		name = s ? s->part : "";
 	} else {
@@ -714,17 +715,17 @@ static long ring_drain(struct ring *r, struct logger *lg)
 }
 
 /* the link: warn once when it stops running the program for the configured cgroup */
-static void watch_link(bool *warned)
+static void watch_link(const struct config *cfg, bool *warned)
 {
 	struct link_state ls;
 
-	link_state(&ls);
+	link_state(cfg, &ls);
 	if (ls.fd >= 0)
 		close(ls.fd);
 	if (!ls.attached && !*warned)
 		fprintf(stderr, "ccs-edge: watchdog: not enforcing: the link is %s (cgroup %s, id now "
 			"%llu, link's %llu); run `ccs-edge attach`\n", ls.state,
-			cfg.cgroup[0] ? cfg.cgroup : "?", (unsigned long long)ls.path_id,
+			cfg->cgroup[0] ? cfg->cgroup : "?", (unsigned long long)ls.path_id,
 			(unsigned long long)ls.cgroup_id);
 	*warned = !ls.attached;
 }
@@ -734,7 +735,8 @@ static void watch_link(bool *warned)
  * go): expired, the program no longer decides, and a route left would go on steering every
  * connection of the namespace outside the cgroup by the expired table.
  */
-static void watchdog(int ctl_fd, int meta_fd, __u64 *warned_version, bool *routes_left)
+static void watchdog(const struct config *cfg, int ctl_fd, int meta_fd, __u64 *warned_version,
+		     bool *routes_left)
 {
 	struct ccs_ctl ctl = {};
 	struct ccs_meta m = {};
@@ -752,12 +754,12 @@ static void watchdog(int ctl_fd, int meta_fd, __u64 *warned_version, bool *route
 				"connections keep the default CC until a new table is loaded\n",
 				(unsigned long long)m.version, (unsigned long long)m.expires_unix);
 			*warned_version = m.version + 1;
-			*routes_left = routes_enabled();
+			*routes_left = routes_enabled(cfg);
 		}
 		if (*routes_left) {
 			/* under the pin-dir lock, and only if that table is still the live one: a
 			 * load that just made a new table live keeps its routes */
-			int lock_fd = lock_pin_dir();
+			int lock_fd = lock_pin_dir(cfg->pin_dir);
 			struct ccs_ctl now_ctl = {};
 
 			if (lock_fd < 0 || bpf_map_lookup_elem(ctl_fd, &zero, &now_ctl) ||
@@ -766,7 +768,7 @@ static void watchdog(int ctl_fd, int meta_fd, __u64 *warned_version, bool *route
 					close(lock_fd);
 				return;
 			}
-			err = routes_flush();
+			err = routes_flush(cfg);
 			close(lock_fd);
 			if (err) {
 				fprintf(stderr, "ccs-edge: watchdog: the route CCs of expired table %llu "
@@ -782,75 +784,119 @@ static void watchdog(int ctl_fd, int meta_fd, __u64 *warned_version, bool *route
 	}
 }
 
-int cmd_log(const char *out, bool drain, bool watch)
+/*
+ * The logger's files under <out>/transport/<cfg->node_id>/: the boot id, the node's name
+ * as JSON, the folder, the output buffers, the ledger from what earlier runs counted (a pin dir
+ * from before it: this run's). 0, or -1 after printing why.
+ */
+static int logger_open(struct logger *lg, const struct config *cfg)
 {
-	struct logger lg = { .out = out, .hour = -1, .dir_fd = -1, .ledger_fd = -1,
-			     .hourly = { .fd = -1 } };
-	__u32 zero = 0;
-	__u64 lost_before = 0;
-	struct ring ring = {};
-	int ev_fd = open_pinned("ccs_events"), ctl_fd = -1, meta_fd = -1, err = 1, n;
 	char bootid[64] = "";
-	__u64 warned = 0, last_wd = 0, last_recover;
-	bool link_warned = false, routes_left = false;
+	__u32 zero = 0;
 	FILE *bf;
 
-	if (!out || !*out) {
-		print_error("log: --out DIR (or config log_dir:) needed");
-		goto cleanup;
-	}
-	if (!cfg.node_id[0] && gethostname(cfg.node_id, sizeof(cfg.node_id) - 1))
-		snprintf(cfg.node_id, sizeof(cfg.node_id), "edge");
-	if (ev_fd < 0) {
-		print_error("not attached: no %s/ccs_events", cfg.pin_dir);
-		goto cleanup;
-	}
+	lg->rotate_minutes = cfg->rotate_minutes;
 	bf = fopen("/proc/sys/kernel/random/boot_id", "r");
 	if (bf) {
 		if (!fgets(bootid, sizeof(bootid), bf))
 			bootid[0] = 0;
 		fclose(bf);
 	}
-	snprintf(lg.boot, sizeof(lg.boot), "%.8s", bootid[0] ? bootid : "00000000");
-	if (json_escape(lg.node_json, sizeof(lg.node_json), cfg.node_id)) {
+	snprintf(lg->boot, sizeof(lg->boot), "%.8s", bootid[0] ? bootid : "00000000");
+	if (json_escape(lg->node_json, sizeof(lg->node_json), cfg->node_id)) {
 		print_error("node_id too long");
-		goto cleanup;
+		return -1;
 	}
-	snprintf(lg.dir, sizeof(lg.dir), "%s/transport/%s", out, cfg.node_id);
-	if (mkdirs(lg.dir)) {
-		print_error("mkdir %s: %s", lg.dir, strerror(errno));
-		goto cleanup;
+	snprintf(lg->dir, sizeof(lg->dir), "%s/transport/%s", lg->out, cfg->node_id);
+	if (mkdirs(lg->dir)) {
+		print_error("mkdir %s: %s", lg->dir, strerror(errno));
+		return -1;
 	}
-	lg.dir_fd = open(lg.dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	if (lg.dir_fd < 0) {
-		print_error("open %s: %s", lg.dir, strerror(errno));
-		goto cleanup;
+	lg->dir_fd = open(lg->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (lg->dir_fd < 0) {
+		print_error("open %s: %s", lg->dir, strerror(errno));
+		return -1;
 	}
 	for (int i = 0; i <= SEG_OPEN_MAX; i++) {
-		struct out *o = i < SEG_OPEN_MAX ? &lg.seg[i].o : &lg.hourly;
+		struct out *o = i < SEG_OPEN_MAX ? &lg->seg[i].o : &lg->hourly;
 
 		o->fd = -1;
 		o->buf = malloc(OUT_BUF);
 		if (!o->buf) {
 			print_error("log: out of memory");
-			goto cleanup;
+			return -1;
 		}
 	}
-	/* the ledger goes on from what earlier runs counted (a pin dir from before it: this run's) */
-	lg.ledger_fd = open_pinned("ccs_log");
-	if (lg.ledger_fd >= 0 && bpf_map_lookup_elem(lg.ledger_fd, &zero, &lg.st))
-		memset(&lg.st, 0, sizeof(lg.st));
+	lg->ledger_fd = open_pinned(cfg->pin_dir, "ccs_log");
+	if (lg->ledger_fd >= 0 && bpf_map_lookup_elem(lg->ledger_fd, &zero, &lg->st))
+		memset(&lg->st, 0, sizeof(lg->st));
+	return 0;
+}
+
+/*
+ * Everything open closed into its file, the ledger saved, and what this run and all runs lost
+ * said. A one-off drain that lost records (more than lost_before) failed its job: -> 1; the
+ * daemon's losses are in the ledger. Else err as given.
+ */
+static int logger_close(struct logger *lg, bool drain, int err, __u64 lost_before)
+{
+	if (lg->hourly.fd >= 0)
+		out_close(lg, &lg->hourly, lg->hour_name);
+	close_segments(lg, true);
+	ledger_save(lg);
+	if (drain && !err)
+		printf("%llu records\n", lg->written);
+	if (lg->st.lost || lg->st.errors)
+		fprintf(stderr, "ccs-edge: transport log: %llu records written, %llu lost, %llu failed "
+			"file calls (all runs: status \"log\")%s\n", (unsigned long long)lg->st.written,
+			(unsigned long long)lg->st.lost, (unsigned long long)lg->st.errors,
+			lg->st.degraded ? ", degraded" : "");
+	if (drain && lg->st.lost > lost_before)
+		err = 1;
+	for (int i = 0; i <= SEG_OPEN_MAX; i++)
+		free(i < SEG_OPEN_MAX ? lg->seg[i].o.buf : lg->hourly.buf);
+	if (lg->ledger_fd >= 0)
+		close(lg->ledger_fd);
+	if (lg->dir_fd >= 0)
+		close(lg->dir_fd);
+	return err;
+}
+
+int cmd_log(const struct config *cfg, const char *out, bool drain, bool watch)
+{
+	struct config run = *cfg;   /* the node named: the config's, else the host's, else "edge" */
+	struct logger lg = { .out = out, .hour = -1, .dir_fd = -1, .ledger_fd = -1,
+			     .hourly = { .fd = -1 } };
+	__u64 lost_before = 0;
+	struct ring ring = {};
+	int ev_fd = open_pinned(cfg->pin_dir, "ccs_events"), ctl_fd = -1, meta_fd = -1, err = 1, n;
+	__u64 warned = 0, last_wd = 0, last_recover;
+	bool link_warned = false, routes_left = false;
+
+	if (!out || !*out) {
+		print_error("log: --out DIR (or config log_dir:) needed");
+		goto cleanup;
+	}
+	if (!run.node_id[0] && gethostname(run.node_id, sizeof(run.node_id) - 1))
+		snprintf(run.node_id, sizeof(run.node_id), "edge");
+	cfg = &run;
+	if (ev_fd < 0) {
+		print_error("not attached: no %s/ccs_events", cfg->pin_dir);
+		goto cleanup;
+	}
+	if (logger_open(&lg, cfg))
+		goto cleanup;
 	lost_before = lg.st.lost;
 	recover_parts(&lg);
 	last_recover = clock_ns(CLOCK_MONOTONIC);
 	n = ring_open(&ring, ev_fd);
 	if (n) {
-		print_error("ring buffer %s/ccs_events: %s", cfg.pin_dir, strerror(-n));
+		print_error("ring buffer %s/ccs_events: %s", cfg->pin_dir, strerror(-n));
 		goto cleanup;
 	}
 	if (watch) {
-		ctl_fd = open_pinned("ccs_ctl");
-		meta_fd = open_pinned("ccs_meta");
+		ctl_fd = open_pinned(cfg->pin_dir, "ccs_ctl");
+		meta_fd = open_pinned(cfg->pin_dir, "ccs_meta");
 	}
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
@@ -869,37 +915,18 @@ int cmd_log(const char *out, bool drain, bool watch)
 		}
 		ledger_save(&lg);
 		if (watch && ctl_fd >= 0 && meta_fd >= 0 && clock_ns(CLOCK_MONOTONIC) - last_wd > 1e9) {
-			watchdog(ctl_fd, meta_fd, &warned, &routes_left);
-			watch_link(&link_warned);
+			watchdog(cfg, ctl_fd, meta_fd, &warned, &routes_left);
+			watch_link(cfg, &link_warned);
 			last_wd = clock_ns(CLOCK_MONOTONIC);
 		}
 		if (watch)
-			metrics_tick();
+			metrics_tick(cfg);
 	} while (!stop && (!drain || n > 0));
 	if (stop)   /* what closed before the signal goes into the files closed now */
 		ring_drain(&ring, &lg);
 	err = 0;
 cleanup:
-	if (lg.hourly.fd >= 0)
-		out_close(&lg, &lg.hourly, lg.hour_name);
-	close_segments(&lg, true);
-	ledger_save(&lg);
-	if (drain && !err)
-		printf("%llu records\n", lg.written);
-	if (lg.st.lost || lg.st.errors)
-		fprintf(stderr, "ccs-edge: transport log: %llu records written, %llu lost, %llu failed "
-			"file calls (all runs: status \"log\")%s\n", (unsigned long long)lg.st.written,
-			(unsigned long long)lg.st.lost, (unsigned long long)lg.st.errors,
-			lg.st.degraded ? ", degraded" : "");
-	/* a one-off drain that lost records failed its job; the daemon's losses are in the ledger */
-	if (drain && lg.st.lost > lost_before)
-		err = 1;
-	for (int i = 0; i <= SEG_OPEN_MAX; i++)
-		free(i < SEG_OPEN_MAX ? lg.seg[i].o.buf : lg.hourly.buf);
-	if (lg.ledger_fd >= 0)
-		close(lg.ledger_fd);
-	if (lg.dir_fd >= 0)
-		close(lg.dir_fd);
+	err = logger_close(&lg, drain, err, lost_before);
 	ring_close(&ring);
 	if (ev_fd >= 0)
 		close(ev_fd);

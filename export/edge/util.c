@@ -71,19 +71,19 @@ int read_file(const char *path, unsigned char **buf, size_t *len)
 	return 0;
 }
 
-int pin_path(char *buf, size_t n, const char *name)
+int pin_path(const char *pin_dir, char *buf, size_t n, const char *name)
 {
-	int r = snprintf(buf, n, "%s/%s", cfg.pin_dir, name);
+	int r = snprintf(buf, n, "%s/%s", pin_dir, name);
 
 	return r < 0 || (size_t)r >= n ? -ENAMETOOLONG : 0;
 }
 
-int open_pinned(const char *name)
+int open_pinned(const char *pin_dir, const char *name)
 {
 	char p[PATH_MAX];
 	int fd;
 
-	if (pin_path(p, sizeof(p), name))
+	if (pin_path(pin_dir, p, sizeof(p), name))
 		return -ENAMETOOLONG;
 	fd = bpf_obj_get(p);
 	if (fd < 0)
@@ -92,9 +92,9 @@ int open_pinned(const char *name)
 }
 
 /* serialises load / rollback / attach between agent processes */
-int lock_pin_dir(void)
+int lock_pin_dir(const char *pin_dir)
 {
-	int fd = open(cfg.pin_dir, O_RDONLY | O_DIRECTORY);
+	int fd = open(pin_dir, O_RDONLY | O_DIRECTORY);
 
 	if (fd < 0)
 		return -errno;
@@ -168,17 +168,17 @@ __u64 cgroup_id_of(const char *path)
 }
 
 /*
- * The pinned link against the configured cgroup (cfg.cgroup): is the program attached to the
+ * The pinned link against the configured cgroup (cfg->cgroup): is the program attached to the
  * cgroup that is there now? ls->fd stays open for the caller (-1 when there is no pinned link).
  */
-void link_state(struct link_state *ls)
+void link_state(const struct config *cfg, struct link_state *ls)
 {
 	struct bpf_link_info info = {};
 	__u32 len = sizeof(info);
 
 	memset(ls, 0, sizeof(*ls));
-	ls->fd = open_pinned("link");
-	ls->path_id = cgroup_id_of(cfg.cgroup);
+	ls->fd = open_pinned(cfg->pin_dir, "link");
+	ls->path_id = cgroup_id_of(cfg->cgroup);
 	if (ls->fd < 0) {
 		ls->state = "none";
 		return;
@@ -192,7 +192,7 @@ void link_state(struct link_state *ls)
 	ls->cgroup_id = info.cgroup.cgroup_id;
 	if (!ls->cgroup_id) {
 		ls->state = "severed";   /* its cgroup was removed: the program runs nowhere */
-	} else if (cfg.cgroup[0] && ls->cgroup_id != ls->path_id) {
+	} else if (cfg->cgroup[0] && ls->cgroup_id != ls->path_id) {
 		ls->state = "elsewhere"; /* attached, but not to the configured cgroup as it is now */
 	} else {
 		ls->state = "ok";
