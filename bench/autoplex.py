@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.ingest import PeakRss, bench_config, read_stream  # noqa: E402
+from ccselect.lake import AUTOPLEX_PARAMS, AUTOPLEX_SIMILARITY, CONNECTIONS
 from ccselect.spark import get_spark
 from sim.params import SimParams
 # Imported inside the functions that use them (heavy, not needed to import this module): duckdb, pyspark, and our modules that load them.
@@ -141,7 +142,7 @@ def build_silver(spark, cfg, fleet: str) -> int:
     ref = reference_frame(spark, read_reference(f"{fleet}/reference/ip_asn_region.csv"))
     conns = build_connections(transport, read("access"), empty("qoe"), ref)
     keys = {(r["node_id"], r["hour"]) for r in transport.select("node_id", "hour").distinct().collect()}
-    path = table_path(cfg, "silver.connections")
+    path = table_path(cfg, CONNECTIONS)
     with conf_set(spark, CO_PARTITIONED):
         delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS, properties=SILVER_PROPERTIES)
     return spark.read.format("delta").load(path).count()
@@ -181,9 +182,9 @@ def spark_floor(spark, cfg, start_ms: int, periods: int) -> dict:
         out[name] = round(time.perf_counter() - t0, 2)
     for name, metrics in (("scan_parameters", {p.metric for p in policies}), ("scan_similarity", {better.metric})):
         timed(name, autoplex.inputs(silver, group_cols, metrics).write.format("noop").mode("overwrite").save)
-    params = (spark.read.format("delta").load(table_path(cfg, "gold.autoplex_params"))
+    params = (spark.read.format("delta").load(table_path(cfg, AUTOPLEX_PARAMS))
               .where(F.col("period").isin(labels)).cache())
-    sim = (spark.read.format("delta").load(table_path(cfg, "gold.autoplex_similarity"))
+    sim = (spark.read.format("delta").load(table_path(cfg, AUTOPLEX_SIMILARITY))
            .where(F.col("window") == window).drop("window").cache())
     params.count()
     sim.count()
@@ -239,13 +240,13 @@ def main(argv=None) -> int:
     from ccselect.lake import table_path
     better, worse = autoplex.similarity_bands(cfg.settings.autoplex)
     load_ref = os.getloadavg()[0]     # (after the peaks above: its cache is not the jobs' memory)
-    ref_sql = spark_reference_sql(spark, table_path(cfg, "silver.connections"), policies, period, start_ms, end_ms,
+    ref_sql = spark_reference_sql(spark, table_path(cfg, CONNECTIONS), policies, period, start_ms, end_ms,
                                   better, worse)
     spark.stop()
     print(f"Spark parameters {params_s:.0f} s, similarity {sim_sp_s:.0f} s; DuckDB ...", file=sys.stderr, flush=True)
     load_duck = os.getloadavg()[0]
     with PeakRss() as mem_duck:
-        duck = duckdb_autoplex(f"{table_path(cfg, 'silver.connections')}/*/*/*.parquet", policies, period,
+        duck = duckdb_autoplex(f"{table_path(cfg, CONNECTIONS)}/*/*/*.parquet", policies, period,
                                start_ms, end_ms, better, worse)
     # the Arrow engine in this process, after Spark's jobs and DuckDB (both tables replaced again)
     load_arrow = os.getloadavg()[0]

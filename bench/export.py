@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from ccselect.lake import PREDICTIONS
 from ccselect.spark import get_spark  # noqa: E402
 from export.artifact import signing  # noqa: E402
 from sim.params import SimParams  # noqa: E402
@@ -242,7 +243,7 @@ def main(argv=None) -> int:
         src = str(work / f"{name}.parquet")
         pq.write_table(df.to_arrow(), src)
         t1 = time.perf_counter()
-        lake_path = table_path(cfg, "gold.predictions") + f"_{name}"
+        lake_path = table_path(cfg, PREDICTIONS) + f"_{name}"
         spark.read.parquet(src).write.format("delta").mode("overwrite").save(lake_path)
         setup_s = time.perf_counter() - t1
         load_spark = os.getloadavg()

@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 
 from bench.ingest import PeakRss, bench_config  # noqa: E402
 from ccselect.contract import FEATURES
+from ccselect.lake import CONNECTIONS, PREDICTIONS, TRAINING_SET
 from ccselect.settings import InferSettings
 from ccselect.spark import get_spark
 from sim.params import SimParams
@@ -182,7 +183,7 @@ def replicate_silver(spark, src_cfg, dst_cfg, lo, hi, rows: int) -> int:
     rep = spark.range(k).withColumnRenamed("id", "_copy")
     df = (src.crossJoin(rep).withColumn("conn_id", F.concat_ws("-", "conn_id", F.col("_copy").cast("string")))
           .drop("_copy").repartition("node_id", "hour"))
-    df.write.format("delta").mode("overwrite").partitionBy("node_id", "hour").save(table_path(dst_cfg, "silver.connections"))
+    df.write.format("delta").mode("overwrite").partitionBy("node_id", "hour").save(table_path(dst_cfg, CONNECTIONS))
     return n * k
 
 
@@ -223,13 +224,13 @@ def main(argv=None) -> int:
     bench_cfg = bench_config(work / "bench")
     spark = get_spark(cfg, "ccs-bench-infer")
     ing = ingest.run(spark, cfg, str(work / "logs"))
-    silver = spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+    silver = spark.read.format("delta").load(table_path(cfg, CONNECTIONS))
     hours = sorted(r["hour"] for r in silver.select("hour").distinct().collect())
     lo, hi = hours[0], hours[-1]
     window = f"{lo}..{hi}"
     conns = connections_in(spark, cfg, lo, hi)
     stats = scaling.fit(conns, window)
-    write_window(spark, cfg, labels.training_set(conns, 0.5), "gold.training_set", window)
+    write_window(spark, cfg, labels.training_set(conns, 0.5), TRAINING_SET, window)
     lab = load_labelled(spark, cfg, lo, hi, stats)
     data, _ = to_train_data(lab, pd.DataFrame(columns=["label", "prefix24", "group", "k"]))
     say(f"fleet: {ing.get('silver_rows')} silver rows, {len(lab)} labelled; training {args.epochs} epochs ...")
@@ -254,7 +255,7 @@ def main(argv=None) -> int:
     calibration = fit_calibration(predict_wifi(model, lab.x), lab.y, rows="bench: all labelled rows")
     champion = Champion(model=model, stats=stats, name="bench", version="0", run_id="", guard=guard,
                         calibration=calibration)
-    pred_path = table_path(bench_cfg, "gold.predictions")
+    pred_path = table_path(bench_cfg, PREDICTIONS)
     spark_res: dict = {"silver_rows": n_rows, "partitions": len(hours) * args.nodes, "master": "local[2]"}
     arrow_res: dict = {"silver_rows": n_rows, "workers": os.cpu_count()}
     load_avg = {"start": round(os.getloadavg()[0], 2)}

@@ -30,6 +30,7 @@ import yaml
 from ccselect.config import load_config
 from ccselect.contract import FIELDS
 from ccselect.hours import HOUR_FMT
+from ccselect.lake import BRONZE_ACCESS, BRONZE_QOE, BRONZE_TRANSPORT, CONNECTIONS
 from ccselect.spark import get_spark
 from sim.params import SimParams
 # Imported inside the functions that use them (heavy, not needed to import this module): duckdb, and our modules that load them.
@@ -182,7 +183,7 @@ def spark_once(data: str, work: Path, floor: bool) -> dict:
            "peak_jvm_rss_mb": round(mem.peak_jvm / 2 ** 20)}
     lake = Path(cfg.settings.lake.root)
     out["parquet_files"] = {t: len(list((lake / t.replace(".", "/")).rglob("*.parquet")))
-                            for t in ("bronze.transport", "bronze.access", "bronze.qoe", "silver.connections")}
+                            for t in (BRONZE_TRANSPORT, BRONZE_ACCESS, BRONZE_QOE, CONNECTIONS)}
     if floor:
         out["floor_load_1m"] = round(os.getloadavg()[0], 2)
         out["floor"] = run_spark_floor(spark, data, str(work / "floor_silver"))

@@ -65,6 +65,7 @@ import yaml  # noqa: E402
 
 from ccselect.config import load_config  # noqa: E402
 from ccselect.hours import hour_shift  # noqa: E402
+from ccselect.lake import CONNECTIONS, PREDICTIONS
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
 
@@ -339,11 +340,11 @@ def simulate_and_score(args, root: Path) -> dict:
     for name, p in (("old", p_old), ("new", p_new)):
         r = infer._run_arrow(cfg, scored[0], scored[-1], champ, p, True)
         decisions[name] = r.get("decisions")
-        (spark.read.format("delta").load(table_path(cfg, "gold.predictions"))
+        (spark.read.format("delta").load(table_path(cfg, PREDICTIONS))
          .where(F.col("hour").isin(scored)).select(*cols).toPandas()
          .to_parquet(root / f"preds_{name}.parquet"))
     timings["infer_s"] = time.time() - t0
-    (spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+    (spark.read.format("delta").load(table_path(cfg, CONNECTIONS))
      .where(F.col("hour").isin(scored[1:]))
      .select("conn_id", "node_id", "hour", "client_ip", "requests", "play_ms", "imputed")).toPandas() \
         .to_parquet(root / "silver.parquet")

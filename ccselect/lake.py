@@ -12,9 +12,42 @@ from ccselect import delta_io
 from ccselect.config import Config
 
 LAYERS = ("bronze", "silver", "gold")
+
+# The lake's tables by name (issue 63: one constant each, the code never spells a name twice);
+# what each holds is in docs/architecture.md ("The lake").
+
+
+def bronze_table(stream: str) -> str:
+    """A log stream's raw lines (`transport`, `access`, `qoe`: ccselect.contract.STREAMS)."""
+    return f"bronze.{stream}"
+
+
+BRONZE_TRANSPORT = bronze_table("transport")
+BRONZE_ACCESS = bronze_table("access")
+BRONZE_QOE = bronze_table("qoe")
+#: every line a parse or check refused, with its reason
+QUARANTINE = "bronze.quarantine"
+#: one row per connection: features, outcomes, prefixes, labels where known
+CONNECTIONS = "silver.connections"
 #: per (node, hour): count, exact sum and exact sum of squares of each log1p(feature) over every
 #: connection of silver.connections (labelled or not), kept by jobs/silver.py (features/node_stats.py)
 NODE_STATS = "silver.node_stats"
+#: per micro-batch or ingest run and unit read (a file, or a Kafka range): in = accepted + quarantined
+INGEST_AUDIT = "gold.ingest_audit"
+TRAINING_SET = "gold.training_set"
+PREFIX_GROUPS = "gold.prefix_groups"
+FEATURE_STATS = "gold.feature_stats"
+MODEL_EVAL = "gold.model_eval"
+MODEL_EVAL_SUMMARY = "gold.model_eval_summary"
+DIAGNOSTICS = "gold.diagnostics"
+PREDICTIONS = "gold.predictions"
+AUTOPLEX_PARAMS = "gold.autoplex_params"
+AUTOPLEX_SIMILARITY = "gold.autoplex_similarity"
+CC_TABLES = "gold.cc_tables"
+ROLLOUT_DECISIONS = "gold.rollout_decisions"
+EMULATION = "gold.emulation"
+EMULATION_CELLS = "gold.emulation_cells"
+AB_TEST = "gold.ab_test"
 
 
 def table_path(cfg: Config, name: str) -> str:
@@ -26,7 +59,7 @@ def table_path(cfg: Config, name: str) -> str:
 
 def connections_in(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
     """silver.connections over the hours [lo, hi]."""
-    return (spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+    return (spark.read.format("delta").load(table_path(cfg, CONNECTIONS))
             .where(F.col("hour").between(lo, hi)))
 
 

@@ -10,11 +10,12 @@ from airflow.sdk import Asset, dag, task
 
 from flows.pipeline import TableRefused, asset_uri, export_hour, infer_hour, ingest_hour, report, rollout as do_rollout
 from ccselect.hours import previous_hour
+from ccselect import lake
 # Imported inside the functions that use them (heavy, not needed to import this module): airflow.
 
 #: the tables each run updates, as Airflow assets (a consumer can be scheduled on them)
 SILVER, PREDICTIONS, TABLES = (Asset(name=t, uri=asset_uri(t), group="ccselect")
-                               for t in ("silver.connections", "gold.predictions", "gold.cc_tables"))
+                               for t in (lake.CONNECTIONS, lake.PREDICTIONS, lake.CC_TABLES))
 
 DOC = """
 ### ccs_hourly

@@ -18,7 +18,7 @@ from pyspark.sql import functions as F
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import FEATURES
-from ccselect.lake import connections_in, table_path
+from ccselect.lake import TRAINING_SET, connections_in, table_path
 from features import labels, node_stats, scaling
 
 
@@ -51,7 +51,7 @@ def training_rows(spark, cfg: Config, lo: str, hi: str):
 
 
     window = f"{lo}..{hi}"
-    path = table_path(cfg, "gold.training_set")
+    path = table_path(cfg, TRAINING_SET)
     if delta_io.is_delta(spark, path):
         df = spark.read.format("delta").load(path).where(F.col("window") == window)
         if df.limit(1).count():

@@ -14,7 +14,7 @@ import pandas as pd
 
 from ccselect import delta_io, files
 from ccselect.config import Config
-from ccselect.lake import table_path
+from ccselect.lake import DIAGNOSTICS, table_path
 from ccselect.contract import HANDSHAKE_FEATURES
 from ccselect.settings import HandshakeSettings
 from distill import diagnose as dg, handshake, registry, report
@@ -150,7 +150,7 @@ def _diagnostics_frame(run, now, window, champion, tv, meta, global_prof, found)
 def _write_diagnostics(spark, cfg: Config, frame: pd.DataFrame, run: str) -> None:
     """gold.diagnostics, one row per run × subset × feature, keyed (replaced) by run."""
     df = spark.createDataFrame(frame.replace({np.nan: None}), DIAGNOSTICS_SCHEMA)
-    delta_io.replace_partitions(df, table_path(cfg, "gold.diagnostics"), {(run,)}, ("run",))
+    delta_io.replace_partitions(df, table_path(cfg, DIAGNOSTICS), {(run,)}, ("run",))
 
 
 def _log_mlflow(cfg: Config, out_dir: str, meta: dict, params, found: list[dict]) -> str:

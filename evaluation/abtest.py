@@ -28,7 +28,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession, functions as F
 
-from ccselect.lake import connections_in, write_window
+from ccselect.lake import AB_TEST, connections_in, write_window
 from features.ab_moments import (  # noqa: F401  (re-exported: the analysis reads them as abtest.*)
     METRICS, MOMENT_KEYS, NET_GROUPS, ArmMoments, arm_moments, metric_rows, segments)
 
@@ -131,7 +131,7 @@ def run(spark: SparkSession, cfg: Any, lo: str, hi: str) -> dict[str, Any]:
     conns = extract(spark, cfg, lo, hi).cache()
     try:
         table = analyse(conns, confidence, min_clusters)
-        n = write_window(spark, cfg, table, "gold.ab_test", window)
+        n = write_window(spark, cfg, table, AB_TEST, window)
         check = assignment(conns)
     finally:
         conns.unpersist()

@@ -48,7 +48,7 @@ import pandas as pd
 
 from ccselect import delta_io
 from ccselect.config import Config
-from ccselect.lake import table_path
+from ccselect.lake import MODEL_EVAL, MODEL_EVAL_SUMMARY, NODE_STATS, table_path
 from features import node_stats
 from features.scaling import window_stats
 from models import configanator, gbdt
@@ -166,7 +166,7 @@ def run_evaluation(spark, cfg: Config, lo: str, hi: str, variants: Iterable[str]
         back = {tuple(p.split("/", 1)) for p in nsd["report"]["fallback_partitions"]}
         on_fleet = np.array([(str(n), str(h)) in back for n, h in zip(te.node, te.hour)], dtype=bool)
         fallback_share = pd.Series(on_fleet).groupby(np.asarray(te.node).astype(str)).mean().to_dict()
-        out["node_std"] = {"hours": ns.hours, "min_conns": ns.min_conns, "table": "silver.node_stats",
+        out["node_std"] = {"hours": ns.hours, "min_conns": ns.min_conns, "table": NODE_STATS,
                            **nsd["report"]}
         say(f"per-node standardization as deployed ({ns.hours} h trailing, min {ns.min_conns} connections): "
             f"{nsd['report']['node']} (node, hour) partitions on their node's statistics, "
@@ -282,8 +282,8 @@ def write_tables(spark, cfg: Config, window: str, variants, per_node_pd: pd.Data
     """Replace the (window, variant) partitions of gold.model_eval and gold.model_eval_summary."""
     keys = {(window, v) for v in variants}
     out = {}
-    for table, pdf, schema in (("gold.model_eval", per_node_pd, EVAL_SCHEMA),
-                               ("gold.model_eval_summary", summary_pd, SUMMARY_SCHEMA)):
+    for table, pdf, schema in ((MODEL_EVAL, per_node_pd, EVAL_SCHEMA),
+                               (MODEL_EVAL_SUMMARY, summary_pd, SUMMARY_SCHEMA)):
         path = table_path(cfg, table)
         # add_columns: summary tables written before train_seeds existed gain its columns (null there)
         delta_io.replace_partitions(_frame(spark, pdf, schema), path, keys, ("window", "variant"), add_columns=True)

@@ -39,7 +39,7 @@ from ccselect.config import Config
 from ccselect.contract import FEATURES
 from ccselect.delta_arrow import live_files, local_path
 from ccselect.hours import hour_shift
-from ccselect.lake import NODE_STATS, table_path
+from ccselect.lake import CONNECTIONS, NODE_STATS, table_path
 from features.scaling import FeatureStats, _log1p, exact_moments, exact_square_sum, exact_sum
 
 KEYS = ("node_id", "hour")
@@ -64,7 +64,7 @@ def write(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]]) -> None:
     commit that replaces them (a key without connections loses its row)."""
     if not keys:
         return
-    conns = (spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+    conns = (spark.read.format("delta").load(table_path(cfg, CONNECTIONS))
              .where(delta_io.partition_predicate(keys)))
     delta_io.replace_partitions(hour_stats(conns), table_path(cfg, NODE_STATS), keys)
 

@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame, functions as F
 from ccselect import delta_io, files
 from ccselect.config import Config
 from ccselect.contract import FEATURES
-from ccselect.lake import connections_in, table_path
+from ccselect.lake import FEATURE_STATS, connections_in, table_path
 
 
 @dataclass(frozen=True)
@@ -124,7 +124,7 @@ def artifact_path(data_root: str, window: str) -> str:
 def save(spark, cfg: Config, stats: FeatureStats, fitted_at: str) -> str:
     """Write gold.feature_stats (replacing this window's rows) and the JSON artifact (plus
     `latest.json`); returns the artifact path."""
-    delta_io.replace_partitions(stats_frame(spark, stats, fitted_at), table_path(cfg, "gold.feature_stats"),
+    delta_io.replace_partitions(stats_frame(spark, stats, fitted_at), table_path(cfg, FEATURE_STATS),
                                 {(stats.window,)}, ("window",))
     path = artifact_path(cfg.data_root, stats.window)
     for p in (path, files.join(path.rsplit("/", 1)[0], "latest.json")):

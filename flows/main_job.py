@@ -34,6 +34,7 @@ from datetime import datetime, timedelta, timezone
 
 from ccselect.config import Config
 from ccselect.hours import HOUR_FMT, hour_shift
+from ccselect.lake import CONNECTIONS, INGEST_AUDIT
 from ccselect.spark import get_spark
 from export.artifact import signing
 from export.edge.agent import DEFAULT_BINARY
@@ -284,8 +285,8 @@ def _ingested(spark, cfg: Config, lo: str, hi: str) -> bool:
 
     from ccselect.delta_io import is_delta
     from ccselect.lake import table_path
-    path = table_path(cfg, "gold.ingest_audit")
-    if not is_delta(spark, path) or not is_delta(spark, table_path(cfg, "silver.connections")):
+    path = table_path(cfg, INGEST_AUDIT)
+    if not is_delta(spark, path) or not is_delta(spark, table_path(cfg, CONNECTIONS)):
         return False
     files = {(f.stream, f.node_id, f.hour, f.path) for f in discover(cfg.settings.pipeline.raw_dir, (lo, hi), cfg=cfg)}
     done = {tuple(r) for r in spark.read.format("delta").load(path).where(F.col("hour").between(lo, hi))

@@ -14,6 +14,7 @@ from datetime import datetime, datetime as _dt, timedelta, timezone
 from flows.job_metrics import measured, write_freeze
 from ccselect.config import Config, load_config
 from ccselect.hours import HOUR_FMT, hour_of
+from ccselect.lake import TRAINING_SET
 from ccselect.spark import get_spark
 from export.artifact import signing
 from export.delivery.rollout import deploy
@@ -189,7 +190,7 @@ def training_set(lo: str, hi: str, cfg: Config | None = None) -> dict:
     stats = scaling.fit(conns, window=window)
     scaling.save(spark, cfg, stats, _dt.now(timezone.utc).isoformat())
     share = cfg.settings.pipeline.cellular_share
-    n = write_window(spark, cfg, labels.training_set(conns, share), "gold.training_set", window)
+    n = write_window(spark, cfg, labels.training_set(conns, share), TRAINING_SET, window)
     return {"window": window, "training_rows": n, "stats_rows": stats.n}
 
 

@@ -28,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
 from ccselect import delta_io
 from ccselect.config import Config
-from ccselect.lake import connections_in, table_path
+from ccselect.lake import TRAINING_SET, connections_in, table_path
 from features.labels import training_set
 from features.prefixes import prefix_means
 from features.scaling import FeatureStats, exact_moments, exact_square_sum, exact_sum, transform
@@ -76,7 +76,7 @@ def training_frame(spark: SparkSession, cfg: Config, lo: str, hi: str, balanced:
     if not balanced:
         return training_set(connections_in(spark, cfg, lo, hi), None)
     window = window_name(lo, hi)
-    path = table_path(cfg, "gold.training_set")
+    path = table_path(cfg, TRAINING_SET)
     if delta_io.is_delta(spark, path):
         df = spark.read.format("delta").load(path).where(F.col("window") == window)
         if df.limit(1).count():

@@ -21,14 +21,14 @@ from pyspark.ml.functions import array_to_vector
 from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from ccselect.config import Config
-from ccselect.lake import table_path, write_window
+from ccselect.lake import PREFIX_GROUPS, table_path, write_window
 from features.prefixes import prefix_means_frame
 from features.scaling import FeatureStats
 from models.dataset import standardized, training_frame, window_name
 
 log = logging.getLogger(__name__)
 
-TABLE = "gold.prefix_groups"
+TABLE = PREFIX_GROUPS
 TYPES = {0: "4g", 1: "wifi"}
 
 

@@ -42,7 +42,7 @@ from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import FEATURES, PREDICTION_COLS
 from ccselect.delta_arrow import by_engine
-from ccselect.lake import connections_in, table_path
+from ccselect.lake import CONNECTIONS, PREDICTIONS, connections_in, table_path
 from ccselect.settings import InferSettings
 from ccselect.spark import conf_set, get_spark
 from features import node_stats
@@ -174,7 +174,7 @@ def transform(df: DataFrame, champion, p: InferSettings, node_table: dict | None
 # ---- load ---------------------------------------------------------------------------------------
 
 def load(df: DataFrame, cfg: Config, keys: set[tuple[str, str]]) -> None:
-    delta_io.replace_partitions(df, table_path(cfg, "gold.predictions"), keys)
+    delta_io.replace_partitions(df, table_path(cfg, PREDICTIONS), keys)
 
 
 def partitions(df: DataFrame) -> set[tuple[str, str]]:
@@ -216,12 +216,12 @@ def node_report(table: dict | None, champion=None) -> dict:
 
 
 def _summary(cfg: Config, lo: str, hi: str, champion, p: InferSettings) -> dict[str, Any]:
-    return {**infer_core.summary(champion, p, lo, hi), "table": table_path(cfg, "gold.predictions")}
+    return {**infer_core.summary(champion, p, lo, hi), "table": table_path(cfg, PREDICTIONS)}
 
 
 def _run_arrow(cfg: Config, lo: str, hi: str, champion, p: InferSettings, decisions: bool) -> dict[str, Any]:
-    path = table_path(cfg, "gold.predictions")
-    r = infer_arrow.run(table_path(cfg, "silver.connections"), path, lo, hi, champion, p, p.precision,
+    path = table_path(cfg, PREDICTIONS)
+    r = infer_arrow.run(table_path(cfg, CONNECTIONS), path, lo, hi, champion, p, p.precision,
                         node_scaling=lambda keys: node_scaling(cfg, champion, keys))
     result = {**_summary(cfg, lo, hi, champion, p), "engine": "arrow", "rows": r["rows"],
               "partitions": r["partitions"], "node_stats": node_report(r.get("node_table"), champion)}
@@ -245,7 +245,7 @@ def _run_spark(spark: SparkSession, cfg: Config, lo: str, hi: str, champion, p: 
     with conf_set(spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": str(int(p.batch_rows))}):
         load(transform(src, champion, p, table), cfg, keys)
     seconds = time.perf_counter() - t0
-    path = table_path(cfg, "gold.predictions")
+    path = table_path(cfg, PREDICTIONS)
     rows = _written_rows(spark, path)
     result = {**_summary(cfg, lo, hi, champion, p), "engine": "spark", "rows": rows, "partitions": len(keys),
               "node_stats": node_report(table, champion), "seconds": round(seconds, 3), "rows_per_s": round(rows / seconds) if rows and seconds > 0 else None}

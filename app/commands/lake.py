@@ -11,6 +11,7 @@ from typing import Optional
 import typer
 
 from ccselect.hours import parse_hours
+from ccselect.lake import TRAINING_SET
 from ccselect.spark import session_for
 
 from flows.stream_metrics import StreamMetrics
@@ -156,7 +157,7 @@ def labels_cmd(
     conns = connections_in(spark, cfg, lo, hi)
     window = f"{lo}..{hi}"
     ts = labels.training_set(conns, cellular_share or None)
-    n_train = write_window(spark, cfg, ts, "gold.training_set", window)
+    n_train = write_window(spark, cfg, ts, TRAINING_SET, window)
     n_best = write_window(spark, cfg, labels.best_cc_per_prefix24(conns, min_sessions), "gold.best_cc_prefix24", window)
     _emit({"window": window, "training_rows": n_train, "prefix24_rows": n_best}, False)
 

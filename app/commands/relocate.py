@@ -26,7 +26,7 @@ from typing import Optional
 import typer
 
 from ccselect.config import Config, load_config
-from ccselect.lake import table_path
+from ccselect.lake import CC_TABLES, table_path
 from ccselect.spark import get_spark
 # Imported inside the functions that use them (heavy, not needed to import this module): delta, pyspark.
 
@@ -101,7 +101,7 @@ def relocate_mlmodel_files(artifact_root: str, old: str, new: str, dry_run: bool
 
 def relocate_cc_tables(cfg: Config, old: str, new: str, dry_run: bool = False) -> int | None:
     """gold.cc_tables.manifest_path under `old` → `new`; → rows (None: no such table)."""
-    path = table_path(cfg, "gold.cc_tables")
+    path = table_path(cfg, CC_TABLES)
     if "://" in path or not os.path.isdir(os.path.join(path, "_delta_log")):
         return None
     from delta.tables import DeltaTable

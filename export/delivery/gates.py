@@ -47,12 +47,12 @@ import pyarrow as pa
 
 from ccselect.config import Config
 from ccselect.hours import hour_of_ms
-from ccselect.lake import table_path
+from ccselect.lake import CONNECTIONS, ROLLOUT_DECISIONS, table_path
 from export.delivery.canary import PROMOTE as C_PROMOTE, ROLLBACK as C_ROLLBACK, Canary, canary_moments
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, deltalake.
 
 PROMOTE, OBSERVE, ROLLBACK = "promote", "observe", "rollback"
-DECISIONS_TABLE = "gold.rollout_decisions"
+DECISIONS_TABLE = ROLLOUT_DECISIONS
 
 
 @dataclass
@@ -92,7 +92,7 @@ def silver_moments(spark, cfg: Config) -> Moments:
     retransmission, rebuffer and delivery rate — silver's bytes_sent over request_time_ms)."""
     from pyspark.sql import functions as F
 
-    path = table_path(cfg, "silver.connections")
+    path = table_path(cfg, CONNECTIONS)
 
     def moments(node_id: str, from_ms: int, to_ms: int) -> dict:
         conns = (spark.read.format("delta").load(path)

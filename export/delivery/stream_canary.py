@@ -35,7 +35,7 @@ import numpy as np
 
 from ccselect.config import Config
 from ccselect.hours import hour_of_ms
-from ccselect.lake import table_path
+from ccselect.lake import CONNECTIONS, table_path
 from export.delivery.canary import INCONCLUSIVE, OBSERVE, Canary
 from export.delivery.gates import Decision, DecisionLog, GateContext
 from export.delivery.store import StoreError
@@ -121,7 +121,7 @@ def verdicts(spark, cfg: Config, tables: list[dict], decisions: DecisionLog | No
     s = settings or cfg.settings.export.canary
     decisions = decisions if decisions is not None else DecisionLog.for_config(cfg)
     if conns is None:
-        conns = spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+        conns = spark.read.format("delta").load(table_path(cfg, CONNECTIONS))
     last = conns.agg(F.max("ts_end_ms")).first()[0]
     out = []
     for t in tables:

@@ -58,7 +58,7 @@ from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.hours import hour_of_ms
 from ccselect.ipaddr import canonical, with_ip
-from ccselect.lake import table_path
+from ccselect.lake import AUTOPLEX_PARAMS, CC_TABLES, CONNECTIONS, PREDICTIONS, table_path
 from ccselect.settings import BITS, FAMILIES, PrefixLadder
 from distill.handshake import load_handshake
 from export.artifact import signing, table_format as tf
@@ -597,7 +597,7 @@ def with_caps(spark, cfg: Config, preds, aggs: list[Aggregated]) -> tuple[list[A
 
 
     services = [k for k, v in cfg.settings.autoplex.caps_services.items() if v]
-    path = table_path(cfg, "gold.autoplex_params")
+    path = table_path(cfg, AUTOPLEX_PARAMS)
     if not services:
         return aggs, {"caps": "off (no service in autoplex.caps_services)"}
     if not delta_io.is_delta(spark, path):
@@ -635,7 +635,7 @@ CC_TABLES_COLS = ("version", "created", "expires", "hours", "model_name", "model
 def extract(spark, cfg: Config, lo: str, hi: str):
     """gold.predictions of the hours lo..hi (inclusive)."""
 
-    return (spark.read.format("delta").load(table_path(cfg, "gold.predictions"))
+    return (spark.read.format("delta").load(table_path(cfg, PREDICTIONS))
             .where(F.col("hour").between(lo, hi)))
 
 
@@ -646,7 +646,7 @@ def window_predictions(spark, cfg: Config, from_ms: int, to_ms: int, decay_half_
     prediction's requests (its weight in Algorithm 1) are scaled by 2^(−age/half-life), age from
     its close to `to_ms`, rounded up: an old request still counts, at least once."""
     lo, hi = hour_of_ms(from_ms + 1), hour_of_ms(to_ms)
-    ts = (spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+    ts = (spark.read.format("delta").load(table_path(cfg, CONNECTIONS))
           .where(F.col("hour").between(lo, hi) & (F.col("ts_end_ms") > from_ms) & (F.col("ts_end_ms") <= to_ms))
           .select("node_id", "hour", "conn_id", "ts_end_ms"))
     preds = extract(spark, cfg, lo, hi)
@@ -669,7 +669,7 @@ def model_versions(preds) -> tuple[str, str, list[str]]:
 
 
 def next_version(spark, cfg: Config) -> int:
-    path = table_path(cfg, "gold.cc_tables")
+    path = table_path(cfg, CC_TABLES)
     if not delta_io.is_delta(spark, path):
         return 1
     v = spark.read.format("delta").load(path).agg({"version": "max"}).first()[0]
@@ -690,11 +690,11 @@ def record(spark, cfg: Config, manifest: dict, manifest_path: str) -> None:
               "model_version string, entries_v4 long, entries_v6 long, coverage double, agreement double, "
               "memory_saving double, sha256 string, manifest_path string")
     df = spark.createDataFrame([tuple(row[c] for c in CC_TABLES_COLS)], schema)
-    delta_io.replace_partitions(df, table_path(cfg, "gold.cc_tables"), {(str(row["version"]),)}, ("version",))
+    delta_io.replace_partitions(df, table_path(cfg, CC_TABLES), {(str(row["version"]),)}, ("version",))
 
 
 def history(spark, cfg: Config) -> list[dict]:
-    path = table_path(cfg, "gold.cc_tables")
+    path = table_path(cfg, CC_TABLES)
     if not delta_io.is_delta(spark, path):
         return []
     return [r.asDict() for r in spark.read.format("delta").load(path).orderBy("version").collect()]
