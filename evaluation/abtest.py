@@ -28,6 +28,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession, functions as F
 
+from ccselect.config import Config
 from ccselect.lake import AB_TEST, connections_in, write_window
 from features.ab_moments import (  # noqa: F401  (re-exported: the analysis reads them as abtest.*)
     METRICS, MOMENT_KEYS, NET_GROUPS, ArmMoments, arm_moments, metric_rows, segments)
@@ -118,12 +119,12 @@ def assignment(conns: DataFrame) -> dict[str, Any]:
 
 # ---- extract / load -----------------------------------------------------------------------------
 
-def extract(spark: SparkSession, cfg: Any, lo: str, hi: str) -> DataFrame:
+def extract(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
     cols = ("ab_treatment", "decision", "cc", "client_ip", "ug_id", "net_type", *{c for yx in METRICS.values() for c in yx})
     return connections_in(spark, cfg, lo, hi).select(*cols)
 
 
-def run(spark: SparkSession, cfg: Any, lo: str, hi: str) -> dict[str, Any]:
+def run(spark: SparkSession, cfg: Config, lo: str, hi: str) -> dict[str, Any]:
     """gold.ab_test for the hours lo..hi (inclusive), replacing that window's rows; returns the
     window, its rows (as dicts) and the assignment check."""
     confidence, min_clusters = cfg.settings.abtest.confidence, cfg.settings.abtest.min_clusters

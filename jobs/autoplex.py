@@ -17,6 +17,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
 from ccselect import delta_io
+from ccselect.config import Config
 from ccselect.delta_arrow import by_engine
 from ccselect.lake import connections_in, table_path
 from ccselect.spark import get_spark
@@ -201,20 +202,20 @@ def _period_label(ms_col: str = "period_start_ms"):
     return F.date_format(F.timestamp_millis(F.col(ms_col)), "yyyy-MM-dd'T'HH:mm")
 
 
-def extract(spark: SparkSession, cfg: Any, start_ms: int, end_ms: int) -> DataFrame:
+def extract(spark: SparkSession, cfg: Config, start_ms: int, end_ms: int) -> DataFrame:
     """silver.connections closed in [start_ms, end_ms)."""
     return (connections_in(spark, cfg, hour_key(start_ms), hour_key(end_ms - 1))
             .where((F.col("ts_end_ms") >= start_ms) & (F.col("ts_end_ms") < end_ms)))
 
 
-def _engine(cfg: Any, engine: str | None, arrow_job, spark_job, spark: SparkSession | None) -> dict[str, Any]:
+def _engine(cfg: Config, engine: str | None, arrow_job, spark_job, spark: SparkSession | None) -> dict[str, Any]:
     """`arrow_job()` or `spark_job(spark)` by `engine` (default `autoplex.engine`; see
     `ccselect.delta_arrow.by_engine`). A Spark session is started only when the Spark job runs."""
     return by_engine(engine or cfg.settings.autoplex.engine, arrow_job,
                      lambda: {**spark_job(spark or get_spark(cfg, "ccs-autoplex")), "engine": "spark"})
 
 
-def run_parameters(spark: SparkSession | None, cfg: Any, start_ms: int, periods: int,
+def run_parameters(spark: SparkSession | None, cfg: Config, start_ms: int, periods: int,
                    engine: str | None = None) -> dict[str, Any]:
     """Compute gold.autoplex_params for `periods` periods from `start_ms` (replacing them), with
     `engine` (see `_engine`; `spark` may be None)."""
@@ -223,7 +224,7 @@ def run_parameters(spark: SparkSession | None, cfg: Any, start_ms: int, periods:
                    lambda sp: _run_parameters_spark(sp, cfg, start_ms, periods), spark)
 
 
-def _run_parameters_spark(spark: SparkSession, cfg: Any, start_ms: int, periods: int) -> dict[str, Any]:
+def _run_parameters_spark(spark: SparkSession, cfg: Config, start_ms: int, periods: int) -> dict[str, Any]:
     s = cfg.settings.autoplex
     policies, group_cols, period = load_policies(s), list(s.group_by), s.period_minutes
     start_ms, end_ms = period_window(start_ms, periods, period)
@@ -237,7 +238,7 @@ def _run_parameters_spark(spark: SparkSession, cfg: Any, start_ms: int, periods:
     return {"periods": labels, "group_by": group_cols, "rows_per_policy": counts}
 
 
-def write_parameters(cfg: Any, params: DataFrame, labels: list[str]) -> None:
+def write_parameters(cfg: Config, params: DataFrame, labels: list[str]) -> None:
     """gold.autoplex_params' `labels` periods replaced by `params` in one commit, by
     `spark.default.parallelism` writers (no more than there are periods), each writing whole
     periods, so one file per period; from one task a day's 48 files were written one after
@@ -247,14 +248,14 @@ def write_parameters(cfg: Any, params: DataFrame, labels: list[str]) -> None:
                                 {(p,) for p in labels}, ("period",))
 
 
-def write_similarity(cfg: Any, rates: DataFrame, window: str) -> None:
+def write_similarity(cfg: Config, rates: DataFrame, window: str) -> None:
     """gold.autoplex_similarity's `window` partition replaced by `rates` in one commit, as
     lake.write_window does, from one task (one file)."""
     delta_io.replace_partitions(rates.coalesce(1).withColumn("window", F.lit(window)),
                                 table_path(cfg, "gold.autoplex_similarity"), {(window,)}, ("window",))
 
 
-def run_similarity(spark: SparkSession | None, cfg: Any, start_ms: int, periods: int,
+def run_similarity(spark: SparkSession | None, cfg: Config, start_ms: int, periods: int,
                    plot_dir: str | None = None, engine: str | None = None) -> dict[str, Any]:
     """AutoPlex §3.4 over `periods` periods: gold.autoplex_similarity (per group, period, band and
     value) and the summary better/worse ratios, with a bar plot; `engine` as `run_parameters`."""
@@ -263,7 +264,7 @@ def run_similarity(spark: SparkSession | None, cfg: Any, start_ms: int, periods:
                    lambda sp: _run_similarity_spark(sp, cfg, start_ms, periods, plot_dir), spark)
 
 
-def _run_similarity_spark(spark: SparkSession, cfg: Any, start_ms: int, periods: int,
+def _run_similarity_spark(spark: SparkSession, cfg: Config, start_ms: int, periods: int,
                           plot_dir: str | None = None) -> dict[str, Any]:
     s = cfg.settings.autoplex
     group_cols, period = list(s.group_by), s.period_minutes

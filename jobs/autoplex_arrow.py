@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ccselect.config import Config
 from ccselect.delta_arrow import Unsupported, check_protocol, live_files, local_path
 from ccselect.lake import table_path
 from jobs import autoplex_core as core
@@ -308,7 +309,7 @@ def replace_partitions(path: str, data: pa.Table, column: str, values: list[str]
 
 # ---- the jobs -------------------------------------------------------------------------------------
 
-def run_parameters(cfg: Any, start_ms: int, periods: int) -> dict[str, Any]:
+def run_parameters(cfg: Config, start_ms: int, periods: int) -> dict[str, Any]:
     """`jobs.autoplex.run_parameters` in this process (the same result dict, with `engine`)."""
     s = cfg.settings.autoplex
     policies, group_cols, period = core.load_policies(s), list(s.group_by), s.period_minutes
@@ -325,7 +326,7 @@ def run_parameters(cfg: Any, start_ms: int, periods: int) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def run_similarity(cfg: Any, start_ms: int, periods: int, plot_dir: str | None = None) -> dict[str, Any]:
+def run_similarity(cfg: Config, start_ms: int, periods: int, plot_dir: str | None = None) -> dict[str, Any]:
     """`jobs.autoplex.run_similarity` in this process (the same result dict, with `engine`)."""
     s = cfg.settings.autoplex
     group_cols, period = list(s.group_by), s.period_minutes
