@@ -157,25 +157,11 @@ static const struct rec *find_entry(const struct rec *r, size_t n, const struct 
 	return NULL;
 }
 
-/*
- * A new lookup hash holding the table (nothing is live yet): its fd, or -1. meta gets the
- * families' lengths (n_len4, n_len6, lens).
- */
-int build_index(const struct table *t, struct ccs_meta *meta)
+/* each entry's key (an IPv4 prefix as ::ffff:a.b.c.d/96+len) and value, in table order */
+static void entry_keys(const struct table *t, struct ccs_lpm_key *keys, struct ccs_lpm_val *vals)
 {
-	struct ccs_lpm_key *keys = NULL;
-	struct ccs_lpm_val *vals = NULL;
-	struct rec *r = NULL;
-	size_t i, j, m = 0, u = 0;
-	int fd = -1;
-	unsigned l;
+	size_t i;
 
-	keys = calloc(t->n ? t->n : 1, sizeof(*keys));
-	vals = calloc(t->n ? t->n : 1, sizeof(*vals));
-	if (!keys || !vals) {
-		print_error("build the lookup: out of memory");
-		goto out;
-	}
 	for (i = 0; i < t->n; i++) {
 		const struct ccs_table_entry *e = &t->ents[i];
 		__u8 a[16] = {};
@@ -194,32 +180,38 @@ int build_index(const struct table *t, struct ccs_meta *meta)
 			.cwnd_clamp_segs = e->cwnd_clamp_segs,
 			.pacing_rate_bps = e->pacing_rate_bps };
 	}
-	meta->n_len4 = (__u8)family_lengths(keys, t, 4, meta->lens);
-	meta->n_len6 = (__u8)family_lengths(keys, t, 6, (meta->lens + CCS_LEN4_MAX));
-	/* each entry: itself and at most ceil(log2(129)) = 8 markers; counted first */
-	m = family_records(keys, vals, t, 4, meta->lens, meta->n_len4, NULL);
-	m += family_records(keys, vals, t, 6, (meta->lens + CCS_LEN4_MAX), meta->n_len6, NULL);
-	r = calloc(m ? m : 1, sizeof(*r));
-	if (!r) {
-		print_error("build the lookup: out of memory (%zu records)", m);
-		goto out;
-	}
-	m = family_records(keys, vals, t, 4, meta->lens, meta->n_len4, r);
-	m += family_records(keys, vals, t, 6, (meta->lens + CCS_LEN4_MAX), meta->n_len6, r + m);
+}
+
+/*
+ * The m records sorted, each key's merged into one (an entry, the first, takes the markers'
+ * LONGER flag): -> how many keys, or (size_t)-1 after refusing a duplicate prefix.
+ */
+static size_t merge_records(struct rec *r, size_t m)
+{
+	size_t i, j, u = 0;
+
 	qsort(r, m, sizeof(*r), rec_cmp);
-	/* merge each key's records: an entry (the first) takes the markers' LONGER flag */
 	for (i = 0; i < m; i = j) {
 		r[u] = r[i];
 		for (j = i + 1; j < m && !key_cmp(&r[j].k, &r[i].k); j++) {
 			if (r[j].entry != (size_t)-1) {
 				print_error("refused: entry %zu: duplicate prefix", r[j].entry);
-				goto out;
+				return (size_t)-1;
 			}
 			r[u].v.flags |= r[j].v.flags & CCS_VAL_LONGER;
 		}
 		u++;
 	}
-	/* a marker's best match: the longest entry of a shorter length of its family covering it */
+	return u;
+}
+
+/* each marker's value: its best match's, the longest entry of a shorter length of its family
+ * covering it (none: the marker stays a marker only) */
+static void marker_values(struct rec *r, size_t u, const struct ccs_meta *meta)
+{
+	size_t i;
+	unsigned l;
+
 	for (i = 0; i < u; i++) {
 		const __u8 *lens;
 		unsigned nl;
@@ -245,21 +237,68 @@ int build_index(const struct table *t, struct ccs_meta *meta)
 			}
 		}
 	}
+}
+
+/* a new hash map holding the u records: its fd, or -1 after printing why */
+static int write_hash(const struct rec *r, size_t u)
+{
+	size_t i;
+	int fd;
+
 	fd = bpf_map_create(BPF_MAP_TYPE_HASH, "ccs_lookup", sizeof(struct ccs_lpm_key),
 			    sizeof(struct ccs_lpm_val), u ? (__u32)u : 1, NULL);
 	if (fd < 0) {
 		print_error("create the lookup hash: %s", strerror(errno));
-		goto out;
+		return -1;
 	}
 	for (i = 0; i < u; i++) {
 		if (bpf_map_update_elem(fd, &r[i].k, &r[i].v, BPF_NOEXIST)) {
 			print_error("refused: %s %zu: %s", r[i].entry != (size_t)-1 ? "entry" : "marker",
 				r[i].entry != (size_t)-1 ? r[i].entry : i, strerror(errno));
 			close(fd);
-			fd = -1;
-			goto out;
+			return -1;
 		}
 	}
+	return fd;
+}
+
+/*
+ * A new lookup hash holding the table (nothing is live yet): its fd, or -1. meta gets the
+ * families' lengths (n_len4, n_len6, lens). By step: the entries' keys, each family's lengths,
+ * its records (the entries and their markers), merged by key, the markers' values, the map.
+ */
+int build_index(const struct table *t, struct ccs_meta *meta)
+{
+	struct ccs_lpm_key *keys = NULL;
+	struct ccs_lpm_val *vals = NULL;
+	struct rec *r = NULL;
+	size_t m = 0, u;
+	int fd = -1;
+
+	keys = calloc(t->n ? t->n : 1, sizeof(*keys));
+	vals = calloc(t->n ? t->n : 1, sizeof(*vals));
+	if (!keys || !vals) {
+		print_error("build the lookup: out of memory");
+		goto out;
+	}
+	entry_keys(t, keys, vals);
+	meta->n_len4 = (__u8)family_lengths(keys, t, 4, meta->lens);
+	meta->n_len6 = (__u8)family_lengths(keys, t, 6, (meta->lens + CCS_LEN4_MAX));
+	/* each entry: itself and at most ceil(log2(129)) = 8 markers; counted first */
+	m = family_records(keys, vals, t, 4, meta->lens, meta->n_len4, NULL);
+	m += family_records(keys, vals, t, 6, (meta->lens + CCS_LEN4_MAX), meta->n_len6, NULL);
+	r = calloc(m ? m : 1, sizeof(*r));
+	if (!r) {
+		print_error("build the lookup: out of memory (%zu records)", m);
+		goto out;
+	}
+	m = family_records(keys, vals, t, 4, meta->lens, meta->n_len4, r);
+	m += family_records(keys, vals, t, 6, (meta->lens + CCS_LEN4_MAX), meta->n_len6, r + m);
+	u = merge_records(r, m);
+	if (u == (size_t)-1)
+		goto out;
+	marker_values(r, u, meta);
+	fd = write_hash(r, u);
 out:
 	free(keys);
 	free(vals);

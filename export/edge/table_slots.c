@@ -186,6 +186,87 @@ static __u64 expiry_mono_ns(__u64 expires_unix, time_t now)
 	return mono + left_s * 1000000000ull;
 }
 
+/* step 2: the index, and the flow tree or none (the slot must not keep the tree of the table it
+ * held before), in the slot; their map ids (tree: 0 for none). 0, or -1 after printing why */
+static int install_maps(const struct slots *s, __u32 slot, int index_fd, int tree_fd,
+			__u32 *index_id, __u32 *tree_id)
+{
+	struct bpf_map_info info = {}, tinfo = {};
+	__u32 len = sizeof(info), tlen = sizeof(tinfo);
+
+	if (bpf_map_update_elem(s->tables_fd, &slot, &index_fd, BPF_ANY)) {
+		print_error("install index in slot %u (ccs_tables): %s", slot, strerror(errno));
+		return -1;
+	}
+	if (bpf_obj_get_info_by_fd(index_fd, &info, &len)) {
+		print_error("index map id: %s", strerror(errno));
+		return -1;
+	}
+	*index_id = info.id;
+	*tree_id = 0;
+	if (tree_fd >= 0) {
+		if (bpf_map_update_elem(s->trees_fd, &slot, &tree_fd, BPF_ANY) ||
+		    bpf_obj_get_info_by_fd(tree_fd, &tinfo, &tlen)) {
+			print_error("install tree in slot %u (ccs_trees): %s", slot, strerror(errno));
+			return -1;
+		}
+		*tree_id = tinfo.id;
+	} else if (s->trees_fd >= 0 && bpf_map_delete_elem(s->trees_fd, &slot) && errno != ENOENT) {
+		print_error("remove the old tree from slot %u (ccs_trees): %s", slot, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* the slot's meta for table t, whole but staged (not live yet: step 6 says it was made live) */
+static void staged_meta(const struct table *t, const struct ccs_meta *lens, __u32 index_id,
+			time_t now, struct ccs_meta *meta)
+{
+	memset(meta, 0, sizeof(*meta));
+	meta->version = t->man.version;
+	meta->created_unix = t->man.created;
+	meta->expires_unix = t->man.expires;
+	meta->expires_mono_ns = expiry_mono_ns(t->man.expires, now);
+	meta->loaded_unix = now;
+	meta->n_v4 = t->h->n_v4;
+	meta->n_v6 = t->h->n_v6;
+	meta->valid = CCS_META_STAGED;
+	meta->index_id = index_id;
+	memcpy(meta->sha256, t->sha256, 32);
+	meta->n_len4 = lens->n_len4;
+	meta->n_len6 = lens->n_len6;
+	memcpy(meta->lens, lens->lens, sizeof(meta->lens));
+}
+
+/* step 3: the slot's model version (for status) and flow tree record (ccs.h struct ccs_flow),
+ * where the program has those maps. 0, or -1 after printing why */
+static int write_records(const struct slots *s, __u32 slot, const struct table *t,
+			 const struct ccs_meta *meta, __u32 tree_id)
+{
+	struct ccs_model model = {};
+	struct ccs_flow flow = {};
+
+	model.version = meta->version;
+	model.loaded_unix = meta->loaded_unix;
+	memcpy(model.model_version, t->man.model_version, sizeof(model.model_version));
+	if (s->model_fd >= 0 && bpf_map_update_elem(s->model_fd, &slot, &model, BPF_ANY)) {
+		print_error("write slot %u model version (ccs_model): %s", slot, strerror(errno));
+		return -1;
+	}
+	flow.version = meta->version;
+	flow.loaded_unix = meta->loaded_unix;
+	flow.tree_id = tree_id;
+	flow.n_nodes = (__u16)t->n_nodes;
+	flow.min_purity_permille = t->h->tree_min_purity_permille;
+	flow.min_leaf_permille = t->h->tree_min_leaf_permille;
+	memcpy(flow.model, t->man.tree_model, sizeof(flow.model));
+	if (s->flow_fd >= 0 && bpf_map_update_elem(s->flow_fd, &slot, &flow, BPF_ANY)) {
+		print_error("write slot %u flow tree record (ccs_flow): %s", slot, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
 /*
  * Fill the idle slot, then flip ctl.live (one word); the old table stays in the other slot.
  * The slot is marked invalid before anything in it changes and valid (with the installed index's
@@ -195,14 +276,9 @@ static __u64 expiry_mono_ns(__u64 expires_unix, time_t now)
 int swap_in(const struct slots *s, const struct state *st, const struct table *t,
 	    int index_fd, const struct ccs_meta *lens, int tree_fd, time_t now, __u32 *slotp)
 {
-	struct ccs_flow flow = {};
-	struct bpf_map_info tinfo = {};
-	__u32 tlen = sizeof(tinfo);
 	struct ccs_ctl ctl = st->ctl;
-	struct ccs_meta meta = {};
-	struct ccs_model model = {};
-	struct bpf_map_info info = {};
-	__u32 zero = 0, slot, len = sizeof(info);
+	struct ccs_meta meta;
+	__u32 zero = 0, slot, index_id, tree_id;
 	int live = live_slot(st);
 
 	slot = live >= 0 ? (__u32)(live + 1) % CCS_SLOTS : 0;
@@ -214,59 +290,12 @@ int swap_in(const struct slots *s, const struct state *st, const struct table *t
 		print_error("mark slot %u invalid (ccs_meta): %s", slot, strerror(errno));
 		return -1;
 	}
-	/* 2. the index */
-	if (bpf_map_update_elem(s->tables_fd, &slot, &index_fd, BPF_ANY)) {
-		print_error("install index in slot %u (ccs_tables): %s", slot, strerror(errno));
+	/* 2. the index and the tree; 3. the model version and the flow record */
+	if (install_maps(s, slot, index_fd, tree_fd, &index_id, &tree_id))
 		return -1;
-	}
-	if (bpf_obj_get_info_by_fd(index_fd, &info, &len)) {
-		print_error("index map id: %s", strerror(errno));
+	staged_meta(t, lens, index_id, now, &meta);
+	if (write_records(s, slot, t, &meta, tree_id))
 		return -1;
-	}
-	/* 2b. the flow tree, or none: the slot must not keep the tree of the table it held before */
-	if (tree_fd >= 0) {
-		if (bpf_map_update_elem(s->trees_fd, &slot, &tree_fd, BPF_ANY) ||
-		    bpf_obj_get_info_by_fd(tree_fd, &tinfo, &tlen)) {
-			print_error("install tree in slot %u (ccs_trees): %s", slot, strerror(errno));
-			return -1;
-		}
-	} else if (s->trees_fd >= 0 && bpf_map_delete_elem(s->trees_fd, &slot) && errno != ENOENT) {
-		print_error("remove the old tree from slot %u (ccs_trees): %s", slot, strerror(errno));
-		return -1;
-	}
-	/* 3. the model version, for status */
-	memset(&meta, 0, sizeof(meta));
-	meta.version = t->man.version;
-	meta.created_unix = t->man.created;
-	meta.expires_unix = t->man.expires;
-	meta.expires_mono_ns = expiry_mono_ns(t->man.expires, now);
-	meta.loaded_unix = now;
-	meta.n_v4 = t->h->n_v4;
-	meta.n_v6 = t->h->n_v6;
-	meta.valid = CCS_META_STAGED;   /* whole, not live yet: step 6 says it was made live */
-	meta.index_id = info.id;
-	memcpy(meta.sha256, t->sha256, 32);
-	meta.n_len4 = lens->n_len4;
-	meta.n_len6 = lens->n_len6;
-	memcpy(meta.lens, lens->lens, sizeof(meta.lens));
-	model.version = meta.version;
-	model.loaded_unix = meta.loaded_unix;
-	memcpy(model.model_version, t->man.model_version, sizeof(model.model_version));
-	if (s->model_fd >= 0 && bpf_map_update_elem(s->model_fd, &slot, &model, BPF_ANY)) {
-		print_error("write slot %u model version (ccs_model): %s", slot, strerror(errno));
-		return -1;
-	}
-	flow.version = meta.version;
-	flow.loaded_unix = meta.loaded_unix;
-	flow.tree_id = tree_fd >= 0 ? tinfo.id : 0;
-	flow.n_nodes = (__u16)t->n_nodes;
-	flow.min_purity_permille = t->h->tree_min_purity_permille;
-	flow.min_leaf_permille = t->h->tree_min_leaf_permille;
-	memcpy(flow.model, t->man.tree_model, sizeof(flow.model));
-	if (s->flow_fd >= 0 && bpf_map_update_elem(s->flow_fd, &slot, &flow, BPF_ANY)) {
-		print_error("write slot %u flow tree record (ccs_flow): %s", slot, strerror(errno));
-		return -1;
-	}
 	/* 4. the meta: the slot is valid again (staged), describing the index now in it */
 	if (bpf_map_update_elem(s->meta_fd, &slot, &meta, BPF_ANY)) {
 		print_error("write slot %u metadata (ccs_meta): %s", slot, strerror(errno));
