@@ -29,6 +29,7 @@ import glob
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -41,7 +42,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from ccselect.config import load_config
 from ccselect.contract import STREAMS
 
-from topology.proc import ClusterError, Server, listening
+from topology.proc import ClusterError, Server, group_members, listening
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark.
 
 VERSION = "4.4.0"
@@ -247,6 +248,35 @@ class Broker:
     def down(self) -> bool:
         """Stop the broker (SIGTERM: a controlled shutdown that flushes its logs); → whether it ran."""
         return self.server().stop(timeout=60)
+
+    def kill(self) -> int | None:
+        """SIGKILL the broker's process group, as a crash would: no controlled shutdown, so the next
+        start recovers its logs. What it acknowledged stays (written to the page cache, which
+        outlives the process; a power cut would not: one node, no replica). → the pid it had."""
+        s = self.server()
+        pid = s.pid()
+        if pid is not None:
+            os.killpg(pid, signal.SIGKILL)
+            deadline = time.monotonic() + 30
+            while group_members(pid) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            if left := group_members(pid):
+                raise ClusterError(f"broker processes {left} survived SIGKILL")
+        s.pidfile.unlink(missing_ok=True)
+        return pid
+
+    def restart(self, timeout: float = 180.0, log=print) -> dict:
+        """Start the broker again on the same data and ports (after `kill` or `down`), so its
+        clients, which keep its address, find it again; → status. Refuses when a port it had is
+        taken (`up` would move to free ones)."""
+        ports = self.ports()
+        if ports is None:
+            raise ClusterError(f"no broker was started under {self.home}: nothing to restart")
+        if self.server().running():
+            raise ClusterError(f"the broker under {self.home} is running: kill or stop it first")
+        if taken := [p for p in ports.values() if listening("127.0.0.1", p)]:
+            raise ClusterError(f"the broker's ports {taken} are taken: it cannot come back at its address")
+        return self.up(timeout, log)
 
     def status(self) -> dict:
         s = self.server()
