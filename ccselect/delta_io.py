@@ -14,6 +14,7 @@ and a backfill of the same hour) is run again, a bounded number of times with ba
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import time
@@ -76,8 +77,14 @@ def tune(spark: SparkSession) -> None:
 
 
 def is_delta(spark: SparkSession, path: str) -> bool:
-    from delta.tables import DeltaTable
+    """Whether `path` holds a Delta table (a commit in its log): a local table's log is looked at
+    directly (`table_version`), others are asked of Delta (a call into the JVM that updates the
+    table's log)."""
     tune(spark)
+    v = table_version(spark, path)
+    if v is not None:
+        return v >= 0
+    from delta.tables import DeltaTable
     return DeltaTable.isDeltaTable(spark, path)
 
 
@@ -245,3 +252,66 @@ def retry_conflicts(step: Callable[[], T], what: str, attempts: int = RETRY_ATTE
                 log(f"{what}: conflict with {other_writer(e)}; retrying in {wait:.1f} s")
             time.sleep(wait)
     raise AssertionError("unreachable")
+
+
+# ---- the Delta log, read without a Spark job ----------------------------------------------------
+
+#: a commit file or a checkpoint (one file, or a part of several) of the version it names
+_VERSIONED = re.compile(r"^(\d{20})\.(json|checkpoint\.)")
+
+
+def _local_log(path: str) -> str | None:
+    """The `_delta_log` folder of a table on the local filesystem; None for any other scheme."""
+    if "://" in path and not path.startswith("file://"):
+        return None
+    if path.startswith("file:"):
+        path = re.sub(r"^file:(//)?", "", path)
+    return os.path.join(path, "_delta_log")
+
+
+def _newest_version(log: str) -> int:
+    """The newest committed version in the local `_delta_log` `log` (-1 when there is none): from
+    the last checkpoint Delta recorded, the commits after it (Delta commits a version by renaming
+    its complete JSON file into place, so a file that exists is a whole commit)."""
+    try:
+        with open(os.path.join(log, "_last_checkpoint")) as fh:
+            v = int(json.load(fh)["version"])
+    except (OSError, ValueError, KeyError):
+        # no checkpoint yet (a young table): the newest commit or checkpoint file listed
+        found = [int(m.group(1)) for m in map(_VERSIONED.match, os.listdir(log) if os.path.isdir(log) else []) if m]
+        v = max(found, default=-1)
+    while os.path.exists(os.path.join(log, f"{v + 1:020d}.json")):
+        v += 1
+    return v
+
+
+def table_version(spark: SparkSession, path: str) -> int | None:
+    """The Delta table's newest version (-1: no table); None where it cannot be read without Spark
+    (a table on object storage)."""
+    log = _local_log(path)
+    return None if log is None else _newest_version(log)
+
+
+def recent_commits(spark: SparkSession, path: str, n: int) -> list[dict]:
+    """The newest `n` commits of the Delta table at `path` as `DESCRIBE HISTORY` gives them
+    (version, readVersion, operation, userMetadata), newest first. A local table's commit files
+    are read directly (each holds its commitInfo action): Delta's history is a Spark job of its own,
+    most of a micro-batch's cost in jobs (bench/stream_batch.py); other tables go through it."""
+    log = _local_log(path)
+    if log is None:
+        from delta.tables import DeltaTable
+        return [r.asDict() for r in DeltaTable.forPath(spark, path).history(n)
+                .select("version", "readVersion", "operation", "userMetadata").collect()]
+    out = []
+    v = _newest_version(log)
+    while v >= 0 and len(out) < n:
+        try:
+            fh = open(os.path.join(log, f"{v:020d}.json"))
+        except FileNotFoundError:       # cleaned up by log retention: older ones are gone too
+            break
+        with fh:
+            info = next((a["commitInfo"] for a in map(json.loads, fh) if "commitInfo" in a), {})
+        out.append({"version": v, "readVersion": info.get("readVersion"), "operation": info.get("operation"),
+                    "userMetadata": info.get("userMetadata")})
+        v -= 1
+    return out

@@ -12,7 +12,8 @@ micro-batch (`foreachBatch`), in the driver:
 1. **Parse** with batch ingest's own code: `jobs.sources.explode_lines` cuts the lines,
    `jobs.ingest.to_bronze` (jobs/parse.py) types and judges them — one parser, two callers, the
    same quarantine reasons.
-2. **Bronze, quarantine and audit** are appended once per batch: bronze tagged with the batch
+2. **Bronze, quarantine and audit** are appended once per batch (quarantine only when the batch
+   has a line to quarantine: no empty commit): bronze tagged with the batch
    (`userMetadata` `<query id>:<batch id>`), quarantine and audit with Delta's idempotent-write
    options (`txnAppId` = this query's id from its checkpoint, `txnVersion` = the batch id): a batch
    replayed after a crash (the source's offset log gives it the same files) skips every table it
@@ -95,10 +96,9 @@ def batch_tag(app_id: str, version: int) -> str:
     return f"{app_id}:{int(version)}"
 
 
-def _history(spark: SparkSession, path: str, n: int = 50) -> list:
-    from delta.tables import DeltaTable
-    return (DeltaTable.forPath(spark, path).history(n).select("version", "readVersion", "operation", "userMetadata")
-            .collect())
+def _history(spark: SparkSession, path: str, n: int = 50) -> list[dict]:
+    # the table's commits read from its log (a local lake: no Spark job; delta_io.recent_commits)
+    return delta_io.recent_commits(spark, path, n)
 
 
 def as_before(spark: SparkSession, path: str, app_id: str, version: int) -> tuple[DataFrame | None, int, bool]:
@@ -201,6 +201,7 @@ class StreamJob:
         self.s = cfg.settings.stream
         self._champion = None
         self._app_id = None
+        self._constrained: set[str] = set()     # tables whose constraints this run has seen to
         self.batches: list[dict] = []
 
     # ---- identity ----------------------------------------------------------------------------
@@ -249,7 +250,7 @@ class StreamJob:
                                                  f"stream batch {batch_id}: bronze", log=self.log))
             lap("bronze")
             keys = got.all_keys
-            delta_io.retry_conflicts(lambda: silver_job.run(spark, self.cfg, keys, self.input_dir),
+            delta_io.retry_conflicts(lambda: silver_job.run(spark, self.cfg, keys, self.input_dir, count=False),
                                      f"stream batch {batch_id}: silver", log=self.log)
             lap("silver")
             _crash_point("silver", batch_id)
@@ -308,18 +309,28 @@ class StreamJob:
                 if stream == "transport":
                     out["max_ts_end_ms"] = (b.where(F.col("status") == "ok")
                                             .agg(F.max("record.ts_end_ms")).first()[0])
-            append_once(to_quarantine(every), table_path(cfg, "bronze.quarantine"), self.app_id, batch_id,
-                        ("stream", "node_id", "hour"))
+            qpath = table_path(cfg, "bronze.quarantine")
+            qkeys = ("stream", "node_id", "hour")
             if not new_files:
+                append_once(to_quarantine(every), qpath, self.app_id, batch_id, qkeys)
                 return {**out, "lines_read": 0, "accepted": 0, "quarantined": 0, "read_before": len(files)}
             audit = to_audit(got.audit_lines(every), files_frame(spark, new_files), ingest_time).persist()
-            append_once(audit, apath, self.app_id, batch_id, ("node_id", "hour"),
-                        constraints=AUDIT_CONSTRAINTS)
-            # the totals, and the quarantined lines per stream and reason (the metrics' by-reason counts)
+            # the totals, and the quarantined lines per stream and reason (the metrics' by-reason
+            # counts); the collect computes the audit rows the append then writes from the cache
             per_stream = summarize(audit)
+            # the audit's CHECK constraints are looked for once a run (a read of the table's
+            # properties each batch otherwise); Delta enforces them on every later append
+            append_once(audit, apath, self.app_id, batch_id, ("node_id", "hour"),
+                        constraints=None if apath in self._constrained else AUDIT_CONSTRAINTS)
+            self._constrained.add(apath)
             out.update({k: sum(v[k] for v in per_stream.values()) for k in ("lines_read", "accepted", "quarantined")})
             out["quarantined_by_reason"] = {st: v["by_reason"] for st, v in per_stream.items() if v.get("by_reason")}
             audit.unpersist()
+            # every line of the batch is in a unit the audit counted just now (no unit was read
+            # before): when it counts none quarantined there is nothing to append, and no commit
+            # (each commit is a new table version for every later read to load)
+            if len(new_files) < len(files) or out["quarantined"]:
+                append_once(to_quarantine(every), qpath, self.app_id, batch_id, qkeys)
         finally:
             for _, b in parsed:
                 b.unpersist()

@@ -140,13 +140,20 @@ def qoe_per_conn(qoe: DataFrame) -> DataFrame:
         F.min("startup_ms").alias("startup_ms"))
 
 
-def with_user_group(df: DataFrame, reference: DataFrame) -> DataFrame:
-    """Longest-prefix match of the client address against the reference table → `ug_id`."""
+def reference_levels(rows: list[tuple[int, str, str]]) -> list[tuple[int, int]]:
+    """The (family, prefix length) pairs of the reference's rows, longest prefix first."""
+    return sorted({(fam, len(bits)) for fam, bits, _ in rows}, key=lambda x: -x[1])
+
+
+def with_user_group(df: DataFrame, reference: DataFrame, levels: list[tuple[int, int]] | None = None) -> DataFrame:
+    """Longest-prefix match of the client address against the reference table → `ug_id`;
+    `levels`: the reference's `reference_levels` when the caller has its rows (else a Spark job
+    reads them from `reference`)."""
     bits = F.when(F.col("family") == 4, F.lpad(F.conv(F.col("_hex"), 16, 2), 32, "0")).otherwise(
         F.concat(*[F.lpad(F.conv(F.substring("_hex", 1 + 8 * i, 8), 16, 2), 32, "0") for i in range(4)]))
     df = df.withColumn("_bits", bits)
-    levels = sorted({(r["family"], len(r["bits"])) for r in reference.select("family", "bits").collect()},
-                    key=lambda x: -x[1])
+    if levels is None:
+        levels = reference_levels([(r["family"], r["bits"], None) for r in reference.select("family", "bits").collect()])
     found = []
     for i, (fam, plen) in enumerate(levels):
         ref = (reference.filter((F.col("family") == fam) & (F.length("bits") == plen))
@@ -182,8 +189,10 @@ SILVER_COLS = (
 )
 
 
-def build_connections(transport: DataFrame, access: DataFrame, qoe: DataFrame, reference: DataFrame) -> DataFrame:
-    """Accepted transport/access/qoe records (flat, with node_id and hour) → silver.connections."""
+def build_connections(transport: DataFrame, access: DataFrame, qoe: DataFrame, reference: DataFrame,
+                      levels: list[tuple[int, int]] | None = None) -> DataFrame:
+    """Accepted transport/access/qoe records (flat, with node_id and hour) → silver.connections;
+    `levels`: the reference's `reference_levels` (with_user_group)."""
     by_conn, by_socket = access_labels(access)
     # one address form (ccselect/ipaddr.py): a dual-stack listener's ::ffff:a.b.c.d is a.b.c.d
     t = with_ip(transport, "client_ip").withColumn("client_ip", F.coalesce(F.col("ip.text"), F.col("client_ip")))
@@ -193,7 +202,7 @@ def build_connections(transport: DataFrame, access: DataFrame, qoe: DataFrame, r
     t = t.withColumn("ab_treatment", F.col("ab_bucket") % 2 == 1)
     t = t.withColumn("imputed", F.filter(F.array(*[F.when(F.col(f).isNull(), F.lit(f)) for f in FEATURES]),
                                          lambda x: x.isNotNull()))
-    t = with_user_group(t, reference).drop("_hex")
+    t = with_user_group(t, reference, levels).drop("_hex")
     sock = by_socket.select(*KEYS, "client_ip", "client_port", *[F.col(c).alias(f"_s_{c}") for c in
                                                                   ("requests", "bytes_sent", "request_time_ms", "net_type")])
     # every input is hash-partitioned by (node_id, hour) (extract): shuffled hash joins inside
@@ -261,34 +270,64 @@ class BronzeMoved(RuntimeError):
     conflict = True
 
 
-def bronze_files(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]]) -> frozenset[str]:
-    """The files of bronze's `keys` partitions now, of the three streams (planning only, no job)."""
-    pred = delta_io.partition_predicate(keys)
-    out: set[str] = set()
+def bronze_files(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]]) -> dict:
+    """What bronze holds now for the three streams, for `bronze_moved`: per stream, the table's
+    version (-1: none) where its Delta log can be read without Spark (a local lake,
+    `delta_io.table_version`: no job), else the files of its `keys` partitions (planning only)."""
+    out: dict = {}
     for stream in STREAMS:
         path = table_path(cfg, f"bronze.{stream}")
-        if delta_io.is_delta(spark, path):
-            out.update(spark.read.format("delta").load(path).where(pred).inputFiles())
-    return frozenset(out)
+        v = delta_io.table_version(spark, path)
+        out[stream] = v if v is not None else _partition_files(spark, path, keys)
+    return out
 
 
-def run(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], input_dir: str) -> int:
+def _partition_files(spark: SparkSession, path: str, keys: set[tuple[str, str]],
+                     version: int | None = None) -> frozenset[str]:
+    """The files of the Delta table's `keys` partitions now, or at `version` (-1: no table then)."""
+    if (version is not None and version < 0) or not delta_io.is_delta(spark, path):
+        return frozenset()
+    r = spark.read.format("delta")
+    if version is not None:
+        r = r.option("versionAsOf", version)
+    return frozenset(r.load(path).where(delta_io.partition_predicate(keys)).inputFiles())
+
+
+def bronze_moved(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], before: dict, after: dict) -> bool:
+    """Whether bronze's `keys` partitions hold other files in `after` than in `before` (two
+    `bronze_files`). The same version is the same files (no job); another version, a commit to
+    any partition, is compared by the files of `keys` at both versions (time travel)."""
+    for stream in STREAMS:
+        a, b = before.get(stream), after.get(stream)
+        if a == b:
+            continue
+        path = table_path(cfg, f"bronze.{stream}")
+        if isinstance(a, int) and isinstance(b, int):
+            a, b = _partition_files(spark, path, keys, a), _partition_files(spark, path, keys, b)
+        if a != b:
+            return True
+    return False
+
+
+def run(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], input_dir: str,
+        count: bool = True) -> int | None:
     """Rebuild silver.connections for the (node_id, hour) partitions `keys`; returns its row count
-    there. Raises BronzeMoved when bronze changed under it (callers retry)."""
+    there (None without `count`: a read of the partitions just written, which the stream does not
+    need). Raises BronzeMoved when bronze changed under it (callers retry)."""
     if not keys:
         return 0
     ref_path = storage.join(input_dir, "reference", "ip_asn_region.csv")
     rows = read_reference(ref_path, cfg) if storage.exists(cfg, ref_path) else []
     transport, access, qoe = extract(spark, cfg, keys)
     read = bronze_files(spark, cfg, keys)
-    conns = build_connections(transport, access, qoe, reference_frame(spark, rows))
+    conns = build_connections(transport, access, qoe, reference_frame(spark, rows), reference_levels(rows))
     path = table_path(cfg, "silver.connections")
     # add_columns: a silver table written before a column was added (delivery_rate_bps) gains it
     with conf_set(spark, {**CO_PARTITIONED, **silver_parquet(SILVER_COLS)}):
         delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS, add_columns=True,
                                     properties=SILVER_PROPERTIES)
-    if bronze_files(spark, cfg, keys) != read:
+    if bronze_moved(spark, cfg, keys, read, bronze_files(spark, cfg, keys)):
         raise BronzeMoved(f"bronze of {len(keys)} (node, hour) partitions changed while silver was rebuilt from it")
     # the same partitions' per-node feature statistics (per-node standardization, issue 55)
     node_stats.write(spark, cfg, keys)
-    return spark.read.format("delta").load(path).where(delta_io.partition_predicate(keys)).count()
+    return spark.read.format("delta").load(path).where(delta_io.partition_predicate(keys)).count() if count else None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -97,3 +98,29 @@ def test_existing_table_gets_missing_properties_in_one_commit(spark, tmp_path):
     have = {r["key"]: r["value"] for r in spark.sql(f"SHOW TBLPROPERTIES delta.`{path}`").collect()}
     assert have["delta.dataSkippingStatsColumns"] == "id"
     assert sorted(r["id"] for r in spark.read.format("delta").load(path).collect()) == [0, 1, 2, 3]
+
+
+def test_the_log_read_without_spark_is_delta_history(spark, tmp_path):
+    """delta_io.recent_commits (the commit files of a local table, read directly) gives what
+    Delta's history gives, newest first, past a checkpoint and with the writers' userMetadata;
+    table_version is the newest version, -1 without a table; a replaceWhere that wrote nothing
+    new is a commit too."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    from ccselect.delta_io import create_table, is_delta, recent_commits, replace_partitions, table_version
+    path = str(tmp_path / "t")
+    assert table_version(spark, path) == -1 and not is_delta(spark, path)
+    df = spark.range(3).select(F.col("id"), F.lit("h").alias("hour"), F.lit("n").alias("node_id"))
+    create_table(spark, path, df.schema, ("node_id", "hour"), {"delta.checkpointInterval": "2"})
+    for i in range(5):
+        w = df.write.format("delta").mode("append").option("txnAppId", "app").option("txnVersion", i)
+        (w.option("userMetadata", f"app:{i}") if i % 2 else w).save(path)
+    replace_partitions(df.where("id < 0"), path, {("n", "h")})
+    assert os.path.exists(os.path.join(path, "_delta_log", "_last_checkpoint"))
+    cols = ["version", "readVersion", "operation", "userMetadata"]
+    want = [r.asDict() for r in DeltaTable.forPath(spark, path).history(4).select(*cols).collect()]
+    assert recent_commits(spark, path, 4) == want and [w["version"] for w in want] == [6, 5, 4, 3]
+    assert [r["userMetadata"] for r in recent_commits(spark, path, 10)] == [None, None, "app:3", None, "app:1", None,
+                                                                           None]
+    assert table_version(spark, path) == 6 and is_delta(spark, path)
