@@ -21,7 +21,17 @@ Throughput: a second replay at `--throughput-speed` (default 10× real time): ro
 stream ingested, scored and aggregated, and each micro-batch's lag (segment written → its rows
 in the lake), from the stream's own per-batch log.
 
-Run (root): .venv/bin/python bench/freshness.py [--speed 3 --minutes 30]
+`--source kafka` (issue 60), or `--source both` (the two sources interleaved, `--rounds` times, in
+one sitting; bench/results/freshness_kafka.json): the same replay, but the shipper
+(export/edge/shipper.py `--follow`, beside the agent's segments as on an edge) publishes the
+segments to a broker this bench starts and stops (topology/kafka.py, one per phase: its topics
+start empty), and `ccs stream --source kafka` reads the broker. The freshness is measured the same
+way (record logged -> an entry covering it live in the kernel). The sustained rate: a backlog of
+`--backlog-minutes` of the replayed hour made available at once (every segment written; for
+Kafka, shipped to the broker before the stream starts), then the time until the stream's batches
+have read every record, against the fleet's real-time rate (the same records over their minutes).
+
+Run (root): .venv/bin/python bench/freshness.py [--speed 3 --minutes 30] [--source both --rounds 1]
 """
 from __future__ import annotations
 
@@ -100,12 +110,36 @@ def covers(table, ip: str) -> bool:
     return any(n >> (bits - plen) << (bits - plen) in nets for (fam, plen), nets in idx.items() if fam == a.version)
 
 
-def start_stream(config: str, input_dir: str, log_path: str) -> subprocess.Popen:
-    """`ccs stream` as a service (its own process), deploying to the fleet; stderr is its log."""
+def start_stream(config: str, input_dir: str, log_path: str, bootstrap: str | None = None) -> subprocess.Popen:
+    """`ccs stream` as a service (its own process), deploying to the fleet; stderr is its log.
+    With `bootstrap`, `--source kafka` from that broker (`input_dir` then only holds the reference)."""
     err = open(log_path, "w")
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "stream", "--input", input_dir, "--deploy"],
+    kafka = ["--source", "kafka", "--bootstrap", bootstrap] if bootstrap else []
+    return subprocess.Popen([sys.executable, "-m", "app.cli", "stream", "--input", input_dir, "--deploy", *kafka],
                             cwd=REPO, env={**os.environ, "CCS_CONFIG": config}, stdout=subprocess.DEVNULL,
                             stderr=err)
+
+
+def shipper_cmd(root: str, bootstrap: str, follow: float | None) -> list[str]:
+    return [sys.executable, "-m", "export.edge.shipper", "--root", root, "--bootstrap", bootstrap,
+            *(["--follow", str(follow)] if follow else [])]
+
+
+def reap(proc: subprocess.Popen, timeout: float = 180) -> dict:
+    """Wait for `proc` (SIGKILL after `timeout`); → its exit status and CPU seconds (os.wait4's
+    rusage: its own, with the threads of librdkafka inside it)."""
+    deadline = time.time() + timeout
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        if time.time() > deadline:
+            proc.kill()
+            pid, status, ru = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.2)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return {"rc": proc.returncode, "cpu_user_s": round(ru.ru_utime, 3), "cpu_sys_s": round(ru.ru_stime, 3)}
 
 
 def batches_of(log_path: str) -> list[dict]:
@@ -117,7 +151,7 @@ def batches_of(log_path: str) -> list[dict]:
 
 
 def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, speed: float, work: Path,
-          agent, fresh: bool) -> dict:
+          agent, fresh: bool, bootstrap: str | None = None, ship_every: float = 1.0) -> dict:
     from export.artifact import signing
     from export.delivery.publish import key_paths
     from export.tables import aggregate
@@ -135,7 +169,12 @@ def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, sp
     table_s = cfg.settings.stream.table_minutes * 60 / speed
     tail_s = table_s + 90             # the last boundary's table: built, signed, rolled out
     log_path = str(work / f"stream-{name}.log")
-    proc = start_stream(cfg_path, str(inp), log_path)
+    load_start = load_avg()
+    proc = start_stream(cfg_path, str(inp), log_path, bootstrap)
+    shipper = None
+    if bootstrap:                     # the edge's shipper beside the agent's segments
+        shipper = subprocess.Popen(shipper_cmd(str(inp), bootstrap, ship_every), cwd=REPO,
+                                   stdout=open(work / f"shipper-{name}.log", "w"), stderr=subprocess.STDOUT)
     time.sleep(25)                    # the service's Spark session starts before the traffic does
     stop = threading.Event()
     live: dict[int, float] = {}
@@ -153,6 +192,10 @@ def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, sp
         proc.kill()
     stop.set()
     poller.join()
+    shipped = None
+    if shipper is not None:
+        shipper.send_signal(signal.SIGTERM)
+        shipped = reap(shipper, 30)
     batches = batches_of(log_path)
     rows = sum(b.get("lines_read", 0) for b in batches)
     busy = sum(b.get("seconds", 0) for b in batches if b.get("files"))
@@ -172,7 +215,12 @@ def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, sp
                          for b in data],
            "offered_rows_per_s": round(sum(len(x.lines) for x in segs) / (minutes * 60 / speed)),
            "lag_s": {"p50": pct(lags, 50), "p99": pct(lags, 99), "max": max(lags) if lags else None},
-           "load_avg_end": load_avg()}
+           "load_avg_start": load_start, "load_avg_end": load_avg()}
+    if shipper is not None:
+        out["source"] = "kafka"
+        out["shipper"] = {"follow_s": ship_every, **shipped}
+    else:
+        out["source"] = "file"
     if not fresh:
         return out
     # freshness per connection: first live version whose window holds it and covers its address
@@ -214,6 +262,201 @@ def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, sp
     return out
 
 
+def backlog(name: str, cfg_path: str, fleet: str, hour: str, minutes: int, work: Path,
+            bootstrap: str | None, timeout_s: float) -> dict:
+    """The sustained rate: `minutes` of the hour's records made available at once (every segment
+    written; with `bootstrap`, shipped to the broker too, before the stream starts), then `ccs
+    stream` started, and timed until its batches have read every record (lines_read summed)."""
+    from sim import replay
+    inp = work / f"backlog-{name}"
+    shutil.rmtree(inp, ignore_errors=True)
+    inp.mkdir(parents=True)
+    shutil.copytree(os.path.join(fleet, "reference"), inp / "reference")
+    segs = replay.segments(fleet, [hour], minutes=minutes)
+    records = sum(len(s.lines) for s in segs)
+    by_stream: dict[str, int] = {}
+    for sg in segs:
+        by_stream[sg.stream] = by_stream.get(sg.stream, 0) + len(sg.lines)
+    t0 = time.time()
+    for sg in segs:
+        replay.write(sg, str(inp))
+    out = {"source": "kafka" if bootstrap else "file", "minutes": minutes, "segments": len(segs),
+           "records": records, "records_by_stream": by_stream, "write_s": round(time.time() - t0, 2),
+           "load_avg_start": load_avg()}
+    if bootstrap:
+        t = time.time()
+        sh = subprocess.Popen(shipper_cmd(str(inp), bootstrap, None), cwd=REPO,
+                              stdout=open(work / f"shipper-{name}.log", "w"), stderr=subprocess.STDOUT)
+        out["shipper"] = {**reap(sh, 900), "wall_s": round(time.time() - t, 2)}
+        out["shipper"]["cpu_us_per_record"] = round(
+            (out["shipper"]["cpu_user_s"] + out["shipper"]["cpu_sys_s"]) / records * 1e6, 2)
+        if out["shipper"]["rc"] != 0:
+            raise RuntimeError(f"the shipper failed: {(work / f'shipper-{name}.log').read_text()[-2000:]}")
+    log_path = str(work / f"stream-{name}.log")
+    started = time.time()
+    proc = start_stream(cfg_path, str(inp), log_path, bootstrap)
+    read, batches = 0, []
+    try:
+        while time.time() - started < timeout_s and proc.poll() is None:
+            time.sleep(2)
+            batches = batches_of(log_path)
+            read = sum(b.get("lines_read", 0) for b in batches)
+            if read >= records:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=180)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    batches = batches_of(log_path)
+    data = [b for b in batches if b.get("files")]
+    read = sum(b.get("lines_read", 0) for b in batches)
+    realtime = records / (minutes * 60)
+    out.update({"batches": len(data), "lines_read": read, "drained": read >= records,
+                "per_batch": [{k: b.get(k) for k in ("batch", "files", "lines_read", "seconds", "stages_s", "lag_s")}
+                              for b in data],
+                "fleet_realtime_records_per_s": round(realtime, 2), "load_avg_end": load_avg()})
+    if data and read >= records:
+        end = data[-1]["ended_unix"]
+        first_start = data[0]["ended_unix"] - data[0]["seconds"]
+        # from the stream's launch (its JVM and Spark session included), and from its first
+        # micro-batch's start (a long-lived service has its session already)
+        for key, since in (("from_launch", started), ("from_first_batch", first_start)):
+            drain = end - since
+            out[f"drain_s_{key}"] = round(drain, 1)
+            out[f"records_per_s_{key}"] = round(records / drain, 1)
+            out[f"x_realtime_{key}"] = round(records / drain / realtime, 1)
+        out["meets_goal_10x_from_first_batch"] = records / (end - first_start) / realtime >= 10
+    return out
+
+
+def measure_sources(args, work: Path, fleet: str, setup: dict) -> int:
+    """--source kafka|both: per round, the freshness replay for each source (interleaved), then
+    the backlog for each; every phase on its own copy of the lake, checkpoint, table store and
+    (Kafka) broker, with the enforcer detached and attached again between phases (its live
+    table gone: table versions start again from the same lake)."""
+    from flows.pipeline import fleet_and_store_for
+    from ccselect.config import load_config
+    from export.edge.probe import ensure_attached, teardown
+    from topology.kafka import Broker
+    sources = ["kafka", "file"] if args.source == "both" else [args.source]
+    replay_hour = setup["replay_hour"]
+    base = work / "root"
+    result = {"bench": "freshness_kafka", "load_avg_start": load_avg(), "setup_s": setup["setup_s"],
+              "command": " ".join(["python", "bench/freshness.py", *sys.argv[1:]]),
+              "fleet": {"nodes": args.nodes, "conns_per_node_hour": args.conns_per_node_hour, "seed": 7,
+                        "replayed_hour": replay_hour, "trained_on": setup["trained_on"],
+                        "model_version": setup["model_version"]},
+              "sources": sources, "rounds": args.rounds, "freshness": [], "backlog": []}
+
+    def fresh_cfg(name: str):
+        raw = json.loads(json.dumps(setup["raw"]))
+        for sub in (f"lake-{name}", f"export-{name}"):
+            shutil.rmtree(base / sub, ignore_errors=True)
+        shutil.copytree(base / "lake", base / f"lake-{name}")
+        raw["lake"] = {"root": str(base / f"lake-{name}")}
+        raw["export"] = {**raw["export"], "out": str(base / f"export-{name}" / "tables"),
+                         "rollout": {**raw["export"]["rollout"], "store": str(base / f"export-{name}" / "store")}}
+        raw["stream"] = {**raw.get("stream", {}), "checkpoint": str(base / "stream" / f"checkpoint-{name}")}
+        shutil.rmtree(base / "stream" / f"checkpoint-{name}", ignore_errors=True)
+        path = work / f"ccs-{name}.yaml"
+        path.write_text(yaml.safe_dump(raw))
+        return str(path), load_config(str(path))
+
+    def with_source(source: str, name: str, fn):
+        if source != "kafka":
+            return fn(None)
+        home = work / f"kafka-{name}"
+        shutil.rmtree(home, ignore_errors=True)
+        broker = Broker(home)
+        t = time.time()
+        broker.up(log=lambda m: print(m, file=sys.stderr))
+        up_s = round(time.time() - t, 1)
+        try:
+            got = fn(broker.bootstrap())
+        finally:
+            broker.down()
+        got["broker_up_s"] = up_s
+        return got
+
+    cfg = load_config(str(work / "ccs.yaml"))     # the setup's: its one-node fleet
+    fl, _ = fleet_and_store_for(cfg)
+    result["stream"] = cfg.settings.stream.to_dict()
+    try:
+        for r in range(args.rounds):
+            for source in sources:
+                name = f"fresh-{source}-{r}"
+                cfg_path, cfg = fresh_cfg(name)
+                teardown(fl, log=lambda m: None)
+                ensure_attached(fl, log=lambda m: None)
+                agent = fl.nodes[0].agent()
+                print(f"freshness: {name} at {time.strftime('%H:%M:%S')} load {load_avg()}", file=sys.stderr)
+                got = with_source(source, name, lambda bs: phase(
+                    name, cfg_path, cfg, fleet, replay_hour, args.minutes, args.speed, work, agent, fresh=True,
+                    bootstrap=bs, ship_every=args.ship_every))
+                got["round"] = r
+                result["freshness"].append(got)
+                _write(args.out, result)
+            for source in sources if args.backlog_minutes else ():
+                name = f"backlog-{source}-{r}"
+                cfg_path, cfg = fresh_cfg(name)
+                teardown(fl, log=lambda m: None)
+                ensure_attached(fl, log=lambda m: None)
+                print(f"freshness: {name} at {time.strftime('%H:%M:%S')} load {load_avg()}", file=sys.stderr)
+                got = with_source(source, name, lambda bs: backlog(
+                    name, cfg_path, fleet, replay_hour, args.backlog_minutes, work, bs, args.backlog_timeout))
+                got["round"] = r
+                result["backlog"].append(got)
+                _write(args.out, result)
+    finally:
+        teardown(fl)
+    result["load_avg_end"] = load_avg()
+    _write(args.out, result)
+    print(json.dumps(result, indent=2))
+    return 0
+
+
+def page_sources(result: dict) -> str:
+    """The summary the results page shows first: the sources side by side, phase by phase."""
+    f = result["fleet"]
+    out = [f"Fleet: {f['nodes']} nodes x {f['conns_per_node_hour']:,} connections a node-hour (seed {f['seed']}), "
+           f"hour {f['replayed_hour']} replayed; the champion trained on {f['trained_on']}. Phases in the order run "
+           "(each on its own copy of the lake; Kafka: a fresh broker each).", "",
+           "| phase | source | load avg at start | end | batches | p50 s | p99 s | p99 after the first batch s "
+           "| connections measured | censored |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for x in result["freshness"]:
+        fr, fw = x.get("freshness_s", {}), x.get("freshness_s_after_first_batch", {})
+        out.append(f"| freshness round {x['round']} | {x['source']} | {x.get('load_avg_start')} | {x['load_avg_end']} "
+                   f"| {x['batches']} | {fr.get('p50')} | {fr.get('p99')} | {fw.get('p99')} | {x.get('measured')} "
+                   f"| {x.get('censored_after_last_table')} |")
+    if result["freshness"]:
+        x = result["freshness"][0]
+        out += ["", f"Replay at {x['speed']}x real time, {x['minutes']} minutes; goal p99 <= {x.get('goal_p99_s')} s "
+                "(2 x trigger + 60 s)."]
+    if result["backlog"]:
+        out += ["", "Sustained rate: a backlog made available at once, drained by the stream "
+                "(records/s against the same records' real-time rate).", "",
+                "| backlog | source | load avg at start | records | batches | drained | drain s from launch "
+                "| from first batch | records/s from first batch | x real time | real-time records/s |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for x in result["backlog"]:
+            out.append(f"| {x['minutes']} min, round {x['round']} | {x['source']} | {x['load_avg_start']} "
+                       f"| {x['records']:,} | {x['batches']} | {x['drained']} | {x.get('drain_s_from_launch')} "
+                       f"| {x.get('drain_s_from_first_batch')} | {x.get('records_per_s_from_first_batch')} "
+                       f"| {x.get('x_realtime_from_first_batch')} | {x['fleet_realtime_records_per_s']} |")
+    return "\n".join(out)
+
+
+def _write(path: str, result: dict) -> None:
+    """The result so far (a phase at a time: a run cut short keeps what it measured)."""
+    result["page_markdown"] = page_sources(result)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as fh:
+        json.dump(result, fh, indent=2)
+        fh.write("\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=12)
@@ -225,9 +468,20 @@ def main(argv=None) -> int:
     ap.add_argument("--throughput-minutes", type=int, default=20)
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--workdir", default="/tmp/ccs-bench-freshness")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "freshness.json"))
+    ap.add_argument("--out", help="default bench/results/freshness.json; with --source kafka|both "
+                    "bench/results/freshness_kafka.json")
+    ap.add_argument("--source", choices=("file", "kafka", "both"), default="file",
+                    help="file: the replay and the 10x throughput run as before; kafka or both: see the module note")
+    ap.add_argument("--rounds", type=int, default=1, help="--source kafka|both: rounds of the interleaved phases")
+    ap.add_argument("--ship-every", type=float, default=1.0, help="the shipper's --follow (seconds between passes)")
+    ap.add_argument("--backlog-minutes", type=int, default=60,
+                    help="--source kafka|both: minutes of the hour in the backlog (0: no backlog phase)")
+    ap.add_argument("--backlog-timeout", type=float, default=1200)
     ap.add_argument("--reuse", action="store_true", help="measure again on the workdir's fleet, lake and champion")
     args = ap.parse_args(argv)
+    if args.out is None:
+        args.out = str(REPO / "bench" / "results" / ("freshness.json" if args.source == "file" else
+                                                     "freshness_kafka.json"))
     if os.geteuid() != 0:
         print("bench/freshness.py needs root (the enforcer is eBPF)", file=sys.stderr)
         return 2
@@ -243,7 +497,7 @@ def main(argv=None) -> int:
     done = work / "setup.json"
     if args.reuse and done.exists():
         setup = json.loads(done.read_text())
-        return measure(args, work, fleet, setup)
+        return (measure if args.source == "file" else measure_sources)(args, work, fleet, setup)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     simulate(SimParams(nodes=args.nodes, hours=args.hours, conns_per_node_hour=args.conns_per_node_hour,
@@ -281,7 +535,7 @@ def main(argv=None) -> int:
     setup = {"setup_s": round(time.time() - t, 1), "replay_hour": replay_hour, "trained_on": f"{train_lo}..{train_hi}",
              "model_version": trained["version"], "raw": raw}
     done.write_text(json.dumps(setup))
-    return measure(args, work, fleet, setup)
+    return (measure if args.source == "file" else measure_sources)(args, work, fleet, setup)
 
 
 def measure(args, work: Path, fleet: str, setup: dict) -> int:
