@@ -26,7 +26,7 @@ help:
 	@echo "make cluster-up / cluster-down / cluster-status - the production topology on this machine (infra/conf/cluster-local.yaml)"
 	@echo "make test-cluster - the tests that bring that topology up (CI runs them after make test)"
 	@echo "make kafka-up / kafka-down / kafka-status - the log transport's Kafka broker (KRaft, one node; KAFKA_HOME, default <data_root>/kafka)"
-	@echo "make test-kafka - the Kafka stream's exactly-once test (about 6 min; not in CI's budget)"
+	@echo "make test-kafka - the Kafka stream's exactly-once test (a kill, a broker restart, a producer retry; not in CI)"
 
 # The eBPF enforcer and the ccs-edge agent (export/edge/build.mk); built when root (needs clang/libbpf).
 -include export/edge/build.mk
@@ -107,8 +107,9 @@ kafka-status: python
 test-cluster: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "cluster and not kafka_stream"
 
-# The Kafka stream's exactly-once test (tests/test_kafka_stream.py, issue 60): 320 s alone on a quiet
-# machine, three `ccs stream` processes; kept out of .ci/run (45 minutes on 2 cores) until it is cheaper.
+# The Kafka stream's exactly-once test (tests/test_kafka_stream.py, issue 60): a kill, a broker restart and a
+# producer retry in two `ccs stream` processes; 1,210 s alone at load average ~20 on 2 shared cores (not
+# measured quiet); kept out of .ci/run (45 minutes on 2 cores) until its time there is known.
 test-kafka: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m kafka_stream
 
