@@ -95,7 +95,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -118,19 +119,8 @@ from models.configanator import choose_classes, network_class
 # Imported inside the functions that use them (heavy, not needed to import this module): sklearn.
 
 CCS = ("cubic", "bbr")
-POLICIES = ("cubic", "bbr", "oracle", "oracle_insample", "aliccs", "aliccs_fill", "aliccs_combine", "aliccs_flow",
-            "aliccs_prior", "aliccs_stream", "aliccs_stream_fill", "aliccs_stream_combine", "aliccs_stream_flow",
-            "aliccs_stream_prior",
-            "configanator", "disco", "disco_type", "gbdt", "pytheas", "true_type", "true_table", "true_table_stream")
-#: the policies of the table with its handshake tree, and the kernel's flow mode each emulates
-FLOW_POLICIES = {"aliccs_fill": "fill", "aliccs_combine": "combine", "aliccs_flow": "flow", "aliccs_prior": "prior",
-                 "aliccs_stream_fill": "fill", "aliccs_stream_combine": "combine", "aliccs_stream_flow": "flow",
-                 "aliccs_stream_prior": "prior"}
-#: the policies of the streaming table (issue 26); each also runs at another lag as `<name>@<minutes>`
-STREAM_POLICIES = ("aliccs_stream", "aliccs_stream_fill", "aliccs_stream_combine", "aliccs_stream_flow",
-                   "aliccs_stream_prior", "true_table_stream")
-#: the policies that read the simulator's truth (only with --truth)
-TRUTH_POLICIES = ("true_type", "true_table", "true_table_stream")
+# POLICIES (every policy, in the order the summaries list them), FLOW_POLICIES, STREAM_POLICIES and
+# TRUTH_POLICIES are read off the registry below ("the policies, registered"), after its last entry.
 LEVELS = ("observed", "window", "history", "node", "unestimated")
 PERCENTILES = (50, 85, 90, 95, 99)
 #: a reference − policy difference of a tail percentile within this of 0 is a tie, not "lower": two
@@ -732,6 +722,225 @@ def pytheas_policy(hist: DataFrame, p: EmulateSettings) -> DataFrame:
     return out.where("in_range").select("conn_id", "choice")
 
 
+# ---- the policies, registered ---------------------------------------------------------------------
+# Each policy is one function, registered here with `@policy` (its name, and what it needs: the
+# simulator's truth, the handshake tree, a lag on the streaming table's timeline), in the order the
+# summaries list them. `run` loops over this registry; `app/run.py`'s summary over `POLICIES`.
+# A registered function gets the emulation (`Emulation`: the sessions, the range's estimates, the
+# training sessions, the truth, and the tables several policies share, each built once) and the
+# policy's name (`<policy>` or `<policy>@<lag>`), and returns its (conn_id, choice) frame and what
+# the summary's `baselines` reports of it (None: nothing).
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    decide: Callable[["Emulation", str], tuple[DataFrame, dict | None]]
+    #: reads the simulator's truth (only with --truth)
+    truth: bool = False
+    #: the table's handshake tree (`ccs handshake`), in this kernel flow mode
+    flow_mode: str | None = None
+    #: on the streaming table's timeline: runs at `stream_delay_minutes`, or at a lag as `<name>@<L>`
+    stream: bool = False
+    #: the tails are also contrasted against it (issue 26: the streaming table; issue 27: does the
+    #: table with its handshake tree beat Disco's tail?), beside ALICCS's hourly table
+    tail_reference: bool = False
+    #: scored with its fold-own estimates (the cross-fitted Oracle)
+    fold_scored: bool = False
+
+
+REGISTRY: dict[str, Policy] = {}
+
+
+def policy(*names: str, flow_modes: tuple[str, ...] | None = None, **needs):
+    """Register the decorated function as the policies `names` (`flow_modes`: each one's kernel
+    flow mode, for the policies of the table with its handshake tree); `needs`: Policy's flags."""
+    def register(decide):
+        for i, name in enumerate(names):
+            if name in REGISTRY:
+                raise ValueError(f"policy {name!r} registered twice")
+            REGISTRY[name] = Policy(name, decide, flow_mode=flow_modes[i] if flow_modes else None, **needs)
+        return decide
+    return register
+
+
+class Emulation:
+    """What the policies of one `run` read: the sessions `s` (the range and the training hours
+    before it), `est_all` (their estimates), `est` (the range's), `train` (the hours before), the
+    truth, and the tables several policies read, each built once on first use and unpersisted by
+    `close`; `info` collects the summary's `baselines`."""
+
+    def __init__(self, spark: SparkSession, cfg: Config, lo: str, hi: str, p: EmulateSettings,
+                 lag_of: dict[str, tuple[str, int | None]], s: DataFrame, est_all: DataFrame,
+                 truth: DataFrame | None):
+        self.spark, self.cfg, self.lo, self.hi, self.p, self.lag_of = spark, cfg, lo, hi, p, lag_of
+        self.s, self.est_all, self.truth = s, est_all, truth
+        self.est: DataFrame | None = None
+        self.train: DataFrame | None = None
+        self.info: dict[str, Any] = {}
+        # built once, read by several policies: the streaming tables (all slots), the truth's shares
+        # per slot, each lag's lookup in them, and the hourly table's lookup (with its source decisions)
+        self.tables: dict[Any, DataFrame | None] = {}
+        self.hourly_counts: dict[str, int] = {}
+        self._flow_in: dict[Any, pa.Table] = {}
+        self._flow_tree: tf.Tree | None = None
+
+    def in_range(self) -> int:
+        """Narrow to the range's sessions; their count."""
+        self.est = self.est_all.where("in_range").persist()
+        self.train = self.s.where(~F.col("in_range"))
+        return self.est.count()
+
+    def handshake_tree(self, name: str) -> tf.Tree:
+        if self._flow_tree is None:
+            loaded = load_handshake(self.cfg)
+            if loaded is None:
+                raise ValueError(f"policy {name} needs the handshake tree: run `ccs handshake` first")
+            ex = self.cfg.settings.export
+            self._flow_tree = table_tree(loaded[0], self.cfg.settings.infer, ex.flow_min_purity_permille,
+                                         ex.flow_min_leaf_permille)
+            self.info["flow_tree"] = {"model": loaded[1], "features": list(loaded[0].features),
+                                      "nodes": len(self._flow_tree.nodes), "depth": self._flow_tree.depth()}
+        return self._flow_tree
+
+    def stream_table(self, lag: int) -> DataFrame:
+        """The streaming tables' lookup at `lag` (`stream_lookup`), shared by the streaming policies."""
+        p, stream = self.p, self.tables
+        if "entries" not in stream:
+            max_lag = max(lg for b, lg in self.lag_of.values() if b in STREAM_POLICIES)
+            preds = extract_stream_predictions(self.spark, self.cfg, self.lo, self.hi, p, max_lag)
+            stream["entries"] = stream_entries(preds, self.cfg.settings.export, p).persist() if preds is not None else None
+            self.info["stream_table"] = {"trigger_minutes": p.stream_trigger_minutes, "window_minutes": p.stream_window_minutes,
+                                         "delay_minutes": p.stream_delay_minutes,
+                                         "source_hours": f"{hour_shift(self.lo, -stream_lag_hours(p, max_lag))}..{self.hi}"}
+        if ("lookup", lag) not in stream:     # the streaming policies at one lag share the lookup
+            stream[("lookup", lag)] = stream_lookup(self.est, stream["entries"], self.cfg.settings.export, p, lag).persist()
+        return stream[("lookup", lag)]
+
+    def flow_table(self, key, looked: DataFrame | None) -> pa.Table:
+        """`flow_inputs` of one table's lookup (`looked`), fetched once for its flow policies."""
+        if key not in self._flow_in:
+            self._flow_in[key] = flow_inputs(self.est, looked)
+        return self._flow_in[key]
+
+    def hourly_table(self) -> tuple[DataFrame | None, dict]:
+        """The previous hour's table looked up once (`table_lookup`): ALICCS and every flow
+        policy read the same entries."""
+        if "hourly" not in self.tables:
+            looked = table_lookup(self.spark, self.cfg, self.est, self.p, self.hourly_counts)
+            self.tables["hourly"] = looked.persist() if looked is not None else None
+        return self.tables["hourly"], self.hourly_counts
+
+    def true_shares(self) -> DataFrame:
+        """`true_stream_shares`, built once for every lag of `true_table_stream`."""
+        if "truth" not in self.tables:
+            self.tables["truth"] = true_stream_shares(self.s, self.truth, self.p).persist()
+        return self.tables["truth"]
+
+    def lag(self, name: str) -> int | None:
+        return self.lag_of[name][1]
+
+    def close(self) -> None:
+        for frame in self.tables.values():
+            if frame is not None:
+                frame.unpersist()
+
+
+@policy("cubic", "bbr")
+def _fixed(em: Emulation, name: str):
+    """Everyone on one CC (`cubic`: the production default)."""
+    return fixed_policy(em.est, name), None
+
+
+@policy("oracle", fold_scored=True)
+def _oracle(em: Emulation, name: str):
+    return oracle_crossfit(em.est, em.p), None
+
+
+@policy("oracle_insample")
+def _oracle_insample(em: Emulation, name: str):
+    return oracle_insample(em.est, em.p), None
+
+
+@policy("aliccs")
+def _aliccs(em: Emulation, name: str):
+    looked, counts = em.hourly_table()
+    return aliccs_choice(em.est, looked, em.p), {"source_decisions": dict(counts)}
+
+
+@policy("aliccs_fill", "aliccs_combine", "aliccs_flow", "aliccs_prior",
+        flow_modes=("fill", "combine", "flow", "prior"), tail_reference=True)
+def _aliccs_with_tree(em: Emulation, name: str):
+    """The hourly table with its handshake tree, decided as the kernel does in the flow mode."""
+    return flow_decide_local(em.spark, em.flow_table("hourly", em.hourly_table()[0]), em.p,
+                             em.handshake_tree(name), REGISTRY[name].flow_mode)
+
+
+@policy("aliccs_stream", stream=True, tail_reference=True)
+def _aliccs_stream(em: Emulation, name: str):
+    return em.stream_table(em.lag(name)).select(
+        "conn_id", F.coalesce(F.col("_ecc"), F.lit(em.p.default_cc)).alias("choice")), None
+
+
+@policy("aliccs_stream_fill", "aliccs_stream_combine", "aliccs_stream_flow", "aliccs_stream_prior",
+        flow_modes=("fill", "combine", "flow", "prior"), stream=True, tail_reference=True)
+def _aliccs_stream_with_tree(em: Emulation, name: str):
+    """The streaming table with its handshake tree."""
+    base, lag = em.lag_of[name]
+    return flow_decide_local(em.spark, em.flow_table(("stream", lag), em.stream_table(lag)), em.p,
+                             em.handshake_tree(name), REGISTRY[base].flow_mode)
+
+
+@policy("configanator")
+def _configanator(em: Emulation, name: str):
+    return configanator_policy(em.train, em.est, em.p)
+
+
+@policy("disco")
+def _disco(em: Emulation, name: str):
+    return disco_policy(em.train, em.est, em.p)
+
+
+@policy("disco_type")
+def _disco_type(em: Emulation, name: str):
+    return disco_type_policy(em.train, em.est, em.p)
+
+
+@policy("gbdt")
+def _gbdt(em: Emulation, name: str):
+    return gbdt_table_policy(em.spark, em.cfg, em.train, em.est, em.p)
+
+
+@policy("pytheas")
+def _pytheas(em: Emulation, name: str):
+    return pytheas_policy(em.est_all, em.p), None
+
+
+@policy("true_type", truth=True)
+def _true_type(em: Emulation, name: str):
+    return true_type_policy(em.est, em.truth), None
+
+
+@policy("true_table", truth=True)
+def _true_table(em: Emulation, name: str):
+    return true_table_policy(em.s, em.est, em.truth, em.p), None
+
+
+@policy("true_table_stream", truth=True, stream=True)
+def _true_table_stream(em: Emulation, name: str):
+    return true_table_stream_policy(em.est, em.true_shares(), em.p, em.lag(name)), None
+
+
+#: every policy, in the order the summaries list them
+POLICIES = tuple(REGISTRY)
+#: the policies of the table with its handshake tree, and the kernel's flow mode each emulates
+FLOW_POLICIES = {x.name: x.flow_mode for x in REGISTRY.values() if x.flow_mode}
+#: the policies of the streaming table (issue 26); each also runs at another lag as `<name>@<minutes>`
+STREAM_POLICIES = tuple(x.name for x in REGISTRY.values() if x.stream)
+#: the policies that read the simulator's truth (only with --truth)
+TRUTH_POLICIES = tuple(x.name for x in REGISTRY.values() if x.truth)
+
+
 # ---- scoring ------------------------------------------------------------------------------------
 
 def score(est: DataFrame, choices: dict[str, DataFrame], p: EmulateSettings) -> DataFrame:
@@ -752,7 +961,7 @@ def score(est: DataFrame, choices: dict[str, DataFrame], p: EmulateSettings) -> 
     names = spark.createDataFrame([(name,) for name in choices], "policy string")
     e = (est.crossJoin(F.broadcast(names)).join(stacked, ["policy", "conn_id"], "left")
          .withColumn("choice", F.coalesce("choice", F.lit(p.default_cc))))
-    oracle = F.col("policy") == "oracle"
+    oracle = F.col("policy").isin([x.name for x in REGISTRY.values() if x.fold_scored])
 
     def pick(m: str):
         def of(cc: str):
@@ -1016,17 +1225,17 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
     p = params or cfg.settings.emulate
     if not policies:     # by default every policy this lake can run: the flow ones need `ccs handshake`
         has_tree = load_handshake(cfg) is not None
-        policies = tuple(x for x in POLICIES if (x not in TRUTH_POLICIES or truth_dir) and (x not in FLOW_POLICIES or has_tree))
+        policies = tuple(x.name for x in REGISTRY.values() if (not x.truth or truth_dir) and (not x.flow_mode or has_tree))
     policies = tuple(policies)
     lags = tuple(stream_lags or ())
     for lag in lags:
         policies += tuple(x for x in (f"aliccs_stream@{lag}", f"true_table_stream@{lag}" if truth_dir else None)
                           if x and x not in policies)
     lag_of = {x: split_lag(x, p) for x in policies}
-    unknown = {x for x, (base, _) in lag_of.items() if base not in POLICIES}
+    unknown = {x for x, (base, _) in lag_of.items() if base not in REGISTRY}
     if unknown:
         raise ValueError(f"unknown policies {sorted(unknown)}; known: {', '.join(POLICIES)}")
-    needs = [x for x in policies if lag_of[x][0] in TRUTH_POLICIES]
+    needs = [x for x in policies if REGISTRY[lag_of[x][0]].truth]
     if needs and not truth_dir:
         raise ValueError(f"policies {', '.join(needs)} need --truth (the simulator's output folder)")
     # two policies and the truth check join it: read the parquet once
@@ -1034,139 +1243,63 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
     # the sessions feed five aggregations of the estimator and the baselines' training: read once
     s = sessions(extract(spark, cfg, lo, hi, p), p).persist()
     est_all = estimates(s).persist()
-    # built once, read by several policies: the streaming tables (all slots), the truth's shares per
-    # slot, each lag's lookup in them, and the hourly table's lookup (with its source decisions)
-    stream: dict[Any, DataFrame | None] = {}
-    hourly_counts: dict[str, int] = {}
-    flow_in: dict[Any, pa.Table] = {}
+    em = Emulation(spark, cfg, lo, hi, p, lag_of, s, est_all, truth)
     try:
-        est = est_all.where("in_range").persist()
-        n = est.count()
+        n = em.in_range()
         if n == 0:
             return {"range": f"{lo}..{hi}", "sessions": 0, "policies": {}}
-        train = s.where(~F.col("in_range"))
+        est = em.est
         choices: dict[str, DataFrame] = {}
-        info: dict[str, Any] = {}
-        flow_tree = None
-
-        def handshake_tree(name: str) -> tf.Tree:
-            nonlocal flow_tree
-            if flow_tree is None:
-                loaded = load_handshake(cfg)
-                if loaded is None:
-                    raise ValueError(f"policy {name} needs the handshake tree: run `ccs handshake` first")
-                ex = cfg.settings.export
-                flow_tree = table_tree(loaded[0], cfg.settings.infer, ex.flow_min_purity_permille,
-                                       ex.flow_min_leaf_permille)
-                info["flow_tree"] = {"model": loaded[1], "features": list(loaded[0].features),
-                                     "nodes": len(flow_tree.nodes), "depth": flow_tree.depth()}
-            return flow_tree
-
-        def stream_table(lag: int) -> DataFrame:
-            if "entries" not in stream:
-                max_lag = max(lg for b, lg in lag_of.values() if b in STREAM_POLICIES)
-                preds = extract_stream_predictions(spark, cfg, lo, hi, p, max_lag)
-                stream["entries"] = stream_entries(preds, cfg.settings.export, p).persist() if preds is not None else None
-                info["stream_table"] = {"trigger_minutes": p.stream_trigger_minutes, "window_minutes": p.stream_window_minutes,
-                                        "delay_minutes": p.stream_delay_minutes,
-                                        "source_hours": f"{hour_shift(lo, -stream_lag_hours(p, max_lag))}..{hi}"}
-            if ("lookup", lag) not in stream:     # the streaming policies at one lag share the lookup
-                stream[("lookup", lag)] = stream_lookup(est, stream["entries"], cfg.settings.export, p, lag).persist()
-            return stream[("lookup", lag)]
-
-        def flow_table(key, looked: DataFrame | None) -> pa.Table:
-            """`flow_inputs` of one table's lookup (`looked`), fetched once for its flow policies."""
-            if key not in flow_in:
-                flow_in[key] = flow_inputs(est, looked)
-            return flow_in[key]
-
-        def hourly_table() -> tuple[DataFrame | None, dict]:
-            """The previous hour's table looked up once (`table_lookup`): ALICCS and every flow
-            policy read the same entries."""
-            if "hourly" not in stream:
-                looked = table_lookup(spark, cfg, est, p, hourly_counts)
-                stream["hourly"] = looked.persist() if looked is not None else None
-            return stream["hourly"], hourly_counts
-
         for name in policies:
-            base, lag = lag_of[name]
-            if base == "aliccs_stream":
-                choices[name] = stream_table(lag).select(
-                    "conn_id", F.coalesce(F.col("_ecc"), F.lit(p.default_cc)).alias("choice"))
-            elif base == "true_table_stream":
-                if "truth" not in stream:
-                    stream["truth"] = true_stream_shares(s, truth, p).persist()
-                choices[name] = true_table_stream_policy(est, stream["truth"], p, lag)
-            elif base in STREAM_POLICIES:         # the streaming table with its handshake tree
-                choices[name], info[name] = flow_decide_local(spark, flow_table(("stream", lag), stream_table(lag)),
-                                                              p, handshake_tree(name), FLOW_POLICIES[base])
-            elif name in CCS:
-                choices[name] = fixed_policy(est, name)
-            elif name == "oracle":
-                choices[name] = oracle_crossfit(est, p)
-            elif name == "oracle_insample":
-                choices[name] = oracle_insample(est, p)
-            elif name == "aliccs":
-                looked, counts = hourly_table()
-                info[name] = {"source_decisions": dict(counts)}
-                choices[name] = aliccs_choice(est, looked, p)
-            elif name in FLOW_POLICIES:
-                choices[name], info[name] = flow_decide_local(spark, flow_table("hourly", hourly_table()[0]),
-                                                              p, handshake_tree(name), FLOW_POLICIES[name])
-            elif name == "configanator":
-                choices[name], info[name] = configanator_policy(train, est, p)
-            elif name == "disco":
-                choices[name], info[name] = disco_policy(train, est, p)
-            elif name == "disco_type":
-                choices[name], info[name] = disco_type_policy(train, est, p)
-            elif name == "gbdt":
-                choices[name], info[name] = gbdt_table_policy(spark, cfg, train, est, p)
-            elif name == "pytheas":
-                choices[name] = pytheas_policy(est_all, p)
-            elif name == "true_type":
-                choices[name] = true_type_policy(est, truth)
-            elif name == "true_table":
-                choices[name] = true_table_policy(s, est, truth, p)
-        scored = score(est, choices, p).persist()
-        rng = f"{lo}..{hi}"
-        n_w = write_window(spark, cfg, per_window(scored), "gold.emulation", rng)
-        n_c = write_window(spark, cfg, per_cell(scored), "gold.emulation_cells", rng)
-        path_w, path_c = table_path(cfg, "gold.emulation"), table_path(cfg, "gold.emulation_cells")
-        windows = spark.read.format("delta").load(path_w).where(F.col("window") == rng)
-        cells = spark.read.format("delta").load(path_c).where(F.col("window") == rng)
-        cols = ["policy", "node_id", "window_ms", "prefix", "net_type", "sessions", "rebuffer_rate"]
-        # the tails against ALICCS's hourly table, against each flow policy (issue 27: does the
-        # table with its handshake tree beat Disco's tail?) and the streaming table (issue 26)
-        flow_refs = [x for x in policies if x in FLOW_POLICIES or x == "aliccs_stream"]
-        est_cells = cells.where(F.col("sessions") >= p.min_cell_sessions).select(*cols).toPandas()
-        contrasts = {"estimated": tail_contrasts(est_cells, p),
-                     **{f"estimated, {r}": tail_contrasts(est_cells, p, reference=r) for r in flow_refs}}
-        checked = None
-        if truth is not None:
-            # one join with the truth, one aggregation into cells: the check and the contrasts read both
-            truthful = with_truth(scored, truth).persist()
-            t_cells = truth_cells(truthful, p).persist()
-            checked = truth_check(truthful, t_cells, p, base=cubic_truth_qoe(est, truth, p),
-                                  base_by_node=cubic_truth_by_node(est, truth, p))
-            truth_pd = t_cells.select(*cols).toPandas()
-            contrasts["truth"] = tail_contrasts(truth_pd, p)
-            contrasts.update({f"truth, {r}": tail_contrasts(truth_pd, p, reference=r) for r in flow_refs})
-            t_cells.unpersist()
-            truthful.unpersist()
-        summary = summarize(windows, cells, p, checked)
-        scored.unpersist()
-        est.unpersist()
-        out = {"range": rng, "sessions": n, "train_hours": f"{hour_shift(lo, -p.train_hours)}..{hour_shift(lo, -1)}",
-               "window_minutes": p.window_minutes, "alpha": p.alpha, "rows": {"gold.emulation": n_w, "gold.emulation_cells": n_c},
-               "policies": summary, "tail_contrasts": contrasts, "baselines": info}
-        if lags:
-            out["lag_curve"] = lag_curve(summary, lags, p)
-        return out
+            choices[name], reported = REGISTRY[lag_of[name][0]].decide(em, name)
+            if reported is not None:
+                em.info[name] = reported
+        return _score_and_summarize(spark, cfg, lo, hi, p, em, choices, n, policies, lags)
     finally:
-        for frame in stream.values():
-            if frame is not None:
-                frame.unpersist()
+        em.close()
         est_all.unpersist()
         s.unpersist()
         if truth is not None:
             truth.unpersist()
+
+
+def _score_and_summarize(spark: SparkSession, cfg: Config, lo: str, hi: str, p: EmulateSettings, em: Emulation,
+                         choices: dict[str, DataFrame], n: int, policies: tuple[str, ...],
+                         lags: tuple[int, ...]) -> dict[str, Any]:
+    """Score every policy's choices, write gold.emulation and gold.emulation_cells for the range,
+    and the summary: per policy, the tail contrasts, the truth check (with the truth), the lag curve."""
+    est, truth = em.est, em.truth
+    scored = score(est, choices, p).persist()
+    rng = f"{lo}..{hi}"
+    n_w = write_window(spark, cfg, per_window(scored), "gold.emulation", rng)
+    n_c = write_window(spark, cfg, per_cell(scored), "gold.emulation_cells", rng)
+    path_w, path_c = table_path(cfg, "gold.emulation"), table_path(cfg, "gold.emulation_cells")
+    windows = spark.read.format("delta").load(path_w).where(F.col("window") == rng)
+    cells = spark.read.format("delta").load(path_c).where(F.col("window") == rng)
+    cols = ["policy", "node_id", "window_ms", "prefix", "net_type", "sessions", "rebuffer_rate"]
+    # the tails against ALICCS's hourly table and against each policy registered as a reference
+    flow_refs = [x for x in policies if x in REGISTRY and REGISTRY[x].tail_reference]
+    est_cells = cells.where(F.col("sessions") >= p.min_cell_sessions).select(*cols).toPandas()
+    contrasts = {"estimated": tail_contrasts(est_cells, p),
+                 **{f"estimated, {r}": tail_contrasts(est_cells, p, reference=r) for r in flow_refs}}
+    checked = None
+    if truth is not None:
+        # one join with the truth, one aggregation into cells: the check and the contrasts read both
+        truthful = with_truth(scored, truth).persist()
+        t_cells = truth_cells(truthful, p).persist()
+        checked = truth_check(truthful, t_cells, p, base=cubic_truth_qoe(est, truth, p),
+                              base_by_node=cubic_truth_by_node(est, truth, p))
+        truth_pd = t_cells.select(*cols).toPandas()
+        contrasts["truth"] = tail_contrasts(truth_pd, p)
+        contrasts.update({f"truth, {r}": tail_contrasts(truth_pd, p, reference=r) for r in flow_refs})
+        t_cells.unpersist()
+        truthful.unpersist()
+    summary = summarize(windows, cells, p, checked)
+    scored.unpersist()
+    est.unpersist()
+    out = {"range": rng, "sessions": n, "train_hours": f"{hour_shift(lo, -p.train_hours)}..{hour_shift(lo, -1)}",
+           "window_minutes": p.window_minutes, "alpha": p.alpha, "rows": {"gold.emulation": n_w, "gold.emulation_cells": n_c},
+           "policies": summary, "tail_contrasts": contrasts, "baselines": em.info}
+    if lags:
+        out["lag_curve"] = lag_curve(summary, lags, p)
+    return out
