@@ -107,7 +107,7 @@ from ccselect.config import Config
 from ccselect.contract import FEATURES, HANDSHAKE_FEATURES
 from ccselect.hours import SPARK_HOUR_FMT, hour_shift
 from ccselect.ipaddr import with_ip
-from ccselect.lake import table_path, write_window
+from ccselect.lake import CONNECTIONS, EMULATION, EMULATION_CELLS, PREDICTIONS, table_path, write_window
 from ccselect.settings import ConfiganatorSettings, EmulateSettings
 from distill.handshake import load_handshake
 from export.artifact import table_format as tf
@@ -153,9 +153,9 @@ def extract(spark: SparkSession, cfg: Config, lo: str, hi: str, p: EmulateSettin
     """The playback sessions of silver over [lo − train_hours, hi], with the champion's predicted
     type (gold.predictions, where scored) and `in_range` marking the emulated hours."""
     first = hour_shift(lo, -p.train_hours)
-    conns = (spark.read.format("delta").load(table_path(cfg, "silver.connections"))
+    conns = (spark.read.format("delta").load(table_path(cfg, CONNECTIONS))
              .where(F.col("hour").between(first, hi) & (F.col("play_ms") > 0)))
-    pred_path = table_path(cfg, "gold.predictions")
+    pred_path = table_path(cfg, PREDICTIONS)
     if os.path.exists(pred_path):
         preds = (spark.read.format("delta").load(pred_path).where(F.col("hour").between(first, hi))
                  .select("conn_id", "node_id", "hour", "pred_net_type"))
@@ -385,7 +385,7 @@ def table_lookup(spark: SparkSession, cfg: Config, est: DataFrame, p: EmulateSet
     decision."""
     settings = cfg.settings.export
     hours = [r["hour"] for r in est.select("hour").distinct().collect()]
-    pred_path = table_path(cfg, "gold.predictions")
+    pred_path = table_path(cfg, PREDICTIONS)
     if not hours or not os.path.exists(pred_path):
         return None
     n_hours = max(1, cfg.settings.pipeline.export_window_hours)
@@ -433,12 +433,12 @@ def extract_stream_predictions(spark: SparkSession, cfg: Config, lo: str, hi: st
     """The predictions (gold.predictions, every decision: the declined ones count against purity,
     as the export counts them) a streaming table live in hours lo..hi can hold, each with its connection's end (`ts_end_ms`, from silver.connections:
     predictions carry the hour, not the time). None without gold.predictions."""
-    pred_path = table_path(cfg, "gold.predictions")
+    pred_path = table_path(cfg, PREDICTIONS)
     if not os.path.exists(pred_path):
         return None
     first = hour_shift(lo, -stream_lag_hours(p, max_lag_minutes))
     span = F.col("hour").between(first, hi)
-    ends = (spark.read.format("delta").load(table_path(cfg, "silver.connections")).where(span)
+    ends = (spark.read.format("delta").load(table_path(cfg, CONNECTIONS)).where(span)
             .select("conn_id", "node_id", "hour", "ts_end_ms"))
     return (spark.read.format("delta").load(pred_path).where(span)
             .join(ends, ["conn_id", "node_id", "hour"]).where(F.col("ts_end_ms").isNotNull()))
@@ -657,7 +657,7 @@ def gbdt_table_policy(spark: SparkSession, cfg: Config, train: DataFrame, est: D
     data = (train.where(F.col("type_label").isNotNull()).select("conn_id", *_log_features(FEATURES), "type_label")
             .toPandas().sort_values("conn_id", ignore_index=True))
     hours = [r["hour"] for r in est.select("hour").distinct().collect()]
-    pred_path = table_path(cfg, "gold.predictions")
+    pred_path = table_path(cfg, PREDICTIONS)
     info = {"train_rows": len(data)}
     if data.empty or data["type_label"].nunique() < 2 or not hours or not os.path.exists(pred_path):
         return est.select("conn_id", F.lit(p.default_cc).alias("choice")), info
@@ -669,7 +669,7 @@ def gbdt_table_policy(spark: SparkSession, cfg: Config, train: DataFrame, est: D
         return pd.Series(gbdt.predict_proba(bc.value, x[list(FEATURES)].to_numpy(dtype=np.float64)))
     n_hours = max(1, cfg.settings.pipeline.export_window_hours)
     src_hours = sorted({hour_shift(h, -p.table_lag_hours - k) for h in hours for k in range(n_hours)})
-    silver = (spark.read.format("delta").load(table_path(cfg, "silver.connections")).where(F.col("hour").isin(src_hours))
+    silver = (spark.read.format("delta").load(table_path(cfg, CONNECTIONS)).where(F.col("hour").isin(src_hours))
               .select("conn_id", "node_id", "hour", *_log_features(FEATURES)))
     preds = (spark.read.format("delta").load(pred_path).where(F.col("hour").isin(src_hours))
              .select("conn_id", "node_id", "hour", "client_ip", "requests", "cc", "decision", "default_cc")
@@ -1271,9 +1271,9 @@ def _score_and_summarize(spark: SparkSession, cfg: Config, lo: str, hi: str, p: 
     est, truth = em.est, em.truth
     scored = score(est, choices, p).persist()
     rng = f"{lo}..{hi}"
-    n_w = write_window(spark, cfg, per_window(scored), "gold.emulation", rng)
-    n_c = write_window(spark, cfg, per_cell(scored), "gold.emulation_cells", rng)
-    path_w, path_c = table_path(cfg, "gold.emulation"), table_path(cfg, "gold.emulation_cells")
+    n_w = write_window(spark, cfg, per_window(scored), EMULATION, rng)
+    n_c = write_window(spark, cfg, per_cell(scored), EMULATION_CELLS, rng)
+    path_w, path_c = table_path(cfg, EMULATION), table_path(cfg, EMULATION_CELLS)
     windows = spark.read.format("delta").load(path_w).where(F.col("window") == rng)
     cells = spark.read.format("delta").load(path_c).where(F.col("window") == rng)
     cols = ["policy", "node_id", "window_ms", "prefix", "net_type", "sessions", "rebuffer_rate"]
@@ -1298,7 +1298,7 @@ def _score_and_summarize(spark: SparkSession, cfg: Config, lo: str, hi: str, p: 
     scored.unpersist()
     est.unpersist()
     out = {"range": rng, "sessions": n, "train_hours": f"{hour_shift(lo, -p.train_hours)}..{hour_shift(lo, -1)}",
-           "window_minutes": p.window_minutes, "alpha": p.alpha, "rows": {"gold.emulation": n_w, "gold.emulation_cells": n_c},
+           "window_minutes": p.window_minutes, "alpha": p.alpha, "rows": {EMULATION: n_w, EMULATION_CELLS: n_c},
            "policies": summary, "tail_contrasts": contrasts, "baselines": em.info}
     if lags:
         out["lag_curve"] = lag_curve(summary, lags, p)

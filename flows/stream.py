@@ -58,7 +58,7 @@ from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import STREAMS
 from ccselect.hours import hour_of_ms
-from ccselect.lake import table_path
+from ccselect.lake import CONNECTIONS, INGEST_AUDIT, QUARANTINE, bronze_table, table_path
 from ccselect.spark import conf_set
 from jobs import silver as silver_job
 from jobs.ingest import (AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, judge_against, summarize, to_audit,
@@ -280,7 +280,7 @@ class StreamJob:
             if not pkeys:
                 continue
             impute = imputable_of(cfg.settings.ingest, stream)
-            path = table_path(cfg, f"bronze.{stream}")
+            path = table_path(cfg, bronze_table(stream))
             b = to_bronze(lines.where(F.col("stream") == stream), stream, ingest_time, impute)
             held, read_version, done = as_before(spark, path, self.app_id, batch_id)
             if held is not None:     # identity across batches, checkpoints and sources (issue 61)
@@ -292,7 +292,7 @@ class StreamJob:
         _crash_point("bronze", batch_id)
         # a file this lake has an audit row of was read before (a new checkpoint over old
         # segments): its lines were left out above, and it gets no second row
-        apath = table_path(cfg, "gold.ingest_audit")
+        apath = table_path(cfg, INGEST_AUDIT)
         audited = as_before(spark, apath, self.app_id, batch_id)[0]
         seen = ({r["source_file"] for r in audited.where(F.col("source_file").isin([f.path for f in files]))
                  .select("source_file").distinct().collect()} if audited is not None else set())
@@ -309,7 +309,7 @@ class StreamJob:
                 if stream == "transport":
                     out["max_ts_end_ms"] = (b.where(F.col("status") == "ok")
                                             .agg(F.max("record.ts_end_ms")).first()[0])
-            qpath = table_path(cfg, "bronze.quarantine")
+            qpath = table_path(cfg, QUARANTINE)
             qkeys = ("stream", "node_id", "hour")
             if not new_files:
                 append_once(to_quarantine(every), qpath, self.app_id, batch_id, qkeys)
@@ -360,8 +360,10 @@ class StreamJob:
         if champ is None:
             return {"skipped": "no @champion"}
         p = self.cfg.settings.infer
-        src = (self.spark.read.format("delta").load(table_path(self.cfg, "silver.connections"))
-               .where(delta_io.partition_predicate(keys)).select(*infer.PASS_THROUGH, *infer.FEATURES))
+        # what `ccs infer` reads (infer.inputs: the features, the evidence counts, `imputed`), so the
+        # minimum-evidence and imputed-feature rules decide here as in the batch
+        src = infer.inputs(self.spark.read.format("delta").load(table_path(self.cfg, CONNECTIONS))
+                           .where(delta_io.partition_predicate(keys)))
         # a per-node standardized champion: each partition's node statistics as `ccs infer` reads
         # them (silver.node_stats, which this batch's silver rebuild has just refreshed)
         table = infer.node_scaling(self.cfg, champ, keys, self.spark)

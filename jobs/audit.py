@@ -22,7 +22,8 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import IDENTITY, STREAMS
-from ccselect.lake import table_path
+from ccselect.lake import (BRONZE_TRANSPORT, CONNECTIONS, INGEST_AUDIT, PREDICTIONS, QUARANTINE, bronze_table,
+                           table_path)
 from jobs.stream_sources import NO_HOUR, NO_NODE, SCHEME
 
 #: examples shown per broken check
@@ -65,13 +66,13 @@ def _identity_of(stream: str):
 def identity_checks(spark: SparkSession, cfg: Config) -> list[Finding | None]:
     out = []
     for stream in STREAMS:
-        b = _read(spark, cfg, f"bronze.{stream}")
+        b = _read(spark, cfg, bronze_table(stream))
         if b is not None:
             rep = (b.where(F.col("status") == "ok").groupBy("node_id", "hour", _identity_of(stream).alias("identity"))
                    .count().where("count > 1"))
-            out.append(_finding("identity", f"bronze.{stream}", "identities accepted more than once", rep,
+            out.append(_finding("identity", bronze_table(stream), "identities accepted more than once", rep,
                                 ["node_id", "hour", "identity", "count"]))
-    for name in ("silver.connections", "gold.predictions"):
+    for name in (CONNECTIONS, PREDICTIONS):
         t = _read(spark, cfg, name)
         if t is not None:
             rep = t.groupBy("node_id", "conn_id").agg(F.count(F.lit(1)).alias("count"),
@@ -97,20 +98,20 @@ def _units(rows: DataFrame, audit: DataFrame) -> DataFrame:
 
 
 def balance_checks(spark: SparkSession, cfg: Config) -> list[Finding | None]:
-    audit = _read(spark, cfg, "gold.ingest_audit")
+    audit = _read(spark, cfg, INGEST_AUDIT)
     if audit is None:
         return []
-    out = [_finding("balance", "gold.ingest_audit", "rows with lines_read != accepted + quarantined",
+    out = [_finding("balance", INGEST_AUDIT, "rows with lines_read != accepted + quarantined",
                     audit.where("lines_read != accepted + quarantined"),
                     ["source_file", "lines_read", "accepted", "quarantined"])]
-    q = _read(spark, cfg, "bronze.quarantine")
+    q = _read(spark, cfg, QUARANTINE)
     # records a Kafka source quarantined before the parse: in the audit and bronze.quarantine only
     unparsed = (q.where(F.col("reason").isin(NO_NODE, NO_HOUR)).select("source_file", "line_no", F.lit("quarantined")
                                                                          .alias("status"))
                 if q is not None else None)
     lines = None
     for stream in STREAMS:
-        b = _read(spark, cfg, f"bronze.{stream}")
+        b = _read(spark, cfg, bronze_table(stream))
         if b is not None:
             s = b.select("source_file", "line_no", "status")
             lines = s if lines is None else lines.unionByName(s)
@@ -127,7 +128,7 @@ def balance_checks(spark: SparkSession, cfg: Config) -> list[Finding | None]:
         z = lambda c: F.coalesce(F.col(c), F.lit(0))    # noqa: E731  (a file with no lines, or no row)
         bad = both.where((z("lines_read") != z("b_lines")) | (z("accepted") != z("b_accepted"))
                          | (z("quarantined") != z("b_quarantined")) | (z("audit_rows") > 1))
-        out.append(_finding("balance", "gold.ingest_audit", "files or offset ranges whose audit rows disagree with "
+        out.append(_finding("balance", INGEST_AUDIT, "files or offset ranges whose audit rows disagree with "
                             "their bronze lines (or have none, or several)", bad,
                             ["source_file", "audit_rows", "lines_read", "b_lines", "accepted", "b_accepted"]))
     if q is not None and lines is not None:
@@ -137,28 +138,28 @@ def balance_checks(spark: SparkSession, cfg: Config) -> list[Finding | None]:
         missing = quarantined.join(keys, ["source_file", "line_no"], "left_anti").withColumn("in", F.lit("bronze only"))
         twice = keys.groupBy("source_file", "line_no").count().where("count > 1").drop("count") \
             .withColumn("in", F.lit("quarantine twice"))
-        out.append(_finding("balance", "bronze.quarantine", "quarantined lines not one-to-one with bronze's",
+        out.append(_finding("balance", QUARANTINE, "quarantined lines not one-to-one with bronze's",
                             extra.unionByName(missing).unionByName(twice), ["source_file", "line_no", "in"]))
     return out
 
 
 def traceable_checks(spark: SparkSession, cfg: Config) -> list[Finding | None]:
-    silver = _read(spark, cfg, "silver.connections")
-    bronze = _read(spark, cfg, "bronze.transport")
+    silver = _read(spark, cfg, CONNECTIONS)
+    bronze = _read(spark, cfg, BRONZE_TRANSPORT)
     if silver is None:
         return []
     if bronze is None:
-        return [_finding("traceable", "silver.connections", "rows with no accepted bronze.transport line", silver,
+        return [_finding("traceable", CONNECTIONS, "rows with no accepted bronze.transport line", silver,
                          ["node_id", "hour", "conn_id"])]
     ok = bronze.where(F.col("status") == "ok").select("node_id", "hour", F.col("record.conn_id").alias("conn_id"))
     orphans = silver.select("node_id", "hour", "conn_id").join(ok, ["node_id", "hour", "conn_id"], "left_anti")
-    return [_finding("traceable", "silver.connections", "rows with no accepted bronze.transport line", orphans,
+    return [_finding("traceable", CONNECTIONS, "rows with no accepted bronze.transport line", orphans,
                      ["node_id", "hour", "conn_id"])]
 
 
 def scored_checks(spark: SparkSession, cfg: Config) -> list[Finding | None]:
-    preds = _read(spark, cfg, "gold.predictions")
-    silver = _read(spark, cfg, "silver.connections")
+    preds = _read(spark, cfg, PREDICTIONS)
+    silver = _read(spark, cfg, CONNECTIONS)
     if preds is None or silver is None:
         return []
     keys = ["node_id", "hour", "conn_id"]
@@ -167,8 +168,8 @@ def scored_checks(spark: SparkSession, cfg: Config) -> list[Finding | None]:
     p = preds.select(*keys)
     unscored = s.join(p, keys, "left_anti")
     stray = p.join(silver.select(*keys), keys, "left_anti")
-    return [_finding("scored", "gold.predictions", "silver rows of a scored hour without a prediction", unscored, keys),
-            _finding("scored", "gold.predictions", "predictions of connections silver does not hold", stray, keys)]
+    return [_finding("scored", PREDICTIONS, "silver rows of a scored hour without a prediction", unscored, keys),
+            _finding("scored", PREDICTIONS, "predictions of connections silver does not hold", stray, keys)]
 
 
 def run(spark: SparkSession, cfg: Config) -> dict:

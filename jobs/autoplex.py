@@ -19,7 +19,7 @@ from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.delta_arrow import by_engine
-from ccselect.lake import connections_in, table_path
+from ccselect.lake import AUTOPLEX_PARAMS, AUTOPLEX_SIMILARITY, connections_in, table_path
 from ccselect.spark import get_spark
 from jobs import autoplex_arrow
 # the computation both engines share; its names stay importable from here
@@ -244,7 +244,7 @@ def write_parameters(cfg: Config, params: DataFrame, labels: list[str]) -> None:
     periods, so one file per period; from one task a day's 48 files were written one after
     another (jobs/README.md, "Bench": the job 7.40-8.16 s with one writer, 6.72-7.60 s with two)."""
     writers = min(params.sparkSession.sparkContext.defaultParallelism, len(labels))
-    delta_io.replace_partitions(params.repartition(writers, "period"), table_path(cfg, "gold.autoplex_params"),
+    delta_io.replace_partitions(params.repartition(writers, "period"), table_path(cfg, AUTOPLEX_PARAMS),
                                 {(p,) for p in labels}, ("period",))
 
 
@@ -252,7 +252,7 @@ def write_similarity(cfg: Config, rates: DataFrame, window: str) -> None:
     """gold.autoplex_similarity's `window` partition replaced by `rates` in one commit, as
     lake.write_window does, from one task (one file)."""
     delta_io.replace_partitions(rates.coalesce(1).withColumn("window", F.lit(window)),
-                                table_path(cfg, "gold.autoplex_similarity"), {(window,)}, ("window",))
+                                table_path(cfg, AUTOPLEX_SIMILARITY), {(window,)}, ("window",))
 
 
 def run_similarity(spark: SparkSession | None, cfg: Config, start_ms: int, periods: int,

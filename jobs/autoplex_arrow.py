@@ -42,7 +42,7 @@ import pyarrow.parquet as pq
 
 from ccselect.config import Config
 from ccselect.delta_arrow import Unsupported, check_protocol, live_files, local_path
-from ccselect.lake import table_path
+from ccselect.lake import AUTOPLEX_PARAMS, AUTOPLEX_SIMILARITY, CONNECTIONS, table_path
 from jobs import autoplex_core as core
 # Imported inside the functions that use them (heavy, not needed to import this module): deltalake.
 
@@ -316,10 +316,10 @@ def run_parameters(cfg: Config, start_ms: int, periods: int) -> dict[str, Any]:
     start_ms, end_ms = core.period_window(start_ms, periods, period)
     t0 = time.perf_counter()
     cols = core.input_columns(group_cols, {p.metric for p in policies})
-    params = parameters(read_window(table_path(cfg, "silver.connections"), start_ms, end_ms, cols),
+    params = parameters(read_window(table_path(cfg, CONNECTIONS), start_ms, end_ms, cols),
                         policies, group_cols, period)
     labels = core.period_labels(start_ms, periods, period)
-    replace_partitions(table_path(cfg, "gold.autoplex_params"), params, "period", labels, "ccs autoplex")
+    replace_partitions(table_path(cfg, AUTOPLEX_PARAMS), params, "period", labels, "ccs autoplex")
     counts = {r["policy"]: r["count"] for r in params.group_by("policy").aggregate([("policy", "count")])
               .rename_columns(["policy", "count"]).to_pylist()} if params.num_rows else {}
     return {"periods": labels, "group_by": group_cols, "rows_per_policy": counts, "engine": "arrow",
@@ -333,11 +333,11 @@ def run_similarity(cfg: Config, start_ms: int, periods: int, plot_dir: str | Non
     better, worse = core.similarity_bands(s)
     start_ms, end_ms = core.period_window(start_ms, periods, period)
     t0 = time.perf_counter()
-    silver = read_window(table_path(cfg, "silver.connections"), start_ms, end_ms,
+    silver = read_window(table_path(cfg, CONNECTIONS), start_ms, end_ms,
                          core.input_columns(group_cols, {better.metric}))
     rates = change_rates(silver, group_cols, better, worse, period)
     window = core.similarity_window(start_ms, periods, period)
-    replace_partitions(table_path(cfg, "gold.autoplex_similarity"),
+    replace_partitions(table_path(cfg, AUTOPLEX_SIMILARITY),
                        rates.append_column("window", pa.array([window] * rates.num_rows, pa.string())),
                        "window", [window], "ccs autoplex-similarity")
     summary = similarity_summary(rates)

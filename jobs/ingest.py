@@ -15,7 +15,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, functions as F
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import DUPLICATE_REASON, IDENTITY, STREAMS
-from ccselect.lake import table_path
+from ccselect.lake import INGEST_AUDIT, QUARANTINE, bronze_table, table_path
 from ccselect.spark import conf_set
 from jobs import silver as silver_job
 from jobs.parse import imputable_of, parse
@@ -178,21 +178,21 @@ def _ingest_bronze(spark: SparkSession, cfg: Config, files: list[SourceFile], in
         impute = imputable_of(cfg.settings.ingest, stream)
         bronze = to_bronze(read_lines(spark, sfiles), stream, ingest_time, impute)
         with conf_set(spark, {**BRONZE_SHUFFLE, **BRONZE_WRITERS}):
-            delta_io.replace_partitions(bronze, table_path(cfg, f"bronze.{stream}"), keys,
+            delta_io.replace_partitions(bronze, table_path(cfg, bronze_table(stream)), keys,
                                         properties=BRONZE_PROPERTIES)
         keys_by_stream[stream] = keys
     pairs = {(f.stream, f.node_id, f.hour) for f in files}
     qcols = ("stream", "node_id", "hour")
     committed = None
     for stream, keys in keys_by_stream.items():
-        b = (spark.read.format("delta").load(table_path(cfg, f"bronze.{stream}"))
+        b = (spark.read.format("delta").load(table_path(cfg, bronze_table(stream)))
              .where(delta_io.partition_predicate(keys))
              .select(*(c for c in QUARANTINE_COLS if c != "ingest_time"), "status"))
         committed = b if committed is None else committed.unionByName(b)
-    qpath = table_path(cfg, "bronze.quarantine")
+    qpath = table_path(cfg, QUARANTINE)
     delta_io.replace_partitions(to_quarantine(committed.withColumn("ingest_time", F.lit(ingest_time))),
                                 qpath, pairs, qcols)
-    apath = table_path(cfg, "gold.ingest_audit")
+    apath = table_path(cfg, INGEST_AUDIT)
     # One row per file, partitioned by node and hour like every ingest table (the three streams'
     # rows of a node-hour share one file: a day of 12 nodes is 288 files, not 864 one-row files);
     # the summary comes from the rows just written. The rows are first gathered by (node, hour):

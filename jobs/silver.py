@@ -26,7 +26,7 @@ from ccselect import delta_io, files as storage
 from ccselect.config import Config
 from ccselect.contract import FEATURES, NET_TYPES, STREAMS, TRANSPORT_FIELDS
 from ccselect.ipaddr import ab_bucket, canonical_text, with_ip
-from ccselect.lake import table_path
+from ccselect.lake import CONNECTIONS, bronze_table, table_path
 from ccselect.spark import conf_set
 from features import node_stats
 from features.labels import net_type_label
@@ -244,7 +244,7 @@ def extract(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]]) -> tup
     tasks = silver_tasks(spark, len(keys))
 
     def accepted(stream: str) -> DataFrame:
-        path = table_path(cfg, f"bronze.{stream}")
+        path = table_path(cfg, bronze_table(stream))
         if not delta_io.is_delta(spark, path):
             return spark.createDataFrame([], schema(stream)).withColumn("hour", F.lit(None).cast("string"))
         # Every input keyed by (node, hour) alike: the aggregates and joins of build_connections
@@ -276,7 +276,7 @@ def bronze_files(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]]) -
     `delta_io.table_version`: no job), else the files of its `keys` partitions (planning only)."""
     out: dict = {}
     for stream in STREAMS:
-        path = table_path(cfg, f"bronze.{stream}")
+        path = table_path(cfg, bronze_table(stream))
         v = delta_io.table_version(spark, path)
         out[stream] = v if v is not None else _partition_files(spark, path, keys)
     return out
@@ -301,7 +301,7 @@ def bronze_moved(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], b
         a, b = before.get(stream), after.get(stream)
         if a == b:
             continue
-        path = table_path(cfg, f"bronze.{stream}")
+        path = table_path(cfg, bronze_table(stream))
         if isinstance(a, int) and isinstance(b, int):
             a, b = _partition_files(spark, path, keys, a), _partition_files(spark, path, keys, b)
         if a != b:
@@ -321,7 +321,7 @@ def run(spark: SparkSession, cfg: Config, keys: set[tuple[str, str]], input_dir:
     transport, access, qoe = extract(spark, cfg, keys)
     read = bronze_files(spark, cfg, keys)
     conns = build_connections(transport, access, qoe, reference_frame(spark, rows), reference_levels(rows))
-    path = table_path(cfg, "silver.connections")
+    path = table_path(cfg, CONNECTIONS)
     # add_columns: a silver table written before a column was added (delivery_rate_bps) gains it
     with conf_set(spark, {**CO_PARTITIONED, **silver_parquet(SILVER_COLS)}):
         delta_io.replace_partitions(conns, path, keys, constraints=SILVER_CONSTRAINTS, add_columns=True,

@@ -57,9 +57,15 @@ log = logging.getLogger(__name__)
 
 # ---- extract ------------------------------------------------------------------------------------
 
-def extract(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
-    conns = connections_in(spark, cfg, lo, hi)
+def inputs(conns: DataFrame) -> DataFrame:
+    """What scoring reads of silver.connections: the rows' keys, the features, the evidence the
+    minimum-evidence rule counts and, where silver has it, `imputed`. `ccs infer` and the stream
+    (flows/stream.py) both select through here, so both decide with the same rules."""
     return conns.select(*PASS_THROUGH, *FEATURES, *EVIDENCE_COLS, *(["imputed"] if "imputed" in conns.columns else []))
+
+
+def extract(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
+    return inputs(connections_in(spark, cfg, lo, hi))
 
 
 # ---- the model in an Arrow UDF -------------------------------------------------------------------

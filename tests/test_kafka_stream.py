@@ -301,15 +301,6 @@ def test_kafka_stream_equals_batch_through_a_kill_a_broker_restart_and_a_produce
     ref = _table(spark, batch, "gold.predictions").select(*pcols)
     assert kp.groupBy("node_id", "conn_id").count().where("count > 1").count() == 0
     assert {str(r[0]) for r in kp.select("model_version").distinct().collect()} == {str(version)}
-    differ = (kp.exceptAll(ref).alias("s")
-              .join(ref.alias("b"), ["node_id", "conn_id"], "left")
-              .select("s.decision", F.col("b.decision").alias("batch")).collect())
-    if differ and all(r["batch"] == "evidence" and r["decision"] != "evidence" for r in differ):
-        # a known fault of the stream, not of the transport: StreamJob.score (flows/stream.py) reads
-        # silver without models.infer's evidence columns (infer.extract: EVIDENCE_COLS, imputed), so
-        # the minimum-evidence rule (issue 57) never decides in the stream. Any other difference fails.
-        pytest.xfail(f"{len(differ)} predictions: the batch's 'evidence' decided otherwise by the stream "
-                     "(flows/stream.py's score() lacks infer.EVIDENCE_COLS)")
     assertDataFrameEqual(kp, ref)
 
 

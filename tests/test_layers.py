@@ -133,3 +133,23 @@ def test_a_configuration_parameter_says_its_type():
                             if p.arg in ("cfg", "config") and (p.annotation is None or (
                                 isinstance(p.annotation, ast.Name) and p.annotation.id == "Any"))]
     assert not bad, "untyped configuration parameters:\n" + "\n".join(bad)
+
+
+def test_table_names_are_spelled_once_in_the_lake_module():
+    """A table's name (`silver.connections`, `bronze.<stream>`) is written once, as a constant of
+    ccselect/lake.py (issue 63); the packages, the DAGs and the benches use the constant."""
+    from ccselect import lake
+    names = {v for k, v in vars(lake).items() if k.isupper() and isinstance(v, str) and "." in v}
+    assert {"silver.connections", "gold.predictions", "bronze.quarantine"} <= names
+    bad = []
+    for top in (*PACKAGES, "dags", "bench"):
+        for path in sorted((REPO / top).rglob("*.py")):
+            if path == REPO / "ccselect" / "lake.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and node.value in names:
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno} {node.value!r}")
+                elif (isinstance(node, ast.JoinedStr) and node.values and isinstance(node.values[0], ast.Constant)
+                      and str(node.values[0].value) in ("bronze.", "silver.", "gold.")):
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno} f{node.values[0].value!r}...")
+    assert not bad, "table names spelled outside ccselect/lake.py:\n" + "\n".join(bad)
