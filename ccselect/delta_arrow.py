@@ -8,6 +8,7 @@ the Spark job instead."""
 from __future__ import annotations
 
 import os
+import re
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -37,10 +38,11 @@ def by_engine(engine: str, arrow_job, spark_job) -> dict:
 
 
 def local_path(path: str) -> str:
-    """`path` as a local filesystem path; Unsupported for any other scheme."""
+    """`path` as a local filesystem path (`file:///x` and Hadoop's `file:/x` are `/x`); Unsupported
+    for any other scheme."""
     if "://" in path and not path.startswith("file://"):
         raise Unsupported(f"{path} is not on the local filesystem (this engine reads local paths)")
-    return path[len("file://"):] if path.startswith("file://") else path
+    return re.sub(r"^file:(//)?", "", path)
 
 
 def check_protocol(dt) -> None:

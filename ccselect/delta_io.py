@@ -21,6 +21,9 @@ import time
 from typing import Callable, Iterable, TypeVar
 
 from pyspark.sql import DataFrame, SparkSession
+
+from ccselect import delta_arrow
+
 # Imported inside the functions that use them (heavy, not needed to import this module): delta.
 
 PARTITION_COLS = ("node_id", "hour")
@@ -261,12 +264,12 @@ _VERSIONED = re.compile(r"^(\d{20})\.(json|checkpoint\.)")
 
 
 def _local_log(path: str) -> str | None:
-    """The `_delta_log` folder of a table on the local filesystem; None for any other scheme."""
-    if "://" in path and not path.startswith("file://"):
+    """The `_delta_log` folder of a table on the local filesystem (`delta_arrow.local_path`); None
+    for any other scheme."""
+    try:
+        return os.path.join(delta_arrow.local_path(path), "_delta_log")
+    except delta_arrow.Unsupported:
         return None
-    if path.startswith("file:"):
-        path = re.sub(r"^file:(//)?", "", path)
-    return os.path.join(path, "_delta_log")
 
 
 def _newest_version(log: str) -> int:
