@@ -64,7 +64,7 @@ $(VENV)/.spark-warm: $(STAMP)
 	@touch $@
 
 run: setup
-	$(PY) -m app.cli run
+	$(PY) -m ccselect.app.cli run
 
 # The kernel tests that start no Spark (no `spark`, `main_job`, `small_lake` or `small_fleet`
 # fixture) run in a second pytest beside the rest: they mostly wait on the agent, the kernel and the
@@ -87,22 +87,22 @@ test: setup
 # the MLflow server, Airflow's scheduler. `ccs cluster status` exits 3 when a part is down.
 CLUSTER_CONF ?= infra/conf/cluster-local.yaml
 cluster-up: setup
-	$(PY) -m app.cli cluster up --config $(CLUSTER_CONF)
+	$(PY) -m ccselect.app.cli cluster up --config $(CLUSTER_CONF)
 cluster-down: python
-	$(PY) -m app.cli cluster down --config $(CLUSTER_CONF)
+	$(PY) -m ccselect.app.cli cluster down --config $(CLUSTER_CONF)
 cluster-status: python
-	$(PY) -m app.cli cluster status --config $(CLUSTER_CONF)
+	$(PY) -m ccselect.app.cli cluster status --config $(CLUSTER_CONF)
 
 # The log transport's broker (topology/kafka.py, issue 60): Kafka in KRaft mode, its jars from
 # Maven Central on the first `up` (cached in the venv), topics per stream. Its address: <home>/bootstrap.
 KAFKA_HOME ?=
 KAFKA_ARGS = $(if $(KAFKA_HOME),--home $(KAFKA_HOME))
 kafka-up: setup
-	$(PY) -m topology.kafka up $(KAFKA_ARGS)
+	$(PY) -m ccselect.topology.kafka up $(KAFKA_ARGS)
 kafka-down: python
-	$(PY) -m topology.kafka down $(KAFKA_ARGS)
+	$(PY) -m ccselect.topology.kafka down $(KAFKA_ARGS)
 kafka-status: python
-	$(PY) -m topology.kafka status $(KAFKA_ARGS)
+	$(PY) -m ccselect.topology.kafka status $(KAFKA_ARGS)
 
 test-cluster: setup
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -m "cluster and not kafka_stream"
@@ -143,16 +143,16 @@ results: python
 	$(PY) bench/report.py
 
 mlflow: python
-	$(PY) -m app.ui mlflow
+	$(PY) -m ccselect.app.ui mlflow
 
 airflow: python
-	$(PY) -m app.ui airflow
+	$(PY) -m ccselect.app.ui airflow
 
 notebooks: python
-	$(PY) -m app.ui notebooks
+	$(PY) -m ccselect.app.ui notebooks
 
 # The local fleet's enforcement first (make run attached it; ccs undeploy says what it could not
 # remove and stops the clean), while the agent it detaches with is still built.
 clean:
-	@if [ "$$(id -u)" = 0 ] && [ -x export/build/ccs-edge ] && [ -f $(STAMP) ]; then $(PY) -m app.cli undeploy; fi
+	@if [ "$$(id -u)" = 0 ] && [ -x export/build/ccs-edge ] && [ -f $(STAMP) ]; then $(PY) -m ccselect.app.cli undeploy; fi
 	rm -rf var bench/results/*.json export/build

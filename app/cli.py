@@ -16,21 +16,21 @@ app = typer.Typer(
 
 #: Modules that contribute commands; each defines `register(app: typer.Typer) -> None`.
 COMMAND_MODULES = (
-    "app.commands.sim",
-    "app.run",
-    "app.commands.lake",
-    "app.commands.autoplex",
-    "app.commands.abtest",
-    "app.commands.emulate",
-    "app.commands.distill",
-    "app.commands.export",
-    "app.commands.models",
-    "app.commands.registry",
-    "app.commands.contract",
-    "app.commands.relocate",
-    "app.commands.cluster",
-    "app.commands.fleet",
-    "app.commands.maintain",
+    "ccselect.app.commands.sim",
+    "ccselect.app.run",
+    "ccselect.app.commands.lake",
+    "ccselect.app.commands.autoplex",
+    "ccselect.app.commands.abtest",
+    "ccselect.app.commands.emulate",
+    "ccselect.app.commands.distill",
+    "ccselect.app.commands.export",
+    "ccselect.app.commands.models",
+    "ccselect.app.commands.registry",
+    "ccselect.app.commands.contract",
+    "ccselect.app.commands.relocate",
+    "ccselect.app.commands.cluster",
+    "ccselect.app.commands.fleet",
+    "ccselect.app.commands.maintain",
 )
 
 

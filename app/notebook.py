@@ -52,7 +52,7 @@ def sql(query: str) -> pd.DataFrame:
 
 
 def mlflow_client():
-    from models.registry import configure
+    from ccselect.models.registry import configure
     return configure(config())
 
 

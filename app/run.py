@@ -15,12 +15,12 @@ from typing import Optional
 
 import typer
 
-from app import results
+from ccselect.app import results
 from ccselect.config import Config, load_config
 from ccselect.spark import get_spark
-from evaluation.emulate import POLICIES
-from flows.main_job import FleetTooShort, champion, run as run_flow
-from flows.pipeline import fleet_and_store_for
+from ccselect.evaluation.emulate import POLICIES
+from ccselect.flows.main_job import FleetTooShort, champion, run as run_flow
+from ccselect.flows.pipeline import fleet_and_store_for
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, and our modules that load it.
 
 
@@ -77,7 +77,7 @@ def _stream_lines(res: dict | None) -> list[str]:
                      f"{t['entries']} entries, " + ("the stream's first table" if t.get("changed") is None else
                                                     f"{t['changed']:.1%} of traffic changed CC") + f"; {state}")
         if str(t.get("version")) in (res.get("canary") or {}):
-            from export.delivery.stream_canary import summary_line
+            from ccselect.export.delivery.stream_canary import summary_line
             lines.append(summary_line(res["canary"][str(t["version"])]))
     if res.get("canary_error"):
         lines.append(f"  canary verdicts failed: {res['canary_error']}")
@@ -109,7 +109,7 @@ def _emulation_lines(res: dict | None) -> list[str]:
 
 def _summary(cfg: Config, manifest: dict, seconds: float, reused: list[str], no_deploy: str | None,
              probed: dict | None, emulated: dict | None = None, streamed: dict | None = None) -> str:
-    from models import registry
+    from ccselect.models import registry
     p = manifest["params"]
     lines = ["", "=" * 78, f"ccselect main job: done in {seconds / 60:.1f} min"
              + (f" (reused: {', '.join(reused)})" if reused else ""), "=" * 78,
@@ -145,7 +145,7 @@ def _selection_lines(cfg: Config, champ: dict) -> list[str]:
     try:
         import mlflow
 
-        from models import registry
+        from ccselect.models import registry
         registry.configure(cfg)
         sel = json.loads(mlflow.artifacts.load_text(f"runs:/{champ['run_id']}/selection/table.json"))
     except Exception:  # noqa: BLE001 — a champion trained without the selection has no such artifact
@@ -161,7 +161,7 @@ def _per_node(cfg: Config, champ: dict) -> list[str]:
     try:
         import mlflow
 
-        from models import registry
+        from ccselect.models import registry
         registry.configure(cfg)
         rows = json.loads(mlflow.artifacts.load_text(f"runs:/{champ['run_id']}/eval/per_node.json"))
     except Exception as e:  # noqa: BLE001 — the summary reports what it can
@@ -182,7 +182,7 @@ def _f(v) -> str:
 
 
 def _table_lines(cfg: Config) -> list[str]:
-    from export.tables import aggregate
+    from ccselect.export.tables import aggregate
     tables = aggregate.history(get_spark(cfg, "ccs-run"), cfg)
     if not tables:
         return ["table           : none exported"]

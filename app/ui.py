@@ -1,4 +1,4 @@
-"""The UIs over the results, with the project's configuration: `python -m app.ui mlflow`
+"""The UIs over the results, with the project's configuration: `python -m ccselect.app.ui mlflow`
 (MLflow UI on the SQLite store), `airflow` (Airflow standalone: API server, scheduler, DAG
 processor on the SQLite metadata DB), `notebooks` (JupyterLab in notebooks/)."""
 from __future__ import annotations
@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
         argv = [str(bin_dir / "mlflow"), "ui", "--backend-store-uri", cfg.settings.mlflow.tracking_uri,
                 "--default-artifact-root", cfg.settings.mlflow.artifact_root, "--port", str(a.port or 5000)]
     elif a.ui == "airflow":
-        from flows.airflow_env import airflow_env, ensure_db
+        from ccselect.flows.airflow_env import airflow_env, ensure_db
         ensure_db(cfg)
         env = airflow_env(cfg, env)
         env["AIRFLOW__API__PORT"] = str(a.port or 8080)

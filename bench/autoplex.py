@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from bench.ingest import PeakRss, bench_config, read_stream  # noqa: E402
 from ccselect.lake import AUTOPLEX_PARAMS, AUTOPLEX_SIMILARITY, CONNECTIONS
 from ccselect.spark import get_spark
-from sim.params import SimParams
+from ccselect.sim.params import SimParams
 # Imported inside the functions that use them (heavy, not needed to import this module): duckdb, pyspark, and our modules that load them.
 
 #: issue 31's goal: the two AutoPlex jobs together within this factor of DuckDB's time
@@ -129,9 +129,9 @@ def build_silver(spark, cfg, fleet: str) -> int:
 
     from ccselect import delta_io
     from ccselect.lake import table_path
-    from jobs.parse import schema
+    from ccselect.jobs.parse import schema
     from ccselect.spark import conf_set
-    from jobs.silver import CO_PARTITIONED, SILVER_CONSTRAINTS, SILVER_PROPERTIES, build_connections, read_reference, reference_frame
+    from ccselect.jobs.silver import CO_PARTITIONED, SILVER_CONSTRAINTS, SILVER_PROPERTIES, build_connections, read_reference, reference_frame
     # keyed by (node_id, hour) as ingest's silver extract keys them (jobs/silver.py): one file per
     # node-hour, the layout `ccs ingest` leaves (shuffled by the join keys instead, every node-hour
     # was spread over each shuffle partition's file: 4 files per node-hour, 1,920 in all)
@@ -150,7 +150,7 @@ def build_silver(spark, cfg, fleet: str) -> int:
 
 def time_jobs(spark, cfg, start_ms: int, periods: int, engine: str) -> tuple[dict, float, dict, float]:
     """(result, seconds) of `run_parameters`, then of `run_similarity`, with `engine`."""
-    from jobs import autoplex
+    from ccselect.jobs import autoplex
     t0 = time.perf_counter()
     params = autoplex.run_parameters(spark, cfg, start_ms, periods, engine=engine)
     t1 = time.perf_counter()
@@ -167,7 +167,7 @@ def spark_floor(spark, cfg, start_ms: int, periods: int) -> dict:
     from pyspark.sql import functions as F
 
     from ccselect.lake import table_path
-    from jobs import autoplex
+    from ccselect.jobs import autoplex
     s = cfg.settings.autoplex
     policies, group_cols, period = autoplex.load_policies(s), list(s.group_by), s.period_minutes
     better, _ = autoplex.similarity_bands(s)
@@ -205,8 +205,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args(argv)
 
-    from jobs import autoplex
-    from sim.fleet import simulate
+    from ccselect.jobs import autoplex
+    from ccselect.sim.fleet import simulate
 
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)

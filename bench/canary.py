@@ -30,8 +30,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from ccselect.settings import CanarySettings  # noqa: E402
-from export.delivery import canary  # noqa: E402
-from sim.ab_outcomes import ArmsSetting, replay  # noqa: E402
+from ccselect.export.delivery import canary  # noqa: E402
+from ccselect.sim.ab_outcomes import ArmsSetting, replay  # noqa: E402
 
 
 def judge(rng, s: CanarySettings, effect_retrans: float = 1.0, effect_stall: float = 1.0):

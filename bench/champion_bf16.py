@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.ingest import bench_config, simulated_lake  # noqa: E402
-from sim.params import SimParams  # noqa: E402
+from ccselect.sim.params import SimParams  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
 
@@ -52,12 +52,12 @@ def select_champion(spark, cfg, lo: str, hi: str, share: float, seed: int, k: in
     as deployed when the pick is a `*_nodestd` variant). Held-out nodes are not read before the
     pick. `fit_pick` False: the pick is named, not trained (bench/shift_sweep.py trains it through
     `ccs evaluate` over several training seeds)."""
-    from evaluation.evaluate import UNLABELLED_PER_NODE, deployed_node_standardization
-    from features import node_stats
-    from features.scaling import window_stats
-    from models.crossnode import cross_node_split
-    from models.select import base_variant, select_variant
-    from models.train import NODE_DOMAIN_VARIANTS, TrainParams, fit
+    from ccselect.evaluation.evaluate import UNLABELLED_PER_NODE, deployed_node_standardization
+    from ccselect.features import node_stats
+    from ccselect.features.scaling import window_stats
+    from ccselect.models.crossnode import cross_node_split
+    from ccselect.models.select import base_variant, select_variant
+    from ccselect.models.train import NODE_DOMAIN_VARIANTS, TrainParams, fit
     sel = cfg.settings.model.select
     stats, _, _ = window_stats(spark, cfg, lo, hi)
     domains = set(sel.candidates) & set(NODE_DOMAIN_VARIANTS)
@@ -101,7 +101,7 @@ def bf16_on_heldout(champ: dict, infer_settings, min_class_share: float) -> dict
     """fp32 against bf16 of the champion's model on its held-out nodes."""
     import torch
 
-    from models.infer import predict_wifi
+    from ccselect.models.infer import predict_wifi
     te, x = champ["test"], np.ascontiguousarray(champ["x_test"], dtype=np.float32)
     model = champ["trainer"].model.cpu().float().eval()
     p = {"fp32": predict_wifi(model, x, "fp32"),

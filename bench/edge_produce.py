@@ -60,7 +60,7 @@ def build() -> None:
 
 
 def fleet_hours(fleet: str, n: int | None) -> list[str]:
-    from jobs.sources import discover
+    from ccselect.jobs.sources import discover
     hours = sorted({f.hour for f in discover(fleet, streams=("transport",))})
     return hours[:n] if n else hours
 
@@ -69,7 +69,7 @@ def segments(fleet: str, hours: list[str], work: Path) -> tuple[Path, int]:
     """The fleet's transport records as the agent's segments, each node's under
     work/nodes/<node_id> (an edge's folder: the shipper's root there), and a manifest of them for
     the C program; → (manifest, records)."""
-    from sim import replay
+    from ccselect.sim import replay
     root = work / "nodes"
     shutil.rmtree(root, ignore_errors=True)
     rows, n = [], 0
@@ -126,7 +126,7 @@ def shipper(roots: list[Path], bootstrap: str, state: Path, mode: str) -> dict:
     """The Python shipper in this process, one pass over each root (each with a fresh state, as
     one edge's shipper over its folder); (user, sys) of the process summed over the roots, and
     the producers' setup (created and connected) apart."""
-    from export.edge.shipper import Shipper
+    from ccselect.export.edge.shipper import Shipper
     tot = {"mode": mode, "roots": len(roots), "records": 0, "user_s": 0.0, "sys_s": 0.0, "wall_s": 0.0,
            "setup_user_s": 0.0, "setup_sys_s": 0.0, "setup_wall_s": 0.0}
     for i, root in enumerate(roots):
@@ -174,15 +174,15 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "edge_produce.json"))
     args = ap.parse_args(argv)
-    from topology.kafka import Broker
+    from ccselect.topology.kafka import Broker
     build()
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     fleet = args.fleet
     if not fleet:
-        from sim.fleet import simulate
-        from sim.params import SimParams
+        from ccselect.sim.fleet import simulate
+        from ccselect.sim.params import SimParams
         fleet = str(work / "fleet")
         simulate(SimParams(nodes=args.nodes, hours=args.hours, conns_per_node_hour=args.conns_per_node_hour, seed=7),
                  fleet, workers=2, progress=False)

@@ -35,9 +35,9 @@ sys.path.insert(0, str(REPO))
 
 from ccselect.lake import PREDICTIONS
 from ccselect.spark import get_spark  # noqa: E402
-from export.artifact import signing  # noqa: E402
-from sim.params import SimParams  # noqa: E402
-from sim.world import World  # noqa: E402
+from ccselect.export.artifact import signing  # noqa: E402
+from ccselect.sim.params import SimParams  # noqa: E402
+from ccselect.sim.world import World  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): bench, duckdb, polars, and our modules that load them.
 
 
@@ -48,7 +48,7 @@ def fleet_decisions(hours: int, nodes: int | None = None):
     """One decision per simulated connection of the default fleet, as a pyarrow Table."""
     import polars as pl
 
-    from sim.traffic import generate_node_hour
+    from ccselect.sim.traffic import generate_node_hour
     p = SimParams() if nodes is None else SimParams(nodes=nodes)
     world = World(p)
     parts = []
@@ -86,7 +86,7 @@ def saving_by_window(fleet, settings) -> dict:
 
     import polars as pl
 
-    from export.tables import aggregate as agg
+    from ccselect.export.tables import aggregate as agg
     m = fleet.filter(pl.col("decision") == "model").with_columns(
         pl.max_horizontal(pl.col("requests").fill_null(0), pl.lit(1)).alias("w"))
     uniq = m["client_ip"].unique()
@@ -145,7 +145,7 @@ FROM g
 def run_duckdb(src: str, settings, threads: int = 2) -> tuple[list, dict, float]:
     import duckdb
 
-    from export.tables import aggregate as agg
+    from ccselect.export.tables import aggregate as agg
     t0 = time.perf_counter()
     con = duckdb.connect()
     con.execute(f"SET threads = {threads}")
@@ -220,7 +220,7 @@ def main(argv=None) -> int:
 
     from bench.ingest import PeakRss
     from ccselect.lake import table_path
-    from export.tables import aggregate as agg
+    from ccselect.export.tables import aggregate as agg
 
     load_start = os.getloadavg()
     work = Path(args.workdir)

@@ -69,7 +69,7 @@ def pct(xs: list[float], q: float) -> float | None:
 
 def replay_segments(segs, out: str, t0_ms: int, speed: float, start: float, stop: threading.Event) -> None:
     """Write each segment when its minute is over on the replay's clock, as the agent does."""
-    from sim import replay
+    from ccselect.sim import replay
     for seg in segs:
         due = start + (seg.due_ms - t0_ms) / 1000 / speed
         while not stop.is_set() and time.time() < due:
@@ -115,13 +115,13 @@ def start_stream(config: str, input_dir: str, log_path: str, bootstrap: str | No
     With `bootstrap`, `--source kafka` from that broker (`input_dir` then only holds the reference)."""
     err = open(log_path, "w")
     kafka = ["--source", "kafka", "--bootstrap", bootstrap] if bootstrap else []
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "stream", "--input", input_dir, "--deploy", *kafka],
+    return subprocess.Popen([sys.executable, "-m", "ccselect.app.cli", "stream", "--input", input_dir, "--deploy", *kafka],
                             cwd=REPO, env={**os.environ, "CCS_CONFIG": config}, stdout=subprocess.DEVNULL,
                             stderr=err)
 
 
 def shipper_cmd(root: str, bootstrap: str, follow: float | None) -> list[str]:
-    return [sys.executable, "-m", "export.edge.shipper", "--root", root, "--bootstrap", bootstrap,
+    return [sys.executable, "-m", "ccselect.export.edge.shipper", "--root", root, "--bootstrap", bootstrap,
             *(["--follow", str(follow)] if follow else [])]
 
 
@@ -152,9 +152,9 @@ def batches_of(log_path: str) -> list[dict]:
 
 def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, speed: float, work: Path,
           agent, fresh: bool, bootstrap: str | None = None, ship_every: float = 1.0) -> dict:
-    from export.artifact import signing
-    from export.delivery.publish import key_paths
-    from export.tables import aggregate
+    from ccselect.export.artifact import signing
+    from ccselect.export.delivery.publish import key_paths
+    from ccselect.export.tables import aggregate
     from ccselect.hours import hour_start_ms
     from ccselect.spark import get_spark
     from pyspark.sql import functions as F
@@ -163,7 +163,7 @@ def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, sp
     shutil.rmtree(inp, ignore_errors=True)
     (inp).mkdir(parents=True)
     shutil.copytree(os.path.join(fleet, "reference"), inp / "reference")
-    from sim import replay
+    from ccselect.sim import replay
     segs = replay.segments(fleet, [hour], minutes=minutes)
     t0_ms = hour_start_ms(hour)
     table_s = cfg.settings.stream.table_minutes * 60 / speed
@@ -267,7 +267,7 @@ def backlog(name: str, cfg_path: str, fleet: str, hour: str, minutes: int, work:
     """The sustained rate: `minutes` of the hour's records made available at once (every segment
     written; with `bootstrap`, shipped to the broker too, before the stream starts), then `ccs
     stream` started, and timed until its batches have read every record (lines_read summed)."""
-    from sim import replay
+    from ccselect.sim import replay
     inp = work / f"backlog-{name}"
     shutil.rmtree(inp, ignore_errors=True)
     inp.mkdir(parents=True)
@@ -336,10 +336,10 @@ def measure_sources(args, work: Path, fleet: str, setup: dict) -> int:
     the backlog for each; every phase on its own copy of the lake, checkpoint, table store and
     (Kafka) broker, with the enforcer detached and attached again between phases (its live
     table gone: table versions start again from the same lake)."""
-    from flows.pipeline import fleet_and_store_for
+    from ccselect.flows.pipeline import fleet_and_store_for
     from ccselect.config import load_config
-    from export.edge.probe import ensure_attached, teardown
-    from topology.kafka import Broker
+    from ccselect.export.edge.probe import ensure_attached, teardown
+    from ccselect.topology.kafka import Broker
     sources = ["kafka", "file"] if args.source == "both" else [args.source]
     replay_hour = setup["replay_hour"]
     base = work / "root"
@@ -485,11 +485,11 @@ def main(argv=None) -> int:
     if os.geteuid() != 0:
         print("bench/freshness.py needs root (the enforcer is eBPF)", file=sys.stderr)
         return 2
-    from flows import pipeline
+    from ccselect.flows import pipeline
     from ccselect.config import load_config
-    from export.delivery.publish import init_keys
-    from sim.fleet import simulate
-    from sim.params import SimParams
+    from ccselect.export.delivery.publish import init_keys
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
 
     work = Path(args.workdir)
     fleet = str(work / "fleet")
@@ -519,17 +519,17 @@ def main(argv=None) -> int:
     cfg_path.write_text(yaml.safe_dump(raw))
     cfg = load_config(str(cfg_path))
     init_keys(cfg)
-    from jobs.sources import discover
+    from ccselect.jobs.sources import discover
     hours = sorted({f.hour for f in discover(fleet, streams=("transport",))})
     train_lo, train_hi, replay_hour = hours[0], hours[-2], hours[-1]
-    from jobs import ingest
+    from ccselect.jobs import ingest
     from ccselect.spark import get_spark
     spark = get_spark(cfg, "bench-freshness")
     ingest.run(spark, cfg, fleet, (train_lo, train_hi))
     pipeline.training_set(train_lo, train_hi, cfg)
     trained = pipeline.train(train_lo, train_hi, cfg)
     pipeline.promote_if_configured(trained["version"], cfg, auto=True)
-    from models import infer
+    from ccselect.models import infer
     infer.run(spark, cfg, train_lo, train_hi)
     spark.stop()
     setup = {"setup_s": round(time.time() - t, 1), "replay_hour": replay_hour, "trained_on": f"{train_lo}..{train_hi}",
@@ -541,9 +541,9 @@ def main(argv=None) -> int:
 def measure(args, work: Path, fleet: str, setup: dict) -> int:
     """The two replays on the lake `main` set up (the freshness replay's lake is copied first, so
     that --reuse measures again from the same state)."""
-    from flows.pipeline import fleet_and_store_for
+    from ccselect.flows.pipeline import fleet_and_store_for
     from ccselect.config import load_config
-    from export.edge.probe import ensure_attached, teardown
+    from ccselect.export.edge.probe import ensure_attached, teardown
     raw = setup["raw"]
     replay_hour = setup["replay_hour"]
     base = work / "root"

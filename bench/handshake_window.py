@@ -31,9 +31,9 @@ import polars as pl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from sim.params import SimParams  # noqa: E402
-from sim.traffic import generate_node_hour  # noqa: E402
-from sim.world import World  # noqa: E402
+from ccselect.sim.params import SimParams  # noqa: E402
+from ccselect.sim.traffic import generate_node_hour  # noqa: E402
+from ccselect.sim.world import World  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): sklearn.
 
 SUBSETS = {"mss": ["mss_bytes"], "window": ["init_snd_wnd_bytes"], "mss+window": ["mss_bytes", "init_snd_wnd_bytes"],

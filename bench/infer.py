@@ -50,7 +50,7 @@ from ccselect.contract import FEATURES
 from ccselect.lake import CONNECTIONS, PREDICTIONS, TRAINING_SET
 from ccselect.settings import InferSettings
 from ccselect.spark import get_spark
-from sim.params import SimParams
+from ccselect.sim.params import SimParams
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
 
@@ -58,7 +58,7 @@ def _split_predict(model, x, prec: str, chunk: int, pool, workers: int) -> None:
     """predict_wifi over x cut into `workers` contiguous parts, one Python thread each (torch
     releases the GIL in its operators), each with one intra-op thread: how `ccs infer`'s Arrow
     engine runs the model (one file per thread)."""
-    from models.infer import predict_wifi
+    from ccselect.models.infer import predict_wifi
     bounds = np.linspace(0, len(x), workers + 1).astype(int)
     list(pool.map(lambda i: predict_wifi(model, x[bounds[i]:bounds[i + 1]], prec, chunk=chunk), range(workers)))
 
@@ -70,7 +70,7 @@ def model_only(model, x_all, x_lab, y_lab, infer_params, rows: int, batches, thr
     over parts of the rows, one intra-op thread each)."""
     import torch
 
-    from models.infer import predict_wifi
+    from ccselect.models.infer import predict_wifi
     reps = int(np.ceil(rows / len(x_all)))
     x = np.ascontiguousarray(np.tile(x_all, (reps, 1))[:rows])
     out: dict = {"rows": rows, "threads": threads, "precisions": {}}
@@ -127,7 +127,7 @@ def compiled_fp32(model, x, batches) -> dict:
     import torch
     import torch.nn.functional as F
 
-    from models.infer import predict_wifi
+    from ccselect.models.infer import predict_wifi
     gen, w = model.generator.net, model.classifier.net
     lin = [m for m in gen if isinstance(m, torch.nn.Linear)]
     norms = [m for m in gen if isinstance(m, torch.nn.LayerNorm)]
@@ -204,13 +204,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from ccselect.lake import connections_in, table_path, write_window
-    from features import labels, scaling
-    from jobs import ingest
-    from models import infer
-    from models.dataset import load_labelled, to_train_data
-    from models.registry import Champion
-    from models.train import TrainParams, fit
-    from sim.fleet import simulate
+    from ccselect.features import labels, scaling
+    from ccselect.jobs import ingest
+    from ccselect.models import infer
+    from ccselect.models.dataset import load_labelled, to_train_data
+    from ccselect.models.registry import Champion
+    from ccselect.models.train import TrainParams, fit
+    from ccselect.sim.fleet import simulate
 
     def say(m):
         print(m, file=sys.stderr, flush=True)
@@ -249,8 +249,8 @@ def main(argv=None) -> int:
     say(f"replicating silver to {args.rows:,} rows ...")
     n_rows = replicate_silver(spark, cfg, bench_cfg, lo, hi, args.rows)
     # the champion as `ccs train` registers it: with its out-of-domain guard and a temperature
-    from models.infer import predict_wifi
-    from models.ood import fit_calibration, fit_guard
+    from ccselect.models.infer import predict_wifi
+    from ccselect.models.ood import fit_calibration, fit_guard
     guard = fit_guard(lab.x, stats.features, p.ood_quantile, p.ood_method, p.ood_margin)
     calibration = fit_calibration(predict_wifi(model, lab.x), lab.y, rows="bench: all labelled rows")
     champion = Champion(model=model, stats=stats, name="bench", version="0", run_id="", guard=guard,

@@ -32,7 +32,7 @@ from ccselect.contract import FIELDS
 from ccselect.hours import HOUR_FMT
 from ccselect.lake import BRONZE_ACCESS, BRONZE_QOE, BRONZE_TRANSPORT, CONNECTIONS
 from ccselect.spark import get_spark
-from sim.params import SimParams
+from ccselect.sim.params import SimParams
 # Imported inside the functions that use them (heavy, not needed to import this module): duckdb, and our modules that load them.
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,7 +83,7 @@ def read_stream(spark, data: str, stream: str):
     plus the file's hour: the plain read the benches use where ingest's validation is not timed."""
     from pyspark.sql import functions as F
 
-    from jobs.parse import schema
+    from ccselect.jobs.parse import schema
     return (spark.read.schema(schema(stream)).json(f"{data}/{stream}/*/*.jsonl")
             .withColumn("hour", F.regexp_extract(F.col("_metadata.file_path"), r"(\d{4}-\d\d-\d\dT\d\d)\.jsonl$", 1)))
 
@@ -132,8 +132,8 @@ def simulated_lake(root: Path, params: SimParams, say, app: str = "bench-lake", 
     """(cfg, lo, hi, the fleet's info) of a lake under `root` (bench_config) holding the fleet
     `params` simulates, simulated and ingested unless already there (its `ingested.json` names the
     same knobs); `info` is added to what the marker records (e.g. the preset's name)."""
-    from jobs import ingest
-    from sim.fleet import simulate
+    from ccselect.jobs import ingest
+    from ccselect.sim.fleet import simulate
     cfg = bench_config(root)
     digest = hashlib.sha256(json.dumps(params.to_dict(), sort_keys=True, default=str).encode()).hexdigest()[:16]
     start = datetime.fromisoformat(params.start).replace(tzinfo=timezone.utc)
@@ -169,7 +169,7 @@ def run_duckdb(data: str, out: str) -> dict:
 def spark_once(data: str, work: Path, floor: bool) -> dict:
     """One Spark ingest of `data` into a fresh lake under `work` (this process's own JVM), and
     Spark's floor after it when `floor`; what the parent bench records of it."""
-    from jobs import ingest
+    from ccselect.jobs import ingest
     cfg = bench_config(work, work / "root")
     with PeakRss() as mem:
         spark = get_spark(cfg, "ccs-bench-ingest")
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
         print(json.dumps(spark_once(args.data, work, args.floor)))
         return 0
 
-    from sim.fleet import simulate
+    from ccselect.sim.fleet import simulate
 
     load_start = os.getloadavg()
     shutil.rmtree(work, ignore_errors=True)

@@ -40,7 +40,7 @@ def child(data: str, work: str, out: str) -> int:
     fresh lake under `work`, timed as bench/ingest.py times it (`ingest.run`, after the session
     started); writes the result to `out`."""
     wt = Path.cwd().resolve()
-    import jobs
+    from ccselect import jobs
     import ccselect
     from bench.ingest import bench_config
     import bench.ingest as bench_ingest
@@ -49,7 +49,7 @@ def child(data: str, work: str, out: str) -> int:
             raise SystemExit(f"{mod.__name__} imported from {mod.__file__}, not from the worktree {wt}")
     from ccselect import spark as ccs_spark
     from ccselect.spark import get_spark
-    from jobs import ingest
+    from ccselect.jobs import ingest
 
     shutil.rmtree(work, ignore_errors=True)
     cfg = bench_config(Path(work), Path(work) / "root")
@@ -218,8 +218,8 @@ def simulate_data(data: str, conns: int, nodes: int, hours: int) -> None:
     """bench/ingest.py's own simulation (same seed, same sizing), written to `data`."""
     sys.path.insert(0, str(REPO))
     from bench.ingest import SIM_YIELD
-    from sim.fleet import simulate
-    from sim.params import SimParams
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
     per = max(1, round(conns / (nodes * hours * SIM_YIELD)))
     t0 = time.perf_counter()
     m = simulate(SimParams(nodes=nodes, hours=hours, conns_per_node_hour=per, seed=17), data, workers=2, progress=False)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from bench.ingest import SIM_YIELD, bench_config  # noqa: E402
 from bench import result_file  # noqa: E402
 from ccselect.config import load_config  # noqa: E402
-from sim.params import SimParams  # noqa: E402
+from ccselect.sim.params import SimParams  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, and our modules that load them.
 
 #: what a JVM stack is doing, by the first frame (from the top) whose class name starts with one
@@ -206,9 +206,9 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from ccselect.spark import get_spark
-    from jobs import ingest, silver as silver_job
-    from jobs.sources import discover_all
-    from sim.fleet import simulate
+    from ccselect.jobs import ingest, silver as silver_job
+    from ccselect.jobs.sources import discover_all
+    from ccselect.sim.fleet import simulate
 
     work = Path(args.workdir)
     data = work / "logs"

@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.ingest import bench_config  # noqa: E402
-from sim.params import SimParams  # noqa: E402
+from ccselect.sim.params import SimParams  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
 FLEETS = {
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "invariance.json"))
     a = ap.parse_args(argv)
     from ccselect.spark import get_spark
-    from evaluation.evaluate import ALL_VARIANTS, run_evaluation
+    from ccselect.evaluation.evaluate import ALL_VARIANTS, run_evaluation
     say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
     variants = a.variants.split(",") if a.variants else list(ALL_VARIANTS)
     out = {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -87,8 +87,8 @@ def tables(preds, export, support: dict, sweep: dict | None = None):
     (`export.declined_rule`) where declined decisions count, `support` the `export.min_support`
     of the rules. With `sweep` (name -> min_support), only "before" and, per point, all the rules
     under `export`'s declined rule (`sweep_<name>`) and the support alone (`sweep_alone_<name>`)."""
-    from export.artifact import table_format as tf
-    from export.tables import aggregate as agg
+    from ccselect.export.artifact import table_format as tf
+    from ccselect.export.tables import aggregate as agg
     no_support = replace(export, min_support={})
     default_support = replace(export, min_support=support)
 
@@ -157,7 +157,7 @@ def support_label(ms: dict) -> str:
 def refuses_one_connection(export, ms: dict) -> bool:
     """Issue 57 item 2 (tests/test_real_logs_round2.py::test_a_16_from_one_connection_is_refused):
     one connection makes neither a /16 nor a /24, the address keeps its own /32."""
-    from export.tables import aggregate as agg
+    from ccselect.export.tables import aggregate as agg
     got = agg.reference_aggregate([("65.182.7.9", "bbr", 1)], replace(export, min_support=ms))
     return [str(a.network) for a in got] == ["65.182.7.9/32"]
 
@@ -292,13 +292,13 @@ def simulate_and_score(args, root: Path) -> dict:
     torch.set_num_threads(1)
     from pyspark.sql import functions as F
 
-    from flows import pipeline
+    from ccselect.flows import pipeline
     from ccselect.lake import table_path
     from ccselect.spark import get_spark
-    from jobs import ingest
-    from models import infer, registry, train_job
-    from sim.fleet import simulate
-    from sim.params import SimParams
+    from ccselect.jobs import ingest
+    from ccselect.models import infer, registry, train_job
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
 
     t0 = time.time()
     shutil.rmtree(root, ignore_errors=True)
@@ -364,7 +364,7 @@ def measure(cfg, fleet: str, preds: dict, silver, nodes: list[str], scored: list
             sweep: dict | None = None) -> dict:
     """Every table variant's figures (`tables`) on the connections of `nodes` in scored[1:], each
     hour under the tables of the hour before (built from every node's decisions)."""
-    from export.artifact import table_format as tf
+    from ccselect.export.artifact import table_format as tf
     truth = pd.read_parquet(os.path.join(fleet, "_truth", "connections"),
                             columns=["conn_id", "exp_rebuffer_cubic", "exp_rebuffer_bbr", "retrans_cubic",
                                      "retrans_bbr", "net_type"])

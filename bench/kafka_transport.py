@@ -23,10 +23,10 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from topology.kafka import HEAP, Broker, jars  # noqa: E402
-from export.edge.shipper import Shipper, find  # noqa: E402
-from sim.fleet import simulate  # noqa: E402
-from sim.params import SimParams  # noqa: E402
+from ccselect.topology.kafka import HEAP, Broker, jars  # noqa: E402
+from ccselect.export.edge.shipper import Shipper, find  # noqa: E402
+from ccselect.sim.fleet import simulate  # noqa: E402
+from ccselect.sim.params import SimParams  # noqa: E402
 
 OUT = os.path.join(REPO, "bench", "results", "kafka_transport.json")
 

@@ -51,8 +51,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from export.artifact import signing, table_format as tf
-from export.edge.agent import EdgeAgent, EdgeConfig, Service
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.edge.agent import EdgeAgent, EdgeConfig, Service
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load them.
 
 CGROUP_ROOT = "/sys/fs/cgroup/unified"
@@ -356,7 +356,7 @@ def untouched(agent: EdgeAgent, cgroup: str, default: str, n: int = 200) -> dict
     outside the cgroup, and n outgoing connections from inside the cgroup to a listener on a
     routed address; how many got a CC other than the namespace's default (must be 0). And n to a
     listener inside the cgroup on an unserved port (the program puts the default back)."""
-    from export.edge.probe import client, in_cgroup, listener, sock_cc
+    from ccselect.export.edge.probe import client, in_cgroup, listener, sock_cc
 
     def accepted_ccs(ls, srcs):
         out = []

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.join(REPO, "bench"))
 
 from kernel import CGROUP_ROOT, N_ENTRIES, BenchAgent, _write, accept_rate, free_port, make_entries, set_stats  # noqa: E402
 
-from export.artifact import signing  # noqa: E402
+from ccselect.export.artifact import signing  # noqa: E402
 
 PAIRS = 3
 

@@ -53,19 +53,19 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from flows.follow import FollowFleet, dominance_entries  # noqa: E402
+from ccselect.flows.follow import FollowFleet, dominance_entries  # noqa: E402
 from ccselect.config import load_config  # noqa: E402
 from ccselect.settings import CanarySettings  # noqa: E402
-from export.artifact import signing  # noqa: E402
-from export.delivery import mirror  # noqa: E402
-from export.delivery.canary import cs_halfwidth  # noqa: E402
-from features.ab_moments import ArmMoments  # noqa: E402
-from export.delivery import freeze, gates  # noqa: E402
-from export.delivery.rollout import Health, deploy, load_fleet  # noqa: E402
-from export.delivery.store import Store  # noqa: E402
-from export.edge.agent import EdgeAgent, EdgeConfig  # noqa: E402
-from export.edge.probe import CGROUP_ROOT, in_cgroup, listener  # noqa: E402
-from sim.params import SimParams  # noqa: E402
+from ccselect.export.artifact import signing  # noqa: E402
+from ccselect.export.delivery import mirror  # noqa: E402
+from ccselect.export.delivery.canary import cs_halfwidth  # noqa: E402
+from ccselect.features.ab_moments import ArmMoments  # noqa: E402
+from ccselect.export.delivery import freeze, gates  # noqa: E402
+from ccselect.export.delivery.rollout import Health, deploy, load_fleet  # noqa: E402
+from ccselect.export.delivery.store import Store  # noqa: E402
+from ccselect.export.edge.agent import EdgeAgent, EdgeConfig  # noqa: E402
+from ccselect.export.edge.probe import CGROUP_ROOT, in_cgroup, listener  # noqa: E402
+from ccselect.sim.params import SimParams  # noqa: E402
 
 HEALTH = Health(wait_s=0.2, min_rate_ratio=0.5)
 COHORTS = ["canary", {"name": "50%", "share": 0.5}, "all"]

@@ -49,12 +49,12 @@ def training_rows(cfg, say) -> dict:
     """`ccs_train`'s training rows of `make run`'s window, exactly as models/train_job.run builds
     them for the selection (the held-out nodes' rows are dropped here, before anything is fitted)."""
     from ccselect.spark import get_spark
-    from features import node_stats
-    from features.scaling import window_stats
-    from models.crossnode import cross_node_split
-    from models.select import base_variant
-    from models.train import NODE_DOMAIN_VARIANTS
-    from models.train_job import UNLABELLED_PER_NODE, node_standardized
+    from ccselect.features import node_stats
+    from ccselect.features.scaling import window_stats
+    from ccselect.models.crossnode import cross_node_split
+    from ccselect.models.select import base_variant
+    from ccselect.models.train import NODE_DOMAIN_VARIANTS
+    from ccselect.models.train_job import UNLABELLED_PER_NODE, node_standardized
     manifest = json.load(open(os.path.join(cfg.settings.simulate.out, "manifest.json")))
     start = datetime.fromisoformat(manifest["params"]["start"]).replace(tzinfo=timezone.utc)
     window_hours = int(manifest["params"]["hours"]) - 2 - 1      # make run: 2 hourly hours, 1 streamed
@@ -89,7 +89,7 @@ def node_interval(per_node: dict[str, float], n: int = 2000, seed: int = 0) -> l
 
 
 def one(rows: dict, params, cfg, n_folds: int, fold_seed: int, say) -> dict:
-    from models.select import select_variant
+    from ccselect.models.select import select_variant
     sel = cfg.settings.model.select
     before = load()
     t0 = time.time()
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     if a.data_root:
         os.environ["CCS_DATA_ROOT"] = a.data_root
     from ccselect.config import load_config
-    from models.train import TrainParams
+    from ccselect.models.train import TrainParams
     cfg = load_config(a.config)
 
     def say(m):

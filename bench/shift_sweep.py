@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.champion_bf16 import lake, node_bootstrap, select_champion  # noqa: E402
 from bench.ingest import bench_config  # noqa: E402
-from sim.params import SimParams, shift_knobs  # noqa: E402
+from ccselect.sim.params import SimParams, shift_knobs  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
 VARIANTS = ("mlp", "gbdt", "gbdt_nodestd", "mlp_nodestd")
@@ -74,7 +74,7 @@ def one_severity(severity: float, a, say) -> dict:
     the protocol's pick on the training nodes' folds, then `ccs evaluate`'s API for the variants
     and the pick (so the pick trains on the same training seeds as every network variant)."""
     from ccselect.spark import get_spark
-    from evaluation.evaluate import run_evaluation
+    from ccselect.evaluation.evaluate import run_evaluation
     root = Path(a.workdir) / f"severity-{severity:g}"
     cfg0 = bench_config(root)
     params = replace(SimParams.from_settings(cfg0.settings.simulate, shift_severity=severity), nodes=a.nodes,

@@ -17,8 +17,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 _CHILD = """
 import json, resource, sys, time
-from sim.fleet import simulate
-from sim.params import SimParams
+from ccselect.sim.fleet import simulate
+from ccselect.sim.params import SimParams
 nodes, hours, conns, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 t = time.perf_counter()
 m = simulate(SimParams(nodes=nodes, hours=hours, conns_per_node_hour=conns, seed=1), out, workers=2, progress=False)

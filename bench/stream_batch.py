@@ -33,7 +33,7 @@ from bench.ingest import bench_config  # noqa: E402
 from bench.ingest_profile import _event_lines  # noqa: E402
 from bench import result_file  # noqa: E402
 from ccselect.config import load_config  # noqa: E402
-from sim.params import SimParams  # noqa: E402
+from ccselect.sim.params import SimParams  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, and our modules that load it.
 
 
@@ -87,10 +87,10 @@ def main(argv=None) -> int:
     from pyspark.sql import functions as F
 
     from ccselect.spark import get_spark
-    from flows.stream import StreamJob
-    from jobs import ingest
-    from sim import replay
-    from sim.fleet import simulate
+    from ccselect.flows.stream import StreamJob
+    from ccselect.jobs import ingest
+    from ccselect.sim import replay
+    from ccselect.sim.fleet import simulate
 
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)

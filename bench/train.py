@@ -34,14 +34,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from ccselect.contract import FEATURES  # noqa: E402
-from sim.params import SimParams
+from ccselect.sim.params import SimParams
 # Imported inside the functions that use them (heavy, not needed to import this module): polars, sklearn, torch, and our modules that load them.
 
 SIM = {"nodes": 20, "hours": 25, "conns_per_node_hour": 5600, "seed": 1}
 
 
 def simulate(out: str) -> dict:
-    from sim.fleet import simulate as sim
+    from ccselect.sim.fleet import simulate as sim
     t = time.perf_counter()
     m = sim(SimParams(**SIM), out, workers=2, progress=False)
     return {"wall_s": round(time.perf_counter() - t, 1), "counts": m["counts"], **SIM}
@@ -72,8 +72,8 @@ def load_rows(fleet: str):
 def train_data(raw, y, node, prefix, k: int, seed: int):
     from sklearn.cluster import KMeans
 
-    from models.dataset import path_ids
-    from models.train import TrainData
+    from ccselect.models.dataset import path_ids
+    from ccselect.models.train import TrainData
     z = np.log1p(np.maximum(raw, 0.0))
     x = ((z - z.mean(0)) / np.where(z.std(0) > 0, z.std(0), 1.0)).astype(np.float32)
     pid = path_ids(node, prefix)
@@ -91,7 +91,7 @@ def train_data(raw, y, node, prefix, k: int, seed: int):
 
 
 def time_fit(params, data) -> dict:
-    from models.train import fit
+    from ccselect.models.train import fit
     epochs = []
     last = [time.perf_counter()]
 
@@ -121,7 +121,7 @@ def main(argv=None) -> None:
 
     import torch
 
-    from models.train import TrainParams
+    from ccselect.models.train import TrainParams
     torch.set_num_threads(a.threads)
     result: dict = {"bench": "train", "goal": f"wall time to train on {a.rows:,} labelled rows on 2 CPU cores",
                     "cpu": platform.processor() or platform.machine(), "cores_visible": os.cpu_count(),

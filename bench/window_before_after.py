@@ -5,7 +5,7 @@ true type's gain (aliccs, aliccs_prior, aliccs_stream_prior, disco on its own la
 label, gbdt) and the tail contrasts against Disco, on the grounded simulator (the default since
 2026-11-28) and on the per-type window tables it replaced ("before").
 
-Both arms are `make run`'s own job (`python -m app.cli run`, which `make run` calls) on its default
+Both arms are `make run`'s own job (`python -m ccselect.app.cli run`, which `make run` calls) on its default
 fleet (12 nodes × 9 h, seed 7, 600 connections a node-hour; its emulation is the last hourly hour,
 every policy, with the simulator's truth), each in a data root of its own, the configuration
 infra/conf/local.yaml with two changes: `pipeline.deploy: false` (no kernel rollout: the
@@ -53,7 +53,7 @@ def tree_accuracy(splits: int) -> dict:
     windows: the knob's exact per-type draw, not that bench's approximation."""
     sys.path.insert(0, str(REPO))
     from bench.handshake_window import fleet, scores
-    from sim.params import SimParams
+    from ccselect.sim.params import SimParams
     out = {}
     for name, window in (("per_type_tables", "per_type_tables"), ("grounded", "stacks")):
         out[name] = scores(fleet(SimParams(nodes=20, hours=48, seed=7, client_window=window)), splits)

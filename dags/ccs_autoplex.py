@@ -8,7 +8,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import dag, task
 
-from flows.pipeline import autoplex_period, previous_period, report
+from ccselect.flows.pipeline import autoplex_period, previous_period, report
 
 DOC = """
 ### ccs_autoplex

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import Asset, dag, task
 
-from flows.pipeline import TableRefused, asset_uri, export_hour, infer_hour, ingest_hour, report, rollout as do_rollout
+from ccselect.flows.pipeline import TableRefused, asset_uri, export_hour, infer_hour, ingest_hour, report, rollout as do_rollout
 from ccselect.hours import previous_hour
 from ccselect import lake
 # Imported inside the functions that use them (heavy, not needed to import this module): airflow.

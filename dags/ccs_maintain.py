@@ -7,7 +7,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import dag, task
 
-from flows.pipeline import maintain_lake, report
+from ccselect.flows.pipeline import maintain_lake, report
 
 DOC = """
 ### ccs_maintain

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import dag, task
 
-from flows.pipeline import (
+from ccselect.flows.pipeline import (
     distill_and_diagnose,
     handshake_tree,
     prefix_groups as groups,

@@ -19,7 +19,7 @@ from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import FEATURES
 from ccselect.lake import TRAINING_SET, connections_in, table_path
-from features import labels, node_stats, scaling
+from ccselect.features import labels, node_stats, scaling
 
 
 @dataclass

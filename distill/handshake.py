@@ -31,7 +31,7 @@ from ccselect.config import Config
 from ccselect.contract import HANDSHAKE_FEATURES
 from ccselect.lake import connections_in
 from ccselect.settings import HandshakeSettings
-from distill.store import experiment_id, tracking
+from ccselect.distill.store import experiment_id, tracking
 # Imported inside the functions that use them (heavy, not needed to import this module): sklearn, pyspark, mlflow.
 
 LEAF = -1

@@ -17,12 +17,12 @@ from ccselect.config import Config
 from ccselect.lake import DIAGNOSTICS, table_path
 from ccselect.contract import HANDSHAKE_FEATURES
 from ccselect.settings import HandshakeSettings
-from distill import diagnose as dg, handshake, registry, report
-from distill.store import experiment_id, tracking
-from distill.data import load_window
-from distill.handshake import HandshakeRows
-from distill.tree import distill, rules_text
-from models.crossnode import split_nodes
+from ccselect.distill import diagnose as dg, handshake, registry, report
+from ccselect.distill.store import experiment_id, tracking
+from ccselect.distill.data import load_window
+from ccselect.distill.handshake import HandshakeRows
+from ccselect.distill.tree import distill, rules_text
+from ccselect.models.crossnode import split_nodes
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, torch.
 
 

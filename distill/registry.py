@@ -10,9 +10,9 @@ import pandas as pd
 
 from ccselect.config import Config
 from ccselect.contract import FEATURES
-from distill.store import experiment_id, tracking
-from distill.tree import rules_text
-from models.registry import load_champion as _load
+from ccselect.distill.store import experiment_id, tracking
+from ccselect.distill.tree import rules_text
+from ccselect.models.registry import load_champion as _load
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, skops.
 
 #: The only non-builtin type a DecisionTreeRegressor's skops file holds; skops refuses anything

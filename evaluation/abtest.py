@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from ccselect.config import Config
 from ccselect.lake import AB_TEST, connections_in, write_window
-from features.ab_moments import (  # noqa: F401  (re-exported: the analysis reads them as abtest.*)
+from ccselect.features.ab_moments import (  # noqa: F401  (re-exported: the analysis reads them as abtest.*)
     METRICS, MOMENT_KEYS, NET_GROUPS, ArmMoments, arm_moments, metric_rows, segments)
 
 

@@ -109,13 +109,13 @@ from ccselect.hours import SPARK_HOUR_FMT, hour_shift
 from ccselect.ipaddr import with_ip
 from ccselect.lake import CONNECTIONS, EMULATION, EMULATION_CELLS, PREDICTIONS, table_path, write_window
 from ccselect.settings import ConfiganatorSettings, EmulateSettings
-from distill.handshake import load_handshake
-from export.artifact import table_format as tf
-from export.tables.aggregate import address_decisions, ladder_entries, model_weights
-from export.tables.flow import table_tree
-from features.prefixes import prefix_means_frame
-from models import gbdt
-from models.configanator import choose_classes, network_class
+from ccselect.distill.handshake import load_handshake
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.tables.aggregate import address_decisions, ladder_entries, model_weights
+from ccselect.export.tables.flow import table_tree
+from ccselect.features.prefixes import prefix_means_frame
+from ccselect.models import gbdt
+from ccselect.models.configanator import choose_classes, network_class
 # Imported inside the functions that use them (heavy, not needed to import this module): sklearn.
 
 CCS = ("cubic", "bbr")

@@ -49,14 +49,14 @@ import pandas as pd
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.lake import MODEL_EVAL, MODEL_EVAL_SUMMARY, NODE_STATS, table_path
-from features import node_stats
-from features.scaling import window_stats
-from models import configanator, gbdt
-from models.crossnode import cross_node_split, per_node, seed_average, summary
-from models.dataset import window_name
-from models.grid import grid_search
-from models.invariance import node_probe
-from models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainParams, fit
+from ccselect.features import node_stats
+from ccselect.features.scaling import window_stats
+from ccselect.models import configanator, gbdt
+from ccselect.models.crossnode import cross_node_split, per_node, seed_average, summary
+from ccselect.models.dataset import window_name
+from ccselect.models.grid import grid_search
+from ccselect.models.invariance import node_probe
+from ccselect.models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainParams, fit
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ What it does, in order:
    classes + decision tree, Configanator §3.2) and reports, per variant, the accuracy of every
    held-out node and their mean, worst and standard deviation.
 
-    .venv/bin/python -m evaluation.experiment --fleet DIR --json
+    .venv/bin/python -m ccselect.evaluation.experiment --fleet DIR --json
 """
 from __future__ import annotations
 
@@ -32,9 +32,9 @@ import numpy as np
 import polars as pl
 
 from ccselect.contract import FEATURES
-from features.prefixes import prefix_means
-from models.grid import grid_search
-from models.train import VARIANTS, TrainData, TrainParams, accuracy_report, fit
+from ccselect.features.prefixes import prefix_means
+from ccselect.models.grid import grid_search
+from ccselect.models.train import VARIANTS, TrainData, TrainParams, accuracy_report, fit
 # Imported inside the functions that use them (heavy, not needed to import this module): sklearn, torch.
 
 

@@ -40,7 +40,7 @@ from ccselect.contract import FEATURES
 from ccselect.delta_arrow import live_files, local_path
 from ccselect.hours import hour_shift
 from ccselect.lake import CONNECTIONS, NODE_STATS, table_path
-from features.scaling import FeatureStats, _log1p, exact_moments, exact_square_sum, exact_sum
+from ccselect.features.scaling import FeatureStats, _log1p, exact_moments, exact_square_sum, exact_sum
 
 KEYS = ("node_id", "hour")
 NODE, FALLBACK = "node", "fleet_fallback"

@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 from pyspark.sql import DataFrame, functions as F
 
-from features.scaling import exact_sum
+from ccselect.features.scaling import exact_sum
 
 SEP = "|"
 

@@ -10,7 +10,7 @@ to, and the secrets every component must share, generated once under the home (`
 600), never in the repository or the configuration.
 
 Airflow reads its configuration when it is first imported, so everything Airflow runs in a child
-process with this environment: `python -m flows.airflow_env dagbag|test DAG --date ...`.
+process with this environment: `python -m ccselect.flows.airflow_env dagbag|test DAG --date ...`.
 """
 from __future__ import annotations
 
@@ -149,9 +149,9 @@ def _has_airflow_schema(conn: str) -> bool:
 
 def run_in_airflow(cfg: Config, args: list[str], timeout: float | None = None,
                    capture: bool = True) -> subprocess.CompletedProcess:
-    """Run `python -m flows.airflow_env ARGS` in a child with the Airflow environment."""
+    """Run `python -m ccselect.flows.airflow_env ARGS` in a child with the Airflow environment."""
     ensure_db(cfg)
-    return subprocess.run([sys.executable, "-m", "flows.airflow_env", *args], env=airflow_env(cfg),
+    return subprocess.run([sys.executable, "-m", "ccselect.flows.airflow_env", *args], env=airflow_env(cfg),
                           capture_output=capture, text=True, timeout=timeout)
 
 

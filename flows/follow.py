@@ -31,15 +31,15 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from export.artifact import signing, table_format as tf
-from export.delivery import mirror
-from export.delivery.rollout import Fleet, _live_version
-from export.delivery.store import Store
-from features.ab_moments import CANARY_METRICS, ArmMoments
-from sim.follow import Choice, Connections
-from sim.params import SimParams
-from sim.traffic import generate_node_hour
-from sim.world import World
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.delivery import mirror
+from ccselect.export.delivery.rollout import Fleet, _live_version
+from ccselect.export.delivery.store import Store
+from ccselect.features.ab_moments import CANARY_METRICS, ArmMoments
+from ccselect.sim.follow import Choice, Connections
+from ccselect.sim.params import SimParams
+from ccselect.sim.traffic import generate_node_hour
+from ccselect.sim.world import World
 
 
 @dataclass

@@ -31,10 +31,10 @@ import re
 import time
 from typing import Callable
 
-from flows.stream_metrics import add_by_reason, by_reason_samples, write_textfile
+from ccselect.flows.stream_metrics import add_by_reason, by_reason_samples, write_textfile
 from ccselect.config import Config, load_config
-from export.delivery import freeze
-from export.delivery.store import Store, store_for
+from ccselect.export.delivery import freeze
+from ccselect.export.delivery.store import Store, store_for
 
 OUTCOMES = ("ok", "failed", "skipped")
 

@@ -36,13 +36,13 @@ from ccselect.config import Config
 from ccselect.hours import HOUR_FMT, hour_shift
 from ccselect.lake import CONNECTIONS, INGEST_AUDIT
 from ccselect.spark import get_spark
-from export.artifact import signing
-from export.edge.agent import DEFAULT_BINARY
-from export.edge.probe import kernel_ready, probe
-from flows.airflow_env import airflow_env, ensure_db
-from flows.pipeline import fleet_and_store_for
-from jobs.sources import discover
-from sim.params import SimParams
+from ccselect.export.artifact import signing
+from ccselect.export.edge.agent import DEFAULT_BINARY
+from ccselect.export.edge.probe import kernel_ready, probe
+from ccselect.flows.airflow_env import airflow_env, ensure_db
+from ccselect.flows.pipeline import fleet_and_store_for
+from ccselect.jobs.sources import discover
+from ccselect.sim.params import SimParams
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, pyspark, and our modules that load them.
 
 
@@ -89,7 +89,7 @@ def run(cfg: Config, hourly_hours: int = 2, fresh: bool = False, probe: bool = T
                            deploy, digest)
     last = (train_at + timedelta(hours=hourly_hours - 1)).strftime(HOUR_FMT)
     emulated = _emulate(spark, cfg, last, hourly_hours)                         # 6. the emulation
-    from jobs import audit
+    from ccselect.jobs import audit
     audited = audit.run(spark, cfg)                                             # 7. the lake's invariants
     say("audit: clean" if audited["clean"] else "audit: broken:\n  " + "\n  ".join(audited["lines"]))
     ok = (train["state"] == "reused" or train["state"].endswith("success")) and len(hourly) == hourly_hours and \
@@ -125,7 +125,7 @@ def _backfill(spark, cfg: Config, lo: str, hi: str, window_hours: int, reuse: bo
     if reuse and _ingested(spark, cfg, lo, hi):
         say(f"backfill: reusing the lakehouse's {lo}..{hi} (gold.ingest_audit has every file of the window)")
         return True
-    from jobs import ingest
+    from ccselect.jobs import ingest
     say(f"backfill: ingest the training window {lo}..{hi} ({window_hours} h) into the lakehouse")
     res = ingest.run(spark, cfg, cfg.settings.pipeline.raw_dir, (lo, hi))
     for stream, t in sorted(res["streams"].items()):
@@ -136,7 +136,7 @@ def _backfill(spark, cfg: Config, lo: str, hi: str, window_hours: int, reuse: bo
 
 def _keys(cfg: Config) -> bool:
     """The signing keys, created when missing. → whether they were there (reused)."""
-    from export.delivery.publish import init_keys, key_paths
+    from ccselect.export.delivery.publish import init_keys, key_paths
     if os.path.exists(key_paths(cfg)[0]):
         return True
     init_keys(cfg)
@@ -151,7 +151,7 @@ def _deployment(cfg: Config) -> tuple[bool, str, object]:
     if not deploy:
         say(f"rollout will stop at the signed artifact in the store: {why}")
         return False, why, None
-    from export.edge.probe import ensure_attached, teardown
+    from ccselect.export.edge.probe import ensure_attached, teardown
     fleet_obj, store = fleet_and_store_for(cfg)
     if store.current() is None:
         # A store without a table is a new deployment: what the local nodes hold (their table
@@ -166,7 +166,7 @@ def _airflow_plan(cfg: Config, state: dict, lo: str, hi: str, train_at: datetime
     """(the DAG runs for Airflow, in order: ccs_train for the window unless the champion was trained
     on the same window of the same fleet, then ccs_hourly for each hour after it; whether the model
     is reused)."""
-    from models import registry
+    from ccselect.models import registry
     champ = champion(cfg)
     model_state = state.get("model") or {}
     plan = []
@@ -217,7 +217,7 @@ def airflow_sequence(cfg: Config, plan: list[dict], log_path: str) -> list[dict]
     os.makedirs(os.path.dirname(log_path), exist_ok=True)
     results = []
     with open(log_path, "a") as log, subprocess.Popen(
-            [sys.executable, "-m", "flows.airflow_env", "sequence", json.dumps(plan)], env=airflow_env(cfg),
+            [sys.executable, "-m", "ccselect.flows.airflow_env", "sequence", json.dumps(plan)], env=airflow_env(cfg),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
         say(f"  (Airflow's whole output: {log_path})")
         for line in proc.stdout:
@@ -250,8 +250,8 @@ def _brief(result, width: int = 150) -> str:
 def fleet(cfg: Config) -> tuple[dict, bool]:
     """The simulated fleet of the `simulate` section: reused when its parameters and the
     simulator's code are the same as last time. → (manifest, reused)."""
-    from sim.fleet import code_version, simulate
-    from sim.summary import summarize
+    from ccselect.sim.fleet import code_version, simulate
+    from ccselect.sim.summary import summarize
     params = SimParams.from_settings(cfg.settings.simulate)
     out = cfg.settings.simulate.out
     manifest_path = os.path.join(out, "manifest.json")
@@ -295,7 +295,7 @@ def _ingested(spark, cfg: Config, lo: str, hi: str) -> bool:
 
 
 def champion(cfg: Config) -> dict | None:
-    from models import registry
+    from ccselect.models import registry
     return next((v for v in registry.list_versions(cfg) if "champion" in v["aliases"]), None)
 
 
@@ -315,7 +315,7 @@ def _can_deploy(cfg: Config) -> tuple[bool, str]:
 
 
 def _probe(cfg: Config, fleet_obj) -> dict | None:
-    from export.delivery.publish import key_paths
+    from ccselect.export.delivery.publish import key_paths
     _, store = fleet_and_store_for(cfg)
     v = store.current()
     if v is None:
@@ -334,8 +334,8 @@ def _stream(spark, cfg: Config, hours: list[str], deploy: bool, digest: str) -> 
     (sim/replay.py) under <data_root>/stream/raw: a quarter hour of segments per micro-batch, so
     the hour yields a table per `stream.table_minutes` boundary the batches pass. A second run
     finds no new segment (the checkpoint has them) and emits nothing."""
-    from flows import stream
-    from sim import replay
+    from ccselect.flows import stream
+    from ccselect.sim import replay
     raw = os.path.join(cfg.data_root, "stream", "raw")
     nodes = int(cfg.settings.simulate.nodes)
     marker = os.path.join(cfg.data_root, "stream", "raw.json")
@@ -352,8 +352,8 @@ def _stream(spark, cfg: Config, hours: list[str], deploy: bool, digest: str) -> 
         return {"error": f"{type(e).__name__}: {e}"}
     # the canary's A/B verdict of each streamed table, on the simulated arms after its boundary
     # (export/delivery/stream_canary.py), recorded in gold.rollout_decisions
-    from export.delivery.store import store_for
-    from export.delivery.stream_canary import verdicts
+    from ccselect.export.delivery.store import store_for
+    from ccselect.export.delivery.stream_canary import verdicts
     try:
         res["canary"] = {str(v["version"]): v for v in verdicts(spark, cfg, res["tables"], store=store_for(cfg))}
     except Exception as e:  # noqa: BLE001 — reported in the summary
@@ -364,7 +364,7 @@ def _stream(spark, cfg: Config, hours: list[str], deploy: bool, digest: str) -> 
 def _emulate(spark, cfg: Config, hour: str, hourly_hours: int) -> dict:
     """`ccs emulate --hours HOUR --truth <the simulated fleet>`: the ALICCS table is the one the
     hour before exported (with a single hourly run there is none, so that hour's own table)."""
-    from evaluation import emulate
+    from ccselect.evaluation import emulate
     lag = 1 if hourly_hours > 1 else 0
     say(f"emulation: hour {hour} under every policy (ALICCS §5.4; table of {hour_shift(hour, -lag)})")
     try:

@@ -11,13 +11,13 @@ import os
 import sys
 from datetime import datetime, datetime as _dt, timedelta, timezone
 
-from flows.job_metrics import measured, write_freeze
+from ccselect.flows.job_metrics import measured, write_freeze
 from ccselect.config import Config, load_config
 from ccselect.hours import HOUR_FMT, hour_of
 from ccselect.lake import TRAINING_SET
 from ccselect.spark import get_spark
-from export.artifact import signing
-from export.delivery.rollout import deploy
+from ccselect.export.artifact import signing
+from ccselect.export.delivery.rollout import deploy
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
 
@@ -63,7 +63,7 @@ def asset_uri(name: str, cfg: Config | None = None) -> str:
 def ingest_hour(hour: str, cfg: Config | None = None) -> dict:
     """bronze, quarantine, audit and silver for one hour of every node; fails when the hour has no
     files at all (the sensor of a real deployment), so the rest of the hourly run waits."""
-    from jobs import ingest
+    from ccselect.jobs import ingest
     cfg = cfg or load_config()
     res = ingest.run(_spark(cfg, "ccs-ingest"), cfg, cfg.settings.pipeline.raw_dir, (hour, hour))
     return {"hour": hour, "files": res["files"], "silver_rows": res.get("silver_rows", 0),
@@ -75,7 +75,7 @@ def ingest_hour(hour: str, cfg: Config | None = None) -> dict:
 @measured("maintain")
 def maintain_lake(cfg: Config | None = None) -> dict:
     """Compaction of closed hours, retention and VACUUM of every table (jobs/maintain.py)."""
-    from jobs import maintain
+    from ccselect.jobs import maintain
     cfg = cfg or load_config()
     res = maintain.run(_spark(cfg, "ccs-maintain"), cfg)
     return {k: res[k] for k in ("files_before", "files_after", "vacuumed_files", "retention_days")} | {
@@ -87,7 +87,7 @@ def maintain_lake(cfg: Config | None = None) -> dict:
 @measured("autoplex")
 def autoplex_period(start: datetime, cfg: Config | None = None) -> dict:
     """AutoPlex Algorithm 1 for the period starting at `start` → gold.autoplex_params."""
-    from jobs import autoplex
+    from ccselect.jobs import autoplex
     cfg = cfg or load_config()
     ms = int(start.astimezone(timezone.utc).timestamp() * 1000)
     # run_parameters refuses a bad policy first; no session unless the Spark engine runs
@@ -99,7 +99,7 @@ def autoplex_period(start: datetime, cfg: Config | None = None) -> dict:
 def infer_hour(hour: str, cfg: Config | None = None) -> dict:
     """gold.predictions for the hour with `models:/<name>@champion` (LookupError when there is no
     champion yet: nothing is exported until a human — or `pipeline.auto_promote` — promotes one)."""
-    from models import infer
+    from ccselect.models import infer
     cfg = cfg or load_config()
     return infer.run(_spark(cfg, "ccs-infer"), cfg, hour, hour)
 
@@ -116,8 +116,8 @@ def export_window(hour: str, cfg: Config | None = None) -> tuple[str, str]:
 def export_hour(hour: str, cfg: Config | None = None) -> dict:
     """ALICCS Algorithm 1 over the window's decisions → a signed table, recorded in gold.cc_tables."""
 
-    from export.delivery.publish import key_paths
-    from export.tables import aggregate
+    from ccselect.export.delivery.publish import key_paths
+    from ccselect.export.tables import aggregate
     cfg = cfg or load_config()
     priv, _ = key_paths(cfg)
     if not os.path.exists(priv):
@@ -138,8 +138,8 @@ def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None =
     root (eBPF); without it — or with `pipeline.deploy: false` — the run stops at the published,
     signed artifact and says so."""
 
-    from export.delivery.guards import GuardRefused
-    from export.delivery.publish import publish
+    from ccselect.export.delivery.guards import GuardRefused
+    from ccselect.export.delivery.publish import publish
     cfg = cfg or load_config()
     fleet, store = fleet_and_store_for(cfg)
     try:
@@ -153,7 +153,7 @@ def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None =
         return {"version": pub["version"], "published": True, "deployed": False,
                 "why": "not root: stopped at the signed artifact in the store" if os.geteuid() != 0
                 else "pipeline.deploy is false"}
-    from export.delivery.gates import DecisionLog
+    from ccselect.export.delivery.gates import DecisionLog
     # each cohort's gate decision (here the health gate) in gold.rollout_decisions, as `ccs rollout`,
     # where the lake is a local folder: DecisionLog writes with delta-rs, which reads no s3a://
     # lake without storage options; there the decisions stay in this result, and it says so
@@ -171,7 +171,7 @@ def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None =
 
 
 def fleet_and_store_for(cfg: Config):
-    from export.delivery.publish import fleet_and_store
+    from ccselect.export.delivery.publish import fleet_and_store
     return fleet_and_store(cfg, cfg.settings.pipeline.fleet, None)
 
 
@@ -182,7 +182,7 @@ def training_set(lo: str, hi: str, cfg: Config | None = None) -> dict:
     """gold.feature_stats (fitted on the window) and gold.training_set for the window."""
 
     from ccselect.lake import connections_in, write_window
-    from features import labels, scaling
+    from ccselect.features import labels, scaling
     cfg = cfg or load_config()
     spark = _spark(cfg, "ccs-train")
     conns = connections_in(spark, cfg, lo, hi)
@@ -197,8 +197,8 @@ def training_set(lo: str, hi: str, cfg: Config | None = None) -> dict:
 @measured("prefix_groups")
 def prefix_groups(lo: str, hi: str, cfg: Config | None = None) -> dict:
     """Per-type K-means prefix groups of the window → gold.prefix_groups (ALICCS §3.1)."""
-    from features import scaling
-    from models.groups import fit_groups
+    from ccselect.features import scaling
+    from ccselect.models.groups import fit_groups
     cfg = cfg or load_config()
     spark = _spark(cfg, "ccs-train")
     stats = scaling.load(scaling.artifact_path(cfg.data_root, f"{lo}..{hi}"), cfg)
@@ -209,7 +209,7 @@ def prefix_groups(lo: str, hi: str, cfg: Config | None = None) -> dict:
 def train(lo: str, hi: str, cfg: Config | None = None) -> dict:
     """Train on the window's training nodes, evaluate per held-out node, log to MLflow, register a
     version and run its gate (challenger only when it passes)."""
-    from models import train_job
+    from ccselect.models import train_job
     cfg = cfg or load_config()
     res = train_job.run(_spark(cfg, "ccs-train"), cfg, lo, hi, variant=cfg.settings.pipeline.variant,
                         epochs=cfg.settings.pipeline.epochs)
@@ -221,7 +221,7 @@ def train(lo: str, hi: str, cfg: Config | None = None) -> dict:
 def promote_if_configured(version: str, cfg: Config | None = None, auto: bool | None = None) -> dict:
     """Promotion is a human decision (`ccs promote`) unless `pipeline.auto_promote` is true (or a
     run's conf says `auto_promote`, as `make run`'s does)."""
-    from models import registry
+    from ccselect.models import registry
     cfg = cfg or load_config()
     if not (cfg.settings.pipeline.auto_promote if auto is None else bool(auto)):
         return {"promoted": False, "why": "pipeline.auto_promote is false: promote with `ccs promote`"}
@@ -233,7 +233,7 @@ def handshake_tree(lo: str, hi: str, cfg: Config | None = None, auto: bool | Non
     """The handshake tree of the window (issue 27, distill/handshake.py), registered beside the
     champion; `@champion` (the tree the next tables carry) only when it beats answering the
     majority type on the held-out nodes and promotion is automatic (`pipeline.auto_promote`)."""
-    from distill.jobs import run_handshake
+    from ccselect.distill.jobs import run_handshake
     cfg = cfg or load_config()
     promote = cfg.settings.pipeline.auto_promote if auto is None else bool(auto)
     m = run_handshake(_spark(cfg, "ccs-handshake"), cfg, lo, hi, promote=promote)
@@ -245,7 +245,7 @@ def handshake_tree(lo: str, hi: str, cfg: Config | None = None, auto: bool | Non
 @measured("distill", skip_on=(LookupError,))
 def distill_and_diagnose(lo: str, hi: str, cfg: Config | None = None) -> dict:
     """The champion's distilled tree (ALICCS §3.2) and its SHAP diagnostics for the window."""
-    from distill.jobs import run_diagnose, run_distill
+    from ccselect.distill.jobs import run_diagnose, run_distill
     cfg = cfg or load_config()
     spark = _spark(cfg, "ccs-distill")
     d = run_distill(spark, cfg, lo, hi)

@@ -60,12 +60,12 @@ from ccselect.contract import STREAMS
 from ccselect.hours import hour_of_ms
 from ccselect.lake import CONNECTIONS, INGEST_AUDIT, QUARANTINE, bronze_table, table_path
 from ccselect.spark import conf_set
-from jobs import silver as silver_job
-from jobs.ingest import (AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, judge_against, summarize, to_audit,
+from ccselect.jobs import silver as silver_job
+from ccselect.jobs.ingest import (AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, judge_against, summarize, to_audit,
                          to_bronze, to_quarantine)
-from jobs.parse import imputable_of
-from jobs import stream_sources
-from jobs.stream_sources import SEGMENT_GLOB  # noqa: F401  (where it was)
+from ccselect.jobs.parse import imputable_of
+from ccselect.jobs import stream_sources
+from ccselect.jobs.stream_sources import SEGMENT_GLOB  # noqa: F401  (where it was)
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, and our modules that load torch or mlflow (models, export, flows.pipeline).
 
 #: Spark settings for a micro-batch: no adaptive execution. A micro-batch is a minute of segments
@@ -340,7 +340,7 @@ class StreamJob:
         """`models:/<name>@champion`, reloaded when the alias has moved; None while there is none."""
         from mlflow.exceptions import MlflowException
 
-        from models.registry import CHAMPION, _alias_version, configure, load_champion, model_name
+        from ccselect.models.registry import CHAMPION, _alias_version, configure, load_champion, model_name
         try:
             version = _alias_version(configure(self.cfg), model_name(self.cfg), CHAMPION)
         except MlflowException:
@@ -353,7 +353,7 @@ class StreamJob:
         return self._champion
 
     def score(self, keys: set[tuple[str, str]]) -> dict:
-        from models import infer
+        from ccselect.models import infer
         if not keys:        # a batch of records only the source quarantined (no node or hour)
             return {"skipped": "no partitions"}
         champ = self.champion()
@@ -379,15 +379,15 @@ class StreamJob:
 
     def last_table(self) -> dict | None:
         """The newest version the stream emitted (gold.cc_tables rows with a `from_ms` window)."""
-        from export.tables import aggregate
+        from ccselect.export.tables import aggregate
         rows = [r for r in aggregate.history(self.spark, self.cfg) if "from_ms" in json.loads(r["hours"])]
         return rows[-1] if rows else None
 
     def table_step(self, max_ts_end_ms: int) -> dict:
-        from export.artifact import signing, table_format as tf
-        from export.delivery.guards import flip_share
-        from export.delivery.publish import key_paths
-        from export.tables import aggregate
+        from ccselect.export.artifact import signing, table_format as tf
+        from ccselect.export.delivery.guards import flip_share
+        from ccselect.export.delivery.publish import key_paths
+        from ccselect.export.tables import aggregate
         s = self.s
         step = s.table_minutes * 60_000
         b = max_ts_end_ms // step * step
@@ -424,7 +424,7 @@ class StreamJob:
         if man is None:
             return {**out, "built": False, "why": f"changed {verdict['changed']:.4f} < stream.min_change"}
         out.update({"built": True, "version": man["version"], "coverage": man["coverage"]})
-        from flows.pipeline import TableRefused, rollout
+        from ccselect.flows.pipeline import TableRefused, rollout
         try:
             out["rollout"] = rollout(int(man["version"]), self.cfg, deploy_fleet=self.deploy)
         except TableRefused as e:     # a verdict on this table: the live one stays

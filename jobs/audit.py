@@ -24,7 +24,7 @@ from ccselect.config import Config
 from ccselect.contract import IDENTITY, STREAMS
 from ccselect.lake import (BRONZE_TRANSPORT, CONNECTIONS, INGEST_AUDIT, PREDICTIONS, QUARANTINE, bronze_table,
                            table_path)
-from jobs.stream_sources import NO_HOUR, NO_NODE, SCHEME
+from ccselect.jobs.stream_sources import NO_HOUR, NO_NODE, SCHEME
 
 #: examples shown per broken check
 EXAMPLES = 5

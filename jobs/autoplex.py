@@ -21,9 +21,9 @@ from ccselect.config import Config
 from ccselect.delta_arrow import by_engine
 from ccselect.lake import AUTOPLEX_PARAMS, AUTOPLEX_SIMILARITY, connections_in, table_path
 from ccselect.spark import get_spark
-from jobs import autoplex_arrow
+from ccselect.jobs import autoplex_arrow
 # the computation both engines share; its names stay importable from here
-from jobs.autoplex_core import (GOODPUT, METRIC_INPUTS, VALUES, Policy, PolicyError, f_cap, hour_key,  # noqa: F401
+from ccselect.jobs.autoplex_core import (GOODPUT, METRIC_INPUTS, VALUES, Policy, PolicyError, f_cap, hour_key,  # noqa: F401
                                 in_band, input_columns, load_policies, max_cwnd_last, orderings, period_labels,
                                 period_window, plot_similarity, similarity_bands, similarity_summary as _summary,
                                 similarity_window)

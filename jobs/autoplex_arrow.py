@@ -43,7 +43,7 @@ import pyarrow.parquet as pq
 from ccselect.config import Config
 from ccselect.delta_arrow import Unsupported, check_protocol, live_files, local_path
 from ccselect.lake import AUTOPLEX_PARAMS, AUTOPLEX_SIMILARITY, CONNECTIONS, table_path
-from jobs import autoplex_core as core
+from ccselect.jobs import autoplex_core as core
 # Imported inside the functions that use them (heavy, not needed to import this module): deltalake.
 
 #: silver's partition columns: a group_by that names one gets it from the file's partition values

@@ -17,9 +17,9 @@ from ccselect.config import Config
 from ccselect.contract import DUPLICATE_REASON, IDENTITY, STREAMS
 from ccselect.lake import INGEST_AUDIT, QUARANTINE, bronze_table, table_path
 from ccselect.spark import conf_set
-from jobs import silver as silver_job
-from jobs.parse import imputable_of, parse
-from jobs.sources import MISSING_REFERENCE_EFFECT, SourceFile, discover_all, missing_reference, read_lines
+from ccselect.jobs import silver as silver_job
+from ccselect.jobs.parse import imputable_of, parse
+from ccselect.jobs.sources import MISSING_REFERENCE_EFFECT, SourceFile, discover_all, missing_reference, read_lines
 
 BRONZE_COLS = ("stream", "node_id", "hour", "source_file", "line_no", "raw", "ingest_time", "status",
                "reason", "record")

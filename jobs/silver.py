@@ -28,9 +28,9 @@ from ccselect.contract import FEATURES, NET_TYPES, STREAMS, TRANSPORT_FIELDS
 from ccselect.ipaddr import ab_bucket, canonical_text, with_ip
 from ccselect.lake import CONNECTIONS, bronze_table, table_path
 from ccselect.spark import conf_set
-from features import node_stats
-from features.labels import net_type_label
-from jobs.parse import schema
+from ccselect.features import node_stats
+from ccselect.features.labels import net_type_label
+from ccselect.jobs.parse import schema
 
 KEYS = ("node_id", "hour")
 #: Invariants of silver.connections, enforced by Delta on every write (few constraints: each

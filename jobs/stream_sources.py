@@ -36,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from ccselect.config import Config
 from ccselect.contract import STREAMS
-from jobs.sources import SourceFile, classify, explode_lines
+from ccselect.jobs.sources import SourceFile, classify, explode_lines
 
 #: the segments of every stream under the input folder (hourly files `…THH.jsonl` are not matched:
 #: an hourly file grows while its hour lasts, which a file source must not read)

@@ -48,8 +48,8 @@ from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
 from ccselect.contract import FEATURES, STREAMS
 from ccselect.settings import InferSettings, IngestSettings
-from jobs.parse import BOM, HOUR_MS, imputable, parse
-from jobs.sources import MISSING_REFERENCE_EFFECT, SourceFile, discover_all, missing_reference, read_lines
+from ccselect.jobs.parse import BOM, HOUR_MS, imputable, parse
+from ccselect.jobs.sources import MISSING_REFERENCE_EFFECT, SourceFile, discover_all, missing_reference, read_lines
 
 #: Example lines kept per (stream, reason), and how much of each raw line is shown.
 EXAMPLES = 3

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ccselect.settings import ConfiganatorSettings
-from features.prefixes import prefix_means
+from ccselect.features.prefixes import prefix_means
 # Imported inside the functions that use them (heavy, not needed to import this module): sklearn.
 
 

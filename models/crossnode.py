@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from ccselect.config import Config
-from models.dataset import Unlabelled, load_labelled, load_unlabelled, to_train_data, window_name, window_nodes
-from models.groups import compute_groups
-from models.train import TrainData, accuracy_report
+from ccselect.models.dataset import Unlabelled, load_labelled, load_unlabelled, to_train_data, window_name, window_nodes
+from ccselect.models.groups import compute_groups
+from ccselect.models.train import TrainData, accuracy_report
 
 PER_NODE_COLS = ("node_id", "n", "accuracy", "wifi_recall", "cell_recall", "share_cell")
 

@@ -29,10 +29,10 @@ from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.lake import TRAINING_SET, connections_in, table_path
-from features.labels import training_set
-from features.prefixes import prefix_means
-from features.scaling import FeatureStats, exact_moments, exact_square_sum, exact_sum, transform
-from models.train import TrainData
+from ccselect.features.labels import training_set
+from ccselect.features.prefixes import prefix_means
+from ccselect.features.scaling import FeatureStats, exact_moments, exact_square_sum, exact_sum, transform
+from ccselect.models.train import TrainData
 
 
 def path_prefix():

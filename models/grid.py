@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from models.train import TrainData, TrainParams, fit
+from ccselect.models.train import TrainData, TrainParams, fit
 
 LAMBDA1_GRID = (0.1, 0.3, 1.0)
 LAMBDA2_GRID = (0.05, 0.2)

@@ -22,9 +22,9 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from ccselect.config import Config
 from ccselect.lake import PREFIX_GROUPS, table_path, write_window
-from features.prefixes import prefix_means_frame
-from features.scaling import FeatureStats
-from models.dataset import standardized, training_frame, window_name
+from ccselect.features.prefixes import prefix_means_frame
+from ccselect.features.scaling import FeatureStats
+from ccselect.models.dataset import standardized, training_frame, window_name
 
 log = logging.getLogger(__name__)
 

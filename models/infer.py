@@ -45,11 +45,11 @@ from ccselect.delta_arrow import by_engine
 from ccselect.lake import CONNECTIONS, PREDICTIONS, connections_in, table_path
 from ccselect.settings import InferSettings
 from ccselect.spark import conf_set, get_spark
-from features import node_stats
-from models import infer_arrow, infer_core
+from ccselect.features import node_stats
+from ccselect.models import infer_arrow, infer_core
 # the computation both engines share, under the names this job's callers use
-from models.infer_core import EVIDENCE_COLS, PASS_THROUGH, evidence_minima, predict_wifi, standardize  # noqa: F401
-from models.registry import load_champion
+from ccselect.models.infer_core import EVIDENCE_COLS, PASS_THROUGH, evidence_minima, predict_wifi, standardize  # noqa: F401
+from ccselect.models.registry import load_champion
 # Imported inside the functions that use them (heavy, not needed to import this module): delta, torch.
 
 log = logging.getLogger(__name__)

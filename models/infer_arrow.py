@@ -50,10 +50,10 @@ from ccselect.contract import FEATURES, PREDICTION_COLS
 from ccselect.delta_arrow import Unsupported, actions as _actions, check_protocol as _check_protocol, live_files
 from ccselect.delta_arrow import local_path as _local
 from ccselect.settings import InferSettings
-from features import node_stats
-from models import infer_core
+from ccselect.features import node_stats
+from ccselect.models import infer_core
 # the rule's functions under the names the tests compare with the Spark job's `decide`
-from models.infer_core import decide_arrays  # noqa: F401
+from ccselect.models.infer_core import decide_arrays  # noqa: F401
 # Imported inside the functions that use them (heavy, not needed to import this module): deltalake, torch.
 
 PARTITION_COLS = ("node_id", "hour")

@@ -22,7 +22,7 @@ import numpy as np
 
 from ccselect.contract import FEATURES
 from ccselect.settings import InferSettings
-from models.ood import calibrate
+from ccselect.models.ood import calibrate
 # Imported inside the functions that use them (heavy, not needed to import this module): torch.
 
 #: silver's columns copied to gold.predictions as they are

@@ -38,9 +38,9 @@ import pandas as pd
 
 from ccselect.config import Config
 from ccselect.contract import FEATURES
-from features.node_stats import NodeStandardization
-from features.scaling import FeatureStats
-from models.ood import Calibration, DomainGuard
+from ccselect.features.node_stats import NodeStandardization
+from ccselect.features.scaling import FeatureStats
+from ccselect.models.ood import Calibration, DomainGuard
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow, torch.
 
 CHAMPION = "champion"

@@ -20,8 +20,8 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from models.grid import choose, node_folds, subset
-from models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainData, TrainParams, fit
+from ccselect.models.grid import choose, node_folds, subset
+from ccselect.models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainData, TrainParams, fit
 
 #: deployable variants `ccs infer` serves, the default candidates (model.select.candidates)
 DEFAULT_CANDIDATES = ("mlp", "aliccs", "aliccs_nodes")

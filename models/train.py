@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from models.losses import DiscriminatorLoss, PrefixVarianceLoss, RSCLoss, total_loss
-from models.nets import Classifier, Discriminator, Generator, NetTypeModel
+from ccselect.models.losses import DiscriminatorLoss, PrefixVarianceLoss, RSCLoss, total_loss
+from ccselect.models.nets import Classifier, Discriminator, Generator, NetTypeModel
 
 VARIANTS = {
     # name: (use_gan, use_rsc, use_variance, use_node_domains)

@@ -36,14 +36,14 @@ import numpy as np
 import pandas as pd
 
 from ccselect.config import Config
-from features import node_stats
-from features.scaling import window_stats
-from models import registry
-from models.crossnode import cross_node_split, per_node, summary
-from models.dataset import window_name
-from models.ood import fit_calibration, fit_guard, report
-from models.select import base_variant, select_variant
-from models.train import NODE_DOMAIN_VARIANTS, TrainData, TrainParams, effective_epochs, fit
+from ccselect.features import node_stats
+from ccselect.features.scaling import window_stats
+from ccselect.models import registry
+from ccselect.models.crossnode import cross_node_split, per_node, summary
+from ccselect.models.dataset import window_name
+from ccselect.models.ood import fit_calibration, fit_guard, report
+from ccselect.models.select import base_variant, select_variant
+from ccselect.models.train import NODE_DOMAIN_VARIANTS, TrainData, TrainParams, effective_epochs, fit
 # Imported inside the functions that use them (heavy, not needed to import this module): mlflow.
 
 log = logging.getLogger(__name__)

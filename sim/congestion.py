@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.params import SimParams
-from sim.world import unit
+from ccselect.sim.params import SimParams
+from ccselect.sim.world import unit
 
 
 def epoch_ms(p: SimParams) -> int:

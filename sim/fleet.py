@@ -25,10 +25,10 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from ccselect.contract import ROTATE_MINUTES, STREAMS, hour_file_name, segment_file_name, stream_dir
-from sim.params import SimParams
-from sim.tables import CcTable
-from sim.traffic import generate_node_hour
-from sim.world import World
+from ccselect.sim.params import SimParams
+from ccselect.sim.tables import CcTable
+from ccselect.sim.traffic import generate_node_hour
+from ccselect.sim.world import World
 # Imported inside the functions that use them (heavy, not needed to import this module): polars.
 
 TRUTH_DIR = "_truth"

@@ -33,7 +33,7 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from sim import physics
+from ccselect.sim import physics
 
 #: generations of a node-hour at most (the first under the default CC)
 MAX_PASSES = 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim import stats
+from ccselect.sim import stats
 
 
 def summarize(out: str, manifest: dict) -> str:

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from sim import congestion, follow, physics, stacks
-from sim.params import BROADBAND_PLANTS, CELLULAR_PLANTS, ISPS, REGIONS
-from sim.tables import CcTable
-from sim.world import World, unit
+from ccselect.sim import congestion, follow, physics, stacks
+from ccselect.sim.params import BROADBAND_PLANTS, CELLULAR_PLANTS, ISPS, REGIONS
+from ccselect.sim.tables import CcTable
+from ccselect.sim.world import World, unit
 
 SERVICES = np.array(["video", "live", "image"])
 SERVICE_P = np.array([0.55, 0.15, 0.30])

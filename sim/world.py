@@ -10,8 +10,8 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from sim import physics
-from sim.params import BROADBAND_PLANTS, ISPS, REGIONS, SimParams
+from ccselect.sim import physics
+from ccselect.sim.params import BROADBAND_PLANTS, ISPS, REGIONS, SimParams
 
 # Public first octets per ISP family of blocks (none is reserved or bogon space).
 _V4_OCTETS = {

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 def ccs_process(args: list[str], config, env: dict | None = None, check: bool = True) -> subprocess.CompletedProcess:
     """`ccs <args>` as a process of its own (a kill or a crash stays out of the test's), on
     `config`; raises with the end of its stderr when it fails and `check`."""
-    res = subprocess.run([sys.executable, "-m", "app.cli", *args], cwd=REPO, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "ccselect.app.cli", *args], cwd=REPO, capture_output=True, text=True,
                          env={**os.environ, "CCS_CONFIG": str(config), **(env or {})}, timeout=900)
     if check and res.returncode:
         raise AssertionError(f"ccs {' '.join(args)} exited {res.returncode}:\n{res.stderr[-4000:]}")
@@ -118,12 +118,12 @@ def quick_champion(spark, cfg, lake: SmallLake) -> str:
     not what the callers test: it is passed whatever this model scores); returns its version."""
     import pandas as pd
 
-    from features import scaling
-    from models import registry
-    from models.crossnode import per_node, summary
-    from models.dataset import load_labelled, to_train_data
-    from models.ood import fit_calibration, fit_guard
-    from models.train import TrainParams, fit
+    from ccselect.features import scaling
+    from ccselect.models import registry
+    from ccselect.models.crossnode import per_node, summary
+    from ccselect.models.dataset import load_labelled, to_train_data
+    from ccselect.models.ood import fit_calibration, fit_guard
+    from ccselect.models.train import TrainParams, fit
     stats = scaling.load(lake.stats_path)
     lab = load_labelled(spark, cfg, lake.lo, lake.hi, stats)
     data, _ = to_train_data(lab, pd.DataFrame(columns=["label", "prefix24", "group", "k"]))
@@ -146,5 +146,5 @@ def write_segments(src: str, dst: Path, nodes: list[str], hours: list[str], rota
     """The hourly files of `nodes` and `hours` under `src` as the agent's segments under `dst`
     (sim.replay.write_all: minute by minute across streams, increasing modification times); only
     each hour's first `minutes`. Returns the segment paths in that order."""
-    from sim import replay
+    from ccselect.sim import replay
     return [Path(p) for p in replay.write_all(src, str(dst), hours, nodes, minutes, rotate_minutes)]

@@ -30,8 +30,8 @@ def spark(tmp_path_factory):
 @pytest.fixture(scope="session")
 def small_fleet(tmp_path_factory):
     """A small simulated fleet (8 nodes × 6 hours), shared read-only by the tests."""
-    from sim.fleet import simulate
-    from sim.params import SimParams
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
     out = tmp_path_factory.mktemp("fleet")
     params = SimParams(nodes=8, hours=6, conns_per_node_hour=400, seed=11)
     manifest = simulate(params, str(out), workers=2, progress=False)
@@ -49,8 +49,8 @@ def small_lake(tmp_path_factory, spark, small_fleet):
     from ccs_testing import SmallLake
     from ccselect.config import load_config
     from ccselect.lake import connections_in, write_window
-    from features import labels, scaling
-    from jobs import ingest
+    from ccselect.features import labels, scaling
+    from ccselect.jobs import ingest
 
     fleet_dir, manifest = small_fleet
     root = tmp_path_factory.mktemp("small_lake")
@@ -69,7 +69,7 @@ def small_lake(tmp_path_factory, spark, small_fleet):
 
 
 def _fleet_hours(fleet_dir: str) -> list[str]:
-    from jobs.sources import discover
+    from ccselect.jobs.sources import discover
     return [f.hour for f in discover(fleet_dir, streams=("transport",))]
 
 
@@ -78,8 +78,8 @@ def kafka_broker(tmp_path_factory):
     """The log transport's broker (topology/kafka.py): one real KRaft node per test session under a
     fresh folder, with the stream topics, started on first use; its process group is gone after
     the session (checked)."""
-    from topology.kafka import Broker
-    from topology.proc import group_members
+    from ccselect.topology.kafka import Broker
+    from ccselect.topology.proc import group_members
     broker = Broker(tmp_path_factory.mktemp("kafka"))
     broker.up(log=print)
     try:
@@ -107,8 +107,8 @@ def main_job(tmp_path_factory, small_lake):
 
     import yaml
 
-    from app import run as main_run
-    from flows.airflow_env import result_of, run_in_airflow
+    from ccselect.app import run as main_run
+    from ccselect.flows.airflow_env import result_of, run_in_airflow
     from ccs_testing import copy_lake, raw_section
     from ccselect.config import load_config
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("main_job"))
@@ -141,6 +141,6 @@ def main_job(tmp_path_factory, small_lake):
         yield cfg, res, autoplex
     finally:
         if deploy:
-            from flows.pipeline import fleet_and_store_for
-            from export.edge.probe import teardown
+            from ccselect.flows.pipeline import fleet_and_store_for
+            from ccselect.export.edge.probe import teardown
             teardown(fleet_and_store_for(cfg)[0])

@@ -9,8 +9,8 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from evaluation import abtest
-from evaluation.abtest import ArmMoments, compare
+from ccselect.evaluation import abtest
+from ccselect.evaluation.abtest import ArmMoments, compare
 
 SILVER = ("conn_id string, client_ip string, ab_treatment boolean, decision string, cc string, ug_id string, "
           "net_type string, play_ms long, rebuffer_ms long, total_retrans long, data_segs_out long, "

@@ -7,9 +7,9 @@ import ipaddress
 
 import numpy as np
 
-from export.artifact import table_format as tf
-from export.delivery import mirror
-from export.edge.agent import Service
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.delivery import mirror
+from ccselect.export.edge.agent import Service
 
 
 def _table(entries, tree=None):

@@ -22,7 +22,7 @@ def _append(df, path):
 
 
 def test_audit_names_planted_duplicates_and_orphans(spark, small_lake, tmp_path):
-    from jobs import audit
+    from ccselect.jobs import audit
     assert audit.run(spark, small_lake.cfg())["clean"], "the small lake as ingested"
 
     lake = copy_lake(small_lake, tmp_path)
@@ -38,7 +38,7 @@ def test_audit_names_planted_duplicates_and_orphans(spark, small_lake, tmp_path)
     silver = read("silver.connections").where(F.col("hour") == hour)
     _append(silver.where(F.col("conn_id") == dup_conn), _path(cfg, "silver.connections"))
     _append(silver.limit(1).withColumn("conn_id", F.lit("ghost")), _path(cfg, "silver.connections"))
-    from jobs.ingest import QUARANTINE_COLS
+    from ccselect.jobs.ingest import QUARANTINE_COLS
     q = line.withColumn("line_no", F.lit(10 ** 7)).withColumn("reason", F.lit("bad_json")).select(*QUARANTINE_COLS)
     _append(q, _path(cfg, "bronze.quarantine"))
     # predictions of the hour: one silver row left unscored, one prediction of no connection
@@ -71,7 +71,7 @@ def test_audit_names_planted_duplicates_and_orphans(spark, small_lake, tmp_path)
     # add a start-up; the CLI's exit code and lines are what is tested here)
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     res = CliRunner().invoke(app, ["audit", "--config", str(lake.cfg_path)])
     assert res.exit_code == 1, res.output[-2000:] + repr(res.exception)
     assert "ghost" in res.stdout and dup_conn in res.stdout and "checks broken" in res.stdout

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
-from jobs.autoplex import (Policy, PolicyError, band, change_rates, f_cap, parameters, parameters_all, prefix_caps,
+from ccselect.jobs.autoplex import (Policy, PolicyError, band, change_rates, f_cap, parameters, parameters_all, prefix_caps,
                            with_period)
 
 SCHEMA = ("ug_id string, conn_id string, ts_end_ms long, retrans_ratio double, delivery_rate_bps double, "
@@ -193,7 +193,7 @@ def test_one_window_over_every_ordering_is_a_window_per_policy(spark):
     next to 0.0, nulls and ties."""
     from pyspark.sql import Window, functions as F
 
-    from jobs.autoplex import METRICS, VALUES, band_means
+    from ccselect.jobs.autoplex import METRICS, VALUES, band_means
     rows = _reference_rows()
     for i in range(30):      # one more group: NaN, -0.0, 0.0 and ties in both metrics
         rr = [float("nan"), -0.0, 0.0, 0.02, None][i % 5]
@@ -254,7 +254,7 @@ def test_arrow_engine_parameters_match_the_spark_job(spark):
     """The Arrow engine's parameters_all, row for row: overlapping bands of one metric, both
     directions, null metrics (no retransmission ratio, no RTT), ties broken by conn_id, groups
     below min_sessions."""
-    from jobs import autoplex_arrow
+    from ccselect.jobs import autoplex_arrow
     policies = [Policy("low_retrans", "retrans_ratio", True, 5, 20, 5),
                 Policy("wide_retrans", "retrans_ratio", True, 0, 50, 5),
                 Policy("high_goodput_per_srtt", "goodput_per_srtt", False, 80, 95, 5),
@@ -275,7 +275,7 @@ def test_arrow_engine_parameters_match_the_spark_job(spark):
 
 
 def test_arrow_engine_change_rates_match_the_spark_job(spark):
-    from jobs import autoplex_arrow
+    from ccselect.jobs import autoplex_arrow
     better = Policy("better", "retrans_ratio", True, 5, 20, 5)
     worse = Policy("worse", "retrans_ratio", True, 75, 90, 5)
     rows = _reference_rows()
@@ -293,7 +293,7 @@ def test_arrow_engine_refuses_what_it_cannot_run():
     Spark job."""
     import math
 
-    from jobs import autoplex_arrow
+    from ccselect.jobs import autoplex_arrow
     with pytest.raises(autoplex_arrow.Unsupported, match="local filesystem"):
         autoplex_arrow.read_window("s3a://bucket/lake/silver/connections", 0, 1, ["conn_id", "ts_end_ms"])
     rows = [r if i else (*r[:3], math.nan, *r[4:]) for i, r in enumerate(_rows())]

@@ -14,7 +14,7 @@ from ccs_testing import copy_lake
 
 @pytest.fixture(scope="module")
 def summary(spark, small_lake, tmp_path_factory):
-    from jobs.autoplex import run_similarity
+    from ccselect.jobs.autoplex import run_similarity
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("autoplex_sim"))
     start = int(datetime.strptime(lake.lo, "%Y-%m-%dT%H").replace(tzinfo=timezone.utc).timestamp() * 1000)
     res = run_similarity(spark, lake.cfg(), start, 2 * len(lake.hours))
@@ -39,7 +39,7 @@ def test_parameters_rerun_replaces_the_same_periods(spark, small_lake, tmp_path_
     from pyspark.testing import assertDataFrameEqual
 
     from ccselect.lake import table_path
-    from jobs.autoplex import run_parameters
+    from ccselect.jobs.autoplex import run_parameters
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("autoplex_rerun"))
     cfg = lake.cfg()
     start = int(datetime.strptime(lake.lo, "%Y-%m-%dT%H").replace(tzinfo=timezone.utc).timestamp() * 1000)
@@ -66,7 +66,7 @@ def test_the_engines_write_the_same_tables(spark, small_lake, tmp_path_factory):
     import pandas as pd
 
     from ccselect.lake import table_path
-    from jobs.autoplex import run_parameters, run_similarity
+    from ccselect.jobs.autoplex import run_parameters, run_similarity
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("autoplex_engines"))
     cfg = lake.cfg()
     start = int(datetime.strptime(lake.lo, "%Y-%m-%dT%H").replace(tzinfo=timezone.utc).timestamp() * 1000)

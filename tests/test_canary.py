@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from ccselect.settings import CanarySettings
-from export.delivery import canary
-from features.ab_moments import ArmMoments
-from sim.ab_outcomes import replay
+from ccselect.export.delivery import canary
+from ccselect.features.ab_moments import ArmMoments
+from ccselect.sim.ab_outcomes import replay
 
 S = CanarySettings()
 
@@ -62,7 +62,7 @@ def test_the_primary_and_the_guardrails():
     """The default: delivery rate primary (the metric the canary resolves, docs/rollouts.md),
     retransmissions and rebuffer guardrails; every metric the settings know has a harm side and
     a pair of silver columns."""
-    from features.ab_moments import CANARY_METRICS
+    from ccselect.features.ab_moments import CANARY_METRICS
     assert (S.primary, S.guardrails) == (("delivery_rate",), ("retrans_rate", "rebuffer_rate"))
     assert set(CanarySettings.KNOWN) == set(canary.HARM_IF_HIGHER) == set(CANARY_METRICS)
     with pytest.raises(ValueError, match="export.canary.primary must be one or more of export.canary.metrics"):

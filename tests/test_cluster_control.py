@@ -20,7 +20,7 @@ import pytest
 
 from ccs_testing import write_cluster_config
 
-from topology import postgres
+from ccselect.topology import postgres
 
 PARTS = ("objectstore", "postgres", "mlflow", "airflow")   # Spark has a test of its own
 
@@ -87,9 +87,9 @@ def _ours(marker: str) -> list[str]:
 def _down(cfg) -> None:
     """`ccs cluster down` (when every part module of the topology is there), then, whatever it did,
     each server this test started stopped directly, last started first (a no-op when down did it)."""
-    import topology
+    from ccselect import topology
     try:
-        if all(importlib.util.find_spec(f"topology.{name}") for name in topology.PARTS):
+        if all(importlib.util.find_spec(f"ccselect.topology.{name}") for name in topology.PARTS):
             topology.down(cfg, log=lambda _m: None)
     finally:
         for name in reversed(PARTS):
@@ -101,7 +101,7 @@ def _down(cfg) -> None:
 def cluster():
     """The four parts up under a fresh home; → (cfg, timings, home). Torn down whatever happens
     (the last test brings it down itself and checks that nothing is left)."""
-    import topology
+    from ccselect import topology
     from ccselect.config import load_config
     # not under pytest's base temp (mode 700): as root, Postgres runs as `postgres`, which must
     # be able to enter the folders down to its data directory
@@ -130,7 +130,7 @@ def cluster():
 
 
 def test_bring_up_times_and_memory(cluster):
-    import topology
+    from ccselect import topology
     cfg, timings, _ = cluster
     print("\ncluster bring-up (s):  " + "  ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     print(f"{'server':24} {'pid':>7} {'procs':>5} {'RSS MiB':>8} {'PSS MiB':>8}")
@@ -171,7 +171,7 @@ def test_mlflow_run_model_and_alias_in_postgres_with_artifacts_on_the_store(clus
     from mlflow.models import infer_signature
     from mlflow.tracking import MlflowClient
 
-    from topology import objectstore
+    from ccselect.topology import objectstore
     cfg, _, _ = cluster
     uri = cfg.settings.mlflow.tracking_uri
     before = mlflow.get_tracking_uri()
@@ -228,8 +228,8 @@ def test_mlflow_run_model_and_alias_in_postgres_with_artifacts_on_the_store(clus
 
 
 def test_airflow_serves_our_dags_paused_without_import_errors(cluster):
-    from flows.airflow_env import DAG_IDS
-    from topology import airflow
+    from ccselect.flows.airflow_env import DAG_IDS
+    from ccselect.topology import airflow
     cfg, _, _ = cluster
     assert all(s.running() for s in airflow.servers(cfg)), [s.status() for s in airflow.servers(cfg)]
     conn = postgres.connect(cfg, "airflow", "ccselect")
@@ -260,7 +260,7 @@ def test_airflow_serves_our_dags_paused_without_import_errors(cluster):
 
 
 def test_scheduler_survives_a_postgres_restart_and_still_runs_tasks(cluster):
-    from topology import airflow
+    from ccselect.topology import airflow
     cfg, _, _ = cluster
     scheduler = airflow.servers(cfg)[1]
     pid = scheduler.pid()
@@ -301,7 +301,7 @@ def test_scheduler_survives_a_postgres_restart_and_still_runs_tasks(cluster):
 
 
 def test_down_stops_every_server_and_leaves_no_process(cluster):
-    import topology
+    from ccselect import topology
     cfg, _, root = cluster
     servers = [s for name in PARTS for s in topology.part(name).servers(cfg)]
     pids = {s.name: s.pid() for s in servers}

@@ -44,7 +44,7 @@ KEYS = ["node_id", "hour", "conn_id"]
 INGEST = r'''
 import json, sys, time
 t0 = time.time()
-from flows.pipeline import ingest_hour
+from ccselect.flows.pipeline import ingest_hour
 from ccselect.config import load_config
 from ccselect.lake import table_path
 from ccselect.spark import get_spark
@@ -134,8 +134,8 @@ def _ours(marker: str) -> list[str]:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """A tiny simulated fleet: 3 nodes × 2 hours."""
-    from sim.fleet import simulate
-    from sim.params import SimParams
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
     out = tmp_path_factory.mktemp("fleet")
     simulate(SimParams(nodes=3, hours=2, conns_per_node_hour=300, seed=11), str(out), workers=1, progress=False)
     return out
@@ -159,8 +159,8 @@ def topology(fleet):
     """The object store and Spark up under a fresh home, the fleet uploaded to `pipeline.raw_dir`;
     → (cfg, bring-up times, root). Torn down whatever happens (the last test brings it down itself
     and checks that nothing is left)."""
-    import topology as cluster
-    from topology import objectstore
+    import ccselect.topology as cluster
+    from ccselect.topology import objectstore
     from ccselect.config import load_config
     root = Path(tempfile.mkdtemp(prefix="ccs-spark-"))
     cfg = load_config(write_cluster_config(root))
@@ -185,7 +185,7 @@ def topology(fleet):
 # ---- tests ----------------------------------------------------------------------------------------
 
 def test_the_workers_are_registered_and_run_the_venvs_python(topology):
-    from topology import spark
+    from ccselect.topology import spark
     cfg, timings, _ = topology
     print("\nbring-up (s): " + "  ".join(f"{k} {v:.1f}" for k, v in timings.items()))
     master, *workers = spark.servers(cfg)
@@ -202,8 +202,8 @@ def test_the_workers_are_registered_and_run_the_venvs_python(topology):
 
 
 def test_ingest_on_the_cluster_gives_the_local_silver(topology, local_silver, tmp_path):
-    import topology as cluster
-    from topology import spark
+    import ccselect.topology as cluster
+    from ccselect.topology import spark
     cfg, _, _ = topology
     local, local_res = local_silver
     master, *workers = spark.servers(cfg)
@@ -240,7 +240,7 @@ def test_ingest_on_the_cluster_gives_the_local_silver(topology, local_silver, tm
     assert on_cluster["label"].notna().any() and on_cluster["qoe_sessions"].gt(0).any(), "access and QoE joined"
     pd.testing.assert_frame_equal(on_cluster, local, check_exact=False, rtol=1e-9)
 
-    from topology import objectstore
+    from ccselect.topology import objectstore
     s3 = objectstore.client(cfg)
     bucket, prefix = cfg.settings.lake.root.removeprefix("s3a://").split("/", 1)
     keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix)
@@ -254,8 +254,8 @@ def test_a_worker_killed_during_a_job_changes_nothing(topology, local_silver, tm
     executor, as a machine that dies): Spark runs the task again on the other worker's executor
     (and recomputes lost shuffle output); the ingest finishes with the same silver. `up` then
     starts the worker again."""
-    import topology as cluster
-    from topology import spark
+    import ccselect.topology as cluster
+    from ccselect.topology import spark
     cfg, _, _ = topology
     local, local_res = local_silver
     ui = _free_port()
@@ -302,8 +302,8 @@ def test_a_worker_killed_during_a_job_changes_nothing(topology, local_silver, tm
 def test_discover_on_the_store_judges_every_entry_as_in_a_local_folder(topology, fleet, tmp_path, monkeypatch):
     """jobs.sources.discover_all over an s3a:// prefix (one listing, the folders its keys imply)
     finds and skips exactly what it does in the same tree on a local disk, for the same reasons."""
-    from topology import objectstore
-    from jobs.sources import Skipped, discover_all
+    from ccselect.topology import objectstore
+    from ccselect.jobs.sources import Skipped, discover_all
     cfg, _, _ = topology
     for k, v in objectstore.client_env(cfg).items():
         monkeypatch.setenv(k, v)
@@ -341,7 +341,7 @@ def test_discover_on_the_store_judges_every_entry_as_in_a_local_folder(topology,
 
 
 def test_down_stops_every_server_and_leaves_no_process(topology):
-    import topology as cluster
+    import ccselect.topology as cluster
     cfg, _, root = topology
     servers = [s for name in PARTS for s in cluster.part(name).servers(cfg)]
     pids = {s.name: s.pid() for s in servers}

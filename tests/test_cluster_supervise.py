@@ -9,7 +9,7 @@ import time
 
 
 def _supervise(*cmd: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "topology.supervise", "--name", "t", "--", *cmd],
+    return subprocess.Popen([sys.executable, "-m", "ccselect.topology.supervise", "--name", "t", "--", *cmd],
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 

@@ -73,7 +73,7 @@ def _topology_rss(cfg) -> float:
     """MB resident of every server of the topology and what it forked (executors, task runners)."""
     import psutil
 
-    import topology as cluster
+    import ccselect.topology as cluster
     total = 0
     for s in cluster.servers(cfg):
         pid = s.pid()
@@ -101,7 +101,7 @@ class _Sampler(threading.Thread):
 
 def _backfill(cfg, dag_id: str, at: datetime, conf: dict) -> str:
     """A backfill of one logical date, run by the scheduler; → its DAG run's id."""
-    from topology import airflow as af
+    from ccselect.topology import airflow as af
     af.api(cfg, "POST", "backfills", {"dag_id": dag_id, "from_date": at.isoformat(), "to_date": at.isoformat(),
                                       "dag_run_conf": conf, "max_active_runs": 1, "reprocess_behavior": "completed"})
     deadline = time.monotonic() + 120
@@ -115,7 +115,7 @@ def _backfill(cfg, dag_id: str, at: datetime, conf: dict) -> str:
 
 
 def _task_running(cfg, dag_id: str, run_id: str, task_id: str, timeout: float = 600) -> None:
-    from topology import airflow as af
+    from ccselect.topology import airflow as af
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ti = af.api(cfg, "GET", f"dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
@@ -129,7 +129,7 @@ def _task_running(cfg, dag_id: str, run_id: str, task_id: str, timeout: float = 
 
 def _wait_for_executors(cfg, timeout: float = 300) -> list[str]:
     """The ALIVE workers running an executor of some application (the master's JSON)."""
-    from topology import spark as sp
+    from ccselect.topology import spark as sp
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         busy = [w["id"] for w in sp.alive_workers(cfg) if w.get("coresused", 0) > 0]
@@ -164,7 +164,7 @@ PRED_COLS = ["conn_id", "cc", "decision", "p_wifi"]
 def _why_tables_differ(local: dict, cfg, blob: bytes) -> str:
     """Where the cluster's table parts from local mode's: the model's probabilities, the
     decisions, or the aggregation."""
-    from export.artifact import table_format as tf
+    from ccselect.export.artifact import table_format as tf
     lp = {r[0]: r[1:] for r in local["predictions"]}
     cp = {r[0]: r[1:] for r in _rows(cfg, "gold.predictions", PRED_COLS)}
     common = lp.keys() & cp.keys()
@@ -189,9 +189,9 @@ class _LocalReference:
         import subprocess
         import sys
 
-        from flows.airflow_env import airflow_env, ensure_db
+        from ccselect.flows.airflow_env import airflow_env, ensure_db
         from ccselect.config import load_config
-        from export.delivery.publish import init_keys
+        from ccselect.export.delivery.publish import init_keys
         root = tmp / "local"
         root.mkdir()
         # the cluster's variant (cluster-local.yaml fixes one; local.yaml selects it on folds), so
@@ -208,7 +208,7 @@ class _LocalReference:
         # servers answer the test's requests in seconds, as when they run alone)
         self.out, self.err = open(root / "airflow.out", "w+"), open(root / "airflow.err", "w+")
         self.t0 = time.time()
-        self.proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "flows.airflow_env", "sequence",
+        self.proc = subprocess.Popen(["nice", "-n", "19", sys.executable, "-m", "ccselect.flows.airflow_env", "sequence",
                                       json.dumps(_plan(deploy=False))],
                                      env=airflow_env(self.cfg), stdout=self.out, stderr=self.err, text=True)
         self.wall_s = None
@@ -222,8 +222,8 @@ class _LocalReference:
         """Waits for the child; → silver rows, predictions and the table's content."""
         import subprocess
 
-        from flows.airflow_env import results_of
-        from export.artifact import table_format as tf
+        from ccselect.flows.airflow_env import results_of
+        from ccselect.export.artifact import table_format as tf
         try:
             self.proc.wait(timeout=timeout)
         finally:
@@ -262,14 +262,14 @@ def _enforced_cc(node, ip: str) -> str:
 def test_scheduler_runs_the_dags_on_the_topology(tmp_path, monkeypatch):
     from mlflow.tracking import MlflowClient
 
-    import topology as cluster
-    from topology import airflow as af, objectstore, postgres, spark as sp
+    import ccselect.topology as cluster
+    from ccselect.topology import airflow as af, objectstore, postgres, spark as sp
     from ccselect import files
-    from export.artifact import table_format as tf
-    from export.delivery.publish import init_keys
-    from export.edge.probe import kernel_ready
-    from sim.fleet import simulate
-    from sim.params import SimParams
+    from ccselect.export.artifact import table_format as tf
+    from ccselect.export.delivery.publish import init_keys
+    from ccselect.export.edge.probe import kernel_ready
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
     from test_fleet_netns import _fleet_file
 
     _need(None if shutil.which("postgres") or os.path.exists("/usr/lib/postgresql") else "no PostgreSQL server")
@@ -375,8 +375,8 @@ def test_scheduler_runs_the_dags_on_the_topology(tmp_path, monkeypatch):
 
         # each edge host enforces the table it pulled
         if edges:
-            from topology import edges as eh
-            from export.edge.probe import probe_addresses
+            from ccselect.topology import edges as eh
+            from ccselect.export.edge.probe import probe_addresses
             picks = [(ip, cc) for ip, _, cc in probe_addresses(table, per_cc=1) if ":" not in ip]
             assert picks, "the table has no IPv4 entry to probe"
             for node in eh.nodes(cfg):

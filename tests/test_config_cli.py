@@ -43,7 +43,7 @@ def test_cluster_config_has_the_same_keys():
     assert keys(one_machine) == keys(cluster), "the one-machine topology shares the cluster's keys"
     cfg = load_config(REPO / "infra/conf/cluster.yaml")
     assert cfg.settings.lake.root == "s3a://ccselect-lake/lake", "remote paths stay untouched"
-    from topology.monitoring import platform_textfile_dir
+    from ccselect.topology.monitoring import platform_textfile_dir
     for f in ("cluster.yaml", "cluster-local.yaml"):
         c = load_config(REPO / "infra/conf" / f)
         assert c.settings.pipeline.metrics_dir == str(platform_textfile_dir(c)), \
@@ -94,8 +94,8 @@ def test_every_command_has_help():
     from typer.main import get_command
     from typer.testing import CliRunner
 
-    from app.cli import app
-    res = subprocess.run([sys.executable, "-m", "app.cli", "--help"], capture_output=True, text=True)
+    from ccselect.app.cli import app
+    res = subprocess.run([sys.executable, "-m", "ccselect.app.cli", "--help"], capture_output=True, text=True)
     assert res.returncode == 0 and "Usage" in res.stdout, f"ccs --help failed: {res.stderr[-400:]}"
     names = sorted(get_command(app).commands)
     assert "simulate" in names and "run" in names
@@ -108,7 +108,7 @@ def test_every_command_has_help():
 
 
 def test_simulate_command_end_to_end(tmp_path):
-    res = subprocess.run([sys.executable, "-m", "app.cli", "simulate", "--out", str(tmp_path / "o"),
+    res = subprocess.run([sys.executable, "-m", "ccselect.app.cli", "simulate", "--out", str(tmp_path / "o"),
                           "--nodes", "2", "--hours", "1", "--conns-per-node-hour", "100", "--seed", "1",
                           "--workers", "1", "--json"], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-800:]
@@ -120,7 +120,7 @@ def test_simulate_command_end_to_end(tmp_path):
 def test_run_reuses_an_unchanged_fleet(tmp_path, capsys):
     """`ccs run`'s first step: the simulated fleet is reused when its parameters and the simulator
     are unchanged, and simulated again when a parameter changes."""
-    from flows.main_job import fleet
+    from ccselect.flows.main_job import fleet
     sim = {"out": str(tmp_path / "raw"), "nodes": 2, "hours": 2, "start": "2026-11-01T00:00:00", "seed": 1,
            "conns_per_node_hour": 100}
     cfg = load_config(write_config(tmp_path, simulate=sim))

@@ -17,7 +17,7 @@ def test_every_field_has_docs():
 def test_committed_doc_is_current(tmp_path):
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     out = tmp_path / "contract.md"
     res = CliRunner().invoke(app, ["contract", "--markdown", "--out", str(out)])
     assert res.exit_code == 0, res.output

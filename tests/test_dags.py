@@ -18,7 +18,7 @@ pytestmark = pytest.mark.timeout(2400)
 @pytest.fixture(scope="module")
 def airflow_home(tmp_path_factory):
     """One Airflow home (metadata DB migrated once) for the module's DAG runs."""
-    from flows.airflow_env import ensure_db
+    from ccselect.flows.airflow_env import ensure_db
     from ccselect.config import load_config
     root = tmp_path_factory.mktemp("airflow")
     home = root / "home"
@@ -33,7 +33,7 @@ def _delta(spark, cfg, name):
 
 
 def test_dagbag_imports_every_dag_with_tags_retries_and_docs(airflow_home, tmp_path):
-    from flows.airflow_env import DAG_IDS, result_of, run_in_airflow
+    from ccselect.flows.airflow_env import DAG_IDS, result_of, run_in_airflow
     from ccselect.config import load_config
     cfg = load_config(write_config(tmp_path, airflow={"home": airflow_home}))
     bag = result_of(run_in_airflow(cfg, ["dagbag"], timeout=600))
@@ -58,7 +58,7 @@ def _ok(run):
 def test_train_dag_writes_training_set_groups_model_and_diagnostics(spark, main_job):
     from pyspark.sql import functions as F
 
-    from models import registry
+    from ccselect.models import registry
     cfg, res, _ = main_job
     assert _ok(res["train"]), res["train"]
     window = "2026-11-01T00..2026-11-01T04"

@@ -47,10 +47,10 @@ def _config(root: Path):
 def _champion(spark, cfg, stats, lo, hi):
     """Train a small classifier on the window and make it the champion the registry's way:
     log_training → gate → promote."""
-    from distill.data import load_window
-    from models import registry
-    from models.crossnode import per_node, summary
-    from models.train import TrainData, TrainParams, fit
+    from ccselect.distill.data import load_window
+    from ccselect.models import registry
+    from ccselect.models.crossnode import per_node, summary
+    from ccselect.models.train import TrainData, TrainParams, fit
     rows = load_window(spark, cfg, lo, hi, stats)
     _, pid = np.unique(rows.prefix24, return_inverse=True)
     data = TrainData(rows.z, rows.label.astype(np.int64), pid, np.zeros(len(rows), np.int64), (1, 1))
@@ -65,7 +65,7 @@ def _champion(spark, cfg, stats, lo, hi):
 
 
 def _pipeline(spark, cfg, stats, lo, hi):
-    from distill.jobs import run_diagnose, run_distill
+    from ccselect.distill.jobs import run_diagnose, run_distill
     version = _champion(spark, cfg, stats, lo, hi)
     distilled = run_distill(spark, cfg, lo, hi)
     diagnosed = run_diagnose(spark, cfg, worst=1)
@@ -75,7 +75,7 @@ def _pipeline(spark, cfg, stats, lo, hi):
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory, spark, small_lake):
     """The shared `small_lake`, copied to be writable, through the whole §3.2 pipeline."""
-    from features import scaling
+    from ccselect.features import scaling
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("clean_lake"))
     cfg = _config(lake.root)
     return _pipeline(spark, cfg, scaling.load(lake.stats_path), lake.lo, lake.hi)
@@ -93,11 +93,11 @@ def deployment(tmp_path_factory, spark, small_lake):
     import json
 
     from ccselect.lake import connections_in
-    from distill.jobs import run_diagnose, run_distill
-    from features import scaling
-    from jobs import ingest
-    from sim.fleet import simulate
-    from sim.params import SimParams
+    from ccselect.distill.jobs import run_diagnose, run_distill
+    from ccselect.features import scaling
+    from ccselect.jobs import ingest
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
     dest = tmp_path_factory.mktemp("deploy_lake")
     lake = copy_lake(small_lake, dest)
     cfg = _config(lake.root)
@@ -139,7 +139,7 @@ def test_without_the_fault_mss_is_not_blamed(deployment):
 
 
 def test_distilled_tree_registered_and_linked(clean):
-    from distill import registry
+    from ccselect.distill import registry
     d = clean["distill"]
     assert d["passed"] and d["fidelity"] >= 0.95
     assert d["depth"] >= d["global_depth"] >= 1

@@ -8,8 +8,8 @@ import pytest
 
 from ccselect.contract import FEATURES
 from ccselect.settings import DiagnoseSettings, DistillSettings
-from distill import diagnose as dg
-from distill.tree import accuracy, agreement_by, depth_search, distill, fidelity, fit_tree, holdout_split, rules_text
+from ccselect.distill import diagnose as dg
+from ccselect.distill.tree import accuracy, agreement_by, depth_search, distill, fidelity, fit_tree, holdout_split, rules_text
 
 
 def _probs(p_wifi) -> np.ndarray:

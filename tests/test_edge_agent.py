@@ -5,7 +5,7 @@ from __future__ import annotations
 import gc
 import os
 
-from export.edge.agent import EdgeAgent, EdgeConfig
+from ccselect.export.edge.agent import EdgeAgent, EdgeConfig
 
 
 def test_the_config_file_goes_with_the_wrapper(tmp_path):

@@ -12,7 +12,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from ccselect.contract import FEATURES
 from ccselect.settings import EmulateSettings
-from evaluation import emulate
+from ccselect.evaluation import emulate
 
 H0, H1 = "2026-11-01T00", "2026-11-01T01"
 T0, T1 = 1_761_955_200_000, 1_761_955_200_000 + 3_600_000   # the two hours' starts (UTC ms)
@@ -169,7 +169,7 @@ def test_flow_policies_decide_as_the_kernel_from_the_table_entry_and_the_handsha
     runs it; the tree: mss <= 1000 -> bbr (900), else cubic (600)."""
     from ccselect.contract import HANDSHAKE_FEATURES
     from ccselect.lake import table_path
-    from export.artifact import table_format as tf
+    from ccselect.export.artifact import table_format as tf
     preds = [(f"q{i}", "n1", H0, f"7.7.{i}.9", "bbr", "model", "cubic", 3) for i in range(12)]
     (spark.createDataFrame(preds, "conn_id string, node_id string, hour string, client_ip string, cc string, decision string, "
                                   "default_cc string, requests long")

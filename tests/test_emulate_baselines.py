@@ -11,7 +11,7 @@ from pyspark.sql import functions as F
 from ccselect.contract import FEATURES
 from ccselect.lake import table_path
 from ccselect.settings import EmulateSettings
-from evaluation import emulate
+from ccselect.evaluation import emulate
 
 H0, H1 = "2026-11-01T00", "2026-11-01T01"
 P = EmulateSettings(window_minutes=60, train_hours=1, tree_min_leaf=5, tree_depth=4)

@@ -12,7 +12,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from ccselect.settings import EmulateSettings
-from evaluation import emulate
+from ccselect.evaluation import emulate
 from test_emulate import H0, H1, P, T0, T1, _trace
 
 MIN = 60_000

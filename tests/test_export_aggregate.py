@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from ccselect.settings import PrefixLadder
-from export.artifact import table_format as tf
-from export.tables import aggregate as agg
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.tables import aggregate as agg
 
 SETTINGS = PrefixLadder(
     ladder={"v4": [16, 24, 32], "v6": [32, 48, 64, 128]},

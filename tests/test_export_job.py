@@ -9,9 +9,9 @@ import pytest
 
 from ccs_testing import copy_lake
 from ccselect.settings import PrefixLadder
-from export.artifact import signing, table_format as tf
-from export.delivery import guards
-from export.tables import aggregate as agg
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.delivery import guards
+from ccselect.export.tables import aggregate as agg
 
 
 def write_predictions(spark, cfg, model_name="ccs-nettype", model_version="1", flip=False):
@@ -104,7 +104,7 @@ def _cfg_with(cfg, **guards_kw):
 
 def test_guard_refuses_failed_gate(cfg):
     """A real MLflow registry: version 1 tagged gate=failed, version 2 gate=passed."""
-    from models import registry
+    from ccselect.models import registry
     client = registry.configure(cfg)
     name = registry.model_name(cfg)
     client.create_registered_model(name)
@@ -198,7 +198,7 @@ def test_flip_share_brute_force(spark):
 def test_keys_init_refuses_an_existing_key_and_a_repo_path(tmp_path):
     from ccs_testing import REPO, raw_section, write_config
     from ccselect.config import load_config
-    from export.delivery.publish import PublishError, init_keys
+    from ccselect.export.delivery.publish import PublishError, init_keys
     cfg = load_config(write_config(tmp_path))
     priv, pub = init_keys(cfg)
     assert oct(os.stat(priv).st_mode & 0o777) == "0o600"

@@ -8,9 +8,9 @@ import uuid
 
 import pytest
 
-from export.artifact import signing, table_format as tf
-from export.delivery.rollout import load_fleet
-from export.delivery.store import Store, StoreError
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.delivery.rollout import load_fleet
+from ccselect.export.delivery.store import Store, StoreError
 
 
 def _signed(tmp_path, version, key, epoch=0, out="out", cc="bbr"):
@@ -83,7 +83,7 @@ def test_signing_bounds_and_epoch_field(tmp_path):
 
 
 def test_opening_an_epoch_is_explicit_and_logged(cfg):
-    from export.artifact import epoch
+    from ccselect.export.artifact import epoch
     assert epoch.current(cfg) == 0 and epoch.history(cfg) == []
     with pytest.raises(epoch.EpochError, match="reason"):
         epoch.open_next(cfg, "  ")
@@ -103,7 +103,7 @@ def test_opening_an_epoch_is_explicit_and_logged(cfg):
 def test_keys_epoch_command(cfg):
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     r = CliRunner().invoke(app, ["keys", "epoch", "--new", "--config", str(cfg.path)])
     assert r.exit_code != 0 and "reason" in r.output, r.output
     r = CliRunner().invoke(app, ["keys", "epoch", "--new", "--reason", "new lake", "--config", str(cfg.path)])

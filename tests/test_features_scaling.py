@@ -6,7 +6,7 @@ import math
 from pyspark.testing import assertDataFrameEqual
 
 from ccselect.contract import FEATURES
-from features import scaling
+from ccselect.features import scaling
 
 
 def test_fit_transform_and_roundtrip(spark, cfg):
@@ -45,7 +45,7 @@ def test_statistics_do_not_depend_on_the_partitioning(spark):
     import numpy as np
     import pandas as pd
 
-    from models.dataset import Unlabelled  # noqa: F401  (the per-node statistics use the same sums)
+    from ccselect.models.dataset import Unlabelled  # noqa: F401  (the per-node statistics use the same sums)
     rng = np.random.default_rng(3)
     n = 20_000
     pdf = pd.DataFrame({f: rng.lognormal(5, 2.5, n) for f in FEATURES[:4]})

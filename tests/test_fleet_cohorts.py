@@ -8,10 +8,10 @@ import time
 import pytest
 import yaml
 
-from export.artifact import signing, table_format as tf
-from export.delivery import freeze
-from export.delivery.rollout import load_fleet
-from export.delivery.store import Store
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.delivery import freeze
+from ccselect.export.delivery.rollout import load_fleet
+from ccselect.export.delivery.store import Store
 
 
 def _fleet(tmp_path, cfg, nodes, cohorts=None):
@@ -89,7 +89,7 @@ def test_freeze_refuses_publish_and_current_until_lifted(tmp_path):
 
 
 def test_a_decision_recorded_again_replaces_its_row(tmp_path):
-    from export.delivery import gates
+    from ccselect.export.delivery import gates
     log = gates.DecisionLog(str(tmp_path / "rollout_decisions"))
     ctx = gates.GateContext("canary", 0, ["n0"], 3, 1, 0, {})
     log.record("r1", ctx, gates.Decision("observe", "first look", {"looks": 1}, 1.0))

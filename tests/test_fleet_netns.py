@@ -67,7 +67,7 @@ def _config(tmp_path, port: int):
 def _table(key, out: str, version: int, cc: str):
     """127.0.0.0/8 (clients inside a node) and 10.231.0.0/16 (clients over the veth) say `cc`; 2000
     /24s besides, so the .bin (~80 kB) stands out in the veth's byte counters."""
-    from export.artifact import signing, table_format as tf
+    from ccselect.export.artifact import signing, table_format as tf
     filler = [tf.Entry(f"11.{i >> 8}.{i & 255}.0/24", "cubic") for i in range(2000)]
     now = int(time.time())
     return signing.write_table([tf.Entry("127.0.0.0/8", cc), tf.Entry("10.231.0.0/16", cc)] + filler,
@@ -96,7 +96,7 @@ class _Node:
     """One edge host's listener on its service port: in its namespace and its cgroup."""
 
     def __init__(self, node):
-        from export.edge.probe import NetnsRunner, in_cgroup, listener
+        from ccselect.export.edge.probe import NetnsRunner, in_cgroup, listener
         self.node = node
         self.ns = NetnsRunner(node.netns)
         with in_cgroup(node.config.cgroup):
@@ -133,8 +133,8 @@ class _Node:
 
 def test_fleet_netns_file_names_hosts(cfg):
     """The shipped file: two hosts, a canary first, each its own namespace, subnet and store address."""
-    from topology import edges
-    from export.delivery.rollout import load_fleet
+    from ccselect.topology import edges
+    from ccselect.export.delivery.rollout import load_fleet
     fleet = load_fleet(str(REPO / "infra" / "fleet-netns.yaml"), cfg)
     assert [(n.node_id, n.canary) for n in fleet.nodes] == [("edge-ns-canary", True), ("edge-ns-01", False)]
     assert [edges.link(n) for n in fleet.nodes] == [
@@ -151,9 +151,9 @@ def test_s3_store_keeps_the_layout_and_state(tmp_path, monkeypatch):
     import shutil
     if shutil.which("java") is None:
         _unavailable("java is not installed (s3proxy)")
-    from topology import env as cluster_env, objectstore
-    from export.artifact import signing
-    from export.delivery.store import Store, StoreError, store_for
+    from ccselect.topology import env as cluster_env, objectstore
+    from ccselect.export.artifact import signing
+    from ccselect.export.delivery.store import Store, StoreError, store_for
     port = free_port()
     cfg = _config(tmp_path, port)
     key = signing.generate_key()
@@ -199,7 +199,7 @@ def test_s3_store_keeps_the_layout_and_state(tmp_path, monkeypatch):
 def test_fleet_push_over_netns(tmp_path, monkeypatch):
     if os.geteuid() != 0:
         _unavailable("needs root (eBPF, cgroups, network namespaces)")
-    from export.edge.probe import kernel_ready
+    from ccselect.export.edge.probe import kernel_ready
     if why := kernel_ready():
         _unavailable(why)
     import shutil
@@ -211,13 +211,13 @@ def test_fleet_push_over_netns(tmp_path, monkeypatch):
 
     from typer.testing import CliRunner
 
-    from app.cli import app
-    from topology import edges, env as cluster_env, objectstore
-    from export.artifact import signing
-    from export.delivery.publish import key_paths
-    from export.delivery.rollout import Health, deploy, load_fleet, pull
-    from export.delivery.store import StoreError, store_for
-    from export.edge.probe import system_cc
+    from ccselect.app.cli import app
+    from ccselect.topology import edges, env as cluster_env, objectstore
+    from ccselect.export.artifact import signing
+    from ccselect.export.delivery.publish import key_paths
+    from ccselect.export.delivery.rollout import Health, deploy, load_fleet, pull
+    from ccselect.export.delivery.store import StoreError, store_for
+    from ccselect.export.edge.probe import system_cc
 
     port = free_port()
     cfg = _config(tmp_path, port)
@@ -349,6 +349,6 @@ def test_fleet_push_over_netns(tmp_path, monkeypatch):
     for n in hosts:
         assert not os.path.exists(n.config.cgroup), f"cgroup {n.config.cgroup} left"
         assert not os.path.exists(n.config.pin_dir), f"pins {n.config.pin_dir} left"
-    from topology.proc import alive
+    from ccselect.topology.proc import alive
     assert not [p for p in agent_pids + [store_pid] if p and alive(p)], "agent or store processes left"
     assert not processes_naming([str(tmp_path)]), "processes of this test left"

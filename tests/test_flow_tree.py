@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from export.artifact import signing, table_format as tf
+from ccselect.export.artifact import signing, table_format as tf
 
 MSS, WND, RTT = (tf.TREE_FEATURES.index(f) for f in ("mss_bytes", "init_snd_wnd_bytes", "connection_time_us"))
 CUBIC, BBR = tf.CC_IDS["cubic"], tf.CC_IDS["bbr"]
@@ -223,8 +223,8 @@ def test_handshake_tree_in_the_table_decides_as_the_fitted_classifier():
     flow, the CC of the fitted DecisionTreeClassifier's prediction (the tree the export ships is
     the tree that was trained; integer thresholds, distill/handshake.py)."""
     from ccselect.settings import HandshakeSettings, InferSettings
-    from distill.handshake import fit
-    from export.tables.flow import table_tree
+    from ccselect.distill.handshake import fit
+    from ccselect.export.tables.flow import table_tree
 
     rng = np.random.default_rng(7)
     n = 4000

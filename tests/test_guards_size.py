@@ -9,8 +9,8 @@ import ipaddress
 
 import pandas as pd
 
-from export.artifact import table_format as tf
-from export.delivery import guards
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.delivery import guards
 
 
 def _cfg_with(cfg, **guards_kw):

@@ -7,10 +7,10 @@ import numpy as np
 
 from ccselect.contract import HANDSHAKE_FEATURES
 from ccselect.settings import HandshakeSettings
-from distill import handshake
-from distill.jobs import handshake_report
-from export.artifact import table_format as tf
-from export.tables.flow import table_tree
+from ccselect.distill import handshake
+from ccselect.distill.jobs import handshake_report
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.tables.flow import table_tree
 
 
 def _rows(seed=7, per_node=600, nodes=("n1", "n2", "n3", "n4", "n5")):

@@ -63,15 +63,15 @@ def _cfg(root, lake, **stream):
 
 
 def _ingest(spark, cfg, input_dir, hour):
-    from jobs import ingest
-    from models import infer
+    from ccselect.jobs import ingest
+    from ccselect.models import infer
     res = ingest.run(spark, cfg, str(input_dir))
     infer.run(spark, cfg, hour, hour)
     return res
 
 
 def _stream(spark, cfg, input_dir, checkpoint, log=lambda m: None):
-    from flows import stream
+    from ccselect.flows import stream
     c = type(cfg)(path=cfg.path, raw={**cfg.raw, "stream": {**cfg.raw.get("stream", {}), "checkpoint": str(checkpoint)}})
     return stream.run(spark, c, str(input_dir), once=True, deploy=False, log=log)
 
@@ -96,7 +96,7 @@ def assert_one_batch_ingest(spark, cfg, batch):
     audit = _table(spark, cfg, "gold.ingest_audit")
     assert audit.where("lines_read != accepted + quarantined").count() == 0
     assert audit.groupBy("source_file").count().where("count > 1").count() == 0, "one audit row per file"
-    from jobs import audit as lake_audit
+    from ccselect.jobs import audit as lake_audit
     res = lake_audit.run(spark, cfg)
     assert res["clean"], res["lines"]
 
@@ -168,7 +168,7 @@ def test_the_same_records_backfilled_then_streamed(spark, tmp_path, inputs):
 def test_a_backfill_commits_between_the_streams_read_and_its_append(spark, tmp_path, inputs, monkeypatch):
     """The stream judged its lines against bronze before the backfill's commit: its append is
     taken back and the batch judged again; the backfill's lines win."""
-    from flows import stream
+    from ccselect.flows import stream
     seg, hourly, lake, hour, batch = inputs
     cfg = _cfg(tmp_path / "lake", lake)
     real, fired = stream.as_before, []
@@ -190,7 +190,7 @@ def test_a_backfill_commits_between_the_streams_read_and_its_append(spark, tmp_p
 
 def test_the_stream_commits_while_a_backfill_rebuilds_silver(spark, tmp_path, inputs, monkeypatch):
     """The backfill's silver was built from bronze before the stream's commit: it is rebuilt."""
-    from jobs import silver
+    from ccselect.jobs import silver
     seg, hourly, lake, hour, batch = inputs
     cfg = _cfg(tmp_path / "lake", lake)
     real, fired = silver.bronze_files, []

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 
 def test_decide_at_the_thresholds(spark):
     from ccselect.settings import InferSettings
-    from models.infer import decide
+    from ccselect.models.infer import decide
     p = InferSettings(wifi_threshold=0.8, cell_threshold=0.6, default_cc="reno", wifi_cc="cubic", cell_cc="bbr")
     probs = [None, 0.0, 0.39, 0.4, 0.41, 0.4999, 0.5, 0.79, 0.8, 0.81, 1.0]
     df = spark.createDataFrame([(i, v) for i, v in enumerate(probs)], "id int, p_wifi double")
@@ -44,8 +44,8 @@ def test_decide_at_the_thresholds(spark):
 def test_standardize_matches_spark_scaling(spark):
     """The Arrow side's standardization equals features.scaling.transform (log1p, z-score,
     std 0 → 1, negatives clipped at 0)."""
-    from features.scaling import FeatureStats, transform
-    from models.infer import standardize
+    from ccselect.features.scaling import FeatureStats, transform
+    from ccselect.models.infer import standardize
     feats = ("a", "b", "c")
     stats = FeatureStats(feats, (1.0, 2.0, 0.5), (0.5, 0.0, 2.0), 3, "w")
     rows = [(0, 10, -3), (1460, 0, 7), (3, 2**40, 0)]
@@ -73,12 +73,12 @@ def test_ccs_infer_writes_predictions(spark, lake_with_champion):
     import torch
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     from ccselect.contract import PREDICTION_COLS
     from ccselect.lake import connections_in
-    from features.scaling import transform
-    from models import registry
-    from models.ood import calibrate
+    from ccselect.features.scaling import transform
+    from ccselect.models import registry
+    from ccselect.models.ood import calibrate
     lake, cfg, version = lake_with_champion
     runner = CliRunner()
     args = ["infer", "--hours", f"{lake.lo}..{lake.hi}", "--json", "--config", str(lake.cfg_path)]
@@ -117,7 +117,7 @@ def test_ccs_infer_writes_predictions(spark, lake_with_champion):
     ood = np.array([flags[k] for k in zip(pdf["conn_id"], pdf["node_id"])], dtype=bool)
     wifi = pdf["p_wifi"] >= 0.5
     # the minimum-evidence rule (issue 57) before the guard
-    from models.infer import EVIDENCE_COLS
+    from ccselect.models.infer import EVIDENCE_COLS
     ev = silver.select("conn_id", "node_id", *EVIDENCE_COLS).toPandas()
     ev = pdf[["conn_id", "node_id"]].merge(ev, on=["conn_id", "node_id"], how="left")
     thin = ((ev["data_segs_out"] < p.min_data_segs) | (ev["bytes_acked"] < p.min_bytes_acked)
@@ -145,7 +145,7 @@ def test_ccs_infer_writes_predictions(spark, lake_with_champion):
 def test_ccs_infer_without_champion_fails(tmp_path, small_lake):
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     lake = copy_lake(small_lake, tmp_path / "lake")
     res = CliRunner().invoke(app, ["infer", "--hours", f"{lake.lo}..{lake.hi}", "--config", str(lake.cfg_path)])
     assert res.exit_code == 1 and "champion" in res.output
@@ -165,7 +165,7 @@ def test_arrow_engine_matches_the_spark_job(spark, lake_with_champion, monkeypat
 
     from ccselect.contract import PREDICTION_COLS
     from ccselect.lake import table_path
-    from models import infer, infer_arrow, registry
+    from ccselect.models import infer, infer_arrow, registry
     lake, cfg, version = lake_with_champion
     champ = registry.load_champion(cfg)
     path = table_path(cfg, "gold.predictions")
@@ -209,7 +209,7 @@ def test_arrow_engine_matches_the_spark_job(spark, lake_with_champion, monkeypat
 
 def test_arrow_engine_refuses_what_it_cannot_read():
     from ccselect.settings import InferSettings
-    from models import infer_arrow
+    from ccselect.models import infer_arrow
     assert infer_arrow._local("/data/lake/silver/connections") == "/data/lake/silver/connections"
     with pytest.raises(infer_arrow.Unsupported, match="local filesystem"):
         infer_arrow._local("s3a://bucket/lake/silver/connections")

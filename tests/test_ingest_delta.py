@@ -18,8 +18,8 @@ from pyspark.testing import assertDataFrameEqual
 
 from ccselect.config import load_config
 from ccselect.lake import table_path
-from jobs.ingest import BRONZE_DICTIONARY_COLUMNS
-from jobs.silver import DICTIONARY_COLUMNS, SILVER_TASKS_PER_CORE, silver_tasks
+from ccselect.jobs.ingest import BRONZE_DICTIONARY_COLUMNS
+from ccselect.jobs.silver import DICTIONARY_COLUMNS, SILVER_TASKS_PER_CORE, silver_tasks
 from tests.ccs_testing import REPO, write_config
 
 TABLES = ("bronze.transport", "bronze.access", "bronze.qoe", "bronze.quarantine", "gold.ingest_audit",
@@ -30,8 +30,8 @@ NGINX_LINE = "{ms}.250 {node} 10.9.8.7 41000 200 4096 0.020 video 4g 30000 2000 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    from sim.fleet import simulate
-    from sim.params import SimParams
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
     out = str(tmp_path_factory.mktemp("tinyfleet"))
     simulate(SimParams(nodes=2, hours=2, conns_per_node_hour=40, seed=5), out, workers=1, progress=False)
     tfile = sorted(glob.glob(f"{out}/transport/*/*.jsonl"))[0]
@@ -53,7 +53,7 @@ def snapshot(spark, cfg, table):
 
 @pytest.fixture(scope="module")
 def ingested(spark, fleet, tmp_path_factory):
-    from jobs import ingest
+    from ccselect.jobs import ingest
     root = tmp_path_factory.mktemp("lake")
     cfg = load_config(write_config(root))
     result = ingest.run(spark, cfg, fleet[0])
@@ -180,7 +180,7 @@ def test_silver_parquet_dictionaries_only_for_repeated_values(ingested):
 
 
 def test_reingest_leaves_every_table_unchanged(spark, fleet, ingested):
-    from jobs import ingest
+    from ccselect.jobs import ingest
     cfg, _ = ingested
     before = {t: snapshot(spark, cfg, t).collect() for t in TABLES}
     ingest.run(spark, cfg, fleet[0])
@@ -219,7 +219,7 @@ def test_kill_minus_9_mid_write_then_rerun_is_consistent(spark, fleet, ingested,
     out = fleet[0]
     cfg_path = write_config(tmp_path)
     cfg = load_config(cfg_path)
-    cmd = [sys.executable, "-m", "app.cli", "ingest", "--input", out, "--config", str(cfg_path)]
+    cmd = [sys.executable, "-m", "ccselect.app.cli", "ingest", "--input", out, "--config", str(cfg_path)]
     env = {**os.environ, "CCS_HOME": str(REPO)}
     lake = cfg.settings.lake.root
     silver_path = table_path(cfg, "silver.connections")
@@ -230,7 +230,7 @@ def test_kill_minus_9_mid_write_then_rerun_is_consistent(spark, fleet, ingested,
         "silver: the writer committed before a data file was seen"
     assert _has_rows(spark, table_path(cfg, "gold.ingest_audit")), "the second run got to silver"
     # the last re-run in this process's Spark (the killed drivers left nothing behind it could share)
-    from jobs import ingest
+    from ccselect.jobs import ingest
     ingest.run(spark, cfg, out)
     clean_cfg, _ = ingested
     for t in TABLES:

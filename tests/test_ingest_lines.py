@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pyspark.sql import functions as F
 
-from jobs.sources import SourceFile, read_lines
+from ccselect.jobs.sources import SourceFile, read_lines
 
 FILES = {
     "empty": b"",

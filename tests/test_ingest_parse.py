@@ -11,7 +11,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from ccselect.contract import FEATURES, OUTCOMES
 from ccselect.ipaddr import ab_bucket, with_ip
-from jobs.parse import parse
+from ccselect.jobs.parse import parse
 
 HOUR = "2026-11-01T00"
 H0 = 1793491200000  # 2026-11-01T00:00Z in ms
@@ -231,7 +231,7 @@ def test_bad_ip_rule_agrees_with_with_ip(spark):
     gives a family, on the fixed cases and generated texts."""
     from hypothesis import HealthCheck, given, settings, strategies as st
 
-    from jobs.parse import _has_ip
+    from ccselect.jobs.parse import _has_ip
 
     def compare(texts):
         df = spark.createDataFrame(list(enumerate(texts)), "i int, t string")

@@ -9,7 +9,7 @@ from datetime import datetime
 from hypothesis import HealthCheck, given, settings, strategies as st
 from pyspark.sql import functions as F
 
-from jobs.ingest import to_audit, to_bronze
+from ccselect.jobs.ingest import to_audit, to_bronze
 from tests.test_ingest_parse import H0, HOUR, lines_df, transport
 
 REASON = re.compile(r"^(bad_json|bad_nginx_line|node_mismatch|bad_ip|unknown_cc|unknown_decision|mss_out_of_range|"

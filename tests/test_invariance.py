@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.dataset import Unlabelled
-from models.invariance import node_probe
-from models.train import NODE_DOMAIN_VARIANTS, TrainData, TrainParams, fit
+from ccselect.models.dataset import Unlabelled
+from ccselect.models.invariance import node_probe
+from ccselect.models.train import NODE_DOMAIN_VARIANTS, TrainData, TrainParams, fit
 
 
 def _nodes(n_nodes=4, per_node=600, shift=1.5, seed=0):

@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from ccselect.spark import JSON_PLAIN, register_json_record, register_udfs
-from jobs.parse import PLAIN, _spec, _with_record, imputable, parse, schema
+from ccselect.jobs.parse import PLAIN, _spec, _with_record, imputable, parse, schema
 from tests.test_ingest_parse import expect, lines_df, transport
 
 SPEC = {"conn_id": "s", "cc": "s", "mss_bytes": "i", "min_rtt_us": "i"}

@@ -47,8 +47,8 @@ CATCH_UP_S = 900
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """A small simulated fleet's hour (3 nodes, hourly files, the reference), with a malformed line."""
-    from sim.fleet import simulate
-    from sim.params import SimParams
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
     out = tmp_path_factory.mktemp("kafka_fleet")
     simulate(SimParams(nodes=3, hours=1, conns_per_node_hour=100, seed=9), str(out), workers=1, progress=False)
     node = sorted(os.listdir(out / "transport"))[0]
@@ -126,10 +126,10 @@ def _reference(spark, fleet, root):
 
     from ccselect.config import load_config
     from ccselect.lake import connections_in
-    from features import scaling
-    from jobs import ingest
-    from jobs.sources import discover
-    from models import infer
+    from ccselect.features import scaling
+    from ccselect.jobs import ingest
+    from ccselect.jobs.sources import discover
+    from ccselect.models import infer
     root.mkdir()
     path = write_config(root)
     cfg = load_config(path)
@@ -151,8 +151,8 @@ def test_kafka_stream_equals_batch_through_a_kill_a_broker_restart_and_a_produce
     from confluent_kafka import Producer
 
     from ccselect.config import load_config
-    from export.edge.shipper import STATE, Shipper, ShipError
-    from flows.stream import checkpoint_dir
+    from ccselect.export.edge.shipper import STATE, Shipper, ShipError
+    from ccselect.flows.stream import checkpoint_dir
     boot = kafka_broker.bootstrap()
     nodes = sorted(os.listdir(fleet / "transport"))
     assert len(nodes) == 3
@@ -193,7 +193,7 @@ def test_kafka_stream_equals_batch_through_a_kill_a_broker_restart_and_a_produce
 
     # ... restarted on the same checkpoint, running on (a trigger every 2 s)
     log = open(tmp_path / "stream.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "app.cli", *args, "--timeout", str(3 * CATCH_UP_S)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "ccselect.app.cli", *args, "--timeout", str(3 * CATCH_UP_S)], cwd=REPO,
                             env={**os.environ, "CCS_CONFIG": str(config)}, stdout=log, stderr=subprocess.STDOUT,
                             start_new_session=True)
     seen = {"rode_through": None}
@@ -291,7 +291,7 @@ def test_kafka_stream_equals_batch_through_a_kill_a_broker_restart_and_a_produce
 
     # `ccs audit`'s checks: each range's row agrees with its bronze lines and bronze.quarantine,
     # one accepted line per identity, silver traced
-    from jobs import audit
+    from ccselect.jobs import audit
     report = audit.run(spark, k)
     assert report["clean"], report["lines"]
 

@@ -22,8 +22,8 @@ pytestmark = [pytest.mark.cluster]
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """A small simulated fleet's hour (3 nodes, the three streams as hourly files)."""
-    from sim.fleet import simulate
-    from sim.params import SimParams
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
     out = tmp_path_factory.mktemp("fleet")
     simulate(SimParams(nodes=3, hours=1, conns_per_node_hour=300, seed=5), str(out), workers=1, progress=False)
     return out
@@ -33,8 +33,8 @@ def fleet(tmp_path_factory):
 def segments(tmp_path_factory):
     """The same kind of hour as the agent's rotated segments (one per 5 minutes), gzipped for one node."""
     import gzip
-    from sim.fleet import simulate
-    from sim.params import SimParams
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
     out = tmp_path_factory.mktemp("segments")
     simulate(SimParams(nodes=3, hours=1, conns_per_node_hour=300, seed=6), str(out), workers=1, progress=False,
              rotate_minutes=5)
@@ -91,7 +91,7 @@ def test_shipper_sends_every_line_once_keyed_by_node_and_resumes(kafka_broker, f
     """A pass cut short (`limit`) records what was acknowledged; a new shipper (a restart) sends
     exactly the rest; the broker then holds every line of the files once, keyed and partitioned by
     node, with its origin and identity; a third pass sends nothing."""
-    from export.edge.shipper import Shipper
+    from ccselect.export.edge.shipper import Shipper
     root = _copy(fleet, tmp_path / "fleet")
     # what a shipper meets at an edge: a malformed line, a segment still being written, a stray file
     node = sorted(os.listdir(root / "transport"))[0]
@@ -149,7 +149,7 @@ def test_shipper_killed_mid_pass_resends_at_most_the_unacknowledged_tail(kafka_b
     before = _as_lines(_records(kafka_broker, streams))
     state = root / "_shipper" / "state.json"
     batch = 20
-    cmd = [sys.executable, "-m", "export.edge.shipper", "--root", str(root), "--bootstrap", kafka_broker.bootstrap(),
+    cmd = [sys.executable, "-m", "ccselect.export.edge.shipper", "--root", str(root), "--bootstrap", kafka_broker.bootstrap(),
            "--stream", "transport", "--batch", str(batch)]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pyspark.testing import assertDataFrameEqual
 
-from features.labels import best_cc_per_prefix24, training_set
+from ccselect.features.labels import best_cc_per_prefix24, training_set
 
 
 def test_training_set_maps_and_balances(spark):

@@ -4,6 +4,7 @@ wire `flows` only). A copy of the tree with one upward import added proves the c
 from __future__ import annotations
 
 import ast
+import json
 import os
 import shutil
 import subprocess
@@ -14,7 +15,10 @@ import pytest
 
 from ccs_testing import REPO
 
+#: the folders that hold the packages: the core (ccselect/) and the ten it serves as ccselect.<folder>
+#: through its links (one import namespace, issue 63)
 PACKAGES = ("ccselect", "features", "jobs", "models", "distill", "export", "sim", "evaluation", "flows", "app", "topology")
+SUBPACKAGES = PACKAGES[1:]
 LINT = str(Path(sys.executable).parent / "lint-imports")
 
 
@@ -23,17 +27,29 @@ def _lint(root: Path) -> subprocess.CompletedProcess:
     return subprocess.run([LINT, "--no-cache"], cwd=root, env=env, capture_output=True, text=True, timeout=300)
 
 
+def _package(module: str) -> str:
+    """Which of our packages (or "ccselect", the core) an absolute import names; else its top name."""
+    parts = module.split(".")
+    if parts[0] == "ccselect":
+        return parts[1] if len(parts) > 1 and parts[1] in SUBPACKAGES else "ccselect"
+    return parts[0]
+
+
+def _imported(node: ast.AST) -> list[str]:
+    """The absolute module names an import statement names (`from ccselect import jobs` names ccselect.jobs)."""
+    if isinstance(node, ast.Import):
+        return [a.name for a in node.names]
+    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+        if node.module == "ccselect":
+            return [f"ccselect.{a.name}" for a in node.names]
+        return [node.module]
+    return []
+
+
 def _own_imports(path: Path) -> set[str]:
-    """The top-level names of our packages that a file imports, anywhere in it."""
-    out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        out |= {n.split(".")[0] for n in names if n.split(".")[0] in PACKAGES}
-    return out
+    """Which of our packages a file imports, anywhere in it."""
+    return {_package(n) for node in ast.walk(ast.parse(path.read_text())) for n in _imported(node)
+            if _package(n) in PACKAGES}
 
 
 def test_the_packages_keep_the_layer_contracts():
@@ -47,39 +63,60 @@ def test_dag_files_import_only_the_flows_and_the_core():
         assert _own_imports(dag) <= {"flows", "ccselect"}, f"{dag.name} imports {_own_imports(dag)}"
 
 
+def test_every_import_of_ours_goes_through_the_ccselect_namespace():
+    """Nothing imports `jobs` or `app` at the top level (an analyst's own `models` would shadow it):
+    the packages, the DAGs, the benches, the tests and the notebooks all say `ccselect.<package>`."""
+    bad = []
+    paths = [p for top in (*PACKAGES, "dags", "bench", "tests") for p in sorted((REPO / top).rglob("*.py"))]
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text())):
+            bad += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in _imported(node)
+                    if n.split(".")[0] in SUBPACKAGES]
+    for nb in sorted((REPO / "notebooks").glob("*.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            if cell["cell_type"] == "code":
+                src = "".join(cell["source"]).replace("%", "#")
+                bad += [f"{nb.name}: {n}" for node in ast.walk(ast.parse(src)) for n in _imported(node)
+                        if n.split(".")[0] in SUBPACKAGES]
+    assert not bad, "imports outside the ccselect namespace:\n" + "\n".join(bad)
+    links = {p.name: os.readlink(p) for p in (REPO / "ccselect").iterdir() if p.is_symlink()}
+    assert links == {pkg: f"../{pkg}" for pkg in SUBPACKAGES}, links
+
+
 @pytest.fixture(scope="module")
 def tree_copy(tmp_path_factory):
-    """The packages and pyproject.toml copied (Python files only) so the copy can be broken."""
+    """The core and the packages its links serve, and pyproject.toml, copied (Python files only,
+    the links followed) so the copy can be broken."""
     root = tmp_path_factory.mktemp("layers")
-    for pkg in PACKAGES:
-        shutil.copytree(REPO / pkg, root / pkg, ignore=lambda d, names: [
-            n for n in names if not (n.endswith(".py") or (Path(d) / n).is_dir()) or n == "__pycache__"])
+    shutil.copytree(REPO / "ccselect", root / "ccselect", ignore=lambda d, names: [
+        n for n in names if not (n.endswith(".py") or (Path(d) / n).is_dir()) or n == "__pycache__"])
     shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
     return root
 
 
 @pytest.mark.parametrize("module, upward", [
-    ("ccselect/hours.py", "from app import run"),                  # the core reaching the roof
-    ("flows/pipeline.py", "from app import results"),               # the flows reaching the front door
-    ("export/delivery/rollout.py", "from topology import edges"),  # the product reaching the launcher
-    ("topology/spark.py", "from app import results"),               # the launcher reaching the front door
-    ("jobs/parse.py", "from models import registry"),               # ETL reaching the model
-    ("sim/physics.py", "from features import labels"),              # the simulator reaching the product
-    ("export/artifact/signing.py", "from export.delivery import store"),  # inside export
-    ("models/infer_core.py", "from models import infer_arrow"),    # the engines' shared computation
-    ("jobs/autoplex_arrow.py", "from jobs import autoplex"),       # an engine reaching the other
-    ("jobs/autoplex_core.py", "from jobs.autoplex_arrow import Groups"),  # AutoPlex's shared computation
-    ("models/train.py", "def _late():\n    from evaluation import emulate"),  # inside a function too
+    ("ccselect/hours.py", "from ccselect.app import run"),                  # the core reaching the roof
+    ("ccselect/flows/pipeline.py", "from ccselect.app import results"),     # the flows reaching the front door
+    ("ccselect/export/delivery/rollout.py", "from ccselect.topology import edges"),  # the product reaching the launcher
+    ("ccselect/topology/spark.py", "from ccselect.app import results"),     # the launcher reaching the front door
+    ("ccselect/jobs/parse.py", "from ccselect.models import registry"),     # ETL reaching the model
+    ("ccselect/sim/physics.py", "from ccselect.features import labels"),    # the simulator reaching the product
+    ("ccselect/export/artifact/signing.py", "from ccselect.export.delivery import store"),  # inside export
+    ("ccselect/models/infer_core.py", "from ccselect.models import infer_arrow"),  # the engines' shared computation
+    ("ccselect/jobs/autoplex_arrow.py", "from ccselect.jobs import autoplex"),  # an engine reaching the other
+    ("ccselect/jobs/autoplex_core.py", "from ccselect.jobs.autoplex_arrow import Groups"),  # AutoPlex's shared computation
+    ("ccselect/models/train.py", "def _late():\n    from ccselect.evaluation import emulate"),  # inside a function too
+    ("ccselect/newcore.py", "from ccselect import config"),                 # a core module not given its layer
 ])
 def test_an_upward_import_breaks_the_contract(tree_copy, module, upward):
     path = tree_copy / module
-    original = path.read_text()
+    original = path.read_text() if path.exists() else None
     assert _lint(tree_copy).returncode == 0, "the unbroken copy must pass first"
     try:
-        path.write_text(original + "\n\n" + upward + "\n")
+        path.write_text((original or "") + "\n\n" + upward + "\n")
         r = _lint(tree_copy)
     finally:
-        path.write_text(original)
+        path.write_text(original) if original is not None else path.unlink()
     assert r.returncode != 0, f"adding {upward!r} to {module} was not caught:\n{r.stdout}"
     assert "BROKEN" in r.stdout
 
@@ -97,10 +134,7 @@ def _function_level_imports(path: Path) -> list[tuple[int, str]]:
     for fn in ast.walk(tree):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for node in ast.walk(fn):
-                if isinstance(node, ast.Import):
-                    out += [(node.lineno, a.name.split(".")[0]) for a in node.names]
-                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-                    out.append((node.lineno, node.module.split(".")[0]))
+                out += [(node.lineno, _package(n)) for n in _imported(node)]
     return out
 
 

@@ -12,7 +12,7 @@ from ccs_testing import copy_lake
 from ccselect import delta_io
 from ccselect.config import load_config
 from ccselect.lake import table_path
-from jobs import audit, ingest, maintain
+from ccselect.jobs import audit, ingest, maintain
 
 
 def _files(spark, path, hour):

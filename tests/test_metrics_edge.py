@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from export.artifact import signing, table_format as tf
-from export.edge.agent import EdgeAgent, EdgeConfig, Service
-from export.edge.probe import CGROUP_ROOT, in_cgroup, kernel_ready, listener, system_cc
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.edge.agent import EdgeAgent, EdgeConfig, Service
+from ccselect.export.edge.probe import CGROUP_ROOT, in_cgroup, kernel_ready, listener, system_cc
 from kernel._edge_helpers import cc_of, edge_binary
 
 pytestmark = pytest.mark.kernel

@@ -15,7 +15,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from app.cli import app
+from ccselect.app.cli import app
 from kernel._edge_helpers import cc_of, edge_binary
 
 
@@ -48,8 +48,8 @@ def test_two_local_nodes(cfg, tmp_path):
         if os.environ.get("CI") == "true":
             pytest.fail("needs root under CI", pytrace=False)
         pytest.skip("needs root (BPF, cgroups)")
-    from export.artifact import signing, table_format as tf
-    from export.edge.probe import CGROUP_ROOT, in_cgroup, kernel_ready, listener, system_cc
+    from ccselect.export.artifact import signing, table_format as tf
+    from ccselect.export.edge.probe import CGROUP_ROOT, in_cgroup, kernel_ready, listener, system_cc
     if why := kernel_ready():
         pytest.skip(why)
     binary = edge_binary()
@@ -65,7 +65,7 @@ def test_two_local_nodes(cfg, tmp_path):
                       "agent": {"cgroup": cg, "pin_dir": f"/sys/fs/bpf/{tag}-{i}", "state_dir": str(tmp_path / f"state-{i}"),
                                 "public_key": str(tmp_path / "pub.pem"), "sample_rate": 0.0,
                                 "services": [{"port": 0, "name": "video"}]}})
-    from export.delivery.rollout import load_fleet
+    from ccselect.export.delivery.rollout import load_fleet
     try:
         with in_cgroup(nodes[0]["agent"]["cgroup"]):
             ls = listener()

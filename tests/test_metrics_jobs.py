@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from flows import job_metrics, pipeline
+from ccselect.flows import job_metrics, pipeline
 from ccs_testing import raw_section, write_config
 
 
@@ -96,10 +96,10 @@ def test_the_freeze_gauge_follows_ccs_freeze_unfreeze_and_the_rollout_step(tmp_p
     (no fleet file)."""
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     from ccselect.config import load_config
-    from export.delivery import freeze
-    from export.delivery.store import store_for
+    from ccselect.export.delivery import freeze
+    from ccselect.export.delivery.store import store_for
     textfile = tmp_path / "textfile"
     path = write_config(tmp_path, pipeline={**raw_section("pipeline"), "metrics_dir": str(textfile),
                                             "fleet": str(tmp_path / "no-fleet.yaml")})

@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from flows.stream_metrics import StreamMetrics
+from ccselect.flows.stream_metrics import StreamMetrics
 from ccs_testing import copy_lake, write_segments
 
 
@@ -43,7 +43,7 @@ def _promtool_check(text: str, tmp_path) -> None:
 
 @pytest.mark.slow
 def test_stream_metrics_of_a_real_stream(spark, small_lake, tmp_path):
-    from flows import stream
+    from ccselect.flows import stream
     lake = copy_lake(small_lake, tmp_path / "lake")
     cfg = lake.cfg()
     node = sorted(os.listdir(os.path.join(small_lake.fleet_dir, "transport")))[0]
@@ -97,7 +97,7 @@ def test_stream_metrics_of_a_real_stream(spark, small_lake, tmp_path):
 def test_a_table_batch_reads_the_manifest(tmp_path):
     """A micro-batch that emitted a table: its manifest's shares (a real signed manifest), the
     rollout's outcome, the table counted once."""
-    from export.artifact import signing, table_format as tf
+    from ccselect.export.artifact import signing, table_format as tf
     key = signing.generate_key()
     now = int(time.time())
     signing.write_table([tf.Entry("10.0.0.0/16", "bbr")], 7, "3", now + 3600, str(tmp_path / "out"), key,

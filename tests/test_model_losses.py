@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.losses import DiscriminatorLoss, PrefixVarianceLoss, RSCLoss, total_loss
-from models.train import TrainData, Trainer, TrainParams, prefix_batches
+from ccselect.models.losses import DiscriminatorLoss, PrefixVarianceLoss, RSCLoss, total_loss
+from ccselect.models.train import TrainData, Trainer, TrainParams, prefix_batches
 
 
 def test_discriminator_loss_sums_per_type_cross_entropy():
@@ -106,7 +106,7 @@ def test_prefix_batches_cover_every_row_once_in_prefix_runs():
 
 def test_training_is_seeded():
     data = _tiny_data()
-    from models.train import fit
+    from ccselect.models.train import fit
     a = fit(TrainParams(variant="aliccs", epochs=2, device="cpu", seed=3), data).predict_proba(data.x)
     b = fit(TrainParams(variant="aliccs", epochs=2, device="cpu", seed=3), data).predict_proba(data.x)
     assert np.array_equal(a, b)
@@ -117,7 +117,7 @@ def test_training_is_seeded():
 def test_grid_picks_least_spread_within_tolerance_of_best_mean():
     """Appendix D: the least per-node spread among the pairs whose mean accuracy is within the
     tolerance of the best mean; a flatter pair with a clearly lower mean is not taken."""
-    from models.grid import choose
+    from ccselect.models.grid import choose
     table = [
         {"lambda1": 0.0, "lambda2": 0.0, "mean": 0.960, "std": 0.030},
         {"lambda1": 0.3, "lambda2": 0.05, "mean": 0.957, "std": 0.010},
@@ -128,7 +128,7 @@ def test_grid_picks_least_spread_within_tolerance_of_best_mean():
 
 
 def test_grid_validates_on_training_nodes_only_each_once():
-    from models.grid import grid_search, node_folds
+    from ccselect.models.grid import grid_search, node_folds
     folds = node_folds(np.array(["a", "b", "c", "a", "d", "e"]), 2, seed=1)
     assert sorted(sum(folds, [])) == ["a", "b", "c", "d", "e"] and len(folds) == 2
     data = _tiny_data(n=240)
@@ -141,7 +141,7 @@ def test_grid_validates_on_training_nodes_only_each_once():
 
 
 def test_experiment_split_and_scaler_use_training_nodes_only():
-    from evaluation.experiment import Scaler, prefix_groups, split_nodes
+    from ccselect.evaluation.experiment import Scaler, prefix_groups, split_nodes
     nodes = [f"n{i}" for i in range(10)]
     train, test = split_nodes(nodes, labelled=nodes[:7], train_share=0.3, seed=0)
     assert len(train) == 3 and set(train) | set(test) == set(nodes[:7]) and not set(train) & set(test)
@@ -163,7 +163,7 @@ def test_experiment_split_and_scaler_use_training_nodes_only():
 def test_a_small_window_trains_for_at_least_min_steps():
     """`min_steps`: a window whose rows make few batches gets more epochs (the make-run window's
     1,755 rows are 4 batches, 48 steps in 12 epochs); a large one keeps its epochs."""
-    from models.train import effective_epochs, fit
+    from ccselect.models.train import effective_epochs, fit
     p = TrainParams(variant="mlp", epochs=3, batch_size=100, min_steps=30, device="cpu", seed=0)
     assert effective_epochs(p, 250) == 10          # 3 batches an epoch: 10 epochs for 30 steps
     assert effective_epochs(p, 5000) == 3          # 50 batches an epoch: 3 epochs are 150 steps

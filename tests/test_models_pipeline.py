@@ -21,13 +21,13 @@ def lake(small_lake, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def stats(lake):
-    from features import scaling
+    from ccselect.features import scaling
     return scaling.load(lake.stats_path)
 
 
 @pytest.fixture(scope="module")
 def labelled(spark, lake, stats):
-    from models.dataset import load_labelled
+    from ccselect.models.dataset import load_labelled
     return load_labelled(spark, lake.cfg(), lake.lo, lake.hi, stats)
 
 
@@ -55,7 +55,7 @@ def test_labelled_arrays_match_training_set_and_scaling(spark, lake, stats, labe
 
 
 def test_to_train_data_groups_paths_and_nearest_centroid():
-    from models.dataset import Labelled, to_train_data
+    from ccselect.models.dataset import Labelled, to_train_data
     x = np.array([[0, 0], [0.2, 0], [5, 5], [5.2, 5], [4.9, 5.1], [0.1, 0.1], [9, 9]], dtype=np.float32)
     lab = Labelled(x=x, y=np.array([0, 0, 0, 0, 1, 1, 1], dtype=np.int8),
                    prefix24=np.array(["a", "a", "b", "c", "a", "d", "e"], dtype=object),
@@ -76,7 +76,7 @@ def test_to_train_data_groups_paths_and_nearest_centroid():
 
 # -- prefix groups ---------------------------------------------------------------------------------
 def test_fit_groups_every_labelled_prefix_one_group_per_type(spark, lake, stats, labelled):
-    from models.groups import fit_groups, load_groups
+    from ccselect.models.groups import fit_groups, load_groups
     cfg = lake.cfg()
     summary = fit_groups(spark, cfg, lake.lo, lake.hi, stats, k=3)
     g = load_groups(spark, cfg, lake.window)
@@ -98,8 +98,8 @@ def test_fit_groups_every_labelled_prefix_one_group_per_type(spark, lake, stats,
 
 def test_groups_are_kmeans_of_prefix_means(spark, lake, stats, labelled):
     """Each /24 sits with the group whose centroid (mean of member /24 means) is nearest."""
-    from features.prefixes import prefix_means
-    from models.groups import compute_groups
+    from ccselect.features.prefixes import prefix_means
+    from ccselect.models.groups import compute_groups
     pdf, summary = compute_groups(spark, lake.cfg(), lake.lo, lake.hi, stats, k=2)
     for t in (0, 1):
         m = labelled.y == t
@@ -114,7 +114,7 @@ def test_groups_are_kmeans_of_prefix_means(spark, lake, stats, labelled):
 
 def test_groups_k_by_silhouette_reported(spark, lake, stats):
     from ccselect.config import Config
-    from models.groups import compute_groups
+    from ccselect.models.groups import compute_groups
     cfg = lake.cfg()
     model = {**cfg.raw.get("model", {}), "groups": {"k": None, "k_range": [2, 4], "seed": 7}}
     cfg = Config(cfg.path, {**cfg.raw, "model": model})     # a short K range keeps the test quick
@@ -129,7 +129,7 @@ def test_groups_k_by_silhouette_reported(spark, lake, stats):
 
 # -- evaluation helpers ----------------------------------------------------------------------------
 def test_split_nodes_seeded_disjoint_sorted():
-    from models.crossnode import split_nodes
+    from ccselect.models.crossnode import split_nodes
     nodes = [f"n{i:02d}" for i in range(10)] + ["n03"]
     tr, te = split_nodes(nodes, share=0.3, seed=5)
     assert len(tr) == 3 and len(te) == 7
@@ -147,7 +147,7 @@ def test_split_nodes_seeded_disjoint_sorted():
 
 
 def test_per_node_and_summary_hand_made():
-    from models.crossnode import per_node, summary
+    from ccselect.models.crossnode import per_node, summary
     y = np.array([1, 1, 0, 0, 1, 0, 0, 0, 1])
     p = np.array([.9, .4, .1, .6, .5, .2, .3, .49, .7])
     node = np.array(["b", "b", "b", "b", "a", "a", "a", "a", "c"])
@@ -164,7 +164,7 @@ def test_per_node_and_summary_hand_made():
 
 
 def test_seed_average_is_each_nodes_mean_over_seeds():
-    from models.crossnode import seed_average, summary
+    from ccselect.models.crossnode import seed_average, summary
     a = pd.DataFrame({"node_id": ["n1", "n2"], "n": [10, 20], "accuracy": [0.9, 0.6], "wifi_recall": [1.0, 0.5],
                       "cell_recall": [0.8, np.nan], "share_cell": [0.5, 0.0]})
     b = a.assign(accuracy=[0.7, 0.8], wifi_recall=[0.6, 0.7], cell_recall=[0.6, np.nan])
@@ -180,7 +180,7 @@ def test_seed_average_is_each_nodes_mean_over_seeds():
 def test_configanator_nc_and_tree():
     """Two network classes split by a per-/24 feature mean that rows alone do not show."""
     from ccselect.settings import ConfiganatorSettings
-    from models.configanator import fit, predict_proba
+    from ccselect.models.configanator import fit, predict_proba
     rng = np.random.default_rng(0)
     rows = []
     for p in range(40):
@@ -206,15 +206,15 @@ def test_configanator_nc_and_tree():
 def _ccs(args: list[str]):
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     return CliRunner().invoke(app, args, catch_exceptions=False)
 
 
 def test_ccs_evaluate_json_all_variants_writes_model_eval(spark, lake, stats, labelled, monkeypatch):
     from ccselect.lake import table_path
-    from evaluation.evaluate import ALL_VARIANTS
-    from models.crossnode import split_nodes
-    from models.dataset import load_labelled, window_nodes
+    from ccselect.evaluation.evaluate import ALL_VARIANTS
+    from ccselect.models.crossnode import split_nodes
+    from ccselect.models.dataset import load_labelled, window_nodes
     monkeypatch.delenv("CCS_CONFIG", raising=False)
     res = _ccs(["evaluate", "--hours", f"{lake.lo}..{lake.hi}", "--epochs", "1", "--k", "2",
                 "--seed", "3", "--json", "--config", str(lake.cfg_path)])

@@ -32,7 +32,7 @@ def test_table_is_silver_per_node_hour_and_a_rerun_replaces_it(spark, small_lake
     and rebuilding after silver lost an hour's rows drops that hour's row."""
     from ccselect.contract import FEATURES
     from ccselect.lake import table_path
-    from features import node_stats
+    from ccselect.features import node_stats
     cfg = copy_lake(small_lake, tmp_path / "lake").cfg()   # its own copy: it deletes an hour of silver
     silver = spark.read.format("delta").load(table_path(cfg, "silver.connections"))
     pdf = silver.select("node_id", "hour", "label", *FEATURES).toPandas()
@@ -83,8 +83,8 @@ def test_trailing_window_and_fleet_fallback_below_the_minimum():
     """Node a has 240 connections in its last 2 hours (≥ 200): its own mean and std, the hour
     three back not counted; node b has 120: the fleet's statistics, named fleet_fallback; a node
     without rows falls back too. The scored hour's own traffic is part of its window."""
-    from features.node_stats import FALLBACK, NODE, NodeStandardization, scaling_for, summary
-    from features.scaling import FeatureStats
+    from ccselect.features.node_stats import FALLBACK, NODE, NodeStandardization, scaling_for, summary
+    from ccselect.features.scaling import FeatureStats
     fleet = FeatureStats(("a", "b"), (0.5, 0.25), (2.0, 3.0), 1000, "w")
     rows = pd.DataFrame(_rows("a", {"2026-11-01T07": 1000}, 9.0) +      # outside a 2-hour window of T10
                         _rows("a", {"2026-11-01T09": 100, "2026-11-01T10": 140}, 3.0) +
@@ -120,9 +120,9 @@ def test_guard_judges_a_shifted_node_on_its_own_z():
     """A guard fitted on a node's per-node z flags almost none of another node whose every
     feature is 20× larger (a farther, slower node with the same mix) when that node is scored on
     its own statistics, and almost all of it on the fleet's: the guard reads the z the model sees."""
-    from features.node_stats import NodeStandardization, scaling_for, standardize
-    from features.scaling import FeatureStats, exact_moments
-    from models.ood import fit_guard
+    from ccselect.features.node_stats import NodeStandardization, scaling_for, standardize
+    from ccselect.features.scaling import FeatureStats, exact_moments
+    from ccselect.models.ood import fit_guard
     feats = ("f0", "f1", "f2")
     rng = np.random.default_rng(5)
     a = np.exp(rng.normal(5.0, 0.4, (2000, 3)))
@@ -146,12 +146,12 @@ def node_champion(spark, lake):
     NodeStandardization and promoted."""
     from dataclasses import replace
 
-    from features import node_stats, scaling
-    from models import registry
-    from models.crossnode import per_node, summary
-    from models.dataset import load_labelled, to_train_data
-    from models.ood import fit_calibration, fit_guard
-    from models.train import TrainParams, fit
+    from ccselect.features import node_stats, scaling
+    from ccselect.models import registry
+    from ccselect.models.crossnode import per_node, summary
+    from ccselect.models.dataset import load_labelled, to_train_data
+    from ccselect.models.ood import fit_calibration, fit_guard
+    from ccselect.models.train import TrainParams, fit
     cfg = lake.cfg()
     ns = node_stats.NodeStandardization(hours=3, min_conns=100)
     stats = scaling.load(lake.stats_path)
@@ -190,10 +190,10 @@ def test_both_engines_score_a_node_standardized_champion_on_node_z(spark, lake, 
 
     from ccselect.contract import FEATURES
     from ccselect.lake import connections_in
-    from features import node_stats
-    from models import infer, registry
-    from models.infer import predict_wifi, standardize
-    from models.ood import calibrate
+    from ccselect.features import node_stats
+    from ccselect.models import infer, registry
+    from ccselect.models.infer import predict_wifi, standardize
+    from ccselect.models.ood import calibrate
     cfg, ns, lab = node_champion
     champ = registry.load_champion(cfg)
     assert champ.node_std == ns
@@ -241,7 +241,7 @@ def test_ccs_train_of_a_nodestd_variant_records_its_standardization(spark, lake,
     import json
 
     import mlflow
-    from models import registry, train_job
+    from ccselect.models import registry, train_job
     cfg, _, _ = node_champion
     out = train_job.run(spark, cfg, lake.lo, lake.hi, variant="mlp_nodestd", epochs=1, k=2, gate=False)
     ns = cfg.settings.model.node_stats
@@ -263,11 +263,11 @@ def test_ccs_evaluate_scores_nodestd_variants_on_the_deployed_statistics(spark, 
     fleet_fallback, its fleet_fallback_share 1); gbdt_nodestd's per-node accuracies are those of
     the same boosted trees fitted on the rows node_stats.lookup + from_fleet_z give, which the
     whole-window per-node statistics evaluate used before do not reproduce."""
-    from evaluation.evaluate import run_evaluation
-    from features import node_stats, scaling
-    from models import gbdt
-    from models.crossnode import per_node, split_nodes
-    from models.dataset import load_labelled, window_nodes
+    from ccselect.evaluation.evaluate import run_evaluation
+    from ccselect.features import node_stats, scaling
+    from ccselect.models import gbdt
+    from ccselect.models.crossnode import per_node, split_nodes
+    from ccselect.models.dataset import load_labelled, window_nodes
     base = lake.cfg()
     counts = _table(spark, base).select("node_id", "hour", "n").toPandas()
     stats = scaling.load(lake.stats_path)
@@ -304,7 +304,7 @@ def test_ccs_evaluate_scores_nodestd_variants_on_the_deployed_statistics(spark, 
     got = pd.Series({r["node_id"]: r["accuracy"] for r in out["variants"]["gbdt_nodestd"]["per_node"]})
     pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)
     # the check can fail: whole-window per-node statistics (what evaluate used before) score otherwise
-    from models.dataset import load_unlabelled
+    from ccselect.models.dataset import load_unlabelled
     unl = load_unlabelled(spark, cfg, lake.lo, lake.hi, stats, 10)
     old = gbdt.fit(unl.per_node_standardized(tr.x, tr.node), tr.y, 3)
     before = per_node(te.y, gbdt.predict_proba(old, unl.per_node_standardized(te.x, te.node)), te.node)

@@ -29,7 +29,7 @@ def _overconfident(n=20000, seed=0):
 
 
 def test_temperature_scaling_lowers_the_ece_of_an_overconfident_classifier():
-    from models.ood import calibrate, ece, fit_calibration, fit_temperature
+    from ccselect.models.ood import calibrate, ece, fit_calibration, fit_temperature
     p, y = _overconfident()
     t = fit_temperature(p, y)
     assert t == pytest.approx(2.0, rel=0.1)          # the true posterior is sigmoid(4 s / 2)
@@ -46,7 +46,7 @@ def test_temperature_scaling_lowers_the_ece_of_an_overconfident_classifier():
 
 
 def test_guard_json_roundtrip_and_quantiles():
-    from models.ood import DomainGuard, fit_guard
+    from ccselect.models.ood import DomainGuard, fit_guard
     z = np.random.default_rng(0).normal(size=(5000, len(FEATURES)))
     for method in ("mahalanobis", "maxabs"):
         g = fit_guard(z, FEATURES, 0.999, method)
@@ -57,8 +57,8 @@ def test_guard_json_roundtrip_and_quantiles():
 
 
 def test_calibration_split_holds_out_whole_paths():
-    from models.train import TrainData
-    from models.train_job import calibration_split
+    from ccselect.models.train import TrainData
+    from ccselect.models.train_job import calibration_split
     rng = np.random.default_rng(0)
     n = 2000
     data = TrainData(rng.normal(size=(n, 12)).astype(np.float32), rng.integers(0, 2, n), rng.integers(0, 200, n),
@@ -75,8 +75,8 @@ def test_heldout_calibration_fits_half_the_nodes_and_reports_the_other_half():
     """Temperature on held-out nodes (infer.calibration_on: heldout_nodes): fitted on half of
     them, and on the other half — rows it never saw — the ECE falls and the §4.2 thresholds' trusted
     rows are fewer and right more often (an over-confident model trusts too many)."""
-    from models.ood import Calibration
-    from models.train_job import heldout_calibration
+    from ccselect.models.ood import Calibration
+    from ccselect.models.train_job import heldout_calibration
     from ccselect.settings import InferSettings
     parts = [_overconfident(n=3000, seed=s) for s in range(4)]
     p = np.concatenate([q for q, _ in parts])
@@ -105,7 +105,7 @@ def _raw(x, stats):
 
 
 def _standardize(raw, stats):
-    from models.infer import standardize
+    from ccselect.models.infer import standardize
     return standardize([raw[:, j] for j in range(raw.shape[1])], stats.mean, stats.std)
 
 
@@ -127,13 +127,13 @@ def registered(tmp_path_factory, spark, small_lake):
     rule do not depend on them."""
     import torch
 
-    from features import scaling
-    from models import registry
-    from models.crossnode import per_node, summary
-    from models.dataset import load_labelled
-    from models.nets import Classifier, Generator, NetTypeModel
-    from models.ood import fit_calibration, fit_guard
-    from models.train import TrainParams
+    from ccselect.features import scaling
+    from ccselect.models import registry
+    from ccselect.models.crossnode import per_node, summary
+    from ccselect.models.dataset import load_labelled
+    from ccselect.models.nets import Classifier, Generator, NetTypeModel
+    from ccselect.models.ood import fit_calibration, fit_guard
+    from ccselect.models.train import TrainParams
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("ood_lake"))
     cfg = lake.cfg()
     stats = scaling.load(lake.stats_path)
@@ -168,7 +168,7 @@ def test_guard_passes_the_training_rows_and_flags_far_rows(registered):
 def test_the_registered_model_carries_its_guard_and_temperature(registered):
     import mlflow
 
-    from models import registry
+    from ccselect.models import registry
     lake, cfg, stats, lab, guard, calibration = registered
     champ = registry.load_champion(cfg)
     assert champ.guard == guard and champ.calibration == calibration
@@ -181,7 +181,7 @@ def test_the_registered_model_carries_its_guard_and_temperature(registered):
 
 def test_decide_gives_ood_rows_the_default_cc(spark):
     from ccselect.settings import InferSettings
-    from models.infer import decide
+    from ccselect.models.infer import decide
     p = InferSettings(default_cc="reno")
     df = spark.createDataFrame([(0, 0.99, True), (1, 0.99, False), (2, 0.01, True), (3, 0.01, None), (4, None, None),
                                 (5, 0.7, True)], "id int, p_wifi double, ood boolean")
@@ -194,8 +194,8 @@ def test_decide_gives_ood_rows_the_default_cc(spark):
 def test_inference_writes_ood_with_the_default_cc(spark, registered):
     from dataclasses import replace
 
-    from models import infer, registry
-    from models.ood import calibrate
+    from ccselect.models import infer, registry
+    from ccselect.models.ood import calibrate
     lake, cfg, stats, lab, guard, calibration = registered
     champ = registry.load_champion(cfg)
     src = infer.extract(spark, cfg, lake.lo, lake.hi).orderBy("conn_id").limit(400).toPandas()
@@ -229,7 +229,7 @@ def test_inference_writes_ood_with_the_default_cc(spark, registered):
 
 def test_export_counts_ood_beside_fallback(spark):
     from ccselect.settings import PrefixLadder
-    from export.tables import aggregate as agg
+    from ccselect.export.tables import aggregate as agg
     rows = [("1.1.1.%d" % i, "bbr", "model", 1) for i in range(10)] + [("2.2.2.2", "cubic", "fallback", 4),
                                                                        ("3.3.3.3", "cubic", "ood", 5)]
     preds = spark.createDataFrame([(ip, cc, d, "cubic", r) for ip, cc, d, r in rows],
@@ -246,7 +246,7 @@ def test_export_counts_ood_beside_fallback(spark):
 def test_emulated_aliccs_leaves_ood_on_the_default(spark, cfg):
     from ccselect.lake import table_path
     from ccselect.settings import EmulateSettings
-    from evaluation import emulate
+    from ccselect.evaluation import emulate
     from test_emulate import H0, H1, P, _trace
     preds = [(f"q{i}", "n1", H0, f"7.7.{i}.9", "bbr", "model", "cubic", 3) for i in range(24)]   # a pure /16 with its support → one entry
     preds += [("o1", "n1", H0, "6.6.6.6", "bbr", "ood", "cubic", 3)]                              # ood: no entry

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from features.prefixes import prefix_means, prefix_means_frame
+from ccselect.features.prefixes import prefix_means, prefix_means_frame
 
 X = np.array([[1.0, 10.0],
               [3.0, 20.0],
@@ -59,7 +59,7 @@ def test_node_and_prefix_paths():
     np.testing.assert_array_equal(pm.means, [[4.0, 0.0], [2.5, 8.0], [5.0, 60.0], [1.0, 10.0]])
     np.testing.assert_array_equal(pm.counts, [1, 2, 1, 1])
     np.testing.assert_array_equal(pm.inverse, [3, 1, 2, 1, 0])
-    from models.dataset import path_ids
+    from ccselect.models.dataset import path_ids
     np.testing.assert_array_equal(pm.inverse, path_ids(NODE, PFX))
 
 
@@ -96,7 +96,7 @@ def test_spark_means_and_groups_do_not_depend_on_the_partitioning(spark):
     means and the same K-means groups, bit for bit (issue 30: local mode and a cluster)."""
     import pandas as pd
 
-    from models.groups import cluster_type, prefix_vectors
+    from ccselect.models.groups import cluster_type, prefix_vectors
     rng = np.random.default_rng(5)
     n = 6_000
     pdf = pd.DataFrame({"label": rng.integers(0, 2, n).astype("int32"),

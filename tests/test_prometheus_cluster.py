@@ -106,7 +106,7 @@ def _firing(cfg, alertname: str) -> list[str]:
 # work (the drill needs its heartbeat, not its batches): argv path, input folder, export folder
 STREAM_WRITER = """
 import sys, time
-from flows.stream_metrics import StreamMetrics
+from ccselect.flows.stream_metrics import StreamMetrics
 with StreamMetrics(sys.argv[1], sys.argv[2], sys.argv[3], lambda m: print(m, flush=True), every_s=1.0):
     print("writing", flush=True)
     while True:
@@ -142,7 +142,7 @@ def _wait(what: str, check, timeout: float = 60.0):
 def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
     if os.geteuid() != 0:
         _unavailable("needs root (eBPF, cgroups, network namespaces)")
-    from export.edge.probe import kernel_ready
+    from ccselect.export.edge.probe import kernel_ready
     if why := kernel_ready():
         _unavailable(why)
     for tool in ("prometheus", "prometheus-alertmanager", "prometheus-node-exporter", "nsenter", "ip"):
@@ -150,10 +150,10 @@ def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
             _unavailable(f"{tool} is not installed (make sysdeps)")
     binary = edge_binary()
 
-    from topology import edges, env as cluster_env, monitoring
-    from export.artifact import signing, table_format as tf
-    from export.delivery.publish import key_paths
-    from export.edge.probe import NetnsRunner, in_cgroup, listener, system_cc
+    from ccselect.topology import edges, env as cluster_env, monitoring
+    from ccselect.export.artifact import signing, table_format as tf
+    from ccselect.export.delivery.publish import key_paths
+    from ccselect.export.edge.probe import NetnsRunner, in_cgroup, listener, system_cc
 
     cfg = _config(tmp_path, binary)
     priv, pub = key_paths(cfg)
@@ -263,7 +263,7 @@ def test_prometheus_scrapes_the_edge_hosts_and_fault_drills_fire(tmp_path):
         # the same two nodes through `ccs fleet status` (their agents, in their namespaces)
         from typer.testing import CliRunner
 
-        from app.cli import app
+        from ccselect.app.cli import app
         r = CliRunner().invoke(app, ["fleet", "status", "--fleet", str(tmp_path / "fleet.yaml"),
                                      "--config", str(cfg.path), "--json"])
         rows = {row["node"]: row for row in json.loads(r.output)}

@@ -17,7 +17,7 @@ from pyspark.testing import assertDataFrameEqual
 from ccselect.contract import FEATURES
 from ccselect.hours import hour_start_ms
 from ccselect.ipaddr import ab_bucket, with_ip
-from jobs.parse import imputable, parse
+from ccselect.jobs.parse import imputable, parse
 from test_ingest_parse import H0, _DROP, expect, lines_df, transport
 
 BOM = "\ufeff"
@@ -155,8 +155,8 @@ SILVER = "conn_id string, hour string, family int, client_ip string, prefix24 st
 def test_ingest_real_folder(spark, tmp_path, policy):
     from ccselect.config import load_config
     from ccselect.lake import table_path
-    from features.labels import training_set
-    from jobs import ingest
+    from ccselect.features.labels import training_set
+    from ccselect.jobs import ingest
     from ccs_testing import write_config
 
     logs = write_real_folder(tmp_path)
@@ -180,7 +180,7 @@ def test_ingest_real_folder(spark, tmp_path, policy):
     # rows with imputed features are not learnt from; inference sees them at the training mean
     assert [r["conn_id"] for r in training_set(silver, None).collect()] == ["c1"]
     if policy == "impute":
-        from features import scaling
+        from ccselect.features import scaling
         stats = scaling.fit(silver, "w")
         z = scaling.transform(silver.where("conn_id = 'c2'"), stats).first()
         assert z["z_init_snd_wnd_bytes"] == 0.0 and z["z_max_snd_wnd_bytes"] == 0.0
@@ -188,7 +188,7 @@ def test_ingest_real_folder(spark, tmp_path, policy):
 
 
 def test_validate_names_each_defect(spark, tmp_path):
-    from jobs import validate
+    from ccselect.jobs import validate
 
     logs = write_real_folder(tmp_path)
     (logs / "transport" / "n2" / f"{HOUR}.jsonl").write_text("")      # beside the .gz of the same hour

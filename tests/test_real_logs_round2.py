@@ -7,7 +7,7 @@ import random
 import pytest
 
 from ccselect.settings import PrefixLadder
-from export.tables import aggregate as agg
+from ccselect.export.tables import aggregate as agg
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -90,8 +90,8 @@ def test_thin_connections_get_the_evidence_decision_in_both_engines(spark):
     import pyarrow as pa
 
     from ccselect.settings import InferSettings
-    from models.infer import decide
-    from models.infer_arrow import decide_arrays, thin_rows
+    from ccselect.models.infer import decide
+    from ccselect.models.infer_arrow import decide_arrays, thin_rows
     p = InferSettings(min_data_segs=8, min_bytes_acked=10_000, min_duration_us=20_000)
     rows = [  # p_wifi, ood, data_segs_out, bytes_acked, duration_us → decision
         (0.95, False, 400, 500_000, 3_000_000, "model"),
@@ -125,8 +125,8 @@ def test_a_mostly_imputed_row_is_out_of_domain_in_both_engines(spark):
 
     from ccselect.contract import FEATURES
     from ccselect.settings import InferSettings
-    from models.infer import decide
-    from models.infer_arrow import decide_arrays, over_imputed
+    from ccselect.models.infer import decide
+    from ccselect.models.infer_arrow import decide_arrays, over_imputed
     p = InferSettings()
     window = ["init_snd_wnd_bytes", "max_snd_wnd_bytes", "min_snd_wnd_bytes"]
     imputed = [[], window, window + ["mss_bytes"], list(FEATURES), None]
@@ -151,7 +151,7 @@ def _units(**kw):
 def test_rtt_in_ms_is_flagged_on_long_paths():
     """Intercontinental medians written in ms (173–280) were above the 50 µs median rule: the
     handshake ratio and Linux's 200 ms RTO floor flag them; the same path in µs is not flagged."""
-    from jobs.validate import suspicious_transport
+    from ccselect.jobs.validate import suspicious_transport
     assert suspicious_transport(_units()) == []
     every_rtt_in_ms = _units(median_min_rtt_us=173, median_min_srtt_us=180, median_max_srtt_us=260,
                              median_min_rto_us=376)
@@ -166,8 +166,8 @@ def test_validate_reports_the_missing_reference_and_the_setting_that_accepts(spa
     import json
     import shutil
 
-    from jobs import validate
-    from jobs.sources import discover
+    from ccselect.jobs import validate
+    from ccselect.jobs.sources import discover
     from test_validate import _lines, _write
     fleet_dir = small_fleet[0]
     tf = next(f for f in discover(fleet_dir) if f.stream == "transport")

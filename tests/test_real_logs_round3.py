@@ -12,7 +12,7 @@ import pytest
 from pyspark.testing import assertDataFrameEqual
 
 from ccselect.contract import FEATURES
-from jobs.parse import imputable, parse
+from ccselect.jobs.parse import imputable, parse
 from test_ingest_parse import _DROP, expect, lines_df, transport
 
 pytestmark = pytest.mark.filterwarnings("ignore")
@@ -57,7 +57,7 @@ def test_imputable_features_is_the_configured_list(spark, tmp_path):
     from ccselect.config import load_config
     from ccselect.settings import IngestSettings
     from ccs_testing import write_config
-    from jobs.parse import imputable_of
+    from ccselect.jobs.parse import imputable_of
     only_mss = imputable("impute", "transport", ("mss_bytes",))
     assertDataFrameEqual(_reasons(spark, _lines(), only_mss), expect(spark, [
         "missing_key:" + ",".join(SEND_WINDOW), "missing_key:" + ",".join(SEND_WINDOW + ("bytes_acked",)),
@@ -84,7 +84,7 @@ def test_validate_hints_name_the_setting_that_would_accept(spark, tmp_path):
     """Two lines without the send window, one without min_rtt_us and min_srtt_us, one with none of
     the twelve features: `missing_features: impute` accepts the first two only; the others need
     `imputable_features`, and the featureless one would be scored ood even then."""
-    from jobs import validate
+    from ccselect.jobs import validate
     drop = lambda *fs: {f: _DROP for f in fs}   # noqa: E731
     logs = _folder(tmp_path, [dict(conn_id="a", **drop(*SEND_WINDOW)), dict(conn_id="b", **drop(*SEND_WINDOW)),
                               dict(conn_id="c", **drop("min_rtt_us", "min_srtt_us")),
@@ -113,7 +113,7 @@ def test_ingest_reports_the_missing_reference(spark, tmp_path):
     from ccselect.config import load_config
     from ccselect.lake import table_path
     from ccs_testing import write_config
-    from jobs import ingest
+    from ccselect.jobs import ingest
     logs = _folder(tmp_path, [dict(conn_id="a", client_ip="10.1.2.3"), dict(conn_id="b", client_ip="10.9.9.9")])
     (tmp_path / "lake").mkdir()
     cfg = load_config(write_config(tmp_path / "lake"))
@@ -139,7 +139,7 @@ def test_prediction_decisions_are_what_inference_writes(spark):
     from docs/contract.md, though both inference engines write it."""
     from ccselect.contract import PREDICTION_DECISIONS
     from ccselect.settings import InferSettings
-    from models.infer import decide, evidence_minima
+    from ccselect.models.infer import decide, evidence_minima
     p = InferSettings()
     cols = list(evidence_minima(p))
     rows = [(0.99, False) + tuple(10 ** 9 for _ in cols), (0.6, False) + tuple(10 ** 9 for _ in cols),

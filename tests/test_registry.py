@@ -19,8 +19,8 @@ pytestmark = pytest.mark.filterwarnings("ignore")
 def tiny():
     """A small trained model (2 epochs on separable synthetic rows) and its feature statistics."""
     from ccselect.contract import FEATURES
-    from features.scaling import FeatureStats
-    from models.train import TrainData, TrainParams, fit
+    from ccselect.features.scaling import FeatureStats
+    from ccselect.models.train import TrainData, TrainParams, fit
     rng = np.random.default_rng(3)
     n = 512
     y = rng.integers(0, 2, n)
@@ -50,7 +50,7 @@ def _per_node(mean: float, worst: float) -> tuple[pd.DataFrame, dict]:
 
 
 def _register(cfg, tiny, mean, worst, model=None):
-    from models import registry
+    from ccselect.models import registry
     params, data, stats = tiny
     pn, summ = _per_node(mean, worst)
     return registry.log_training(cfg, params, model, stats, pn, summ, history=[{"ce": 0.7}, {"ce": 0.5}],
@@ -61,8 +61,8 @@ def test_log_and_register_sets_tags_steps_and_artifacts(tmp_path, tiny):
     import mlflow
 
     from ccselect.contract import FEATURES
-    from models import registry
-    from models.train import fit
+    from ccselect.models import registry
+    from ccselect.models.train import fit
     cfg = _cfg(tmp_path)
     params, data, stats = tiny
     pn, summ = _per_node(0.93, 0.91)
@@ -100,8 +100,8 @@ def test_log_and_register_sets_tags_steps_and_artifacts(tmp_path, tiny):
 def test_gate_and_promotion(tmp_path, tiny):
     import torch
 
-    from models import registry
-    from models.nets import Classifier, Generator, NetTypeModel
+    from ccselect.models import registry
+    from ccselect.models.nets import Classifier, Generator, NetTypeModel
     torch.manual_seed(0)
     model = NetTypeModel(Generator(12), Classifier())
     cfg = _cfg(tmp_path, min_mean_accuracy=0.9, min_worst_accuracy=0.8, max_drop_vs_champion=0.01)
@@ -157,8 +157,8 @@ def test_gate_and_promotion(tmp_path, tiny):
 def test_load_champion_follows_the_alias(tmp_path, tiny):
     import torch
 
-    from models import registry
-    from models.nets import Classifier, Generator, NetTypeModel
+    from ccselect.models import registry
+    from ccselect.models.nets import Classifier, Generator, NetTypeModel
     cfg = _cfg(tmp_path)
     params, data, stats = tiny
     models = []
@@ -188,9 +188,9 @@ def test_ccs_train_and_promote_on_the_small_lake(tmp_path, spark, small_lake):
     fit, per-node evaluation, MLflow, gate) then `ccs promote` / `ccs models` via the CLI."""
     from typer.testing import CliRunner
 
-    from app.cli import app
-    from models import registry
-    from models.crossnode import per_node, summary
+    from ccselect.app.cli import app
+    from ccselect.models import registry
+    from ccselect.models.crossnode import per_node, summary
     lake = copy_lake(small_lake, tmp_path / "lake")
     runner = CliRunner()
     res = runner.invoke(app, ["train", "--hours", f"{lake.lo}..{lake.hi}", "--variant", "mlp", "--epochs", "2",
@@ -213,7 +213,7 @@ def test_ccs_train_and_promote_on_the_small_lake(tmp_path, spark, small_lake):
 
     import mlflow
 
-    from models.ood import Calibration, DomainGuard
+    from ccselect.models.ood import Calibration, DomainGuard
     local = mlflow.artifacts.download_artifacts(f"models:/{registry.model_name(cfg)}/{out['version']}",
                                                 dst_path=str(tmp_path / "model"))
     guard = DomainGuard.from_json(open(os.path.join(local, "extra_files", registry.GUARD_FILE)).read())
@@ -223,8 +223,8 @@ def test_ccs_train_and_promote_on_the_small_lake(tmp_path, spark, small_lake):
     # the held-out per-node table is reproducible from the registered model and its logged scaler
     import torch
 
-    from features.scaling import FeatureStats
-    from models.dataset import load_labelled
+    from ccselect.features.scaling import FeatureStats
+    from ccselect.models.dataset import load_labelled
     uri = f"models:/{registry.model_name(cfg)}/{out['version']}"
     model = mlflow.pytorch.load_model(uri).eval()
     stats = FeatureStats.from_json(mlflow.artifacts.load_text(f"runs:/{out['run_id']}/{registry.STATS_ARTIFACT}"))

@@ -33,14 +33,14 @@ def test_relocate_after_moving_the_data_root(tmp_path, spark):
     import torch
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     from ccselect.config import load_config
     from ccselect.contract import FEATURES
     from ccselect.lake import table_path
-    from features.scaling import FeatureStats
-    from models import registry
-    from models.nets import Classifier, Generator, NetTypeModel
-    from models.train import TrainParams
+    from ccselect.features.scaling import FeatureStats
+    from ccselect.models import registry
+    from ccselect.models.nets import Classifier, Generator, NetTypeModel
+    from ccselect.models.train import TrainParams
 
     old, new = tmp_path / "old", tmp_path / "new"
     old.mkdir()

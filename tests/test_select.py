@@ -8,8 +8,8 @@ import json
 import numpy as np
 
 from ccs_testing import copy_lake
-from models.select import select_variant
-from models.train import TrainData, TrainParams
+from ccselect.models.select import select_variant
+from ccselect.models.train import TrainData, TrainParams
 
 
 def _data(seed=3, nodes=("a", "b", "c", "d"), held=("x", "y"), per_node=120):
@@ -75,8 +75,8 @@ def test_ccs_train_select_registers_the_folds_choice(tmp_path, small_lake):
     from typer.testing import CliRunner
 
     import mlflow
-    from app.cli import app
-    from models import registry
+    from ccselect.app.cli import app
+    from ccselect.models import registry
     lake = copy_lake(small_lake, tmp_path / "lake")
     raw = yaml.safe_load(lake.cfg_path.read_text())
     # a per-node standardized candidate too (features/node_stats.py): its rows from silver.node_stats

@@ -6,7 +6,7 @@ import zlib
 
 from pyspark.testing import assertDataFrameEqual
 
-from jobs.silver import access_labels, build_connections, derived, qoe_per_conn, read_reference, reference_frame
+from ccselect.jobs.silver import access_labels, build_connections, derived, qoe_per_conn, read_reference, reference_frame
 
 ACCESS = ("node_id string, hour string, conn_id string, client_ip string, client_port bigint, "
           "net_type string, bytes_sent bigint, request_time_ms bigint")

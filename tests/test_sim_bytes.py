@@ -16,11 +16,11 @@ from dataclasses import replace
 
 import numpy as np
 
-from sim.fleet import simulate
-from sim.follow import Choice
-from sim.params import SimParams
-from sim.traffic import generate_node_hour
-from sim.world import World
+from ccselect.sim.fleet import simulate
+from ccselect.sim.follow import Choice
+from ccselect.sim.params import SimParams
+from ccselect.sim.traffic import generate_node_hour
+from ccselect.sim.world import World
 
 #: recorded at commit 8c0bf55 (before generate_node_hour was split), by this file's functions
 FLEET_DIGESTS = {

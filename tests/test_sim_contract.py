@@ -12,8 +12,8 @@ from datetime import datetime, timezone
 import pytest
 
 from ccselect import contract
-from sim.fleet import simulate
-from sim.params import SimParams
+from ccselect.sim.fleet import simulate
+from ccselect.sim.params import SimParams
 
 
 def _records(out: str, stream: str):
@@ -161,15 +161,15 @@ def test_resimulating_into_the_same_folder_leaves_no_stale_files(tmp_path):
     simulate(SimParams(nodes=3, hours=2, conns_per_node_hour=100, seed=1), str(tmp_path), workers=1, progress=False)
     m = simulate(SimParams(nodes=2, hours=1, conns_per_node_hour=100, seed=1), str(tmp_path), workers=1, progress=False)
     assert len(glob.glob(str(tmp_path / "transport" / "*" / "*.jsonl"))) == 2, "files of the earlier, larger run remain"
-    from sim.fleet import code_version
+    from ccselect.sim.fleet import code_version
     assert m["code_version"] == code_version()
 
 
 def test_planted_mss_fault_changes_only_the_mss_of_its_prefix16_from_its_hour():
     """The issue-5 fault: from `fault_start_hour` on, the /16's IPv4 connections log MSS
     `fault_mss_bytes`; every other column of every stream is what the fault-free fleet writes."""
-    from sim.traffic import generate_node_hour
-    from sim.world import World
+    from ccselect.sim.traffic import generate_node_hour
+    from ccselect.sim.world import World
     base = SimParams(nodes=4, hours=3, conns_per_node_hour=300, seed=5)
     clean = World(base)
     faulty = World(SimParams(**{**base.to_dict(), "fault_mss_prefix16": "auto", "fault_start_hour": 1}))
@@ -196,7 +196,7 @@ def test_busy_nodes_get_distinct_prefixes_beyond_a_regions_blocks():
     ISP in its region than that ISP's one /16 there holds: the extra prefixes come from the ISP's
     blocks in other regions (this used to loop forever); every prefix stays distinct and in the
     reference table's blocks."""
-    from sim.world import World
+    from ccselect.sim.world import World
     w = World(SimParams(nodes=12, hours=24, conns_per_node_hour=17_361, seed=17))
     blocks = {(b.family, b.net, b.region) for b in w.blocks}
     for i in range(len(w.nodes)):

@@ -10,10 +10,10 @@ import zlib
 import numpy as np
 import pytest
 
-from sim.follow import Choice
-from sim.params import SimParams
-from sim.traffic import generate_node_hour
-from sim.world import World
+from ccselect.sim.follow import Choice
+from ccselect.sim.params import SimParams
+from ccselect.sim.traffic import generate_node_hour
+from ccselect.sim.world import World
 
 RETRANS = ("total_retrans", "data_segs_out")
 

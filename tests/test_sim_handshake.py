@@ -7,10 +7,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from sim import stacks
-from sim.params import SimParams
-from sim.traffic import generate_node_hour
-from sim.world import World
+from ccselect.sim import stacks
+from ccselect.sim.params import SimParams
+from ccselect.sim.traffic import generate_node_hour
+from ccselect.sim.world import World
 
 
 def test_linux_rule_gives_the_windows_real_kernels_send():

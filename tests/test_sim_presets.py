@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from ccselect.settings import SimulateSettings
-from sim import physics
-from sim.params import PRESETS, SimParams
-from sim.world import World
+from ccselect.sim import physics
+from ccselect.sim.params import PRESETS, SimParams
+from ccselect.sim.world import World
 
 
 def _settings(**kw) -> SimulateSettings:
@@ -61,7 +61,7 @@ def test_shift_severity_scales_the_preset_from_the_default_fleet():
     """The stress knob (issue 55): severity 0 is the default fleet's knobs, 1 the strong_shift
     preset's values exactly (as docs/simulator.md tabulates them), halfway lies halfway, shares
     stay ≤ 1 beyond 1; from_settings records the severity and refuses it beside a preset."""
-    from sim.params import STRONG_SHIFT, shift_knobs
+    from ccselect.sim.params import STRONG_SHIFT, shift_knobs
     table = {"node_rtt_median_ms": 20.0, "node_rtt_sigma": 1.2, "node_rtt_max_ms": 180.0, "node_buffer_sigma": 0.7,
              "node_tunnel_share": 0.5, "odd_broadband_share": 0.5, "odd_cellular_share": 0.5,
              "access_branch_sigma": 0.8, "in_carrier_node_share": 0.5}

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from ccselect import contract
-from jobs.sources import SourceFile, discover_all
+from ccselect.jobs.sources import SourceFile, discover_all
 
 HOUR4, HOUR5 = "2026-11-01T04", "2026-11-01T05"
 
@@ -50,8 +50,8 @@ TIME = {"transport": "ts_end_ms", "access": "ts_ms", "qoe": "ts_ms"}
 @pytest.fixture(scope="module")
 def fleets(tmp_path_factory):
     """The same tiny fleet (same seed) twice: hourly files, and segments every ROTATE minutes."""
-    from sim.fleet import simulate
-    from sim.params import SimParams
+    from ccselect.sim.fleet import simulate
+    from ccselect.sim.params import SimParams
     params = SimParams(nodes=2, hours=1, conns_per_node_hour=150, seed=5)
     hourly, rotated = str(tmp_path_factory.mktemp("hourly")), str(tmp_path_factory.mktemp("rotated"))
     simulate(params, hourly, workers=1, progress=False)
@@ -100,7 +100,7 @@ def test_segments_ingest_to_the_same_silver(fleets, spark, tmp_path):
     from ccs_testing import write_config
     from ccselect.config import load_config
     from ccselect.lake import table_path
-    from jobs import ingest
+    from ccselect.jobs import ingest
 
     hourly, rotated = fleets
     lakes = {}

@@ -8,10 +8,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from sim import physics, stats
-from sim.fleet import simulate
-from sim.params import SimParams
-from sim.world import World
+from ccselect.sim import physics, stats
+from ccselect.sim.fleet import simulate
+from ccselect.sim.params import SimParams
+from ccselect.sim.world import World
 
 PARAMS = SimParams(nodes=12, hours=12, conns_per_node_hour=900, seed=7)
 

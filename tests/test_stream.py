@@ -60,7 +60,7 @@ def _keys_init(config):
     """`ccs keys init` in this process (a child of its own would only add a start-up)."""
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     res = CliRunner().invoke(app, ["keys", "init", "--config", str(config)])
     assert res.exit_code == 0, res.output[-2000:] + repr(res.exception)
 
@@ -71,9 +71,9 @@ def _table(spark, cfg, name):
 
 
 def _last_table(spark, cfg):
-    from export.artifact import signing
-    from export.delivery.publish import key_paths
-    from export.tables import aggregate
+    from ccselect.export.artifact import signing
+    from ccselect.export.delivery.publish import key_paths
+    from ccselect.export.tables import aggregate
     rows = aggregate.history(spark, cfg)
     _, table = signing.read_manifest(rows[-1]["manifest_path"], signing.load_public_key(key_paths(cfg)[1]))
     return json.loads(rows[-1]["hours"]), sorted((str(e.prefix), e.cc, e.purity_permille) for e in table.entries), rows
@@ -81,9 +81,9 @@ def _last_table(spark, cfg):
 
 def test_killed_stream_restarts_to_the_batch_result(spark, tmp_path, setup):
     from ccselect.config import load_config
-    from flows import stream
-    from jobs import ingest
-    from models import infer
+    from ccselect.flows import stream
+    from ccselect.jobs import ingest
+    from ccselect.models import infer
     seg, lake = setup
 
     # the stream, killed after the bronze commit of its second micro-batch, then restarted
@@ -146,7 +146,7 @@ def test_stream_follows_a_new_champion_without_restart(spark, tmp_path, setup):
     """The champion is resolved at every micro-batch: a version promoted while the stream runs
     scores its next batch."""
     from ccselect.config import load_config
-    from flows.stream import StreamJob
+    from ccselect.flows.stream import StreamJob
     seg, lake = setup
     cfg = lake.cfg()
     job = StreamJob(spark, cfg, str(seg), str(tmp_path / "ckpt"), log=lambda m: None)
@@ -165,7 +165,7 @@ def test_window_predictions_decay(spark, small_lake, tmp_path):
 
     from ccselect.config import load_config
     from ccselect.lake import table_path
-    from export.tables import aggregate
+    from ccselect.export.tables import aggregate
     lake = copy_lake(small_lake, tmp_path)
     cfg = load_config(lake.cfg_path)
     conns = spark.read.format("delta").load(table_path(cfg, "silver.connections")).where(F.col("hour") == lake.lo)

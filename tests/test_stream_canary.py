@@ -11,8 +11,8 @@ from pyspark.sql import functions as F
 
 from ccselect.config import load_config
 from ccselect.lake import table_path
-from export.delivery.canary import canary_moments
-from export.delivery import gates, stream_canary
+from ccselect.export.delivery.canary import canary_moments
+from ccselect.export.delivery import gates, stream_canary
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +63,7 @@ def test_a_harmful_treatment_arm_is_rolled_back_and_every_verdict_recorded(lake,
     assert [(r["version"], r["decision"], r["cohort"]) for r in rows] == [
         (4, "rollback", stream_canary.COHORT), (5, "observe", stream_canary.COHORT)]
     # make run's summary: the verdict under its table's line
-    from app.run import _stream_lines
+    from ccselect.app.run import _stream_lines
     lines = _stream_lines({"hours": ["h"], "files": 1, "lines_read": 1, "batches": 1,
                            "tables": [{"version": 4, "boundary": b, "entries": 3, "changed": None, "rollout": {}}],
                            "canary": {"4": bad}})

@@ -13,7 +13,7 @@ import zlib
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from export.artifact import signing, table_format as tf
+from ccselect.export.artifact import signing, table_format as tf
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

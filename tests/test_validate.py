@@ -27,7 +27,7 @@ def _write(path: Path, records: list, raw_extra: tuple[str, ...] = ()) -> None:
 
 def build_bad_folder(fleet_dir: str, dest: Path) -> dict:
     """Edge logs with known faults, made from one transport and one access file of the fleet."""
-    from jobs.sources import discover
+    from ccselect.jobs.sources import discover
     files = discover(fleet_dir)
     tf = next(f for f in files if f.stream == "transport")
     af = next(f for f in files if f.stream == "access" and f.node_id == tf.node_id and f.hour == tf.hour)
@@ -61,7 +61,7 @@ def build_bad_folder(fleet_dir: str, dest: Path) -> dict:
 
 
 def test_simulated_fleet_has_no_problem(spark, small_fleet):
-    from jobs import validate
+    from ccselect.jobs import validate
     fleet_dir, manifest = small_fleet
     report = validate.run(spark, fleet_dir)
     assert report["problems"] == [], report["problems"][:10]
@@ -73,7 +73,7 @@ def test_simulated_fleet_has_no_problem(spark, small_fleet):
 
 
 def test_bad_folder_names_each_problem(spark, small_fleet, tmp_path):
-    from jobs import validate
+    from ccselect.jobs import validate
     bad = tmp_path / "bad"
     built = build_bad_folder(small_fleet[0], bad)
     report = validate.run(spark, str(bad))
@@ -102,7 +102,7 @@ def test_validate_command_exit_status(spark, small_fleet, tmp_path):
     """`ccs validate` through the CLI: 0 on the fleet (one hour), 1 with the report on the bad folder."""
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     cfg_path = write_config(tmp_path)
     fleet_dir = small_fleet[0]
     runner = CliRunner()

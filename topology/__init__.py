@@ -29,14 +29,14 @@ from urllib.parse import urlparse
 
 from ccselect.config import Config, project_root
 
-from topology.proc import ClusterError, Server
+from ccselect.topology.proc import ClusterError, Server
 
 #: the parts in the order `up` starts them (`down` stops them in reverse)
 PARTS = ("objectstore", "edges", "monitoring", "postgres", "spark", "mlflow", "airflow")
 
 
 def part(name: str):
-    return importlib.import_module(f"topology.{name}")
+    return importlib.import_module(f"ccselect.topology.{name}")
 
 
 def home(cfg: Config) -> str:

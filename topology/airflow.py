@@ -26,9 +26,9 @@ from pathlib import Path
 
 from ccselect.config import Config
 
-from flows.airflow_env import API_USER, DAG_IDS, airflow_env, deployment_secrets, ensure_db
-from topology import address, env as cluster_env, home
-from topology.proc import ClusterError, Server, free_port, http_ok
+from ccselect.flows.airflow_env import API_USER, DAG_IDS, airflow_env, deployment_secrets, ensure_db
+from ccselect.topology import address, env as cluster_env, home
+from ccselect.topology.proc import ClusterError, Server, free_port, http_ok
 # Imported inside the functions that use them (heavy, not needed to import this module): psycopg2.
 
 #: the job_type of each component's row in Airflow's `job` table (its heartbeat)
@@ -107,7 +107,7 @@ def up(cfg: Config, env: dict[str, str]) -> None:
 def supervised(server: Server, argv: list[str]) -> list[str]:
     """`argv` under the topology's supervisor (topology/supervise.py), which starts it again
     when it exits: Airflow's scheduler and DAG processor exit when Postgres restarts under them."""
-    return [sys.executable, "-m", "topology.supervise", "--name", server.name, "--", *argv]
+    return [sys.executable, "-m", "ccselect.topology.supervise", "--name", server.name, "--", *argv]
 
 
 def wait_dags(cfg: Config, dag_ids, timeout: float = 180.0) -> None:

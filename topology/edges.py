@@ -32,11 +32,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from ccselect.config import Config
-from export.delivery.rollout import NetnsAgent, Node, host_dir, load_fleet, netns_argv
-from export.edge.agent import DEFAULT_BINARY
-from export.edge.probe import kernel_ready, remove_cgroup
+from ccselect.export.delivery.rollout import NetnsAgent, Node, host_dir, load_fleet, netns_argv
+from ccselect.export.edge.agent import DEFAULT_BINARY
+from ccselect.export.edge.probe import kernel_ready, remove_cgroup
 
-from topology.proc import ClusterError, Server
+from ccselect.topology.proc import ClusterError, Server
 # Imported inside the functions that use them (heavy, not needed to import this module):
 # export.delivery.publish (its guards load pyspark), for the signing key's path.
 
@@ -126,7 +126,7 @@ def _agent(node: Node) -> NetnsAgent:
 def up(cfg: Config, env: dict[str, str]) -> None:
     """Each namespaced node: its namespace and veth, its cgroup, its program attached, its agent
     running (`ccs-edge run` in the namespace). What already stands is left as it is."""
-    from export.delivery.publish import key_paths
+    from ccselect.export.delivery.publish import key_paths
     todo = nodes(cfg)
     if not todo:
         return

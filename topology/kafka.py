@@ -1,5 +1,5 @@
 """The log transport's broker (issue 60): Apache Kafka in KRaft mode, one node that is both broker
-and controller, started and stopped by the project: `python -m topology.kafka up|down|status`
+and controller, started and stopped by the project: `python -m ccselect.topology.kafka up|down|status`
 (`make kafka-up`, `make kafka-down`).
 
 - **Jars**: `org.apache.kafka:kafka_2.13` and its dependencies from Maven Central, resolved by the
@@ -42,7 +42,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from ccselect.config import load_config
 from ccselect.contract import STREAMS
 
-from topology.proc import ClusterError, Server, group_members, listening
+from ccselect.topology.proc import ClusterError, Server, group_members, listening
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark.
 
 VERSION = "4.4.0"

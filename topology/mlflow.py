@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ccselect.config import Config
 
-from topology import address, home
-from topology.proc import ClusterError, Server, free_port, http_ok
+from ccselect.topology import address, home
+from ccselect.topology.proc import ClusterError, Server, free_port, http_ok
 
 WORKERS = 1
 

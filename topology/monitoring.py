@@ -29,10 +29,10 @@ from pathlib import Path
 import yaml
 
 from ccselect.config import Config, project_root
-from export.delivery.rollout import Node, host_dir, netns_argv
+from ccselect.export.delivery.rollout import Node, host_dir, netns_argv
 
-from topology import address, edges, home
-from topology.proc import ClusterError, Server, free_port, http_ok
+from ccselect.topology import address, edges, home
+from ccselect.topology.proc import ClusterError, Server, free_port, http_ok
 
 RULES = project_root() / "infra" / "prometheus" / "rules.yml"
 #: the Debian packages' binaries (make sysdeps installs them)

@@ -23,8 +23,8 @@ from pathlib import Path
 from ccselect import files
 from ccselect.config import Config
 
-from topology import address, home
-from topology.proc import ClusterError, Server, free_port
+from ccselect.topology import address, home
+from ccselect.topology.proc import ClusterError, Server, free_port
 
 #: the jar with its dependencies of each s3proxy version we run, and its sha256
 JARS = {"4.1.0": "a4d025969aaf796616ed4b1e2491d87d455ce84bb28cb9db086b2e6aaa68b48d"}

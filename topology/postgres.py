@@ -21,8 +21,8 @@ from urllib.parse import unquote, urlparse
 
 from ccselect.config import Config
 
-from topology import address, home
-from topology.proc import ClusterError, Server, free_port, group_members
+from ccselect.topology import address, home
+from ccselect.topology.proc import ClusterError, Server, free_port, group_members
 # Imported inside the functions that use them (heavy, not needed to import this module): psycopg2.
 
 BIN_DIRS = ("/usr/lib/postgresql/15/bin",)   # Debian's versioned binaries; PATH is searched after

@@ -25,8 +25,8 @@ import psutil
 
 from ccselect.config import Config
 
-from topology import address, home
-from topology.proc import ClusterError, Server, free_port, group_members
+from ccselect.topology import address, home
+from ccselect.topology.proc import ClusterError, Server, free_port, group_members
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark.
 
 #: the master's web UI is this far above its RPC port (Spark's defaults: 7077 and 8080)

@@ -1,5 +1,5 @@
 """Restart a server that exits, as systemd's `Restart=on-failure` or a Kubernetes pod would:
-`python -m topology.supervise --name NAME -- ARGV...`.
+`python -m ccselect.topology.supervise --name NAME -- ARGV...`.
 
 Airflow's scheduler and DAG processor exit when their database goes away under them (Postgres
 restarted: `OperationalError ... the database system is shutting down`); Airflow leaves bringing

@@ -54,7 +54,7 @@ def abtest_cmd(
 ) -> None:
     """ALICCS §5.3's randomized control test: rebuffer and retransmission rate, treatment (odd CRC32)
     vs control, overall, per region and per client-reported network type → gold.ab_test."""
-    from evaluation import abtest
+    from ccselect.evaluation import abtest
     cfg = load_config(config)  # refuses a bad configuration before Spark starts
     lo, hi = parse_hours(hours)
     res = abtest.run(get_spark(cfg, "ccs-abtest"), cfg, lo, hi)

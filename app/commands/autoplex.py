@@ -40,7 +40,7 @@ def autoplex_cmd(
 ) -> None:
     """Per user group and period, the better-performed sessions' statistics → gold.autoplex_params
     (AutoPlex Algorithm 1; policies from `autoplex.policies` in the configuration)."""
-    from jobs import autoplex
+    from ccselect.jobs import autoplex
     cfg = load_config(config)
     # no Spark session here: run_parameters refuses a bad policy first, and starts a session only
     # when the Spark engine runs (autoplex.engine)
@@ -56,7 +56,7 @@ def similarity_cmd(
 ) -> None:
     """AutoPlex §3.4: how much better- and worse-performed sessions change between adjacent
     periods → gold.autoplex_similarity and a plot under <data_root>/reports/."""
-    from jobs import autoplex
+    from ccselect.jobs import autoplex
     cfg = load_config(config)
     autoplex.load_policies(cfg.settings.autoplex)
     res = autoplex.run_similarity(None, cfg, _start_ms(period), periods, os.path.join(cfg.data_root, "reports"),

@@ -9,7 +9,7 @@ import typer
 
 from ccselect.config import load_config, project_root
 
-import topology as cluster
+import ccselect.topology as cluster
 
 DEFAULT = "infra/conf/cluster-local.yaml"
 

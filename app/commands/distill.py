@@ -27,7 +27,7 @@ def distill_cmd(
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Distill models:/<name>@champion into a multi-output decision tree; register it as <name>-tree."""
-    from distill.jobs import run_distill
+    from ccselect.distill.jobs import run_distill
     cfg, spark = _session(config, "ccs-distill")
     lo, hi = parse_hours(hours)
     result = run_distill(spark, cfg, lo, hi)
@@ -55,7 +55,7 @@ def handshake_cmd(
 ) -> None:
     """Fit the handshake tree (MSS, client window, SYN-ACK→ACK time → network type) on the window's
     labelled connections; register it as <name>-handshake (it ships in the next exported table)."""
-    from distill.jobs import run_handshake
+    from ccselect.distill.jobs import run_handshake
     cfg, spark = _session(config, "ccs-handshake")
     lo, hi = parse_hours(hours)
     m = run_handshake(spark, cfg, lo, hi, promote=not no_promote,
@@ -84,7 +84,7 @@ def diagnose_cmd(
     below diagnose.accuracy_threshold. Writes an HTML report, gold.diagnostics and MLflow artifacts."""
     if sum(x is not None for x in (prefix, node, worst)) > 1:
         raise typer.BadParameter("give at most one of --prefix, --node, --worst")
-    from distill.jobs import run_diagnose
+    from ccselect.distill.jobs import run_diagnose
     cfg, spark = _session(config, "ccs-diagnose")
     result = run_diagnose(spark, cfg, parse_hours(hours) if hours else None, prefix, node, worst)
     if as_json:

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from app import results
+from ccselect.app import results
 from ccselect.config import load_config
 from ccselect.hours import parse_hours
 from ccselect.spark import get_spark
@@ -77,7 +77,7 @@ def emulate_cmd(
 ) -> None:
     """Replay hours of silver.connections under CC-selection policies (CUBIC, BBR, Oracle,
     ALICCS, Configanator, Disco, Pytheas) → gold.emulation, gold.emulation_cells."""
-    from evaluation import emulate
+    from ccselect.evaluation import emulate
     cfg = load_config(config)
     lo, hi = parse_hours(hours)
     given = {"window_minutes": window_minutes, "train_hours": train_hours}

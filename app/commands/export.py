@@ -11,12 +11,12 @@ from typing import Optional
 
 import typer
 
-from flows.job_metrics import write_freeze
+from ccselect.flows.job_metrics import write_freeze
 from ccselect.config import Config, load_config
 from ccselect.hours import parse_hours
 from ccselect.spark import get_spark
-from export.artifact import signing
-from export.delivery.rollout import deploy
+from ccselect.export.artifact import signing
+from ccselect.export.delivery.rollout import deploy
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
 keys_app = typer.Typer(help="Ed25519 keys that sign exported tables.", no_args_is_help=True)
@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
 
 def _gate(cfg: Config, gate: str, look_s: float):
     """The gate a cohort passes before the next (export/delivery/gates.py)."""
-    from export.delivery import gates
+    from ccselect.export.delivery import gates
     if gate == "health":
         return gates.health_gate
     if gate == "canary":
@@ -51,7 +51,7 @@ def keys_init_cmd(
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Generate the table-signing key pair under export.keys_dir (private key mode 0600)."""
-    from export.delivery.publish import PublishError, init_keys
+    from ccselect.export.delivery.publish import PublishError, init_keys
     try:
         priv, pub = init_keys(load_config(config), force)
     except PublishError as exc:
@@ -69,7 +69,7 @@ def keys_epoch_cmd(
     """The deployment epoch tables are signed in; --new opens the next one (a new lake, store or
     key whose versions start again: docs/edge-versions.md). Agents take the next epoch's tables
     from then on and refuse the older epoch's."""
-    from export.artifact import epoch
+    from ccselect.export.artifact import epoch
     cfg = load_config(config)
     try:
         if new:
@@ -86,8 +86,8 @@ def export_cmd(
 ) -> None:
     """Purity-aggregate the model's decisions (ALICCS Algorithm 1) into a signed prefix table,
     recorded in gold.cc_tables."""
-    from export.delivery.publish import key_paths
-    from export.tables import aggregate
+    from ccselect.export.delivery.publish import key_paths
+    from ccselect.export.tables import aggregate
     cfg = load_config(config)
     priv, _ = key_paths(cfg)
     if not os.path.exists(priv):
@@ -113,10 +113,10 @@ def rollout_cmd(
     each gated before the next; decisions in gold.rollout_decisions. Refused while frozen."""
     if ctx.invoked_subcommand:
         return
-    from export.delivery.freeze import Frozen
-    from export.delivery.gates import DecisionLog
-    from export.delivery.guards import GuardRefused
-    from export.delivery.publish import PublishError, fleet_and_store, publish
+    from ccselect.export.delivery.freeze import Frozen
+    from ccselect.export.delivery.gates import DecisionLog
+    from ccselect.export.delivery.guards import GuardRefused
+    from ccselect.export.delivery.publish import PublishError, fleet_and_store, publish
     cfg = load_config(config)
     fl, store = fleet_and_store(cfg, fleet, store_url)
     g = _gate(cfg, gate, look_s)
@@ -148,11 +148,11 @@ def rollout_status_cmd(
     """The store's current table and history, the freeze (if any) and its log, the fleet's
     cohorts, and the newest gate decisions."""
     from ccselect.lake import table_path
-    from export.delivery import freeze
-    from export.delivery.gates import DECISIONS_TABLE, read_decisions
-    from export.delivery.publish import key_paths
-    from export.delivery.rollout import load_fleet
-    from export.delivery.store import store_for
+    from ccselect.export.delivery import freeze
+    from ccselect.export.delivery.gates import DECISIONS_TABLE, read_decisions
+    from ccselect.export.delivery.publish import key_paths
+    from ccselect.export.delivery.rollout import load_fleet
+    from ccselect.export.delivery.store import store_for
     cfg = load_config(config)
     store = store_for(cfg, store_url)
     st = store.state()
@@ -201,9 +201,9 @@ def freeze_cmd(
 ) -> None:
     """The operator's kill switch: pin the store's current table fleet-wide and refuse every
     publish and rollout until `ccs unfreeze` (export/delivery/freeze.py)."""
-    from export.delivery import freeze
-    from export.delivery.publish import fleet_and_store
-    from export.delivery.store import store_for
+    from ccselect.export.delivery import freeze
+    from ccselect.export.delivery.publish import fleet_and_store
+    from ccselect.export.delivery.store import store_for
     cfg = load_config(config)
     store = store_for(cfg, store_url)
     try:
@@ -231,8 +231,8 @@ def unfreeze_cmd(
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Lift the freeze: rollouts and publishing go on."""
-    from export.delivery import freeze
-    from export.delivery.store import StoreError, store_for
+    from ccselect.export.delivery import freeze
+    from ccselect.export.delivery.store import StoreError, store_for
     cfg = load_config(config)
     try:
         rec = freeze.unfreeze(store_for(cfg, store_url), reason, who)
@@ -250,8 +250,8 @@ def rollback_cmd(
 ) -> None:
     """Republish the store's previous version to the fleet (canaries first, same health checks).
     Refused while frozen (the freeze already pins a table)."""
-    from export.delivery.freeze import Frozen
-    from export.delivery.publish import fleet_and_store
+    from ccselect.export.delivery.freeze import Frozen
+    from ccselect.export.delivery.publish import fleet_and_store
     cfg = load_config(config)
     fl, store = fleet_and_store(cfg, fleet, store_url)
     prev = store.previous()
@@ -275,8 +275,8 @@ def undeploy_cmd(
     """Take the fleet's enforcement off this machine: each node's sock_ops program detached, its
     pins and route CCs gone, its cgroup removed once empty (make clean runs this). Exits 1 when
     something is still there."""
-    from export.delivery.rollout import load_fleet
-    from export.edge.probe import undeploy
+    from ccselect.export.delivery.rollout import load_fleet
+    from ccselect.export.edge.probe import undeploy
     cfg = load_config(config)
     res = undeploy(load_fleet(fleet or cfg.settings.pipeline.fleet, cfg), log=typer.echo)
     typer.echo(json.dumps(res, indent=1))

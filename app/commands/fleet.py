@@ -12,7 +12,7 @@ from typing import Optional
 import typer
 
 from ccselect.config import load_config
-from export.delivery.rollout import Node, load_fleet
+from ccselect.export.delivery.rollout import Node, load_fleet
 
 #: counters that are errors: any nonzero one needs attention
 ERRORS = ("setsockopt_err", "caps_err", "storage_err", "log_dropped", "log_lost", "log_errors")

@@ -14,7 +14,7 @@ from ccselect.hours import parse_hours
 from ccselect.lake import TRAINING_SET
 from ccselect.spark import session_for
 
-from flows.stream_metrics import StreamMetrics
+from ccselect.flows.stream_metrics import StreamMetrics
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
 
@@ -47,7 +47,7 @@ def ingest_cmd(
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Ingest the edge logs: bronze.*, bronze.quarantine, gold.ingest_audit, silver.connections."""
-    from jobs import ingest
+    from ccselect.jobs import ingest
     cfg, spark = _session(config, "ccs-ingest")
     result = ingest.run(spark, cfg, input, parse_hours(hours), silver=not no_silver)
     for s in result["skipped"]:
@@ -70,12 +70,12 @@ def stream_cmd(
     every `stream.table_minutes` of traffic when it changed enough; stop with SIGTERM."""
     from ccselect.config import load_config
     from ccselect.spark import get_spark
-    from flows import stream
-    from jobs import stream_sources
+    from ccselect.flows import stream
+    from ccselect.jobs import stream_sources
     # --source, and the Kafka source's jar only in a session that reads Kafka
     cfg = stream_sources.session_config(load_config(config), source)
     if cfg.settings.stream.source == "kafka" and not bootstrap and not cfg.settings.stream.kafka_bootstrap:
-        from topology.kafka import Broker
+        from ccselect.topology.kafka import Broker
         bootstrap = Broker(os.path.join(cfg.data_root, "kafka")).bootstrap()
     spark = get_spark(cfg, "ccs-stream")
     src = input or cfg.settings.pipeline.raw_dir
@@ -97,7 +97,7 @@ def validate_cmd(
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Check edge logs against the data contract without writing the lake (exit 1 on any problem)."""
-    from jobs import validate
+    from ccselect.jobs import validate
     cfg, spark = _session(config, "ccs-validate")
     report = validate.run(spark, path, parse_hours(hours), k=examples,
                           missing_features=cfg.settings.ingest.missing_features,
@@ -135,7 +135,7 @@ def features_cmd(
     """Fit log1p+standardization statistics on silver.connections over a training window."""
 
     from ccselect.lake import connections_in
-    from features import scaling
+    from ccselect.features import scaling
     cfg, spark = _session(config, "ccs-features")
     lo, hi = parse_hours(hours)
     stats = scaling.fit(connections_in(spark, cfg, lo, hi), window=f"{lo}..{hi}")
@@ -151,7 +151,7 @@ def labels_cmd(
 ) -> None:
     """Build gold.training_set (net-type labels) and gold.best_cc_prefix24 (A/B labels)."""
     from ccselect.lake import connections_in, write_window
-    from features import labels
+    from ccselect.features import labels
     cfg, spark = _session(config, "ccs-labels")
     lo, hi = parse_hours(hours)
     conns = connections_in(spark, cfg, lo, hi)
@@ -167,7 +167,7 @@ def audit_cmd(
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Check the lake's invariants: one row per identity, audit balanced with bronze, silver traceable to bronze, predictions one per silver row (exit 1 on any break)."""
-    from jobs import audit
+    from ccselect.jobs import audit
     cfg, spark = _session(config, "ccs-audit")
     result = audit.run(spark, cfg)
     if as_json:

@@ -21,7 +21,7 @@ def maintain_cmd(
 ) -> None:
     """Compact the lake's closed hours, set its retention and VACUUM it (lake.retention_days,
     lake.open_hours): safe beside the stream and a backfill."""
-    from jobs import maintain
+    from ccselect.jobs import maintain
     cfg, spark = session_for(config, "ccs-maintain")
     try:
         result = maintain.run(spark, cfg, list(table or []) or None,

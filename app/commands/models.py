@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from app import results
+from ccselect.app import results
 from ccselect.hours import parse_hours
 from ccselect.spark import session_for
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
@@ -42,8 +42,8 @@ def groups_cmd(
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """K-means prefix groups per network type over the window's labelled /24s → gold.prefix_groups."""
-    from features.scaling import window_stats
-    from models.groups import fit_groups
+    from ccselect.features.scaling import window_stats
+    from ccselect.models.groups import fit_groups
     cfg, spark = _session(config, "ccs-groups")
     lo, hi = parse_hours(hours)
     stats, _, _ = window_stats(spark, cfg, lo, hi)
@@ -73,7 +73,7 @@ def evaluate_cmd(
     """Cross-node evaluation (ALICCS §5.1): train on a share of nodes, score each held-out node;
     writes gold.model_eval and gold.model_eval_summary."""
 
-    from evaluation.evaluate import run_evaluation
+    from ccselect.evaluation.evaluate import run_evaluation
     cfg, spark = _session(config, "ccs-evaluate")
     lo, hi = parse_hours(hours)
     say = (lambda m: print(m, file=sys.stderr)) if as_json else typer.echo

@@ -44,7 +44,7 @@ def train_cmd(
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Train on a window, evaluate per held-out node, log + register in MLflow, run the gate."""
-    from models import train_job
+    from ccselect.models import train_job
     cfg = load_config(config)
     spark = get_spark(cfg, "ccs-train")
     lo, hi = parse_hours(hours)
@@ -61,7 +61,7 @@ def promote_cmd(
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Set the `champion` alias (only on a version that passed the gate)."""
-    from models import registry
+    from ccselect.models import registry
     try:
         _emit(registry.promote(load_config(config), version), as_json)
     except registry.GateError as e:
@@ -74,7 +74,7 @@ def models_cmd(
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """List the registered versions with their aliases, gate and held-out accuracy."""
-    from models import registry
+    from ccselect.models import registry
     rows = registry.list_versions(load_config(config))
     if as_json:
         _emit(rows, True)
@@ -96,8 +96,8 @@ def infer_cmd(
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Score silver.connections with models:/<name>@champion into gold.predictions (per node-hour)."""
-    from models import infer
-    from models.registry import load_champion
+    from ccselect.models import infer
+    from ccselect.models.registry import load_champion
     cfg = load_config(config)
     try:
         champion = load_champion(cfg)

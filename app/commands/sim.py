@@ -8,7 +8,7 @@ import typer
 
 from ccselect.config import load_config
 from ccselect.contract import ROTATE_MINUTES
-from sim.params import SimParams
+from ccselect.sim.params import SimParams
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
 
@@ -40,7 +40,7 @@ def simulate_cmd(
 ) -> None:
     """Simulate a CDN edge fleet: transport log, access log and QoE beacons per node-hour,
     the IP→ASN/region reference table, and the ground truth in OUT/_truth (never for training)."""
-    from sim.fleet import simulate
+    from ccselect.sim.fleet import simulate
 
     s = load_config(config).settings.simulate
     given = {"nodes": nodes, "hours": hours, "start": start, "seed": seed, "conns_per_node_hour": conns}

@@ -20,7 +20,7 @@ import socket
 import time
 
 from ccselect.config import Config
-from export.artifact.signing import SERIAL_MAX
+from ccselect.export.artifact.signing import SERIAL_MAX
 
 STATE_NAME = "epoch.json"
 LOG_NAME = "epochs.log"

@@ -29,7 +29,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from export.artifact import table_format as tf
+from ccselect.export.artifact import table_format as tf
 
 SIG_SUFFIX = ".sig"
 SERIAL_MAX = 2**53 - 1   # the most a version or epoch may be (export/edge/ccs.h CCS_SERIAL_MAX)

@@ -82,7 +82,7 @@ from typing import Any
 from pyspark.sql import DataFrame, functions as F
 
 from ccselect.settings import CanarySettings
-from features.ab_moments import CANARY_METRICS, ArmMoments, arm_moments, metric_rows
+from ccselect.features.ab_moments import CANARY_METRICS, ArmMoments, arm_moments, metric_rows
 
 #: per metric: is a higher treatment rate worse? (delivery rate: lower is worse)
 HARM_IF_HIGHER = {"retrans_rate": True, "rebuffer_rate": True, "delivery_rate": False}

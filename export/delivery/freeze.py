@@ -19,7 +19,7 @@ import socket
 import time
 from datetime import datetime, timezone
 
-from export.delivery.store import FREEZE_KEY, Frozen, Store, StoreError, describe_freeze  # noqa: F401  (Frozen: callers catch freeze.Frozen)
+from ccselect.export.delivery.store import FREEZE_KEY, Frozen, Store, StoreError, describe_freeze  # noqa: F401  (Frozen: callers catch freeze.Frozen)
 
 LOG_KEY = "freeze-log.json"
 

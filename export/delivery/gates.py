@@ -48,7 +48,7 @@ import pyarrow as pa
 from ccselect.config import Config
 from ccselect.hours import hour_of_ms
 from ccselect.lake import CONNECTIONS, ROLLOUT_DECISIONS, table_path
-from export.delivery.canary import PROMOTE as C_PROMOTE, ROLLBACK as C_ROLLBACK, Canary, canary_moments
+from ccselect.export.delivery.canary import PROMOTE as C_PROMOTE, ROLLBACK as C_ROLLBACK, Canary, canary_moments
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, deltalake.
 
 PROMOTE, OBSERVE, ROLLBACK = "promote", "observe", "rollback"

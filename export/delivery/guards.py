@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from pyspark.sql import functions as F
 
 from ccselect.config import Config
-from export.artifact import table_format as tf
-from export.tables import aggregate as agg
-from models import registry
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.tables import aggregate as agg
+from ccselect.models import registry
 
 #: IPv4 special-purpose and bogon ranges (RFC 6890, RFC 5737, RFC 6598, multicast, class E).
 BOGONS_V4 = tuple(ipaddress.ip_network(n) for n in (

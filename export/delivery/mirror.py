@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from export.artifact import table_format as tf
+from ccselect.export.artifact import table_format as tf
 
 NOT_SERVED = "not_served"
 

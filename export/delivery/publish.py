@@ -8,11 +8,11 @@ import subprocess
 import tempfile
 
 from ccselect.config import Config, project_root
-from export.artifact import signing
-from export.delivery import guards
-from export.delivery.rollout import Fleet, live_table, load_fleet
-from export.delivery.store import Store, store_for
-from export.tables import aggregate
+from ccselect.export.artifact import signing
+from ccselect.export.delivery import guards
+from ccselect.export.delivery.rollout import Fleet, live_table, load_fleet
+from ccselect.export.delivery.store import Store, store_for
+from ccselect.export.tables import aggregate
 
 PRIVATE_NAME = "table-signing.key.pem"
 PUBLIC_NAME = "table-signing.pub.pem"

@@ -2,7 +2,7 @@
 (the .bin, its signature, the manifest last) into the host's table directory and print the local
 manifest's path.
 
-    python -m export.delivery.pull --store s3://ccselect-artifacts/cc-tables \
+    python -m ccselect.export.delivery.pull --store s3://ccselect-artifacts/cc-tables \
         --endpoint http://10.231.1.1:19000 --version 42 --dest /var/lib/ccs/tables
 
 `--endpoint` is the store's address as this host sees it (on a one-machine fleet, the host side of
@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from export.delivery.store import Store, StoreError
+from ccselect.export.delivery.store import Store, StoreError
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m export.delivery.pull", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ccselect.export.delivery.pull", description=__doc__.split("\n\n")[0])
     ap.add_argument("--store", required=True, help="the store's URL (s3://bucket/prefix or a directory)")
     ap.add_argument("--endpoint", default=None, help="the S3 server as this host reaches it (http://host:port)")
     ap.add_argument("--region", default="us-east-1")

@@ -16,7 +16,7 @@ A fleet file (infra/fleet.yaml) lists nodes; on one machine each node is its own
 own cgroup and pin dir (the way tests/kernel runs agents). A node with `netns:` stands for a remote
 host (infra/fleet-netns.yaml, topology/edges.py): its agent's commands run in that network
 namespace, and it pulls the table itself, over its own link, from the store at `store_endpoint`
-(`python -m export.delivery.pull`), instead of the control process copying it.
+(`python -m ccselect.export.delivery.pull`), instead of the control process copying it.
 """
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ import yaml
 
 from ccselect.config import Config, project_root
 from ccselect.settings import Health  # cfg.settings.export.rollout.health
-from export.artifact import signing
-from export.delivery import freeze
-from export.delivery.gates import PROMOTE, ROLLBACK, Decision, DecisionLog, GateContext, health_gate
-from export.delivery.store import Store, StoreError
-from export.edge.agent import EdgeAgent, EdgeAgentError, EdgeConfig, Service
+from ccselect.export.artifact import signing
+from ccselect.export.delivery import freeze
+from ccselect.export.delivery.gates import PROMOTE, ROLLBACK, Decision, DecisionLog, GateContext, health_gate
+from ccselect.export.delivery.store import Store, StoreError
+from ccselect.export.edge.agent import EdgeAgent, EdgeAgentError, EdgeConfig, Service
 
 
 def netns_argv(netns: str) -> list[str]:
@@ -208,7 +208,7 @@ def pull(node: Node, store: Store, version: int, timeout: float = 120.0) -> str:
     """The node takes `version` from the store itself, from inside its network namespace, at the
     store's address as it sees it; → the manifest's path in the node's table dir."""
     endpoint = node.store_endpoint or store.endpoint
-    cmd = (netns_argv(node.netns) + [sys.executable, "-m", "export.delivery.pull", "--store", store.url,
+    cmd = (netns_argv(node.netns) + [sys.executable, "-m", "ccselect.export.delivery.pull", "--store", store.url,
                                      "--version", str(int(version)), "--dest", node.table_dir,
                                      "--region", store.region or "us-east-1"]
            + (["--endpoint", endpoint] if endpoint else []) + ([] if store.path_style else ["--virtual-host"]))

@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 from ccselect import files
 from ccselect.config import Config
-from export.artifact.signing import SIG_SUFFIX
+from ccselect.export.artifact.signing import SIG_SUFFIX
 # Imported inside the functions that use them (heavy, not needed to import this module): fsspec, botocore.
 
 

@@ -36,10 +36,10 @@ import numpy as np
 from ccselect.config import Config
 from ccselect.hours import hour_of_ms
 from ccselect.lake import CONNECTIONS, table_path
-from export.delivery.canary import INCONCLUSIVE, OBSERVE, Canary
-from export.delivery.gates import Decision, DecisionLog, GateContext
-from export.delivery.store import StoreError
-from features.ab_moments import CANARY_METRICS, ArmMoments, metric_rows
+from ccselect.export.delivery.canary import INCONCLUSIVE, OBSERVE, Canary
+from ccselect.export.delivery.gates import Decision, DecisionLog, GateContext
+from ccselect.export.delivery.store import StoreError
+from ccselect.features.ab_moments import CANARY_METRICS, ArmMoments, metric_rows
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark.
 
 COHORT = "canary (simulated arms)"

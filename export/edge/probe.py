@@ -21,8 +21,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from export.artifact import table_format as tf
-from export.edge.agent import EdgeAgentError
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.edge.agent import EdgeAgentError
 
 CGROUP_ROOT = "/sys/fs/cgroup/unified"
 BPFFS = "/sys/fs/bpf"

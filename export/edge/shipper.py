@@ -3,7 +3,7 @@ the contract's folder (`<root>/<stream>/<node_id>/<name>`, docs/architecture.md 
 to the broker's topic per stream (topology/kafka.py: `ccs.transport`, `ccs.access`, `ccs.qoe`),
 at least once, resumable:
 
-    python -m export.edge.shipper --root DIR --bootstrap 127.0.0.1:PORT [--follow SECONDS]
+    python -m ccselect.export.edge.shipper --root DIR --bootstrap 127.0.0.1:PORT [--follow SECONDS]
 
 - **What is a record**: a line of a file the contract names (`contract.FILE_NAME`: an hourly file, a
   rotated segment, either gzipped), as batch ingest cuts them (jobs/sources.py: at each newline).

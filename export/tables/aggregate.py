@@ -60,10 +60,10 @@ from ccselect.hours import hour_of_ms
 from ccselect.ipaddr import canonical, with_ip
 from ccselect.lake import AUTOPLEX_PARAMS, CC_TABLES, CONNECTIONS, PREDICTIONS, table_path
 from ccselect.settings import BITS, FAMILIES, PrefixLadder
-from distill.handshake import load_handshake
-from export.artifact import signing, table_format as tf
-from export.artifact import epoch as deploy_epoch   # the signer's deployment epoch (issue 56)
-from export.tables.flow import table_tree
+from ccselect.distill.handshake import load_handshake
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.artifact import epoch as deploy_epoch   # the signer's deployment epoch (issue 56)
+from ccselect.export.tables.flow import table_tree
 
 # Algorithm 1's ladder and purity tiers (`export.ladder`, `export.purity`): ccselect.settings.PrefixLadder,
 # of which `cfg.settings.export` is one.

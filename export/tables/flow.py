@@ -11,8 +11,8 @@ kernel's feature id of the same name (ccs_table.h CCS_FEAT_*, contract.HANDSHAKE
 from __future__ import annotations
 
 from ccselect.settings import InferSettings
-from distill.handshake import LEAF, HandshakeTree
-from export.artifact import table_format as tf
+from ccselect.distill.handshake import LEAF, HandshakeTree
+from ccselect.export.artifact import table_format as tf
 
 
 def table_tree(ht: HandshakeTree, infer: InferSettings, min_purity_permille: int,

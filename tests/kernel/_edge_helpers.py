@@ -15,7 +15,7 @@ import time
 from ccselect import contract
 
 # cgroups, namespaces and sockets: the same helpers `make run`'s kernel probe uses
-from export.edge.probe import CGROUP_ROOT, CLONE_NEWNET, NetnsRunner, client, in_cgroup, listener, own_cgroup, sock_cc
+from ccselect.export.edge.probe import CGROUP_ROOT, CLONE_NEWNET, NetnsRunner, client, in_cgroup, listener, own_cgroup, sock_cc
 
 SO_MAX_PACING_RATE = 47
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -98,7 +98,7 @@ def cc_of(ls: socket.socket, src: str, *, runner: NetnsRunner | None = None, to:
 
 def expected_cc(table_entries, ip: str, default: str) -> tuple[str, str]:
     """(cc, decision) the enforcer must give `ip` under a table (no A/B)."""
-    from export.artifact import table_format as tf
+    from ccselect.export.artifact import table_format as tf
     e = tf.lookup(tf.Table(1, 0, 1, tuple(table_entries)), ip)
     if e is None:
         return default, "default"

@@ -19,8 +19,8 @@ if REPO not in sys.path:
 
 from _edge_helpers import CGROUP_ROOT  # noqa: E402
 
-from export.artifact import signing
-from export.edge.agent import EdgeAgent, EdgeConfig
+from ccselect.export.artifact import signing
+from ccselect.export.edge.agent import EdgeAgent, EdgeConfig
 
 BINARY = os.path.join(REPO, "export", "build", "ccs-edge")
 _seq = itertools.count()
@@ -162,6 +162,6 @@ def edge(edge_binary, keys, tmp_path):
 @pytest.fixture
 def netns():
     """A network namespace with lo up; yields (name, runner-thread inside it)."""
-    from export.edge.probe import netns as make_netns
+    from ccselect.export.edge.probe import netns as make_netns
     with make_netns("ccs-test") as ns:
         yield ns

@@ -23,8 +23,8 @@ import time
 import pytest
 from _edge_helpers import Load, cc_of, client, expected_cc, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
 
-from export.artifact import signing, table_format as tf
-from export.edge.agent import EdgeAgentError, Service
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.edge.agent import EdgeAgentError, Service
 
 pytestmark = pytest.mark.kernel
 

@@ -30,8 +30,8 @@ from _edge_helpers import (
 )
 
 from ccselect import contract
-from export.artifact import table_format as tf
-from export.edge.agent import EdgeAgentError, Service
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.edge.agent import EdgeAgentError, Service
 
 pytestmark = pytest.mark.kernel
 
@@ -509,7 +509,7 @@ def test_transport_log_records(edge, spark, tmp_path):
     # the pipeline's own ingest accepts every record the agent wrote (nothing quarantined)
     from ccs_testing import write_config
     from ccselect.config import load_config
-    from jobs import ingest
+    from ccselect.jobs import ingest
     res = ingest.run(spark, load_config(write_config(tmp_path)), edge.logs, silver=False)
     t = res["streams"]["transport"]
     assert (t["lines_read"], t["accepted"], t["quarantined"]) == (len(plan), len(plan), 0), f"ingest: {res}"

@@ -16,8 +16,8 @@ import time
 from _edge_helpers import cc_of, client, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
 import pytest
 
-from export.artifact import table_format as tf
-from export.edge.agent import Service
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.edge.agent import Service
 
 pytestmark = pytest.mark.kernel
 

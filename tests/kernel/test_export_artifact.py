@@ -9,8 +9,8 @@ import shutil
 import pytest
 from _edge_helpers import connect_accept, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
 
-from export.artifact import signing, table_format as tf
-from export.edge.agent import EdgeAgentError, Service
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.edge.agent import EdgeAgentError, Service
 
 pytestmark = pytest.mark.kernel
 

@@ -23,8 +23,8 @@ import numpy as np
 import pytest
 from _edge_helpers import in_cgroup, listener, other_ccs, sock_cc, sysctl_cc, validate_transport_record
 
-from export.artifact import signing, table_format as tf
-from export.edge.agent import EdgeAgentError, Service
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.edge.agent import EdgeAgentError, Service
 
 pytestmark = pytest.mark.kernel
 

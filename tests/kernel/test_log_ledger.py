@@ -19,8 +19,8 @@ import pytest
 from _edge_helpers import Load, connect_accept, in_cgroup, listener, other_ccs, sysctl_cc, validate_transport_record
 
 from ccselect import contract
-from export.artifact import table_format as tf
-from export.edge.agent import Service
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.edge.agent import Service
 
 pytestmark = pytest.mark.kernel
 

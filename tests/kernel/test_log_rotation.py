@@ -17,7 +17,7 @@ import pytest
 from _edge_helpers import connect_accept, in_cgroup, listener, validate_transport_record
 
 from ccselect import contract
-from export.edge.agent import EdgeConfig, Service
+from ccselect.export.edge.agent import EdgeConfig, Service
 
 pytestmark = pytest.mark.kernel
 

@@ -11,8 +11,8 @@ import socket
 import pytest
 from _edge_helpers import connect_accept, expected_cc, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
 
-from export.artifact import table_format as tf
-from export.edge.agent import Service
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.edge.agent import Service
 
 pytestmark = pytest.mark.kernel
 

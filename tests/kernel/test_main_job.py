@@ -12,8 +12,8 @@ pytestmark = pytest.mark.kernel
 
 
 def test_main_job_loads_the_table_into_the_kernel_and_connections_get_its_cc(edge_binary, main_job):
-    from flows.pipeline import fleet_and_store_for
-    from export.edge.agent import DEFAULT_BINARY
+    from ccselect.flows.pipeline import fleet_and_store_for
+    from ccselect.export.edge.agent import DEFAULT_BINARY
     cfg, res, _ = main_job
     assert edge_binary == DEFAULT_BINARY
     assert res["ok"], res["summary"]
@@ -34,11 +34,11 @@ def test_main_job_loads_the_table_into_the_kernel_and_connections_get_its_cc(edg
 def test_probe_addresses_cover_both_families_and_follow_longest_prefix(main_job):
     import json
 
-    from export.artifact import signing, table_format as tf
-    from export.delivery.publish import key_paths
-    from export.edge.probe import probe_addresses
+    from ccselect.export.artifact import signing, table_format as tf
+    from ccselect.export.delivery.publish import key_paths
+    from ccselect.export.edge.probe import probe_addresses
     cfg, res, _ = main_job
-    from flows.pipeline import fleet_and_store_for
+    from ccselect.flows.pipeline import fleet_and_store_for
     _, store = fleet_and_store_for(cfg)
     if store.current() is None:
         pytest.skip("no table was published")

@@ -12,9 +12,9 @@ import pytest
 import yaml
 from _edge_helpers import CGROUP_ROOT, connect_accept, in_cgroup, listener, other_ccs, sock_cc, sysctl_cc
 
-from export.artifact import signing, table_format as tf
-from export.delivery.rollout import Health, deploy, load_fleet
-from export.delivery.store import Store, StoreError
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.delivery.rollout import Health, deploy, load_fleet
+from ccselect.export.delivery.store import Store, StoreError
 
 pytestmark = pytest.mark.kernel
 
@@ -118,7 +118,7 @@ def _cc_through(lf, i, src="127.70.1.2"):
 def test_rollout_canary_then_rest_then_rollback(fleet_env, keys, tmp_path):
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     cfg, lf = fleet_env
     default = sysctl_cc()
     a, b = other_ccs(default)
@@ -161,7 +161,7 @@ def test_undeploy_takes_the_fleets_enforcement_off_and_says_what_a_process_keeps
     says so and exits 1; run again once the process is gone, it removes that cgroup and exits 0."""
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     cfg, lf = fleet_env
     default = sysctl_cc()
     a, _ = other_ccs(default)

@@ -14,11 +14,11 @@ import yaml
 from test_rollout import LocalFleet
 
 from ccselect.settings import CanarySettings
-from export.artifact import signing, table_format as tf
-from export.delivery import freeze, gates
-from export.delivery.rollout import Health, deploy
-from export.delivery.store import Store
-from sim.params import SimParams
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.delivery import freeze, gates
+from ccselect.export.delivery.rollout import Health, deploy
+from ccselect.export.delivery.store import Store
+from ccselect.sim.params import SimParams
 
 pytestmark = pytest.mark.kernel
 HEALTH = Health(wait_s=0.2, min_rate_ratio=0.5)
@@ -31,7 +31,7 @@ def follow_fleet(edge_binary, keys, tmp_path):
     from ccs_testing import write_config
     from ccselect.config import load_config
 
-    from flows.follow import FollowFleet
+    from ccselect.flows.follow import FollowFleet
     cfg = load_config(write_config(tmp_path))
     lf = LocalFleet(edge_binary, keys["public_path"], tmp_path, more=1,
                     cohorts=["canary", {"name": "50%", "share": 0.5}, "all"])
@@ -55,7 +55,7 @@ def follow_fleet(edge_binary, keys, tmp_path):
 
 
 def _publish(store, ff, keys, out, version, invert=False):
-    from flows.follow import dominance_entries
+    from ccselect.flows.follow import dominance_entries
     entries = {str(e.prefix): e for i in range(len(ff.nodes)) for e in dominance_entries(ff.world, i, 0, invert=invert)}
     now = int(time.time())
     store.publish(signing.write_table(list(entries.values()), version, "m1", now + 3600, out, keys["private"],

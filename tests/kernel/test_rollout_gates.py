@@ -16,11 +16,11 @@ from _edge_helpers import other_ccs, sysctl_cc
 from test_rollout import LocalFleet, _cc_through, _table, fleet_env  # noqa: F401 (fixture)
 
 from ccselect.settings import CanarySettings
-from features.ab_moments import ArmMoments
-from export.delivery import freeze, gates
-from export.delivery.rollout import Health, deploy
-from export.delivery.store import Store
-from sim.ab_outcomes import ArmsSetting, replay
+from ccselect.features.ab_moments import ArmMoments
+from ccselect.export.delivery import freeze, gates
+from ccselect.export.delivery.rollout import Health, deploy
+from ccselect.export.delivery.store import Store
+from ccselect.sim.ab_outcomes import ArmsSetting, replay
 
 pytestmark = pytest.mark.kernel
 HEALTH = Health(wait_s=0.2, min_rate_ratio=0.5)
@@ -29,7 +29,7 @@ HEALTH = Health(wait_s=0.2, min_rate_ratio=0.5)
 def _cli(cfg, *args):
     from typer.testing import CliRunner
 
-    from app.cli import app
+    from ccselect.app.cli import app
     return CliRunner().invoke(app, [*args, "--config", str(cfg.path)])
 
 

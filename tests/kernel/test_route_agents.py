@@ -12,8 +12,8 @@ import pytest
 from _edge_helpers import cc_of, in_cgroup, listener, ns_agent, other_ccs, sysctl_cc
 from conftest import Edge
 
-from export.artifact import table_format as tf
-from export.edge.agent import Service
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.edge.agent import Service
 
 pytestmark = pytest.mark.kernel
 

@@ -18,8 +18,8 @@ import pytest
 from _edge_helpers import (cc_of, client, detach_in_ns_routes_off, in_cgroup, listener, ns_agent, other_ccs, sock_cc,
                            sysctl_cc)
 
-from export.artifact import table_format as tf
-from export.edge.agent import Service
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.edge.agent import Service
 
 pytestmark = pytest.mark.kernel
 

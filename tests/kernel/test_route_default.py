@@ -17,9 +17,9 @@ import subprocess
 import pytest
 from _edge_helpers import cc_of, in_cgroup, listener, ns_agent, other_ccs, sock_cc, sysctl_cc
 
-from export.artifact import table_format as tf
-from export.edge.agent import Service
-from export.edge.probe import netns as make_netns
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.edge.agent import Service
+from ccselect.export.edge.probe import netns as make_netns
 
 pytestmark = pytest.mark.kernel
 

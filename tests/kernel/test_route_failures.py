@@ -16,8 +16,8 @@ import time
 import pytest
 from _edge_helpers import cc_of, in_cgroup, listener, other_ccs, sysctl_cc
 
-from export.artifact import table_format as tf
-from export.edge.agent import Service
+from ccselect.export.artifact import table_format as tf
+from ccselect.export.edge.agent import Service
 
 pytestmark = pytest.mark.kernel
 

@@ -18,8 +18,8 @@ import time
 import pytest
 from _edge_helpers import cc_of, in_cgroup, listener, other_ccs, sysctl_cc
 
-from export.artifact import signing, table_format as tf
-from export.edge.agent import EdgeAgentError, Service
+from ccselect.export.artifact import signing, table_format as tf
+from ccselect.export.edge.agent import EdgeAgentError, Service
 
 pytestmark = pytest.mark.kernel
 
