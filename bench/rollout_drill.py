@@ -161,7 +161,7 @@ def side_metrics(ff, node_id: str, from_ms: int, to_ms: int, settings) -> dict:
     if to_ms <= from_ms:
         return {}
     frames = {"access": [], "qoe": []}
-    for h in ff._hours(from_ms, to_ms):
+    for h in ff.hours_between(from_ms, to_ms):
         nh = ff.hour(node_id, h)
         frames["access"].append(nh.access.filter(pl.col("ts_ms").is_between(from_ms, to_ms - 1)))
         frames["qoe"].append(nh.qoe.filter(pl.col("ts_ms").is_between(from_ms, to_ms - 1))

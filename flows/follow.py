@@ -179,7 +179,8 @@ class FollowFleet:
             got = fn.hours[hour_idx] = (sig, nh)
         return got[1]
 
-    def _hours(self, from_ms: int, to_ms: int) -> range:
+    def hours_between(self, from_ms: int, to_ms: int) -> range:
+        """The simulated hours that [from_ms, to_ms) touches."""
         h0 = self.world.hour_start_ms(0)
         last = (to_ms - 1 - h0) // 3_600_000
         if last >= self.world.p.hours:
@@ -190,7 +191,7 @@ class FollowFleet:
         """The node's transport and QoE records that ended in [from_ms, to_ms): its logs so far
         (to_ms not after `now`)."""
         tr, qo = [], []
-        for h in self._hours(from_ms, to_ms):
+        for h in self.hours_between(from_ms, to_ms):
             nh = self.hour(node_id, h)
             tr.append(nh.transport.filter(pl.col("ts_end_ms").is_between(from_ms, to_ms - 1)))
             qo.append(nh.qoe.filter(pl.col("ts_ms").is_between(from_ms, to_ms - 1)))
@@ -203,7 +204,7 @@ class FollowFleet:
         q = qo.group_by("conn_id").agg(pl.col("play_ms").sum(), pl.col("rebuffer_ms").sum())
         # a connection's requests are in its own node-hour (sim/traffic.py): by conn_id, whatever
         # their own time, as jobs/silver.access_labels sums them
-        acc = pl.concat([self.hour(node_id, h).access for h in self._hours(from_ms, to_ms)])
+        acc = pl.concat([self.hour(node_id, h).access for h in self.hours_between(from_ms, to_ms)])
         acc = acc.group_by("conn_id").agg(pl.col("bytes_sent").sum(), pl.col("request_time_ms").sum())
         t = tr.join(q, on="conn_id", how="left").join(acc, on="conn_id", how="left")
         odd = mirror.ab_odd(t["client_ip"].to_list(), self._odd)
