@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.ingest import PeakRss, bench_config, read_stream  # noqa: E402
+from ccselect.hours import Window
 from ccselect.lake import AUTOPLEX_PARAMS, AUTOPLEX_SIMILARITY, CONNECTIONS
 from ccselect.spark import get_spark
 from ccselect.sim.params import SimParams
@@ -148,17 +149,17 @@ def build_silver(spark, cfg, fleet: str) -> int:
     return spark.read.format("delta").load(path).count()
 
 
-def time_jobs(spark, cfg, start_ms: int, periods: int, engine: str) -> tuple[dict, float, dict, float]:
+def time_jobs(spark, cfg, window, engine: str) -> tuple[dict, float, dict, float]:
     """(result, seconds) of `run_parameters`, then of `run_similarity`, with `engine`."""
     from ccselect.jobs import autoplex
     t0 = time.perf_counter()
-    params = autoplex.run_parameters(spark, cfg, start_ms, periods, engine=engine)
+    params = autoplex.run_parameters(spark, cfg, window, engine=engine)
     t1 = time.perf_counter()
-    sim = autoplex.run_similarity(spark, cfg, start_ms, periods, engine=engine)
+    sim = autoplex.run_similarity(spark, cfg, window, engine=engine)
     return params, t1 - t0, sim, time.perf_counter() - t1
 
 
-def spark_floor(spark, cfg, start_ms: int, periods: int) -> dict:
+def spark_floor(spark, cfg, window) -> dict:
     """What the two Spark jobs cost without their computation, in the session they ran in: a
     `noop` read of the silver columns each job reads (`scan_*`, `autoplex.inputs`), and each job's
     table write (`write_*`: `autoplex.write_parameters` / `write_similarity`) from the rows it
@@ -171,9 +172,9 @@ def spark_floor(spark, cfg, start_ms: int, periods: int) -> dict:
     s = cfg.settings.autoplex
     policies, group_cols, period = autoplex.load_policies(s), list(s.group_by), s.period_minutes
     better, _ = autoplex.similarity_bands(s)
-    silver = autoplex.extract(spark, cfg, start_ms, start_ms + periods * period * 60_000)
-    labels = autoplex.period_labels(start_ms, periods, period)
-    window = autoplex.similarity_window(start_ms, periods, period)
+    silver = autoplex.extract(spark, cfg, window)
+    labels = autoplex.period_labels(window, period)
+    key = autoplex.similarity_window(window, period)
     out = {}
 
     def timed(name: str, f) -> None:
@@ -185,11 +186,11 @@ def spark_floor(spark, cfg, start_ms: int, periods: int) -> dict:
     params = (spark.read.format("delta").load(table_path(cfg, AUTOPLEX_PARAMS))
               .where(F.col("period").isin(labels)).cache())
     sim = (spark.read.format("delta").load(table_path(cfg, AUTOPLEX_SIMILARITY))
-           .where(F.col("window") == window).drop("window").cache())
+           .where(F.col("window") == key).drop("window").cache())
     params.count()
     sim.count()
     timed("write_parameters", lambda: autoplex.write_parameters(cfg, params, labels))
-    timed("write_similarity", lambda: autoplex.write_similarity(cfg, sim, window))
+    timed("write_similarity", lambda: autoplex.write_similarity(cfg, sim, key))
     params.unpersist()
     sim.unpersist()
     out["seconds"] = round(sum(out.values()), 2)
@@ -223,6 +224,7 @@ def main(argv=None) -> int:
     start_ms = int(datetime.fromisoformat(start).replace(tzinfo=timezone.utc).timestamp() * 1000)
     periods = args.hours * 60 // period
     end_ms = start_ms + periods * period * 60_000
+    window = Window.from_periods(start_ms, periods, period)
     print(f"simulated {manifest['counts']['transport']} connections in {sim_s:.0f} s; silver ...", file=sys.stderr, flush=True)
     load_start = os.getloadavg()[0]
     with PeakRss() as mem:
@@ -232,11 +234,11 @@ def main(argv=None) -> int:
         silver_s = time.perf_counter() - t0
         load_spark = os.getloadavg()[0]
         with PeakRss() as mem_jobs:     # the AutoPlex jobs alone (the JVM keeps the heap the build grew)
-            params, params_s, sim, sim_sp_s = time_jobs(spark, cfg, start_ms, periods, "spark")
+            params, params_s, sim, sim_sp_s = time_jobs(spark, cfg, window, "spark")
     # the same jobs again in the same session (their plans compiled, both tables there), and what
     # they cost without their computation
-    _, params_w_s, _, sim_w_s = time_jobs(spark, cfg, start_ms, periods, "spark")
-    floor = spark_floor(spark, cfg, start_ms, periods)
+    _, params_w_s, _, sim_w_s = time_jobs(spark, cfg, window, "spark")
+    floor = spark_floor(spark, cfg, window)
     from ccselect.lake import table_path
     better, worse = autoplex.similarity_bands(cfg.settings.autoplex)
     load_ref = os.getloadavg()[0]     # (after the peaks above: its cache is not the jobs' memory)
@@ -251,7 +253,7 @@ def main(argv=None) -> int:
     # the Arrow engine in this process, after Spark's jobs and DuckDB (both tables replaced again)
     load_arrow = os.getloadavg()[0]
     with PeakRss() as mem_arrow:
-        a_params, a_params_s, a_sim, a_sim_s = time_jobs(None, cfg, start_ms, periods, "arrow")
+        a_params, a_params_s, a_sim, a_sim_s = time_jobs(None, cfg, window, "arrow")
     rows = duck["rows"]
     spark_total = params_s + sim_sp_s
     arrow_total = a_params_s + a_sim_s

@@ -13,7 +13,7 @@ from datetime import datetime, datetime as _dt, timedelta, timezone
 
 from ccselect.flows.job_metrics import measured, write_freeze
 from ccselect.config import Config, load_config
-from ccselect.hours import HOUR_FMT, hour_of
+from ccselect.hours import HOUR_FMT, Window, hour_of
 from ccselect.lake import TRAINING_SET
 from ccselect.spark import get_spark
 from ccselect.export.artifact import signing
@@ -89,10 +89,11 @@ def autoplex_period(start: datetime, cfg: Config | None = None) -> dict:
     """AutoPlex Algorithm 1 for the period starting at `start` → gold.autoplex_params."""
     from ccselect.jobs import autoplex
     cfg = cfg or load_config()
-    ms = int(start.astimezone(timezone.utc).timestamp() * 1000)
+    window = Window.from_periods(int(start.astimezone(timezone.utc).timestamp() * 1000), 1,
+                                 cfg.settings.autoplex.period_minutes)
     # run_parameters refuses a bad policy first; no session unless the Spark engine runs
     # (autoplex.engine: auto runs in this process on a local lake)
-    return autoplex.run_parameters(None, cfg, ms, 1)
+    return autoplex.run_parameters(None, cfg, window)
 
 
 @measured("infer", skip_on=(LookupError,))

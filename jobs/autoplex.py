@@ -19,13 +19,14 @@ from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.delta_arrow import by_engine
+from ccselect import hours      # hours.Window: a time range (pyspark's Window is the window function's)
 from ccselect.lake import AUTOPLEX_PARAMS, AUTOPLEX_SIMILARITY, connections_in, table_path
 from ccselect.spark import get_spark
 from ccselect.jobs import autoplex_arrow
 # the computation both engines share; its names stay importable from here
 from ccselect.jobs.autoplex_core import (GOODPUT, METRIC_INPUTS, VALUES, Policy, PolicyError, f_cap, hour_key,  # noqa: F401
                                 in_band, input_columns, load_policies, max_cwnd_last, orderings, period_labels,
-                                period_window, plot_similarity, similarity_bands, similarity_summary as _summary,
+                                plot_similarity, similarity_bands, similarity_summary as _summary,
                                 similarity_window)
 
 #: metrics a policy may sort by: name → Spark expression over silver.connections columns (the
@@ -202,10 +203,10 @@ def _period_label(ms_col: str = "period_start_ms"):
     return F.date_format(F.timestamp_millis(F.col(ms_col)), "yyyy-MM-dd'T'HH:mm")
 
 
-def extract(spark: SparkSession, cfg: Config, start_ms: int, end_ms: int) -> DataFrame:
-    """silver.connections closed in [start_ms, end_ms)."""
-    return (connections_in(spark, cfg, hour_key(start_ms), hour_key(end_ms - 1))
-            .where((F.col("ts_end_ms") >= start_ms) & (F.col("ts_end_ms") < end_ms)))
+def extract(spark: SparkSession, cfg: Config, window: hours.Window) -> DataFrame:
+    """silver.connections closed in the window."""
+    return (connections_in(spark, cfg, window.lo, window.hi)
+            .where((F.col("ts_end_ms") >= window.start_ms) & (F.col("ts_end_ms") < window.end_ms)))
 
 
 def _engine(cfg: Config, engine: str | None, arrow_job, spark_job, spark: SparkSession | None) -> dict[str, Any]:
@@ -215,24 +216,23 @@ def _engine(cfg: Config, engine: str | None, arrow_job, spark_job, spark: SparkS
                      lambda: {**spark_job(spark or get_spark(cfg, "ccs-autoplex")), "engine": "spark"})
 
 
-def run_parameters(spark: SparkSession | None, cfg: Config, start_ms: int, periods: int,
+def run_parameters(spark: SparkSession | None, cfg: Config, window: hours.Window,
                    engine: str | None = None) -> dict[str, Any]:
-    """Compute gold.autoplex_params for `periods` periods from `start_ms` (replacing them), with
-    `engine` (see `_engine`; `spark` may be None)."""
+    """Compute gold.autoplex_params for the window's periods (`Window.from_periods`; replacing
+    them), with `engine` (see `_engine`; `spark` may be None)."""
     load_policies(cfg.settings.autoplex)       # a bad policy is refused before either engine starts
-    return _engine(cfg, engine, lambda: autoplex_arrow.run_parameters(cfg, start_ms, periods),
-                   lambda sp: _run_parameters_spark(sp, cfg, start_ms, periods), spark)
+    return _engine(cfg, engine, lambda: autoplex_arrow.run_parameters(cfg, window),
+                   lambda sp: _run_parameters_spark(sp, cfg, window), spark)
 
 
-def _run_parameters_spark(spark: SparkSession, cfg: Config, start_ms: int, periods: int) -> dict[str, Any]:
+def _run_parameters_spark(spark: SparkSession, cfg: Config, window: hours.Window) -> dict[str, Any]:
     s = cfg.settings.autoplex
     policies, group_cols, period = load_policies(s), list(s.group_by), s.period_minutes
-    start_ms, end_ms = period_window(start_ms, periods, period)
+    labels = period_labels(window, period)
     # the columns read, once: every policy's band comes from one window over them (`_banded`)
-    silver = inputs(extract(spark, cfg, start_ms, end_ms), group_cols, {p.metric for p in policies})
+    silver = inputs(extract(spark, cfg, window), group_cols, {p.metric for p in policies})
     params = run(silver, policies, group_cols, period).withColumn("period", _period_label()).cache()
     counts = {r["policy"]: r["n"] for r in params.groupBy("policy").agg(F.count(F.lit(1)).alias("n")).collect()}
-    labels = period_labels(start_ms, periods, period)
     write_parameters(cfg, params, labels)
     params.unpersist()
     return {"periods": labels, "group_by": group_cols, "rows_per_policy": counts}
@@ -255,29 +255,28 @@ def write_similarity(cfg: Config, rates: DataFrame, window: str) -> None:
                                 table_path(cfg, AUTOPLEX_SIMILARITY), {(window,)}, ("window",))
 
 
-def run_similarity(spark: SparkSession | None, cfg: Config, start_ms: int, periods: int,
+def run_similarity(spark: SparkSession | None, cfg: Config, window: hours.Window,
                    plot_dir: str | None = None, engine: str | None = None) -> dict[str, Any]:
-    """AutoPlex §3.4 over `periods` periods: gold.autoplex_similarity (per group, period, band and
+    """AutoPlex §3.4 over the window's periods: gold.autoplex_similarity (per group, period, band and
     value) and the summary better/worse ratios, with a bar plot; `engine` as `run_parameters`."""
     similarity_bands(cfg.settings.autoplex)
-    return _engine(cfg, engine, lambda: autoplex_arrow.run_similarity(cfg, start_ms, periods, plot_dir),
-                   lambda sp: _run_similarity_spark(sp, cfg, start_ms, periods, plot_dir), spark)
+    return _engine(cfg, engine, lambda: autoplex_arrow.run_similarity(cfg, window, plot_dir),
+                   lambda sp: _run_similarity_spark(sp, cfg, window, plot_dir), spark)
 
 
-def _run_similarity_spark(spark: SparkSession, cfg: Config, start_ms: int, periods: int,
+def _run_similarity_spark(spark: SparkSession, cfg: Config, window: hours.Window,
                           plot_dir: str | None = None) -> dict[str, Any]:
     s = cfg.settings.autoplex
     group_cols, period = list(s.group_by), s.period_minutes
     better, worse = similarity_bands(s)
-    start_ms, end_ms = period_window(start_ms, periods, period)
-    df = with_period(extract(spark, cfg, start_ms, end_ms), period)
+    key = similarity_window(window, period)
+    df = with_period(extract(spark, cfg, window), period)
     rates = change_rates(df, group_cols, better, worse, period).cache()
-    window = similarity_window(start_ms, periods, period)
     n = rates.count()       # from the cache rather than from the table read back
-    write_similarity(cfg, rates, window)
+    write_similarity(cfg, rates, key)
     summary = similarity_summary(rates)
     rates.unpersist()
-    out = {"window": window, "rows": n, "summary": summary}
+    out = {"window": key, "rows": n, "summary": summary}
     if plot_dir and summary:
         out["plot"] = plot_similarity(summary, os.path.join(plot_dir, "autoplex_similarity.png"))
     return out

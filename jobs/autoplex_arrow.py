@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 
 from ccselect.config import Config
 from ccselect.delta_arrow import Unsupported, check_protocol, live_files, local_path
+from ccselect.hours import Window
 from ccselect.lake import AUTOPLEX_PARAMS, AUTOPLEX_SIMILARITY, CONNECTIONS, table_path
 from ccselect.jobs import autoplex_core as core
 # Imported inside the functions that use them (heavy, not needed to import this module): deltalake.
@@ -65,11 +66,11 @@ _SIMILARITY_COLS = [("period_start_ms", pa.int64()), ("band", pa.string()), ("va
 
 # ---- read ---------------------------------------------------------------------------------------
 
-def read_window(silver: str, start_ms: int, end_ms: int, columns: list[str], workers: int | None = None) -> pa.Table:
-    """`columns` of silver.connections' rows closed in [start_ms, end_ms), from the live files of
-    the hours they can lie in (a partition column among `columns` comes from the file's path)."""
+def read_window(silver: str, window: Window, columns: list[str], workers: int | None = None) -> pa.Table:
+    """`columns` of silver.connections' rows closed in the window, from the live files of the
+    hours they can lie in (a partition column among `columns` comes from the file's path)."""
     silver = local_path(silver)
-    files = [f for f in live_files(silver, core.hour_key(start_ms), core.hour_key(end_ms - 1)) if f[3] != 0]
+    files = [f for f in live_files(silver, window.lo, window.hi) if f[3] != 0]
     data_cols = [c for c in columns if c not in PARTITION_COLS]
 
     def one(f):
@@ -85,7 +86,7 @@ def read_window(silver: str, start_ms: int, end_ms: int, columns: list[str], wor
         return pa.table({c: pa.array([], pa.string() if c in PARTITION_COLS else pa.null()) for c in columns})
     t = pa.concat_tables(parts, promote_options="permissive")
     ts = t.column("ts_end_ms")
-    return t.filter(pc.and_(pc.greater_equal(ts, start_ms), pc.less(ts, end_ms)))
+    return t.filter(pc.and_(pc.greater_equal(ts, window.start_ms), pc.less(ts, window.end_ms)))
 
 
 # ---- the bands (Algorithm 1 lines 5-6) --------------------------------------------------------------
@@ -309,16 +310,15 @@ def replace_partitions(path: str, data: pa.Table, column: str, values: list[str]
 
 # ---- the jobs -------------------------------------------------------------------------------------
 
-def run_parameters(cfg: Config, start_ms: int, periods: int) -> dict[str, Any]:
+def run_parameters(cfg: Config, window: Window) -> dict[str, Any]:
     """`jobs.autoplex.run_parameters` in this process (the same result dict, with `engine`)."""
     s = cfg.settings.autoplex
     policies, group_cols, period = core.load_policies(s), list(s.group_by), s.period_minutes
-    start_ms, end_ms = core.period_window(start_ms, periods, period)
+    labels = core.period_labels(window, period)
     t0 = time.perf_counter()
     cols = core.input_columns(group_cols, {p.metric for p in policies})
-    params = parameters(read_window(table_path(cfg, CONNECTIONS), start_ms, end_ms, cols),
+    params = parameters(read_window(table_path(cfg, CONNECTIONS), window, cols),
                         policies, group_cols, period)
-    labels = core.period_labels(start_ms, periods, period)
     replace_partitions(table_path(cfg, AUTOPLEX_PARAMS), params, "period", labels, "ccs autoplex")
     counts = {r["policy"]: r["count"] for r in params.group_by("policy").aggregate([("policy", "count")])
               .rename_columns(["policy", "count"]).to_pylist()} if params.num_rows else {}
@@ -326,22 +326,21 @@ def run_parameters(cfg: Config, start_ms: int, periods: int) -> dict[str, Any]:
             "seconds": round(time.perf_counter() - t0, 3)}
 
 
-def run_similarity(cfg: Config, start_ms: int, periods: int, plot_dir: str | None = None) -> dict[str, Any]:
+def run_similarity(cfg: Config, window: Window, plot_dir: str | None = None) -> dict[str, Any]:
     """`jobs.autoplex.run_similarity` in this process (the same result dict, with `engine`)."""
     s = cfg.settings.autoplex
     group_cols, period = list(s.group_by), s.period_minutes
     better, worse = core.similarity_bands(s)
-    start_ms, end_ms = core.period_window(start_ms, periods, period)
+    key = core.similarity_window(window, period)
     t0 = time.perf_counter()
-    silver = read_window(table_path(cfg, CONNECTIONS), start_ms, end_ms,
+    silver = read_window(table_path(cfg, CONNECTIONS), window,
                          core.input_columns(group_cols, {better.metric}))
     rates = change_rates(silver, group_cols, better, worse, period)
-    window = core.similarity_window(start_ms, periods, period)
     replace_partitions(table_path(cfg, AUTOPLEX_SIMILARITY),
-                       rates.append_column("window", pa.array([window] * rates.num_rows, pa.string())),
-                       "window", [window], "ccs autoplex-similarity")
+                       rates.append_column("window", pa.array([key] * rates.num_rows, pa.string())),
+                       "window", [key], "ccs autoplex-similarity")
     summary = similarity_summary(rates)
-    out = {"window": window, "rows": rates.num_rows, "summary": summary, "engine": "arrow",
+    out = {"window": key, "rows": rates.num_rows, "summary": summary, "engine": "arrow",
            "seconds": round(time.perf_counter() - t0, 3)}
     if plot_dir and summary:
         out["plot"] = core.plot_similarity(summary, os.path.join(plot_dir, "autoplex_similarity.png"))

@@ -11,7 +11,7 @@ files). Plain Python: no Spark, no Arrow, no files. (autoplex-nai22.txt: Algorit
   arithmetic): the bands that share one sort (`orderings`), a session's membership of a band from
   its position k among the n sessions with the metric (`in_band`), Algorithm 1 line 8's cwnd cap
   (`max_cwnd_last`), eq. (1) (`f_cap`).
-- Time: the periods a run covers (`period_window`), the hour key of silver's partitions
+- Time: a run covers a `ccselect.hours.Window` of whole periods; the hour key of silver's partitions
   (`hour_key`), the `period` and `window` partition labels of the gold tables.
 - §3.4's summary from the mean change rate per value and band (`similarity_summary`), and its plot.
 
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
+from ccselect.hours import Window
 from ccselect.settings import AutoplexSettings, PolicySettings
 # Imported inside the functions that use them (heavy, not needed to import this module): matplotlib.
 
@@ -158,13 +159,6 @@ def similarity_summary(means: list[tuple[str, str, float | None]]) -> list[dict[
 
 # ---- time ---------------------------------------------------------------------------------------
 
-def period_window(start_ms: int, periods: int, period_minutes: int) -> tuple[int, int]:
-    """[start, end) of `periods` periods from the period `start_ms` lies in."""
-    t = period_minutes * 60_000
-    start_ms -= start_ms % t
-    return start_ms, start_ms + periods * t
-
-
 def _utc(ms: int, fmt: str) -> str:
     return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).strftime(fmt)
 
@@ -179,15 +173,14 @@ def period_label(ms: int) -> str:
     return _utc(ms, "%Y-%m-%dT%H:%M")
 
 
-def period_labels(start_ms: int, periods: int, period_minutes: int) -> list[str]:
-    """gold.autoplex_params' `period` partitions of `periods` periods from `start_ms` (a period
-    start)."""
-    return [period_label(start_ms + i * period_minutes * 60_000) for i in range(periods)]
+def period_labels(window: Window, period_minutes: int) -> list[str]:
+    """gold.autoplex_params' `period` partitions of the window's periods."""
+    return [period_label(ms) for ms in window.periods(period_minutes)]
 
 
-def similarity_window(start_ms: int, periods: int, period_minutes: int) -> str:
-    """gold.autoplex_similarity's `window` partition of `periods` periods from `start_ms`."""
-    labels = period_labels(start_ms, periods, period_minutes)
+def similarity_window(window: Window, period_minutes: int) -> str:
+    """gold.autoplex_similarity's `window` partition of the window's periods."""
+    labels = period_labels(window, period_minutes)
     return f"{labels[0]}..{labels[-1]}"
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 from pyspark.testing import assertDataFrameEqual
 
+from ccselect.hours import Window
 from ccselect.jobs.autoplex import (Policy, PolicyError, band, change_rates, f_cap, parameters, parameters_all, prefix_caps,
                            with_period)
 
@@ -295,7 +296,7 @@ def test_arrow_engine_refuses_what_it_cannot_run():
 
     from ccselect.jobs import autoplex_arrow
     with pytest.raises(autoplex_arrow.Unsupported, match="local filesystem"):
-        autoplex_arrow.read_window("s3a://bucket/lake/silver/connections", 0, 1, ["conn_id", "ts_end_ms"])
+        autoplex_arrow.read_window("s3a://bucket/lake/silver/connections", Window(0, 1), ["conn_id", "ts_end_ms"])
     rows = [r if i else (*r[:3], math.nan, *r[4:]) for i, r in enumerate(_rows())]
     with pytest.raises(autoplex_arrow.Unsupported, match="NaN"):
         autoplex_arrow.parameters(_arrow_table(rows), [Policy("p", "retrans_ratio", True, 5, 20, 5)], ["ug_id"], 30)

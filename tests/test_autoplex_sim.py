@@ -5,19 +5,17 @@ between adjacent periods than worse-performed ones (75-90th), which sit on broad
 whose congestion comes and goes (sim/congestion.py)."""
 from __future__ import annotations
 
-from datetime import datetime, timezone
-
 import pytest
 
 from ccs_testing import copy_lake
+from ccselect.hours import Window
 
 
 @pytest.fixture(scope="module")
 def summary(spark, small_lake, tmp_path_factory):
     from ccselect.jobs.autoplex import run_similarity
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("autoplex_sim"))
-    start = int(datetime.strptime(lake.lo, "%Y-%m-%dT%H").replace(tzinfo=timezone.utc).timestamp() * 1000)
-    res = run_similarity(spark, lake.cfg(), start, 2 * len(lake.hours))
+    res = run_similarity(spark, lake.cfg(), Window.hours(lake.lo, lake.hi))
     print(res["summary"])
     return {r["value"]: r for r in res["summary"]}
 
@@ -42,13 +40,13 @@ def test_parameters_rerun_replaces_the_same_periods(spark, small_lake, tmp_path_
     from ccselect.jobs.autoplex import run_parameters
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("autoplex_rerun"))
     cfg = lake.cfg()
-    start = int(datetime.strptime(lake.lo, "%Y-%m-%dT%H").replace(tzinfo=timezone.utc).timestamp() * 1000)
-    periods = 2 * len(lake.hours)
-    first = run_parameters(spark, cfg, start, periods, engine=engine)
+    window = Window.hours(lake.lo, lake.hi)
+    first = run_parameters(spark, cfg, window, engine=engine)
     assert first["engine"] == engine
     path = table_path(cfg, "gold.autoplex_params")
     before = spark.read.format("delta").load(path).toPandas()
-    second = run_parameters(spark, cfg, start + 30 * 60_000, periods - 1, engine=engine)   # all but the first again
+    second = run_parameters(spark, cfg, Window(window.start_ms + cfg.settings.autoplex.period_minutes * 60_000, window.end_ms),
+                            engine=engine)   # all but the first again
     after = spark.read.format("delta").load(path)
     assert sum(first["rows_per_policy"].values()) == len(before) > 0
     assert after.groupBy("policy", "ug_id", "period").count().where(F.col("count") > 1).count() == 0
@@ -69,16 +67,15 @@ def test_the_engines_write_the_same_tables(spark, small_lake, tmp_path_factory):
     from ccselect.jobs.autoplex import run_parameters, run_similarity
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("autoplex_engines"))
     cfg = lake.cfg()
-    start = int(datetime.strptime(lake.lo, "%Y-%m-%dT%H").replace(tzinfo=timezone.utc).timestamp() * 1000)
-    periods = 2 * len(lake.hours)
+    window = Window.hours(lake.lo, lake.hi)
     params, rates = table_path(cfg, "gold.autoplex_params"), table_path(cfg, "gold.autoplex_similarity")
 
     def read(path, keys):
         return spark.read.format("delta").load(path).toPandas().sort_values(keys).reset_index(drop=True)
     pk, rk = ["policy", "ug_id", "period_start_ms"], ["band", "value", "ug_id", "period_start_ms"]
-    by_spark = run_parameters(spark, cfg, start, periods, engine="spark"), run_similarity(spark, cfg, start, periods, engine="spark")
+    by_spark = run_parameters(spark, cfg, window, engine="spark"), run_similarity(spark, cfg, window, engine="spark")
     spark_rows = read(params, pk), read(rates, rk)
-    by_arrow = run_parameters(None, cfg, start, periods), run_similarity(None, cfg, start, periods)
+    by_arrow = run_parameters(None, cfg, window), run_similarity(None, cfg, window)
     assert [r["engine"] for r in by_arrow] == ["arrow", "arrow"]
     assert by_arrow[0]["rows_per_policy"] == by_spark[0]["rows_per_policy"] and by_arrow[1]["rows"] == by_spark[1]["rows"]
     for (path, keys), want in zip(((params, pk), (rates, rk)), spark_rows):
@@ -87,8 +84,8 @@ def test_the_engines_write_the_same_tables(spark, small_lake, tmp_path_factory):
         pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-9)
     for a, b in zip(by_arrow[1]["summary"], by_spark[1]["summary"]):
         assert a["value"] == b["value"] and a["better_over_worse"] == pytest.approx(b["better_over_worse"], rel=1e-9)
-    run_parameters(spark, cfg, start, periods, engine="spark")
+    run_parameters(spark, cfg, window, engine="spark")
     assert len(read(params, pk)) == len(spark_rows[0])
     # a window without silver rows: nothing to replace there, the other periods stay
-    assert run_parameters(None, cfg, start + 10 * 86_400_000, 2)["rows_per_policy"] == {}
+    assert run_parameters(None, cfg, Window.from_periods(window.start_ms + 10 * 86_400_000, 2, cfg.settings.autoplex.period_minutes))["rows_per_policy"] == {}
     assert len(read(params, pk)) == len(spark_rows[0])

@@ -8,7 +8,8 @@ from typing import Optional
 
 import typer
 
-from ccselect.config import load_config
+from ccselect.config import Config, load_config
+from ccselect.hours import Window
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
 
@@ -24,11 +25,12 @@ def _check_engine(engine: Optional[str]) -> Optional[str]:
     return engine
 
 
-def _start_ms(period: str) -> int:
+def _window(cfg: Config, period: str, periods: int) -> Window:
+    """`periods` periods from the one `--period` (ISO 8601, UTC unless it says) lies in."""
     t = datetime.fromisoformat(period)
     if t.tzinfo is None:
         t = t.replace(tzinfo=timezone.utc)
-    return int(t.timestamp() * 1000)
+    return Window.from_periods(int(t.timestamp() * 1000), periods, cfg.settings.autoplex.period_minutes)
 
 
 def autoplex_cmd(
@@ -44,7 +46,7 @@ def autoplex_cmd(
     cfg = load_config(config)
     # no Spark session here: run_parameters refuses a bad policy first, and starts a session only
     # when the Spark engine runs (autoplex.engine)
-    typer.echo(json.dumps(autoplex.run_parameters(None, cfg, _start_ms(period), periods, engine=engine), indent=1))
+    typer.echo(json.dumps(autoplex.run_parameters(None, cfg, _window(cfg, period, periods), engine=engine), indent=1))
 
 
 def similarity_cmd(
@@ -59,6 +61,6 @@ def similarity_cmd(
     from ccselect.jobs import autoplex
     cfg = load_config(config)
     autoplex.load_policies(cfg.settings.autoplex)
-    res = autoplex.run_similarity(None, cfg, _start_ms(period), periods, os.path.join(cfg.data_root, "reports"),
-                                  engine=engine)
+    res = autoplex.run_similarity(None, cfg, _window(cfg, period, periods),
+                                  os.path.join(cfg.data_root, "reports"), engine=engine)
     typer.echo(json.dumps(res, indent=1, default=str))
