@@ -94,9 +94,10 @@ def is_delta(spark: SparkSession, path: str) -> bool:
 def replace_partitions(df: DataFrame, path: str, keys: Iterable[tuple[str, ...]],
                        cols: tuple[str, ...] = PARTITION_COLS, constraints: dict[str, str] | None = None,
                        add_columns: bool = False, properties: dict[str, str] | None = None,
-                       partition_by: tuple[str, ...] | None = None) -> None:
+                       partition_by: tuple[str, ...] | None = None, types: dict[str, str] | None = None) -> None:
     """Overwrite the rows with keys `keys` (tuples over `cols`) of the Delta table at `path` with
     `df`, in one commit; `constraints` (name → CHECK expression) are added first where missing.
+    `types` (column → type): an existing table's narrower columns are widened first (`widen`).
     With `add_columns`, columns `df` has and the table lacks are added (older rows read them as
     null). `properties` (Delta table properties) are set when the table is created, and on an
     existing table that lacks them or has other values (one commit, once). The table is
@@ -117,6 +118,8 @@ def replace_partitions(df: DataFrame, path: str, keys: Iterable[tuple[str, ...]]
             ensure_constraints(spark, path, constraints, have)
         if properties:
             ensure_properties(spark, path, properties, have)
+        if types:
+            widen(spark, path, types)
     w = df.write.format("delta").partitionBy(*partition_by).mode("overwrite").option("replaceWhere", pred)
     if add_columns:
         w = w.option("mergeSchema", "true")
@@ -183,6 +186,30 @@ def ensure_properties(spark: SparkSession, path: str, properties: dict[str, str]
     if todo:
         sets = ", ".join(f"{_quote(k)} = {_quote(v)}" for k, v in sorted(todo.items()))
         spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ({sets})")
+
+
+#: the Delta table property that lets a column's type be widened in place (Delta's type widening:
+#: int → bigint among others, the files written before read as the wider type, no rewrite)
+TYPE_WIDENING = "delta.enableTypeWidening"
+
+
+def widen(spark: SparkSession, path: str, types: dict[str, str]) -> list[str]:
+    """Widen the columns of the Delta table at `path` whose type is not `types`' (column → type,
+    e.g. line_no → bigint) with ALTER COLUMN … TYPE, type widening (`TYPE_WIDENING`) turned on
+    first: a commit each, none when the table is already so (or absent, or lacks the column). A
+    Delta append refuses a column of another width in either direction (DELTA_FAILED_TO_MERGE_FIELDS),
+    so a table created before its writers agreed on the type is widened once, here. A change that
+    is not a widening fails in Delta, loudly. Returns the columns changed."""
+    from delta.tables import DeltaTable
+    if not is_delta(spark, path):
+        return []
+    schema = DeltaTable.forPath(spark, path).toDF().schema
+    todo = [c for c, t in types.items() if c in schema.fieldNames() and schema[c].dataType.simpleString() != t]
+    if todo:
+        ensure_properties(spark, path, {TYPE_WIDENING: "true"})
+        for c in todo:
+            spark.sql(f"ALTER TABLE delta.`{path}` ALTER COLUMN `{c}` TYPE {types[c]}")
+    return todo
 
 
 def ensure_constraints(spark: SparkSession, path: str, constraints: dict[str, str],

@@ -57,12 +57,12 @@ from pyspark.sql import DataFrame, SparkSession, functions as F, types as T
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import STREAMS
-from ccselect.hours import hour_of_ms
+from ccselect.hours import Window, hour_of_ms
 from ccselect.lake import CONNECTIONS, INGEST_AUDIT, QUARANTINE, bronze_table, table_path
 from ccselect.spark import conf_set
 from ccselect.jobs import silver as silver_job
-from ccselect.jobs.ingest import (AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, files_frame, judge_against, summarize, to_audit,
-                         to_bronze, to_quarantine)
+from ccselect.jobs.ingest import (AUDIT_CONSTRAINTS, BRONZE_PROPERTIES, LINE_TYPES, QUARANTINE_PROPERTIES, files_frame,
+                                  judge_against, summarize, to_audit, to_bronze, to_quarantine)
 from ccselect.jobs.parse import imputable_of
 from ccselect.jobs import stream_sources
 from ccselect.jobs.stream_sources import SEGMENT_GLOB  # noqa: F401  (where it was)
@@ -202,6 +202,7 @@ class StreamJob:
         self._champion = None
         self._app_id = None
         self._constrained: set[str] = set()     # tables whose constraints this run has seen to
+        self._widened: set[str] = set()         # tables whose line_no this run has seen to be a bigint
         self.batches: list[dict] = []
 
     # ---- identity ----------------------------------------------------------------------------
@@ -280,7 +281,7 @@ class StreamJob:
             if not pkeys:
                 continue
             impute = imputable_of(cfg.settings.ingest, stream)
-            path = table_path(cfg, bronze_table(stream))
+            path = self.widened(table_path(cfg, bronze_table(stream)))
             b = to_bronze(lines.where(F.col("stream") == stream), stream, ingest_time, impute)
             held, read_version, done = as_before(spark, path, self.app_id, batch_id)
             if held is not None:     # identity across batches, checkpoints and sources (issue 61)
@@ -309,10 +310,10 @@ class StreamJob:
                 if stream == "transport":
                     out["max_ts_end_ms"] = (b.where(F.col("status") == "ok")
                                             .agg(F.max("record.ts_end_ms")).first()[0])
-            qpath = table_path(cfg, QUARANTINE)
+            qpath = self.widened(table_path(cfg, QUARANTINE))
             qkeys = ("stream", "node_id", "hour")
             if not new_files:
-                append_once(to_quarantine(every), qpath, self.app_id, batch_id, qkeys)
+                append_once(to_quarantine(every), qpath, self.app_id, batch_id, qkeys, QUARANTINE_PROPERTIES)
                 return {**out, "lines_read": 0, "accepted": 0, "quarantined": 0, "read_before": len(files)}
             audit = to_audit(got.audit_lines(every), files_frame(spark, new_files), ingest_time).persist()
             # the totals, and the quarantined lines per stream and reason (the metrics' by-reason
@@ -330,11 +331,19 @@ class StreamJob:
             # before): when it counts none quarantined there is nothing to append, and no commit
             # (each commit is a new table version for every later read to load)
             if len(new_files) < len(files) or out["quarantined"]:
-                append_once(to_quarantine(every), qpath, self.app_id, batch_id, qkeys)
+                append_once(to_quarantine(every), qpath, self.app_id, batch_id, qkeys, QUARANTINE_PROPERTIES)
         finally:
             for _, b in parsed:
                 b.unpersist()
         return out
+
+    def widened(self, path: str) -> str:
+        """`path`, its `line_no` widened to a bigint if an older ingest created it an int
+        (jobs.ingest.LINE_TYPES): looked at once a run, before the table's first append."""
+        if path not in self._widened:
+            delta_io.widen(self.spark, path, LINE_TYPES)
+            self._widened.add(path)
+        return path
 
     def champion(self):
         """`models:/<name>@champion`, reloaded when the alias has moved; None while there is none."""
@@ -417,7 +426,7 @@ class StreamJob:
             verdict["entries"] = len(entries)
             return fresh_enough and verdict["changed"] < s.min_change
 
-        man = aggregate.run_export(self.spark, self.cfg, hour_of_ms(window[0] + 1), hour_of_ms(window[1]),
+        man = aggregate.run_export(self.spark, self.cfg, Window.hours(hour_of_ms(window[0] + 1), hour_of_ms(window[1])),
                                    signing.load_private_key(priv), now=int(time.time()), preds=preds,
                                    window_ms=window, unless=unless)
         out = {"boundary": b, "window_ms": list(window), **verdict}

@@ -24,9 +24,17 @@ from ccselect.jobs.sources import MISSING_REFERENCE_EFFECT, SourceFile, discover
 BRONZE_COLS = ("stream", "node_id", "hour", "source_file", "line_no", "raw", "ingest_time", "status",
                "reason", "record")
 QUARANTINE_COLS = ("stream", "node_id", "hour", "source_file", "line_no", "raw", "reason", "ingest_time")
+#: `line_no` is a bigint in every source: a file's 1-based line (jobs/sources.explode_lines) and a
+#: Kafka record's offset (jobs/stream_sources.py) go into the same bronze and quarantine tables,
+#: and a Delta append refuses an int column beside a bigint one (DELTA_FAILED_TO_MERGE_FIELDS, in
+#: either order). A table an older ingest created with an int `line_no` is widened in place once,
+#: when a writer meets it (delta_io.widen: type widening, no rewrite of its files).
+LINE_TYPES = {"line_no": "bigint"}
 #: Delta collects min/max statistics of a bronze file's first 32 columns by default: the raw
 #: line and the record's fields, which no query skips files by. Keep them for line_no and status.
-BRONZE_PROPERTIES = {"delta.dataSkippingStatsColumns": "line_no,status"}
+#: Type widening on from the table's creation (LINE_TYPES).
+BRONZE_PROPERTIES = {"delta.dataSkippingStatsColumns": "line_no,status", delta_io.TYPE_WIDENING: "true"}
+QUARANTINE_PROPERTIES = {delta_io.TYPE_WIDENING: "true"}
 #: Parquet settings for the bronze, quarantine and audit writes: no dictionary encoding (the raw line,
 #: the widest column, is unique to its row) and no Parquet statistics (these tables are read by
 #: their (node, hour) partitions and by Delta's own file statistics, BRONZE_PROPERTIES, never by a
@@ -179,7 +187,7 @@ def _ingest_bronze(spark: SparkSession, cfg: Config, files: list[SourceFile], in
         bronze = to_bronze(read_lines(spark, sfiles), stream, ingest_time, impute)
         with conf_set(spark, {**BRONZE_SHUFFLE, **BRONZE_WRITERS}):
             delta_io.replace_partitions(bronze, table_path(cfg, bronze_table(stream)), keys,
-                                        properties=BRONZE_PROPERTIES)
+                                        properties=BRONZE_PROPERTIES, types=LINE_TYPES)
         keys_by_stream[stream] = keys
     pairs = {(f.stream, f.node_id, f.hour) for f in files}
     qcols = ("stream", "node_id", "hour")
@@ -191,7 +199,7 @@ def _ingest_bronze(spark: SparkSession, cfg: Config, files: list[SourceFile], in
         committed = b if committed is None else committed.unionByName(b)
     qpath = table_path(cfg, QUARANTINE)
     delta_io.replace_partitions(to_quarantine(committed.withColumn("ingest_time", F.lit(ingest_time))),
-                                qpath, pairs, qcols)
+                                qpath, pairs, qcols, properties=QUARANTINE_PROPERTIES, types=LINE_TYPES)
     apath = table_path(cfg, INGEST_AUDIT)
     # One row per file, partitioned by node and hour like every ingest table (the three streams'
     # rows of a node-hour share one file: a day of 12 nodes is 288 files, not 864 one-row files);

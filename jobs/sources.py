@@ -226,7 +226,8 @@ def read_lines(spark, files: list[SourceFile]):
 
 def explode_lines(files):
     """Whole files (a row per file: its text as `value`, and stream, node_id, hour, hour_start_ms,
-    source_file) → one row per line with its 1-based line_no. Batch ingest (`read_lines`) and the
+    source_file) → one row per line with its 1-based line_no (a bigint, as the Kafka source's
+    offset: jobs.ingest.LINE_TYPES). Batch ingest (`read_lines`) and the
     stream (flows/stream.py) both cut lines here, with `ccs_split_lines` (jvm/src/ccselect/udf/
     SplitLines.java: the file's bytes cut at each newline, without decoding the text into a Java
     string; jobs/README.md gives the measurement)."""
@@ -235,4 +236,4 @@ def explode_lines(files):
     return (files.select("stream", "node_id", "hour", "hour_start_ms", "source_file",
                          F.posexplode(lines).alias("pos", "raw"))
             .select("stream", "node_id", "hour", "hour_start_ms", "source_file",
-                    (F.col("pos") + 1).alias("line_no"), F.col("raw").cast("string").alias("raw")))
+                    (F.col("pos") + 1).cast("bigint").alias("line_no"), F.col("raw").cast("string").alias("raw")))

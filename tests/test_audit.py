@@ -34,12 +34,12 @@ def test_audit_names_planted_duplicates_and_orphans(spark, small_lake, tmp_path)
     dup_conn = line.first()["record"]["conn_id"]
     # the same record accepted again (a line past the file's end), silver's row of it twice,
     # a silver row no bronze line holds, a quarantine row of no bronze line
-    _append(line.withColumn("line_no", F.lit(10 ** 6)), _path(cfg, "bronze.transport"))
+    _append(line.withColumn("line_no", F.lit(10 ** 6).cast("bigint")), _path(cfg, "bronze.transport"))
     silver = read("silver.connections").where(F.col("hour") == hour)
     _append(silver.where(F.col("conn_id") == dup_conn), _path(cfg, "silver.connections"))
     _append(silver.limit(1).withColumn("conn_id", F.lit("ghost")), _path(cfg, "silver.connections"))
     from ccselect.jobs.ingest import QUARANTINE_COLS
-    q = line.withColumn("line_no", F.lit(10 ** 7)).withColumn("reason", F.lit("bad_json")).select(*QUARANTINE_COLS)
+    q = line.withColumn("line_no", F.lit(10 ** 7).cast("bigint")).withColumn("reason", F.lit("bad_json")).select(*QUARANTINE_COLS)
     _append(q, _path(cfg, "bronze.quarantine"))
     # predictions of the hour: one silver row left unscored, one prediction of no connection
     keep = silver.where(F.col("conn_id") != dup_conn).select("conn_id", "node_id", "hour")

@@ -93,7 +93,7 @@ def test_quarantine_holds_each_bad_line_with_its_reason(spark, fleet, ingested):
     q = spark.read.format("delta").load(table_path(cfg, "bronze.quarantine")).select("stream", "source_file", "line_no", "reason")
     want = [("transport", tfile, n - 3, "bad_json"), ("transport", tfile, n - 2, "bad_json"),
             ("transport", tfile, n - 1, "wrong_type:conn_id"), ("transport", tfile, n, "duplicate_conn_id")]
-    assertDataFrameEqual(q, spark.createDataFrame(want, "stream string, source_file string, line_no int, reason string"))
+    assertDataFrameEqual(q, spark.createDataFrame(want, "stream string, source_file string, line_no bigint, reason string"))
 
 
 def test_silver_one_row_per_connection_with_labels(spark, fleet, ingested):

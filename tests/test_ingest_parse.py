@@ -33,7 +33,7 @@ _DROP = object()
 def lines_df(spark, stream, raws, node="n1"):
     rows = [(stream, node, HOUR, H0, f"/x/{stream}/{node}/{HOUR}.jsonl", i + 1, r) for i, r in enumerate(raws)]
     return spark.createDataFrame(rows, "stream string, node_id string, hour string, hour_start_ms bigint, "
-                                       "source_file string, line_no int, raw string")
+                                       "source_file string, line_no bigint, raw string")
 
 
 def reasons(spark, stream, raws):
@@ -43,7 +43,7 @@ def reasons(spark, stream, raws):
 
 def expect(spark, pairs):
     return spark.createDataFrame([(i + 1, "ok" if r is None else "quarantined", r) for i, r in enumerate(pairs)],
-                                 "line_no int, status string, reason string")
+                                 "line_no bigint, status string, reason string")
 
 
 def test_transport_rules_one_reason_each(spark):
