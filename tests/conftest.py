@@ -68,6 +68,19 @@ def small_lake(tmp_path_factory, spark, small_fleet):
                      hours=hours, stats_path=stats_path, ingest=result, training_rows=n_train)
 
 
+@pytest.fixture(scope="session")
+def lake_with_champion(tmp_path_factory, spark, small_lake):
+    """A writable copy of the small lake with a champion trained on its labelled rows, registered
+    with its out-of-domain guard and a temperature (models/ood.py): (lake, cfg, version). Shared
+    (issue 63: one training for the tests that need a champion): tests/test_infer.py writes
+    gold.predictions into it, tests/test_identity.py only reads its champion; a test that promotes
+    another version or needs an empty gold makes a lake of its own."""
+    from ccs_testing import copy_lake, quick_champion
+    lake = copy_lake(small_lake, tmp_path_factory.mktemp("champion_lake"))
+    cfg = lake.cfg()
+    return lake, cfg, quick_champion(spark, cfg, lake)
+
+
 def _fleet_hours(fleet_dir: str) -> list[str]:
     from ccselect.jobs.sources import discover
     return [f.hour for f in discover(fleet_dir, streams=("transport",))]

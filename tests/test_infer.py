@@ -13,7 +13,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
-from ccs_testing import copy_lake, quick_champion
+from ccs_testing import copy_lake
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -53,15 +53,6 @@ def test_standardize_matches_spark_scaling(spark):
     want = np.array(transform(df, stats).select("features").toPandas()["features"].tolist(), dtype=np.float32)
     cols = [np.array([r[j] for r in rows], dtype=np.int64) for j in range(3)]
     np.testing.assert_allclose(standardize(cols, stats.mean, stats.std), want, rtol=1e-6)
-
-
-@pytest.fixture(scope="module")
-def lake_with_champion(tmp_path_factory, spark, small_lake):
-    """A writable copy of the small lake with a champion trained on its labelled rows, registered
-    with its out-of-domain guard and a temperature (models/ood.py)."""
-    lake = copy_lake(small_lake, tmp_path_factory.mktemp("infer_lake"))
-    cfg = lake.cfg()
-    return lake, cfg, quick_champion(spark, cfg, lake)
 
 
 def _predictions(spark, cfg):
