@@ -26,7 +26,11 @@ one sitting; bench/results/freshness_kafka.json): the same replay, but the shipp
 (export/edge/shipper.py `--follow`, beside the agent's segments as on an edge) publishes the
 segments to a broker this bench starts and stops (topology/kafka.py, one per phase: its topics
 start empty), and `ccs stream --source kafka` reads the broker. The freshness is measured the same
-way (record logged -> an entry covering it live in the kernel). The sustained rate: a backlog of
+way (record logged -> an entry covering it live in the kernel); after the replay the stream runs on
+until it has caught up (every record offered read, and the table of the last boundary the records
+allow live in the kernel, or none to wait for), at most `--tail-cap` seconds (the result's `tail`
+says which ended it), and each node's version floor is removed between phases (`forget_floor`).
+The sustained rate: a backlog of
 `--backlog-minutes` of the replayed hour made available at once (every segment written; for
 Kafka, shipped to the broker before the stream starts), then the time until the stream's batches
 have read every record, against the fleet's real-time rate (the same records over their minutes).
@@ -150,8 +154,55 @@ def batches_of(log_path: str) -> list[dict]:
     return out
 
 
+#: flows/stream.py table_step's reason for building no table at a boundary already built
+NOT_PAST = "not past the last table's boundary"
+
+
+def last_boundary(segs, step_ms: int) -> int | None:
+    """The last table boundary the replayed records let the stream build (flows/stream.py
+    table_step: the newest accepted transport record's close, down to its `table_minutes`)."""
+    newest = None
+    for sg in segs:
+        if sg.stream != "transport":
+            continue
+        for line in sg.lines:
+            try:
+                ts = int(json.loads(line)["ts_end_ms"])
+            except (ValueError, KeyError, TypeError):
+                continue
+            newest = ts if newest is None else max(newest, ts)
+    return None if newest is None else newest // step_ms * step_ms
+
+
+def caught_up(batches: list[dict], records: int, boundary: int | None, live: dict) -> dict:
+    """Has the stream read every record offered (its batches' lines_read) and has the table step
+    of the last boundary (`last_boundary`) finished: a table built for it live in the kernel
+    (`live`: versions the poller saw), or none to wait for (not built: under stream.min_change;
+    its rollout refused or failed)? → {"drained", "last_table"} with the reason."""
+    read = sum(b.get("lines_read", 0) for b in batches)
+    out = {"lines_read": read, "drained": read >= records, "last_table": None}
+    if boundary is None:
+        out["last_table"] = "no transport record"
+        return out
+    for b in batches:
+        t = b.get("table") or {}
+        if t.get("boundary") is None or t["boundary"] < boundary or t.get("why") == NOT_PAST:
+            continue        # (NOT_PAST: an earlier batch's table step built this boundary's)
+        if not t.get("built"):
+            out["last_table"] = f"not built: {t.get('why')}"
+        elif int(t["version"]) in live:
+            out["last_table"] = f"version {t['version']} live"
+        elif "refused" in (t.get("rollout") or {}) or "failed" in (t.get("rollout") or {}):
+            out["last_table"] = f"version {t['version']} not rolled out"
+    return out
+
+
 def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, speed: float, work: Path,
-          agent, fresh: bool, bootstrap: str | None = None, ship_every: float = 1.0) -> dict:
+          agent, fresh: bool, bootstrap: str | None = None, ship_every: float = 1.0,
+          tail_cap_s: float | None = None) -> dict:
+    """One replay. After it the stream runs on until it has caught up (`caught_up`: every record
+    offered read, the last boundary's table live in the kernel), at most `tail_cap_s` after the
+    replay's end (None: a fixed tail of one trigger + 90 s, as before issue 60's Kafka runs)."""
     from ccselect.export.artifact import signing
     from ccselect.export.delivery.publish import key_paths
     from ccselect.export.tables import aggregate
@@ -184,7 +235,22 @@ def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, sp
     writer = threading.Thread(target=replay_segments, args=(segs, str(inp), t0_ms, speed, start, stop), daemon=True)
     writer.start()
     writer.join()
-    time.sleep(tail_s)
+    replay_end = time.time()
+    tail = {"cap_s": tail_cap_s}
+    if tail_cap_s is None:
+        time.sleep(tail_s)
+    else:
+        records = sum(len(sg.lines) for sg in segs)
+        boundary = last_boundary(segs, cfg.settings.stream.table_minutes * 60_000)
+        tail.update({"records": records, "last_boundary_ms": boundary})
+        while True:
+            got = caught_up(batches_of(log_path), records, boundary, live)
+            if (got["drained"] and got["last_table"]) or time.time() - replay_end > tail_cap_s or proc.poll() is not None:
+                break
+            time.sleep(2)
+        tail.update(got)
+        tail["capped"] = not (got["drained"] and got["last_table"])
+    tail["waited_s"] = round(time.time() - replay_end, 1)
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=180)
@@ -215,7 +281,7 @@ def phase(name: str, cfg_path: str, cfg, fleet: str, hour: str, minutes: int, sp
                          for b in data],
            "offered_rows_per_s": round(sum(len(x.lines) for x in segs) / (minutes * 60 / speed)),
            "lag_s": {"p50": pct(lags, 50), "p99": pct(lags, 99), "max": max(lags) if lags else None},
-           "load_avg_start": load_start, "load_avg_end": load_avg()}
+           "load_avg_start": load_start, "load_avg_end": load_avg(), "tail": tail}
     if shipper is not None:
         out["source"] = "kafka"
         out["shipper"] = {"follow_s": ship_every, **shipped}
@@ -331,6 +397,19 @@ def backlog(name: str, cfg_path: str, fleet: str, hour: str, minutes: int, work:
     return out
 
 
+def forget_floor(fleet) -> None:
+    """Remove each node's version floor (`<state_dir>/version-floor.json`, export/edge/floor.c).
+    Every phase replays table versions from a copy of the same lake (1, 2, ... again, other bytes),
+    which the version rule refuses as replays (export/edge/table_rule.c: "older than", "loaded here
+    before with another sha256") on an enforcer that keeps its floor through `detach --purge`:
+    this bench's one-node enforcer is a throwaway one, started afresh per phase."""
+    for node in fleet.nodes:
+        if node.config.state_dir:
+            path = os.path.join(node.config.state_dir, "version-floor.json")
+            if os.path.exists(path):
+                os.remove(path)
+
+
 def measure_sources(args, work: Path, fleet: str, setup: dict) -> int:
     """--source kafka|both: per round, the freshness replay for each source (interleaved), then
     the backlog for each; every phase on its own copy of the lake, checkpoint, table store and
@@ -389,12 +468,13 @@ def measure_sources(args, work: Path, fleet: str, setup: dict) -> int:
                 name = f"fresh-{source}-{r}"
                 cfg_path, cfg = fresh_cfg(name)
                 teardown(fl, log=lambda m: None)
+                forget_floor(fl)
                 ensure_attached(fl, log=lambda m: None)
                 agent = fl.nodes[0].agent()
                 print(f"freshness: {name} at {time.strftime('%H:%M:%S')} load {load_avg()}", file=sys.stderr)
                 got = with_source(source, name, lambda bs: phase(
                     name, cfg_path, cfg, fleet, replay_hour, args.minutes, args.speed, work, agent, fresh=True,
-                    bootstrap=bs, ship_every=args.ship_every))
+                    bootstrap=bs, ship_every=args.ship_every, tail_cap_s=args.tail_cap))
                 got["round"] = r
                 result["freshness"].append(got)
                 _write(args.out, result)
@@ -402,6 +482,7 @@ def measure_sources(args, work: Path, fleet: str, setup: dict) -> int:
                 name = f"backlog-{source}-{r}"
                 cfg_path, cfg = fresh_cfg(name)
                 teardown(fl, log=lambda m: None)
+                forget_floor(fl)
                 ensure_attached(fl, log=lambda m: None)
                 print(f"freshness: {name} at {time.strftime('%H:%M:%S')} load {load_avg()}", file=sys.stderr)
                 got = with_source(source, name, lambda bs: backlog(
@@ -423,13 +504,14 @@ def page_sources(result: dict) -> str:
     out = [f"Fleet: {f['nodes']} nodes x {f['conns_per_node_hour']:,} connections a node-hour (seed {f['seed']}), "
            f"hour {f['replayed_hour']} replayed; the champion trained on {f['trained_on']}. Phases in the order run "
            "(each on its own copy of the lake; Kafka: a fresh broker each).", "",
-           "| phase | source | load avg at start | end | batches | p50 s | p99 s | p99 after the first batch s "
-           "| connections measured | censored |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| phase | source | load avg at start | end | batches | p50 s | p90 s | p99 s | p99 after the first batch s "
+           "| connections measured | censored | tail s (caught up) |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for x in result["freshness"]:
         fr, fw = x.get("freshness_s", {}), x.get("freshness_s_after_first_batch", {})
         out.append(f"| freshness round {x['round']} | {x['source']} | {x.get('load_avg_start')} | {x['load_avg_end']} "
-                   f"| {x['batches']} | {fr.get('p50')} | {fr.get('p99')} | {fw.get('p99')} | {x.get('measured')} "
-                   f"| {x.get('censored_after_last_table')} |")
+                   f"| {x['batches']} | {fr.get('p50')} | {fr.get('p90')} | {fr.get('p99')} | {fw.get('p99')} "
+                   f"| {x.get('measured')} | {x.get('censored_after_last_table')} "
+                   f"| {_tail_cell(x.get('tail') or {})} |")
     if result["freshness"]:
         x = result["freshness"][0]
         out += ["", f"Replay at {x['speed']}x real time, {x['minutes']} minutes; goal p99 <= {x.get('goal_p99_s')} s "
@@ -446,6 +528,12 @@ def page_sources(result: dict) -> str:
                        f"| {x.get('drain_s_from_first_batch')} | {x.get('records_per_s_from_first_batch')} "
                        f"| {x.get('x_realtime_from_first_batch')} | {x['fleet_realtime_records_per_s']} |")
     return "\n".join(out)
+
+
+def _tail_cell(t: dict) -> str:
+    if "capped" not in t:
+        return f"{t.get('waited_s')} (fixed)" if t else ""
+    return f"{t['waited_s']} ({'capped at ' + str(t['cap_s']) if t['capped'] else t.get('last_table')})"
 
 
 def _write(path: str, result: dict) -> None:
@@ -477,6 +565,9 @@ def main(argv=None) -> int:
     ap.add_argument("--backlog-minutes", type=int, default=60,
                     help="--source kafka|both: minutes of the hour in the backlog (0: no backlog phase)")
     ap.add_argument("--backlog-timeout", type=float, default=1200)
+    ap.add_argument("--tail-cap", type=float, default=600,
+                    help="--source kafka|both: after the replay, wait until the stream has read every record and "
+                         "the last boundary's table is live in the kernel, at most this many seconds")
     ap.add_argument("--reuse", action="store_true", help="measure again on the workdir's fleet, lake and champion")
     args = ap.parse_args(argv)
     if args.out is None:

@@ -62,7 +62,8 @@ SOURCES = {
     "freshness": ("The stream: log record to enforced table, and throughput (issue 26)", "python bench/freshness.py",
                   ["bench/results/freshness.json"]),
     "freshness-kafka": ("The stream from Kafka beside files: log record to enforced table, and the sustained rate (issue 60)",
-                        "sudo python bench/freshness.py --source both --minutes 20",
+                        "sudo python bench/freshness.py --source both --rounds 1 --reuse --minutes 15 --backlog-minutes 30 "
+                        "--tail-cap 420",
                         ["bench/results/freshness_kafka.json"]),
     "edge-produce": ("The edge's cost per transport record: segment files, librdkafka in the agent, the Python "
                      "shipper (issue 60)", "python bench/edge_produce.py", ["bench/results/edge_produce.json"]),
