@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.ingest import bench_config, simulated_lake  # noqa: E402
+from ccselect.hours import Window
 from ccselect.sim.params import SimParams  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
@@ -59,9 +60,9 @@ def select_champion(spark, cfg, lo: str, hi: str, share: float, seed: int, k: in
     from ccselect.models.select import base_variant, select_variant
     from ccselect.models.train import NODE_DOMAIN_VARIANTS, TrainParams, fit
     sel = cfg.settings.model.select
-    stats, _, _ = window_stats(spark, cfg, lo, hi)
+    stats, _, _ = window_stats(spark, cfg, Window.hours(lo, hi))
     domains = set(sel.candidates) & set(NODE_DOMAIN_VARIANTS)
-    sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k,
+    sp = cross_node_split(spark, cfg, Window.hours(lo, hi), stats, share, seed, k,
                           unlabelled_per_node=UNLABELLED_PER_NODE if domains else 0)
     ns = cfg.settings.model.node_stats
     nsd = deployed_node_standardization(spark, cfg, stats, node_stats.NodeStandardization(ns.hours, ns.min_conns),

@@ -617,11 +617,12 @@ def main(argv=None) -> int:
     from ccselect.spark import get_spark
     spark = get_spark(cfg, "bench-freshness")
     ingest.run(spark, cfg, fleet, (train_lo, train_hi))
-    pipeline.training_set(train_lo, train_hi, cfg)
-    trained = pipeline.train(train_lo, train_hi, cfg)
+    from ccselect.hours import Window
+    pipeline.training_set(Window.hours(train_lo, train_hi), cfg)
+    trained = pipeline.train(Window.hours(train_lo, train_hi), cfg)
     pipeline.promote_if_configured(trained["version"], cfg, auto=True)
     from ccselect.models import infer
-    infer.run(spark, cfg, train_lo, train_hi)
+    infer.run(spark, cfg, Window.hours(train_lo, train_hi))
     spark.stop()
     setup = {"setup_s": round(time.time() - t, 1), "replay_hour": replay_hour, "trained_on": f"{train_lo}..{train_hi}",
              "model_version": trained["version"], "raw": raw}

@@ -47,6 +47,7 @@ import pyarrow.parquet as pq
 
 from bench.ingest import PeakRss, bench_config  # noqa: E402
 from ccselect.contract import FEATURES
+from ccselect.hours import Window
 from ccselect.lake import CONNECTIONS, PREDICTIONS, TRAINING_SET
 from ccselect.settings import InferSettings
 from ccselect.spark import get_spark
@@ -177,7 +178,7 @@ def replicate_silver(spark, src_cfg, dst_cfg, lo, hi, rows: int) -> int:
     from pyspark.sql import functions as F
 
     from ccselect.lake import connections_in, table_path
-    src = connections_in(spark, src_cfg, lo, hi)
+    src = connections_in(spark, src_cfg, Window.hours(lo, hi))
     n = src.count()
     k = max(1, -(-rows // n))
     rep = spark.range(k).withColumnRenamed("id", "_copy")
@@ -228,10 +229,10 @@ def main(argv=None) -> int:
     hours = sorted(r["hour"] for r in silver.select("hour").distinct().collect())
     lo, hi = hours[0], hours[-1]
     window = f"{lo}..{hi}"
-    conns = connections_in(spark, cfg, lo, hi)
+    conns = connections_in(spark, cfg, Window.hours(lo, hi))
     stats = scaling.fit(conns, window)
     write_window(spark, cfg, labels.training_set(conns, 0.5), TRAINING_SET, window)
-    lab = load_labelled(spark, cfg, lo, hi, stats)
+    lab = load_labelled(spark, cfg, Window.hours(lo, hi), stats)
     data, _ = to_train_data(lab, pd.DataFrame(columns=["label", "prefix24", "group", "k"]))
     say(f"fleet: {ing.get('silver_rows')} silver rows, {len(lab)} labelled; training {args.epochs} epochs ...")
     trainer = fit(TrainParams(variant="mlp", epochs=args.epochs, seed=0, device="cpu"), data)
@@ -263,7 +264,7 @@ def main(argv=None) -> int:
     def engine_runs(engine: str, prec: str, res: dict) -> None:
         runs = []
         for i in range(2):  # the first Spark run starts the Python workers (each imports torch)
-            r = infer.run(spark, bench_cfg, lo, hi, champion=champion, precision=prec, decisions=False, engine=engine)
+            r = infer.run(spark, bench_cfg, Window.hours(lo, hi), champion=champion, precision=prec, decisions=False, engine=engine)
             assert r["engine"] == engine, r
             runs.append({"seconds": r["seconds"], "rows": r["rows"], "rows_per_s": r["rows_per_s"]})
             say(f"ccs infer --engine {engine} {prec} run {i + 1}: {r['rows']:,} rows in {r['seconds']:.1f} s")
@@ -278,7 +279,7 @@ def main(argv=None) -> int:
     with PeakRss() as mem:
         engine_runs("spark", "fp32", spark_res)
         spark_table = table_now()
-        src = infer.extract(spark, bench_cfg, lo, hi)
+        src = infer.extract(spark, bench_cfg, Window.hours(lo, hi))
         for name, df in (("score_noop_sink_fp32", infer.transform(src, champion, p)),
                          ("scan_noop_sink", src)):
             spark.conf.set("spark.sql.execution.arrow.maxRecordsPerBatch", str(p.batch_rows))

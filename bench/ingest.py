@@ -206,7 +206,7 @@ def compare_silver(spark_lake: Path, duck_out: Path) -> dict:
     import duckdb
 
     from ccselect.delta_arrow import live_files
-    files = [f[0] for f in live_files(str(spark_lake / "silver" / "connections"), "0000", "9999")]
+    files = [f[0] for f in live_files(str(spark_lake / "silver" / "connections"), None)]
     con = duckdb.connect()
     con.execute("SET enable_progress_bar = false")
     cols = ", ".join(COMPARED)

@@ -31,6 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.ingest import bench_config  # noqa: E402
+from ccselect.hours import Window
 from ccselect.sim.params import SimParams  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
         cfg, lo, hi, info = lake(Path(a.workdir) / name, preset, nodes, hours, a.conns_per_node_hour, a.seed, say)
         spark = get_spark(cfg, "bench-invariance")
         t0 = time.time()
-        res = run_evaluation(spark, cfg, lo, hi, variants=variants, train_seeds=a.seeds, progress=say)
+        res = run_evaluation(spark, cfg, Window.hours(lo, hi), variants=variants, train_seeds=a.seeds, progress=say)
         t = table(res)
         out["goals"][name] = goals(name, t)
         out["fleets"][name] = {

@@ -64,7 +64,7 @@ import pandas as pd  # noqa: E402
 import yaml  # noqa: E402
 
 from ccselect.config import load_config  # noqa: E402
-from ccselect.hours import hour_shift  # noqa: E402
+from ccselect.hours import Window, hour_shift  # noqa: E402
 from ccselect.lake import CONNECTIONS, PREDICTIONS
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
@@ -315,9 +315,9 @@ def simulate_and_score(args, root: Path) -> dict:
     start = sp.start[:13]
     hours = [hour_shift(start, k) for k in range(args.hours)]
     lo, hi = hours[0], hours[args.train_hours - 1]
-    pipeline.training_set(lo, hi, cfg)
-    pipeline.prefix_groups(lo, hi, cfg)
-    trained = train_job.run(spark, cfg, lo, hi, variant=cfg.settings.pipeline.variant,
+    pipeline.training_set(Window.hours(lo, hi), cfg)
+    pipeline.prefix_groups(Window.hours(lo, hi), cfg)
+    trained = train_job.run(spark, cfg, Window.hours(lo, hi), variant=cfg.settings.pipeline.variant,
                             epochs=cfg.settings.pipeline.epochs)
     gate = trained.get("gate")
     try:
@@ -338,7 +338,7 @@ def simulate_and_score(args, root: Path) -> dict:
     p_old = replace(p_new, min_data_segs=0, min_bytes_acked=0, min_duration_us=0, ood_max_imputed=-1)
     decisions = {}
     for name, p in (("old", p_old), ("new", p_new)):
-        r = infer._run_arrow(cfg, scored[0], scored[-1], champ, p, True)
+        r = infer._run_arrow(cfg, Window.hours(scored[0], scored[-1]), champ, p, True)
         decisions[name] = r.get("decisions")
         (spark.read.format("delta").load(table_path(cfg, PREDICTIONS))
          .where(F.col("hour").isin(scored)).select(*cols).toPandas()

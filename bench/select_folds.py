@@ -38,6 +38,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from bench import result_file  # noqa: E402
+from ccselect.hours import Window
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
 
@@ -62,9 +63,9 @@ def training_rows(cfg, say) -> dict:
     sel, ev = cfg.settings.model.select, cfg.settings.model.evaluate
     spark = get_spark(cfg, "bench-select-folds")
     try:
-        stats, _, _ = window_stats(spark, cfg, lo, hi)
+        stats, _, _ = window_stats(spark, cfg, Window.hours(lo, hi))
         domains = set(sel.candidates) & set(NODE_DOMAIN_VARIANTS)
-        sp = cross_node_split(spark, cfg, lo, hi, stats, float(ev.share), int(ev.seed), None,
+        sp = cross_node_split(spark, cfg, Window.hours(lo, hi), stats, float(ev.share), int(ev.seed), None,
                               unlabelled_per_node=UNLABELLED_PER_NODE if domains else 0)
         nsd = None
         if any(base_variant(v)[1] for v in sel.candidates):

@@ -44,6 +44,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.champion_bf16 import lake, node_bootstrap, select_champion  # noqa: E402
 from bench.ingest import bench_config  # noqa: E402
+from ccselect.hours import Window
 from ccselect.sim.params import SimParams, shift_knobs  # noqa: E402
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark, torch, and our modules that load them.
 
@@ -92,7 +93,7 @@ def one_severity(severity: float, a, say) -> dict:
     select_all_s = time.time() - t0
     variants = list(dict.fromkeys([*a.variants.split(","), champ["variant"]]))
     t0 = time.time()
-    ev = run_evaluation(spark, cfg, lo, hi, variants=variants, share=a.share, seed=a.seed,
+    ev = run_evaluation(spark, cfg, Window.hours(lo, hi), variants=variants, share=a.share, seed=a.seed,
                         train_seeds=a.train_seeds, write=False, progress=say)
     eval_s = time.time() - t0
     assert champ["test_nodes"] == ev["test_nodes"], (champ["test_nodes"], ev["test_nodes"])

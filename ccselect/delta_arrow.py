@@ -12,6 +12,8 @@ import re
 from urllib.parse import unquote
 
 import pyarrow as pa
+
+from ccselect.hours import Window
 # Imported inside the functions that use them (heavy, not needed to import this module): deltalake.
 
 
@@ -61,11 +63,11 @@ def actions(dt) -> list[tuple[str, int, int, str, str]]:
              acts["partition.node_id"][i], acts["partition.hour"][i]) for i, rel in enumerate(acts["path"])]
 
 
-def live_files(path: str, lo: str, hi: str) -> list[tuple[str, str, str, int]]:
+def live_files(path: str, window: Window | None) -> list[tuple[str, str, str, int]]:
     """(absolute path, node_id, hour, rows) of the live data files of a (node_id, hour)-partitioned
-    table's partitions with lo ≤ hour ≤ hi, from its Delta log."""
+    table's partitions in the window's hours (None: every hour), from its Delta log."""
     from deltalake import DeltaTable
     dt = DeltaTable(path)
     check_protocol(dt)
     return sorted(((os.path.join(path, unquote(rel)), node, hour, rows) for rel, _, rows, node, hour in actions(dt)
-                   if hour is not None and lo <= hour <= hi), key=lambda f: (f[1], f[2], f[0]))
+                   if hour is not None and (window is None or window.lo <= hour <= window.hi)), key=lambda f: (f[1], f[2], f[0]))

@@ -10,6 +10,7 @@ from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from ccselect import delta_io
 from ccselect.config import Config
+from ccselect.hours import Window
 
 LAYERS = ("bronze", "silver", "gold")
 
@@ -57,10 +58,10 @@ def table_path(cfg: Config, name: str) -> str:
     return os.path.join(cfg.settings.lake.root, layer, table)
 
 
-def connections_in(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
-    """silver.connections over the hours [lo, hi]."""
+def connections_in(spark: SparkSession, cfg: Config, window: Window) -> DataFrame:
+    """silver.connections over the window's hours."""
     return (spark.read.format("delta").load(table_path(cfg, CONNECTIONS))
-            .where(F.col("hour").between(lo, hi)))
+            .where(F.col("hour").between(window.lo, window.hi)))
 
 
 def write_window(spark: SparkSession, cfg: Config, df: DataFrame, table: str, window: str) -> int:

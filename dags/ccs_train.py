@@ -18,7 +18,7 @@ from ccselect.flows.pipeline import (
     training_set as build,
 )
 from ccselect.config import load_config
-from ccselect.hours import window_before
+from ccselect.hours import Window
 # Imported inside the functions that use them (heavy, not needed to import this module): airflow.
 
 DOC = """
@@ -58,18 +58,18 @@ def ccs_train():
     @task
     def training_set(logical_date=None, dag_run=None) -> list[str]:
         hours = (dag_run.conf or {}).get("window_hours") if dag_run else None
-        lo, hi = window_before(logical_date, int(hours or load_config().settings.pipeline.train_window_hours))
-        report("training_set", build(lo, hi))
-        return [lo, hi]
+        window = Window.before(logical_date, int(hours or load_config().settings.pipeline.train_window_hours))
+        report("training_set", build(window))
+        return [window.lo, window.hi]
 
     @task
     def prefix_groups(window: list[str]) -> list[str]:
-        report("prefix_groups", groups(*window))
+        report("prefix_groups", groups(Window.hours(*window)))
         return window
 
     @task
     def train(window: list[str]) -> dict:
-        res = do_train(*window)
+        res = do_train(Window.hours(*window))
         report("train", res)
         return {"version": str(res["version"]), "passed": bool(res["gate"]["passed"]), "window": window}
 
@@ -88,14 +88,14 @@ def ccs_train():
         from airflow.exceptions import AirflowSkipException
 
         try:
-            return report("distill_diagnose", distill_and_diagnose(*result["window"]))
+            return report("distill_diagnose", distill_and_diagnose(Window.hours(*result["window"])))
         except LookupError as e:  # no @champion yet
             raise AirflowSkipException(str(e))
 
     @task
     def handshake(window: list[str], dag_run=None) -> dict:
         auto = (dag_run.conf or {}).get("auto_promote") if dag_run else None
-        return report("handshake", handshake_tree(*window, auto=auto))
+        return report("handshake", handshake_tree(Window.hours(*window), auto=auto))
 
     window = training_set()
     t = train(prefix_groups(window))

@@ -18,6 +18,7 @@ from pyspark.sql import functions as F
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import FEATURES
+from ccselect.hours import Window
 from ccselect.lake import TRAINING_SET, connections_in, table_path
 from ccselect.features import labels, node_stats, scaling
 
@@ -45,25 +46,24 @@ class WindowRows:
                           self.client_ip[idx], self.node[idx], self.conn_id[idx], self.window)
 
 
-def training_rows(spark, cfg: Config, lo: str, hi: str):
-    """gold.training_set for window lo..hi; when that window was never written, the same
+def training_rows(spark, cfg: Config, window: Window):
+    """gold.training_set for the window; when that window was never written, the same
     selection (labelled, balanced 50% 4G) over silver.connections."""
 
 
-    window = f"{lo}..{hi}"
     path = table_path(cfg, TRAINING_SET)
     if delta_io.is_delta(spark, path):
-        df = spark.read.format("delta").load(path).where(F.col("window") == window)
+        df = spark.read.format("delta").load(path).where(F.col("window") == window.name)
         if df.limit(1).count():
             return df
-    return labels.training_set(connections_in(spark, cfg, lo, hi), 0.5)
+    return labels.training_set(connections_in(spark, cfg, window), 0.5)
 
 
-def load_window(spark, cfg: Config, lo: str, hi: str, stats, node_std=None) -> WindowRows:
+def load_window(spark, cfg: Config, window: Window, stats, node_std=None) -> WindowRows:
     """The window's labelled rows, standardized with `stats` (features/scaling.py, the champion's),
     and with `node_std` (the champion's NodeStandardization) per (node, hour) on top."""
 
-    df = scaling.transform(training_rows(spark, cfg, lo, hi), stats)
+    df = scaling.transform(training_rows(spark, cfg, window), stats)
     cols = ["conn_id", "node_id", "hour", "client_ip", "prefix16", "prefix24", "label",
             *FEATURES, *[f"z_{f}" for f in stats.features]]
     pdf = df.select(*cols).orderBy("node_id", "conn_id").toPandas()
@@ -81,5 +81,5 @@ def load_window(spark, cfg: Config, lo: str, hi: str, stats, node_std=None) -> W
         client_ip=pdf["client_ip"].to_numpy(dtype=object),
         node=pdf["node_id"].to_numpy(dtype=object),
         conn_id=pdf["conn_id"].to_numpy(dtype=object),
-        window=f"{lo}..{hi}",
+        window=window.name,
     )

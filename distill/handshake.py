@@ -29,6 +29,7 @@ import numpy as np
 
 from ccselect.config import Config
 from ccselect.contract import HANDSHAKE_FEATURES
+from ccselect.hours import Window
 from ccselect.lake import connections_in
 from ccselect.settings import HandshakeSettings
 from ccselect.distill.store import experiment_id, tracking
@@ -125,12 +126,12 @@ class HandshakeRows:
         return HandshakeRows(self.x[mask], self.y[mask], self.node[mask])
 
 
-def window_rows(spark, cfg: Config, lo: str, hi: str) -> HandshakeRows:
-    """Every labelled connection of silver.connections in lo..hi (natural mix) with a complete
+def window_rows(spark, cfg: Config, window: Window) -> HandshakeRows:
+    """Every labelled connection of silver.connections in the window (natural mix) with a complete
     handshake (no imputed or missing feature)."""
     from pyspark.sql import functions as F
 
-    df = connections_in(spark, cfg, lo, hi).where(F.col("label").isNotNull())
+    df = connections_in(spark, cfg, window).where(F.col("label").isNotNull())
     for f in HANDSHAKE_FEATURES:
         df = df.where(F.col(f).isNotNull())
     if "imputed" in df.columns:

@@ -16,6 +16,7 @@ from ccselect import delta_io, files
 from ccselect.config import Config
 from ccselect.lake import DIAGNOSTICS, table_path
 from ccselect.contract import HANDSHAKE_FEATURES
+from ccselect.hours import Window
 from ccselect.settings import HandshakeSettings
 from ccselect.distill import diagnose as dg, handshake, registry, report
 from ccselect.distill.store import experiment_id, tracking
@@ -38,14 +39,14 @@ def dnn_probabilities(model, z: np.ndarray, batch: int = 65536) -> np.ndarray:
     return np.concatenate(out).astype(np.float64) if out else np.zeros((0, 2))
 
 
-def run_distill(spark, cfg: Config, lo: str, hi: str, params=None) -> dict:
-    """Distill `models:/<name>@champion` over window lo..hi into a tree; log and register it."""
+def run_distill(spark, cfg: Config, window: Window, params=None) -> dict:
+    """Distill `models:/<name>@champion` over the window into a tree; log and register it."""
 
     params = params or cfg.settings.distill
     champion = registry.load_champion(cfg)
-    rows = load_window(spark, cfg, lo, hi, champion.stats, champion.node_std)
+    rows = load_window(spark, cfg, window, champion.stats, champion.node_std)
     if len(rows) == 0:
-        raise ValueError(f"no labelled rows in window {lo}..{hi}")
+        raise ValueError(f"no labelled rows in window {window.name}")
     probs = dnn_probabilities(champion.model, rows.z)
     result = distill(rows.raw, probs, rows.label, rows.prefix16, params)
     logged = registry.log_tree(cfg, result, params, champion, rows.window, rows.raw[:100])
@@ -62,7 +63,7 @@ DIAGNOSTICS_SCHEMA = ("run string, created_at string, window string, dnn_name st
                       "share double, global_share double, lift double, over_relied boolean")
 
 
-def run_diagnose(spark, cfg: Config, hours: tuple[str, str] | None = None, prefix: str | None = None,
+def run_diagnose(spark, cfg: Config, window: Window | None = None, prefix: str | None = None,
                  node_id: str | None = None, worst: int | None = None, params=None, log_mlflow: bool = True) -> dict:
     """SHAP diagnostics of the champion's distilled tree over a window (default: the tree's):
     report under <data_root>/reports/diagnose/<run>/, rows in gold.diagnostics, MLflow artifacts."""
@@ -70,8 +71,8 @@ def run_diagnose(spark, cfg: Config, hours: tuple[str, str] | None = None, prefi
     params = params or cfg.settings.diagnose
     champion = registry.load_champion(cfg)
     tv = registry.load_tree_for(cfg, champion.version)
-    lo, hi = hours or tuple(tv.window.split(".."))
-    rows = load_window(spark, cfg, lo, hi, champion.stats, champion.node_std)
+    window = window or Window.hours(*tv.window.split(".."))
+    rows = load_window(spark, cfg, window, champion.stats, champion.node_std)
     dnn = dnn_probabilities(champion.model, rows.z)
     tree_probs = tv.tree.predict(rows.raw)
     by16 = dg.per_prefix16(rows.prefix16, rows.label, dnn, tree_probs)
@@ -190,18 +191,18 @@ def handshake_report(rows: HandshakeRows, settings: HandshakeSettings, share: fl
     return out
 
 
-def run_handshake(spark, cfg: Config, lo: str, hi: str, promote: bool = True, features=None) -> dict:
+def run_handshake(spark, cfg: Config, window: Window, promote: bool = True, features=None) -> dict:
     """`ccs handshake`: the report on held-out nodes (distill/handshake.py), then the deployed tree
-    fitted on every labelled node of lo..hi over `features` (default handshake.features),
+    fitted on every labelled node of the window over `features` (default handshake.features),
     registered as `<name>-handshake`; alias champion when `promote` and it beats always answering
     the majority type on the held-out nodes."""
     hs = cfg.settings.handshake
     if features:
         hs = replace(hs, features=tuple(features))
     ev = cfg.settings.model.evaluate
-    rows = handshake.window_rows(spark, cfg, lo, hi)
+    rows = handshake.window_rows(spark, cfg, window)
     if len(rows) == 0 or len(set(rows.y.tolist())) < 2:
-        raise ValueError(f"no labelled connections of both types in {lo}..{hi}")
+        raise ValueError(f"no labelled connections of both types in {window.name}")
     rep = handshake_report(rows, hs, ev.share, ev.seed)
     te = rows.where(np.isin(rows.node, rep["test_nodes"]))
     rep["majority_accuracy"] = float(max(te.y.mean(), 1 - te.y.mean())) if len(te) else math.nan
@@ -209,7 +210,7 @@ def run_handshake(spark, cfg: Config, lo: str, hi: str, promote: bool = True, fe
     useful = bool(full["accuracy"] > rep["majority_accuracy"])
     cols = [HANDSHAKE_FEATURES.index(f) for f in hs.features]
     clf, tree = handshake.fit(rows.x[:, cols], rows.y, hs, hs.features)
-    reg = handshake.log_handshake(cfg, hs, clf, tree, rep, full, f"{lo}..{hi}", promote and useful)
-    return {"window": f"{lo}..{hi}", "rows": len(rows), "features": list(hs.features), "nodes": len(tree),
+    reg = handshake.log_handshake(cfg, hs, clf, tree, rep, full, window.name, promote and useful)
+    return {"window": window.name, "rows": len(rows), "features": list(hs.features), "nodes": len(tree),
             "depth": tree.depth(), "heldout": full, "majority_accuracy": rep["majority_accuracy"],
             "beats_majority": useful, "subsets": rep["subsets"], "registered": reg}

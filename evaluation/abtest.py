@@ -29,6 +29,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from ccselect.config import Config
+from ccselect.hours import Window
 from ccselect.lake import AB_TEST, connections_in, write_window
 from ccselect.features.ab_moments import (  # noqa: F401  (re-exported: the analysis reads them as abtest.*)
     METRICS, MOMENT_KEYS, NET_GROUPS, ArmMoments, arm_moments, metric_rows, segments)
@@ -119,22 +120,21 @@ def assignment(conns: DataFrame) -> dict[str, Any]:
 
 # ---- extract / load -----------------------------------------------------------------------------
 
-def extract(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
+def extract(spark: SparkSession, cfg: Config, window: Window) -> DataFrame:
     cols = ("ab_treatment", "decision", "cc", "client_ip", "ug_id", "net_type", *{c for yx in METRICS.values() for c in yx})
-    return connections_in(spark, cfg, lo, hi).select(*cols)
+    return connections_in(spark, cfg, window).select(*cols)
 
 
-def run(spark: SparkSession, cfg: Config, lo: str, hi: str) -> dict[str, Any]:
-    """gold.ab_test for the hours lo..hi (inclusive), replacing that window's rows; returns the
-    window, its rows (as dicts) and the assignment check."""
+def run(spark: SparkSession, cfg: Config, window: Window) -> dict[str, Any]:
+    """gold.ab_test for the window's hours, replacing that window's rows; returns the window, its
+    rows (as dicts) and the assignment check."""
     confidence, min_clusters = cfg.settings.abtest.confidence, cfg.settings.abtest.min_clusters
-    window = f"{lo}..{hi}"
-    conns = extract(spark, cfg, lo, hi).cache()
+    conns = extract(spark, cfg, window).cache()
     try:
         table = analyse(conns, confidence, min_clusters)
-        n = write_window(spark, cfg, table, AB_TEST, window)
+        n = write_window(spark, cfg, table, AB_TEST, window.name)
         check = assignment(conns)
     finally:
         conns.unpersist()
-    return {"window": window, "confidence": confidence, "rows": n, "assignment": check,
+    return {"window": window.name, "confidence": confidence, "rows": n, "assignment": check,
             "results": [r.asDict() for r in table.collect()]}

@@ -105,6 +105,7 @@ from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
 from ccselect.config import Config
 from ccselect.contract import FEATURES, HANDSHAKE_FEATURES
+from ccselect import hours      # hours.Window: a time range (pyspark's Window is the window function's)
 from ccselect.hours import SPARK_HOUR_FMT, hour_shift
 from ccselect.ipaddr import with_ip
 from ccselect.lake import CONNECTIONS, EMULATION, EMULATION_CELLS, PREDICTIONS, table_path, write_window
@@ -149,9 +150,11 @@ def split_lag(name: str, p: EmulateSettings) -> tuple[str, int | None]:
 
 # ---- extract ------------------------------------------------------------------------------------
 
-def extract(spark: SparkSession, cfg: Config, lo: str, hi: str, p: EmulateSettings) -> DataFrame:
-    """The playback sessions of silver over [lo − train_hours, hi], with the champion's predicted
-    type (gold.predictions, where scored) and `in_range` marking the emulated hours."""
+def extract(spark: SparkSession, cfg: Config, window: hours.Window, p: EmulateSettings) -> DataFrame:
+    """The playback sessions of silver over [lo − train_hours, hi] (the window's hours lo..hi),
+    with the champion's predicted type (gold.predictions, where scored) and `in_range` marking the
+    emulated hours."""
+    lo, hi = window.lo, window.hi
     first = hour_shift(lo, -p.train_hours)
     conns = (spark.read.format("delta").load(table_path(cfg, CONNECTIONS))
              .where(F.col("hour").between(first, hi) & (F.col("play_ms") > 0)))
@@ -428,16 +431,16 @@ def stream_lag_hours(p: EmulateSettings, max_lag_minutes: int) -> int:
     return -(-(max_lag_minutes + p.stream_trigger_minutes + p.stream_window_minutes) // 60) + 1
 
 
-def extract_stream_predictions(spark: SparkSession, cfg: Config, lo: str, hi: str, p: EmulateSettings,
+def extract_stream_predictions(spark: SparkSession, cfg: Config, window: hours.Window, p: EmulateSettings,
                                max_lag_minutes: int) -> DataFrame | None:
     """The predictions (gold.predictions, every decision: the declined ones count against purity,
-    as the export counts them) a streaming table live in hours lo..hi can hold, each with its connection's end (`ts_end_ms`, from silver.connections:
+    as the export counts them) a streaming table live in the window's hours lo..hi can hold, each with its connection's end (`ts_end_ms`, from silver.connections:
     predictions carry the hour, not the time). None without gold.predictions."""
     pred_path = table_path(cfg, PREDICTIONS)
     if not os.path.exists(pred_path):
         return None
-    first = hour_shift(lo, -stream_lag_hours(p, max_lag_minutes))
-    span = F.col("hour").between(first, hi)
+    first = hour_shift(window.lo, -stream_lag_hours(p, max_lag_minutes))
+    span = F.col("hour").between(first, window.hi)
     ends = (spark.read.format("delta").load(table_path(cfg, CONNECTIONS)).where(span)
             .select("conn_id", "node_id", "hour", "ts_end_ms"))
     return (spark.read.format("delta").load(pred_path).where(span)
@@ -770,10 +773,10 @@ class Emulation:
     truth, and the tables several policies read, each built once on first use and unpersisted by
     `close`; `info` collects the summary's `baselines`."""
 
-    def __init__(self, spark: SparkSession, cfg: Config, lo: str, hi: str, p: EmulateSettings,
+    def __init__(self, spark: SparkSession, cfg: Config, window: hours.Window, p: EmulateSettings,
                  lag_of: dict[str, tuple[str, int | None]], s: DataFrame, est_all: DataFrame,
                  truth: DataFrame | None):
-        self.spark, self.cfg, self.lo, self.hi, self.p, self.lag_of = spark, cfg, lo, hi, p, lag_of
+        self.spark, self.cfg, self.window, self.p, self.lag_of = spark, cfg, window, p, lag_of
         self.s, self.est_all, self.truth = s, est_all, truth
         self.est: DataFrame | None = None
         self.train: DataFrame | None = None
@@ -808,11 +811,11 @@ class Emulation:
         p, stream = self.p, self.tables
         if "entries" not in stream:
             max_lag = max(lg for b, lg in self.lag_of.values() if b in STREAM_POLICIES)
-            preds = extract_stream_predictions(self.spark, self.cfg, self.lo, self.hi, p, max_lag)
+            preds = extract_stream_predictions(self.spark, self.cfg, self.window, p, max_lag)
             stream["entries"] = stream_entries(preds, self.cfg.settings.export, p).persist() if preds is not None else None
             self.info["stream_table"] = {"trigger_minutes": p.stream_trigger_minutes, "window_minutes": p.stream_window_minutes,
                                          "delay_minutes": p.stream_delay_minutes,
-                                         "source_hours": f"{hour_shift(self.lo, -stream_lag_hours(p, max_lag))}..{self.hi}"}
+                                         "source_hours": f"{hour_shift(self.window.lo, -stream_lag_hours(p, max_lag))}..{self.window.hi}"}
         if ("lookup", lag) not in stream:     # the streaming policies at one lag share the lookup
             stream[("lookup", lag)] = stream_lookup(self.est, stream["entries"], self.cfg.settings.export, p, lag).persist()
         return stream[("lookup", lag)]
@@ -1215,10 +1218,10 @@ def lag_curve(summary: dict[str, Any], lags: tuple[int, ...], p: EmulateSettings
             "operating_delay_minutes": p.stream_delay_minutes, "points": points}
 
 
-def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str, ...] | None = None,
+def run(spark: SparkSession, cfg: Config, window: hours.Window, policies: tuple[str, ...] | None = None,
         truth_dir: str | None = None, params: EmulateSettings | None = None,
         stream_lags: tuple[int, ...] | None = None) -> dict[str, Any]:
-    """Emulate hours lo..hi: gold.emulation and gold.emulation_cells for the range (replaced on a
+    """Emulate the window's hours: gold.emulation and gold.emulation_cells for the range (replaced on a
     re-run), and the summary. `stream_lags` (minutes): the streaming table's lag curve — adds
     `aliccs_stream@L` (and, with the truth, `true_table_stream@L`) for each L, and the summary's
     `lag_curve`."""
@@ -1241,20 +1244,20 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
     # two policies and the truth check join it: read the parquet once
     truth = read_truth(spark, truth_dir).persist() if truth_dir else None
     # the sessions feed five aggregations of the estimator and the baselines' training: read once
-    s = sessions(extract(spark, cfg, lo, hi, p), p).persist()
+    s = sessions(extract(spark, cfg, window, p), p).persist()
     est_all = estimates(s).persist()
-    em = Emulation(spark, cfg, lo, hi, p, lag_of, s, est_all, truth)
+    em = Emulation(spark, cfg, window, p, lag_of, s, est_all, truth)
     try:
         n = em.in_range()
         if n == 0:
-            return {"range": f"{lo}..{hi}", "sessions": 0, "policies": {}}
+            return {"range": window.name, "sessions": 0, "policies": {}}
         est = em.est
         choices: dict[str, DataFrame] = {}
         for name in policies:
             choices[name], reported = REGISTRY[lag_of[name][0]].decide(em, name)
             if reported is not None:
                 em.info[name] = reported
-        return _score_and_summarize(spark, cfg, lo, hi, p, em, choices, n, policies, lags)
+        return _score_and_summarize(spark, cfg, window, p, em, choices, n, policies, lags)
     finally:
         em.close()
         est_all.unpersist()
@@ -1263,14 +1266,14 @@ def run(spark: SparkSession, cfg: Config, lo: str, hi: str, policies: tuple[str,
             truth.unpersist()
 
 
-def _score_and_summarize(spark: SparkSession, cfg: Config, lo: str, hi: str, p: EmulateSettings, em: Emulation,
+def _score_and_summarize(spark: SparkSession, cfg: Config, window: hours.Window, p: EmulateSettings, em: Emulation,
                          choices: dict[str, DataFrame], n: int, policies: tuple[str, ...],
                          lags: tuple[int, ...]) -> dict[str, Any]:
     """Score every policy's choices, write gold.emulation and gold.emulation_cells for the range,
     and the summary: per policy, the tail contrasts, the truth check (with the truth), the lag curve."""
     est, truth = em.est, em.truth
     scored = score(est, choices, p).persist()
-    rng = f"{lo}..{hi}"
+    rng = window.name
     n_w = write_window(spark, cfg, per_window(scored), EMULATION, rng)
     n_c = write_window(spark, cfg, per_cell(scored), EMULATION_CELLS, rng)
     path_w, path_c = table_path(cfg, EMULATION), table_path(cfg, EMULATION_CELLS)
@@ -1297,7 +1300,7 @@ def _score_and_summarize(spark: SparkSession, cfg: Config, lo: str, hi: str, p: 
     summary = summarize(windows, cells, p, checked)
     scored.unpersist()
     est.unpersist()
-    out = {"range": rng, "sessions": n, "train_hours": f"{hour_shift(lo, -p.train_hours)}..{hour_shift(lo, -1)}",
+    out = {"range": rng, "sessions": n, "train_hours": f"{hour_shift(window.lo, -p.train_hours)}..{hour_shift(window.lo, -1)}",
            "window_minutes": p.window_minutes, "alpha": p.alpha, "rows": {EMULATION: n_w, EMULATION_CELLS: n_c},
            "policies": summary, "tail_contrasts": contrasts, "baselines": em.info}
     if lags:

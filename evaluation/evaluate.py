@@ -48,12 +48,12 @@ import pandas as pd
 
 from ccselect import delta_io
 from ccselect.config import Config
+from ccselect.hours import Window
 from ccselect.lake import MODEL_EVAL, MODEL_EVAL_SUMMARY, NODE_STATS, table_path
 from ccselect.features import node_stats
 from ccselect.features.scaling import window_stats
 from ccselect.models import configanator, gbdt
 from ccselect.models.crossnode import cross_node_split, per_node, seed_average, summary
-from ccselect.models.dataset import window_name
 from ccselect.models.grid import grid_search
 from ccselect.models.invariance import node_probe
 from ccselect.models.train import NODE_DOMAIN_VARIANTS, VARIANTS, TrainParams, fit
@@ -103,13 +103,13 @@ def _corr(a: pd.Series, b: pd.Series) -> float:
     return float(np.corrcoef(a, b)[0, 1])
 
 
-def run_evaluation(spark, cfg: Config, lo: str, hi: str, variants: Iterable[str] | None = None,
+def run_evaluation(spark, cfg: Config, window: Window, variants: Iterable[str] | None = None,
                    share: float | None = None, seed: int | None = None, epochs: int | None = None,
                    k: int | None = None, grid: bool = False, params: TrainParams | None = None,
                    write: bool = True, progress: Callable[[str], None] | None = None,
                    train_seeds: int | None = None) -> dict:
-    """Train every variant (and the Configanator and boosted-tree baselines) on the training nodes of window
-    lo..hi, score each held-out node, write gold.model_eval(+_summary); returns
+    """Train every variant (and the Configanator and boosted-tree baselines) on the training nodes of the
+    window, score each held-out node, write gold.model_eval(+_summary); returns
     {window, train_nodes, test_nodes, groups, variants: {v: {summary..., per_node: [...]}}}.
 
     With `train_seeds` N > 1 (model.evaluate.train_seeds) every network variant trains N times on
@@ -129,23 +129,22 @@ def run_evaluation(spark, cfg: Config, lo: str, hi: str, variants: Iterable[str]
     unknown = set(variants) - set(ALL_VARIANTS)
     if unknown:
         raise ValueError(f"unknown variants {sorted(unknown)}; choose from {ALL_VARIANTS}")
-    window = window_name(lo, hi)
     t0 = time.time()
-    stats, stats_path, _ = window_stats(spark, cfg, lo, hi)
+    stats, stats_path, _ = window_stats(spark, cfg, window)
     # the unlabelled rows serve the networks' node domains and probe
     networks = [v for v in variants if v not in (CONFIGANATOR, GBDT, GBDT_NODESTD)]
-    sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k,
+    sp = cross_node_split(spark, cfg, window, stats, share, seed, k,
                           unlabelled_per_node=UNLABELLED_PER_NODE if networks else 0)
     tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
     data, groups_info, unl = sp.data, sp.groups_info, sp.unlabelled
-    say(f"{window}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
+    say(f"{window.name}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
         f"{len(test_nodes)} nodes; prefix groups K(4G, Wi-Fi) = {data.n_groups}")
 
     params = params or TrainParams(seed=seed, min_steps=cfg.settings.pipeline.min_steps,
                                    threads=cfg.settings.pipeline.train_threads)
     if epochs is not None:
         params = replace(params, epochs=epochs)
-    out: dict = {"window": window, "seed": seed, "share": share, "train_nodes": train_nodes,
+    out: dict = {"window": window.name, "seed": seed, "share": share, "train_nodes": train_nodes,
                  "test_nodes": test_nodes, "n_train": int(len(tr)), "n_test": int(len(te)),
                  "stats": stats_path, "groups": groups_info, "train_seeds": train_seeds, "variants": {}}
     if grid and any(v in VARIANTS for v in variants):
@@ -241,8 +240,8 @@ def run_evaluation(spark, cfg: Config, lo: str, hi: str, variants: Iterable[str]
         pr = f", probe {probe['balanced_accuracy']:.3f}" if probe else ""
         say(f"{v:14s} mean {summ['mean']:.4f} worst {summ['worst']:.4f} std {summ['std']:.4f}{sd} "
             f"over {summ['nodes']} nodes{pr} ({summ['seconds']:.0f}s)")
-        node_frames.append(pn.assign(window=window, variant=v, seed=seed, share=float(share), evaluated_at=now))
-        summary_rows.append({"window": window, "variant": v, "mean": summ["mean"], "worst": summ["worst"],
+        node_frames.append(pn.assign(window=window.name, variant=v, seed=seed, share=float(share), evaluated_at=now))
+        summary_rows.append({"window": window.name, "variant": v, "mean": summ["mean"], "worst": summ["worst"],
                              "std": summ["std"], "nodes": summ["nodes"],
                              "acc_share_cell_corr": summ["acc_share_cell_corr"],
                              "n_train": int(len(tr)), "n_test": int(len(te)),
@@ -253,7 +252,7 @@ def run_evaluation(spark, cfg: Config, lo: str, hi: str, variants: Iterable[str]
                              "probe_node": summ["probe_node"],
                              "probe_chance": probe["chance"] if probe else math.nan})
     if write:
-        out["tables"] = write_tables(spark, cfg, window, variants, pd.concat(node_frames, ignore_index=True),
+        out["tables"] = write_tables(spark, cfg, window.name, variants, pd.concat(node_frames, ignore_index=True),
                                      pd.DataFrame(summary_rows))
     out["seconds"] = round(time.time() - t0, 1)
     return out

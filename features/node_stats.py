@@ -38,7 +38,7 @@ from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import FEATURES
 from ccselect.delta_arrow import live_files, local_path
-from ccselect.hours import hour_shift
+from ccselect.hours import Window, hour_shift
 from ccselect.lake import CONNECTIONS, NODE_STATS, table_path
 from ccselect.features.scaling import FeatureStats, _log1p, exact_moments, exact_square_sum, exact_sum
 
@@ -99,20 +99,20 @@ class NodeScaling:
 
 # ---- reading it ---------------------------------------------------------------------------------
 
-def read_rows(cfg: Config, lo: str, hi: str, spark: SparkSession | None = None) -> pd.DataFrame:
-    """silver.node_stats' rows of hours lo..hi (sums as exact `Decimal`s): through Spark when a
+def read_rows(cfg: Config, window: Window, spark: SparkSession | None = None) -> pd.DataFrame:
+    """silver.node_stats' rows of the window's hours (sums as exact `Decimal`s): through Spark when a
     session is given, else from the Delta log's live files (ccselect.delta_arrow, a local lake).
     No table yet: no rows (every node then falls back)."""
     path = table_path(cfg, NODE_STATS)
     if spark is not None:
         if not delta_io.is_delta(spark, path):
             return pd.DataFrame(columns=[*KEYS, "n"])
-        return (spark.read.format("delta").load(path).where(F.col("hour").between(lo, hi))
+        return (spark.read.format("delta").load(path).where(F.col("hour").between(window.lo, window.hi))
                 .toArrow().to_pandas())
     path = local_path(path)
     if not os.path.isdir(os.path.join(path, "_delta_log")):
         return pd.DataFrame(columns=[*KEYS, "n"])
-    frames = [pq.read_table(f).to_pandas().assign(node_id=node, hour=hour) for f, node, hour, _ in live_files(path, lo, hi)]
+    frames = [pq.read_table(f).to_pandas().assign(node_id=node, hour=hour) for f, node, hour, _ in live_files(path, window)]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=[*KEYS, "n"])
 
 
@@ -158,7 +158,7 @@ def lookup(cfg: Config, keys, fleet: FeatureStats, ns: NodeStandardization,
         return {}
     lo = hour_shift(min(h for _, h in keys), -(int(ns.hours) - 1))
     hi = max(h for _, h in keys)
-    return scaling_for(read_rows(cfg, lo, hi, spark), keys, fleet, ns)
+    return scaling_for(read_rows(cfg, Window.hours(lo, hi), spark), keys, fleet, ns)
 
 
 def summary(table: dict[tuple[str, str], NodeScaling]) -> dict:

@@ -24,6 +24,7 @@ from pyspark.sql import DataFrame, functions as F
 from ccselect import delta_io, files
 from ccselect.config import Config
 from ccselect.contract import FEATURES
+from ccselect.hours import Window
 from ccselect.lake import FEATURE_STATS, connections_in, table_path
 
 
@@ -140,15 +141,14 @@ def load(path: str, cfg: Config=None) -> FeatureStats:
     return FeatureStats.from_json(files.read_text(cfg, path))
 
 
-def window_stats(spark, cfg: Config, lo: str, hi: str, save_fitted: bool = False) -> tuple[FeatureStats, str | None, bool]:
-    """The feature statistics of the window lo..hi: its saved artifact (`ccs features`), else
+def window_stats(spark, cfg: Config, window: Window, save_fitted: bool = False) -> tuple[FeatureStats, str | None, bool]:
+    """The feature statistics of the window: its saved artifact (`ccs features`), else
     fitted now on silver over the window (unlabelled rows too, §4.2 "Data cleaning") and, with
     `save_fitted`, saved as `ccs features` would. Returns (stats, artifact path or None, fitted now)."""
-    window = f"{lo}..{hi}"
-    path = artifact_path(cfg.data_root, window)
+    path = artifact_path(cfg.data_root, window.name)
     if files.exists(cfg, path):
         return load(path, cfg), path, False
-    stats = fit(connections_in(spark, cfg, lo, hi), window=window)
+    stats = fit(connections_in(spark, cfg, window), window=window.name)
     if not save_fitted:
         return stats, None, True
     return stats, save(spark, cfg, stats, datetime.now(timezone.utc).isoformat(timespec="seconds")), True

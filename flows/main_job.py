@@ -33,7 +33,7 @@ from dataclasses import replace
 from datetime import datetime, timedelta, timezone
 
 from ccselect.config import Config
-from ccselect.hours import HOUR_FMT, hour_shift
+from ccselect.hours import HOUR_FMT, Window, hour_shift
 from ccselect.lake import CONNECTIONS, INGEST_AUDIT
 from ccselect.spark import get_spark
 from ccselect.export.artifact import signing
@@ -66,21 +66,21 @@ def run(cfg: Config, hourly_hours: int = 2, fresh: bool = False, probe: bool = T
     if fleet_reused:
         reused.append("fleet")
     start, window_hours = _window(manifest, hourly_hours, stream_hours)
-    lo, hi = start.strftime(HOUR_FMT), (start + timedelta(hours=window_hours - 1)).strftime(HOUR_FMT)
+    window = Window.hours(start.strftime(HOUR_FMT), (start + timedelta(hours=window_hours - 1)).strftime(HOUR_FMT))
     state_path = os.path.join(cfg.data_root, "run", "state.json")
     digest = _digest(manifest)
     state = _state(state_path, digest, fresh)
     spark = get_spark(cfg, "ccs-run")
-    if _backfill(spark, cfg, lo, hi, window_hours, reuse=fleet_reused and not fresh):   # 2. backfill
+    if _backfill(spark, cfg, window, window_hours, reuse=fleet_reused and not fresh):   # 2. backfill
         reused.append("backfill")
     if _keys(cfg):
         reused.append("keys")
     deploy, why, fleet_obj = _deployment(cfg)
     train_at = start + timedelta(hours=window_hours)
-    plan, model_reused = _airflow_plan(cfg, state, lo, hi, train_at, window_hours, hourly_hours, deploy)  # 3. + 4.
+    plan, model_reused = _airflow_plan(cfg, state, window, train_at, window_hours, hourly_hours, deploy)  # 3. + 4.
     if model_reused:
         reused.append("model")
-    train, hourly = _train_and_hourly(cfg, plan, state, state_path, lo, hi)
+    train, hourly = _train_and_hourly(cfg, plan, state, state_path, window)
     probed = _probe(cfg, fleet_obj) if deploy and probe else None               # 5. the kernel
     streamed = None                                                             # 5b. the stream
     if stream_hours:
@@ -119,15 +119,15 @@ def _state(state_path: str, digest: str, fresh: bool) -> dict:
     return state if state.get("fleet") == digest else {"fleet": digest}
 
 
-def _backfill(spark, cfg: Config, lo: str, hi: str, window_hours: int, reuse: bool) -> bool:
-    """The training window lo..hi ingested into the lakehouse, unless `reuse` and it already is.
+def _backfill(spark, cfg: Config, window: Window, window_hours: int, reuse: bool) -> bool:
+    """The training window ingested into the lakehouse, unless `reuse` and it already is.
     → whether it was reused."""
-    if reuse and _ingested(spark, cfg, lo, hi):
-        say(f"backfill: reusing the lakehouse's {lo}..{hi} (gold.ingest_audit has every file of the window)")
+    if reuse and _ingested(spark, cfg, window):
+        say(f"backfill: reusing the lakehouse's {window.name} (gold.ingest_audit has every file of the window)")
         return True
     from ccselect.jobs import ingest
-    say(f"backfill: ingest the training window {lo}..{hi} ({window_hours} h) into the lakehouse")
-    res = ingest.run(spark, cfg, cfg.settings.pipeline.raw_dir, (lo, hi))
+    say(f"backfill: ingest the training window {window.name} ({window_hours} h) into the lakehouse")
+    res = ingest.run(spark, cfg, cfg.settings.pipeline.raw_dir, (window.lo, window.hi))
     for stream, t in sorted(res["streams"].items()):
         say(f"  {stream:9s}: {t['lines_read']:,} lines = {t['accepted']:,} accepted + "
             f"{t['quarantined']:,} quarantined")
@@ -161,7 +161,7 @@ def _deployment(cfg: Config) -> tuple[bool, str, object]:
     return True, why, fleet_obj
 
 
-def _airflow_plan(cfg: Config, state: dict, lo: str, hi: str, train_at: datetime, window_hours: int,
+def _airflow_plan(cfg: Config, state: dict, window: Window, train_at: datetime, window_hours: int,
                   hourly_hours: int, deploy: bool) -> tuple[list[dict], bool]:
     """(the DAG runs for Airflow, in order: ccs_train for the window unless the champion was trained
     on the same window of the same fleet, then ccs_hourly for each hour after it; whether the model
@@ -170,10 +170,10 @@ def _airflow_plan(cfg: Config, state: dict, lo: str, hi: str, train_at: datetime
     champ = champion(cfg)
     model_state = state.get("model") or {}
     plan = []
-    reuse = bool(champ) and model_state.get("window") == [lo, hi] and model_state.get("version") == champ["version"]
+    reuse = bool(champ) and model_state.get("window") == [window.lo, window.hi] and model_state.get("version") == champ["version"]
     if reuse:
         say(f"ccs_train: reusing {registry.model_name(cfg)} v{champ['version']} @champion "
-            f"(trained on {lo}..{hi} of the same fleet)")
+            f"(trained on {window.name} of the same fleet)")
     else:
         say(f"Airflow: ccs_train for the window ending {train_at:%Y-%m-%dT%H:%M}Z ({window_hours} h), "
             "auto_promote on (make run stands in for the human who runs `ccs promote`)")
@@ -187,8 +187,8 @@ def _airflow_plan(cfg: Config, state: dict, lo: str, hi: str, train_at: datetime
     return plan, reuse
 
 
-def _train_and_hourly(cfg: Config, plan: list[dict], state: dict, state_path: str, lo: str,
-                      hi: str) -> tuple[dict, list[dict]]:
+def _train_and_hourly(cfg: Config, plan: list[dict], state: dict, state_path: str,
+                      window: Window) -> tuple[dict, list[dict]]:
     """`plan` run by one Airflow process. → (ccs_train's run, or {"state": "reused"} when the plan
     has none; the ccs_hourly runs); the state keeps the champion a successful training left."""
     runs = airflow_sequence(cfg, plan, os.path.join(cfg.data_root, "run", "airflow.log"))
@@ -199,7 +199,7 @@ def _train_and_hourly(cfg: Config, plan: list[dict], state: dict, state_path: st
         train = {"dag_id": "ccs_train", "state": "failed (no result)", "tasks": {}}
     champ = champion(cfg)
     if champ and train["state"].endswith("success"):
-        state["model"] = {"window": [lo, hi], "version": champ["version"]}
+        state["model"] = {"window": [window.lo, window.hi], "version": champ["version"]}
         _save(state_path, state)
     return train, hourly
 
@@ -279,8 +279,8 @@ def _save(path: str, state: dict) -> None:
     os.replace(tmp, path)
 
 
-def _ingested(spark, cfg: Config, lo: str, hi: str) -> bool:
-    """Every node-hour file of lo..hi under the raw directory has its row in gold.ingest_audit."""
+def _ingested(spark, cfg: Config, window: Window) -> bool:
+    """Every node-hour file of the window under the raw directory has its row in gold.ingest_audit."""
     from pyspark.sql import functions as F
 
     from ccselect.delta_io import is_delta
@@ -288,8 +288,8 @@ def _ingested(spark, cfg: Config, lo: str, hi: str) -> bool:
     path = table_path(cfg, INGEST_AUDIT)
     if not is_delta(spark, path) or not is_delta(spark, table_path(cfg, CONNECTIONS)):
         return False
-    files = {(f.stream, f.node_id, f.hour, f.path) for f in discover(cfg.settings.pipeline.raw_dir, (lo, hi), cfg=cfg)}
-    done = {tuple(r) for r in spark.read.format("delta").load(path).where(F.col("hour").between(lo, hi))
+    files = {(f.stream, f.node_id, f.hour, f.path) for f in discover(cfg.settings.pipeline.raw_dir, (window.lo, window.hi), cfg=cfg)}
+    done = {tuple(r) for r in spark.read.format("delta").load(path).where(F.col("hour").between(window.lo, window.hi))
             .select("stream", "node_id", "hour", "source_file").collect()}
     return bool(files) and files <= done
 
@@ -368,7 +368,7 @@ def _emulate(spark, cfg: Config, hour: str, hourly_hours: int) -> dict:
     lag = 1 if hourly_hours > 1 else 0
     say(f"emulation: hour {hour} under every policy (ALICCS §5.4; table of {hour_shift(hour, -lag)})")
     try:
-        return emulate.run(spark, cfg, hour, hour, truth_dir=cfg.settings.pipeline.raw_dir,
+        return emulate.run(spark, cfg, Window.hours(hour), truth_dir=cfg.settings.pipeline.raw_dir,
                            params=replace(cfg.settings.emulate, table_lag_hours=lag))
     except Exception as e:  # noqa: BLE001 — reported in the summary, and the run is not ok
         return {"error": f"{type(e).__name__}: {e}"}

@@ -102,15 +102,15 @@ def infer_hour(hour: str, cfg: Config | None = None) -> dict:
     champion yet: nothing is exported until a human — or `pipeline.auto_promote` — promotes one)."""
     from ccselect.models import infer
     cfg = cfg or load_config()
-    return infer.run(_spark(cfg, "ccs-infer"), cfg, hour, hour)
+    return infer.run(_spark(cfg, "ccs-infer"), cfg, Window.hours(hour))
 
 
-def export_window(hour: str, cfg: Config | None = None) -> tuple[str, str]:
+def export_window(hour: str, cfg: Config | None = None) -> Window:
     """The hours an hourly export aggregates: the last `pipeline.export_window_hours` up to `hour`."""
     cfg = cfg or load_config()
     n = cfg.settings.pipeline.export_window_hours
     end = datetime.strptime(hour, HOUR_FMT).replace(tzinfo=timezone.utc)
-    return hour_of(end - timedelta(hours=n - 1)), hour
+    return Window.hours(hour_of(end - timedelta(hours=n - 1)), hour)
 
 
 @measured("export")
@@ -123,8 +123,7 @@ def export_hour(hour: str, cfg: Config | None = None) -> dict:
     priv, _ = key_paths(cfg)
     if not os.path.exists(priv):
         raise FileNotFoundError(f"no signing key at {priv}: run `ccs keys init` once")
-    lo, hi = export_window(hour, cfg)
-    man = aggregate.run_export(_spark(cfg, "ccs-export"), cfg, lo, hi, signing.load_private_key(priv))
+    man = aggregate.run_export(_spark(cfg, "ccs-export"), cfg, export_window(hour, cfg), signing.load_private_key(priv))
     return {k: man[k] for k in ("version", "model_version", "entries", "coverage", "agreement",
                                 "memory_saving", "manifest_path") if k in man}
 
@@ -179,40 +178,39 @@ def fleet_and_store_for(cfg: Config):
 # ---- daily training -----------------------------------------------------------------------------
 
 @measured("training_set")
-def training_set(lo: str, hi: str, cfg: Config | None = None) -> dict:
+def training_set(window: Window, cfg: Config | None = None) -> dict:
     """gold.feature_stats (fitted on the window) and gold.training_set for the window."""
 
     from ccselect.lake import connections_in, write_window
     from ccselect.features import labels, scaling
     cfg = cfg or load_config()
     spark = _spark(cfg, "ccs-train")
-    conns = connections_in(spark, cfg, lo, hi)
-    window = f"{lo}..{hi}"
-    stats = scaling.fit(conns, window=window)
+    conns = connections_in(spark, cfg, window)
+    stats = scaling.fit(conns, window=window.name)
     scaling.save(spark, cfg, stats, _dt.now(timezone.utc).isoformat())
     share = cfg.settings.pipeline.cellular_share
-    n = write_window(spark, cfg, labels.training_set(conns, share), TRAINING_SET, window)
-    return {"window": window, "training_rows": n, "stats_rows": stats.n}
+    n = write_window(spark, cfg, labels.training_set(conns, share), TRAINING_SET, window.name)
+    return {"window": window.name, "training_rows": n, "stats_rows": stats.n}
 
 
 @measured("prefix_groups")
-def prefix_groups(lo: str, hi: str, cfg: Config | None = None) -> dict:
+def prefix_groups(window: Window, cfg: Config | None = None) -> dict:
     """Per-type K-means prefix groups of the window → gold.prefix_groups (ALICCS §3.1)."""
     from ccselect.features import scaling
     from ccselect.models.groups import fit_groups
     cfg = cfg or load_config()
     spark = _spark(cfg, "ccs-train")
-    stats = scaling.load(scaling.artifact_path(cfg.data_root, f"{lo}..{hi}"), cfg)
-    return fit_groups(spark, cfg, lo, hi, stats)
+    stats = scaling.load(scaling.artifact_path(cfg.data_root, window.name), cfg)
+    return fit_groups(spark, cfg, window, stats)
 
 
 @measured("train")
-def train(lo: str, hi: str, cfg: Config | None = None) -> dict:
+def train(window: Window, cfg: Config | None = None) -> dict:
     """Train on the window's training nodes, evaluate per held-out node, log to MLflow, register a
     version and run its gate (challenger only when it passes)."""
     from ccselect.models import train_job
     cfg = cfg or load_config()
-    res = train_job.run(_spark(cfg, "ccs-train"), cfg, lo, hi, variant=cfg.settings.pipeline.variant,
+    res = train_job.run(_spark(cfg, "ccs-train"), cfg, window, variant=cfg.settings.pipeline.variant,
                         epochs=cfg.settings.pipeline.epochs)
     return {k: res[k] for k in ("window", "variant", "model_name", "version", "summary", "gate", "run_id",
                                 "selection") if k in res}
@@ -230,26 +228,26 @@ def promote_if_configured(version: str, cfg: Config | None = None, auto: bool | 
 
 
 @measured("handshake_tree")
-def handshake_tree(lo: str, hi: str, cfg: Config | None = None, auto: bool | None = None) -> dict:
+def handshake_tree(window: Window, cfg: Config | None = None, auto: bool | None = None) -> dict:
     """The handshake tree of the window (issue 27, distill/handshake.py), registered beside the
     champion; `@champion` (the tree the next tables carry) only when it beats answering the
     majority type on the held-out nodes and promotion is automatic (`pipeline.auto_promote`)."""
     from ccselect.distill.jobs import run_handshake
     cfg = cfg or load_config()
     promote = cfg.settings.pipeline.auto_promote if auto is None else bool(auto)
-    m = run_handshake(_spark(cfg, "ccs-handshake"), cfg, lo, hi, promote=promote)
+    m = run_handshake(_spark(cfg, "ccs-handshake"), cfg, window, promote=promote)
     return {"registered": m["registered"], "heldout_accuracy": m["heldout"]["accuracy"],
             "majority_accuracy": m["majority_accuracy"], "beats_majority": m["beats_majority"],
             "nodes": m["nodes"], "depth": m["depth"]}
 
 
 @measured("distill", skip_on=(LookupError,))
-def distill_and_diagnose(lo: str, hi: str, cfg: Config | None = None) -> dict:
+def distill_and_diagnose(window: Window, cfg: Config | None = None) -> dict:
     """The champion's distilled tree (ALICCS §3.2) and its SHAP diagnostics for the window."""
     from ccselect.distill.jobs import run_diagnose, run_distill
     cfg = cfg or load_config()
     spark = _spark(cfg, "ccs-distill")
-    d = run_distill(spark, cfg, lo, hi)
-    g = run_diagnose(spark, cfg, (lo, hi))
+    d = run_distill(spark, cfg, window)
+    g = run_diagnose(spark, cfg, window)
     return {"distill": {k: d[k] for k in ("dnn", "tree", "search") if k in d},
             "diagnose": {k: g[k] for k in ("report", "subsets") if k in g}}

@@ -205,7 +205,7 @@ def _period_label(ms_col: str = "period_start_ms"):
 
 def extract(spark: SparkSession, cfg: Config, window: hours.Window) -> DataFrame:
     """silver.connections closed in the window."""
-    return (connections_in(spark, cfg, window.lo, window.hi)
+    return (connections_in(spark, cfg, window)
             .where((F.col("ts_end_ms") >= window.start_ms) & (F.col("ts_end_ms") < window.end_ms)))
 
 

@@ -70,7 +70,7 @@ def read_window(silver: str, window: Window, columns: list[str], workers: int | 
     """`columns` of silver.connections' rows closed in the window, from the live files of the
     hours they can lie in (a partition column among `columns` comes from the file's path)."""
     silver = local_path(silver)
-    files = [f for f in live_files(silver, window.lo, window.hi) if f[3] != 0]
+    files = [f for f in live_files(silver, window) if f[3] != 0]
     data_cols = [c for c in columns if c not in PARTITION_COLS]
 
     def one(f):

@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from ccselect.config import Config
-from ccselect.models.dataset import Unlabelled, load_labelled, load_unlabelled, to_train_data, window_name, window_nodes
+from ccselect.hours import Window
+from ccselect.models.dataset import Unlabelled, load_labelled, load_unlabelled, to_train_data, window_nodes
 from ccselect.models.groups import compute_groups
 from ccselect.models.train import TrainData, accuracy_report
 
@@ -80,26 +81,26 @@ class Split:
     unlabelled: Unlabelled | None = None
 
 
-def cross_node_split(spark, cfg: Config, lo: str, hi: str, stats, share: float, seed: int, k: int | None = None,
+def cross_node_split(spark, cfg: Config, window: Window, stats, share: float, seed: int, k: int | None = None,
                      unlabelled_per_node: int = 0) -> Split:
-    """What `ccs evaluate` and `ccs train` share: labelled rows of lo..hi standardized with
+    """What `ccs evaluate` and `ccs train` share: labelled rows of the window standardized with
     `stats`, split into training and held-out nodes (`share` of the window's nodes, drawn from
     those with labels), prefix groups of the training nodes. Training rows come from the
     window's training set (gold.training_set, balanced as the paper trains); a held-out node is
     scored on all of its labelled connections, in its own mix of Wi-Fi and 4G/5G, as it would be
     served."""
-    natural = load_labelled(spark, cfg, lo, hi, stats, balanced=False)
+    natural = load_labelled(spark, cfg, window, stats, balanced=False)
     if not len(natural):
-        raise ValueError(f"no labelled rows in window {window_name(lo, hi)}")
-    train_nodes, test_nodes = split_nodes(natural.node, share, seed, fleet=window_nodes(spark, cfg, lo, hi))
-    tr = load_labelled(spark, cfg, lo, hi, stats, nodes=train_nodes)
+        raise ValueError(f"no labelled rows in window {window.name}")
+    train_nodes, test_nodes = split_nodes(natural.node, share, seed, fleet=window_nodes(spark, cfg, window))
+    tr = load_labelled(spark, cfg, window, stats, nodes=train_nodes)
     te = natural.of_nodes(test_nodes)
-    groups_pd, groups_info = compute_groups(spark, cfg, lo, hi, stats, k, nodes=train_nodes)
+    groups_pd, groups_info = compute_groups(spark, cfg, window, stats, k, nodes=train_nodes)
     data, _ = to_train_data(tr, groups_pd)
     unl = None
     if unlabelled_per_node > 0:
         # every node's traffic, held-out nodes' too (their labels are never read): the node
         # domains of the node-domain variants, and the per-node standardization's statistics
-        unl = load_unlabelled(spark, cfg, lo, hi, stats, unlabelled_per_node)
+        unl = load_unlabelled(spark, cfg, window, stats, unlabelled_per_node)
         data = replace(data, x_unl=unl.x, node_unl=unl.node_index(unl.node), n_nodes=len(unl.nodes))
     return Split(tr, te, train_nodes, test_nodes, data, groups_pd, groups_info, unl)

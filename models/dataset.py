@@ -1,6 +1,6 @@
 """The labelled rows of a training window as NumPy arrays for PyTorch (ALICCS §3.1, §4.2).
 
-`load_labelled` reads gold.training_set for the window `lo..hi` (or, when that window was never
+`load_labelled` reads gold.training_set for a `ccselect.hours.Window` (or, when that window was never
 written, builds it from silver with `features.labels.training_set`), standardizes the twelve
 Table 4 features with the window's fitted `FeatureStats` in Spark, and collects through Arrow
 (`DataFrame.toArrow`), never row at a time.
@@ -28,6 +28,7 @@ from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
 from ccselect import delta_io
 from ccselect.config import Config
+from ccselect import hours      # hours.Window: a time range (pyspark's Window is the window function's)
 from ccselect.lake import TRAINING_SET, connections_in, table_path
 from ccselect.features.labels import training_set
 from ccselect.features.prefixes import prefix_means
@@ -63,25 +64,20 @@ class Labelled:
         return self.subset(np.isin(self.node, np.asarray(list(nodes), dtype=object)))
 
 
-def window_name(lo: str, hi: str) -> str:
-    return f"{lo}..{hi}"
-
-
-def training_frame(spark: SparkSession, cfg: Config, lo: str, hi: str, balanced: bool = True) -> DataFrame:
-    """gold.training_set's rows of window lo..hi (as `ccs_train` wrote them), or the same set
+def training_frame(spark: SparkSession, cfg: Config, window: hours.Window, balanced: bool = True) -> DataFrame:
+    """gold.training_set's rows of the window (as `ccs_train` wrote them), or the same set
     built from silver when that window has never been written: balanced to
     `pipeline.cellular_share`, or every labelled connection when that is null. With
     `balanced=False`: every labelled connection of the window (from silver, nothing
     downsampled)."""
     if not balanced:
-        return training_set(connections_in(spark, cfg, lo, hi), None)
-    window = window_name(lo, hi)
+        return training_set(connections_in(spark, cfg, window), None)
     path = table_path(cfg, TRAINING_SET)
     if delta_io.is_delta(spark, path):
-        df = spark.read.format("delta").load(path).where(F.col("window") == window)
+        df = spark.read.format("delta").load(path).where(F.col("window") == window.name)
         if df.limit(1).count():
             return df
-    return training_set(connections_in(spark, cfg, lo, hi), cfg.settings.pipeline.cellular_share)
+    return training_set(connections_in(spark, cfg, window), cfg.settings.pipeline.cellular_share)
 
 
 def standardized(df: DataFrame, stats: FeatureStats) -> DataFrame:
@@ -105,16 +101,16 @@ def from_arrow(table, features: tuple[str, ...]) -> Labelled:
                     conn_id=as_str("conn_id"))
 
 
-def window_nodes(spark: SparkSession, cfg: Config, lo: str, hi: str) -> list[str]:
-    """Every node with connections in silver over lo..hi (labelled or not)."""
-    return sorted(r["node_id"] for r in connections_in(spark, cfg, lo, hi).select("node_id").distinct().collect())
+def window_nodes(spark: SparkSession, cfg: Config, window: hours.Window) -> list[str]:
+    """Every node with connections in silver over the window (labelled or not)."""
+    return sorted(r["node_id"] for r in connections_in(spark, cfg, window).select("node_id").distinct().collect())
 
 
-def load_labelled(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: FeatureStats,
+def load_labelled(spark: SparkSession, cfg: Config, window: hours.Window, stats: FeatureStats,
                   nodes=None, balanced: bool = True) -> Labelled:
-    """The labelled rows of window lo..hi (optionally only `nodes`), standardized with `stats`:
+    """The labelled rows of the window (optionally only `nodes`), standardized with `stats`:
     the training set, or with `balanced=False` every labelled connection."""
-    df = training_frame(spark, cfg, lo, hi, balanced)
+    df = training_frame(spark, cfg, window, balanced)
     if nodes is not None:
         df = df.where(F.col("node_id").isin(*sorted(nodes)))
     return from_arrow(standardized(df, stats).toArrow(), tuple(stats.features))
@@ -152,12 +148,12 @@ class Unlabelled:
         return out
 
 
-def load_unlabelled(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: FeatureStats,
+def load_unlabelled(spark: SparkSession, cfg: Config, window: hours.Window, stats: FeatureStats,
                     per_node: int = 3000) -> Unlabelled:
     """The window's connections of every node (labelled or not) for node-domain training and
     per-node standardization (`Unlabelled`). The labels are never read."""
     feats = tuple(stats.features)
-    z = transform(connections_in(spark, cfg, lo, hi), stats)
+    z = transform(connections_in(spark, cfg, window), stats)
     # one pass: each node's statistics over all its rows ride along on its sampled rows
     # (exact sums: the same statistics however Spark partitions the rows, features/scaling.py)
     whole = Window.partitionBy("node_id")

@@ -21,10 +21,11 @@ from pyspark.ml.functions import array_to_vector
 from pyspark.sql import DataFrame, SparkSession, functions as F
 
 from ccselect.config import Config
+from ccselect.hours import Window
 from ccselect.lake import PREFIX_GROUPS, table_path, write_window
 from ccselect.features.prefixes import prefix_means_frame
 from ccselect.features.scaling import FeatureStats
-from ccselect.models.dataset import standardized, training_frame, window_name
+from ccselect.models.dataset import standardized, training_frame
 
 log = logging.getLogger(__name__)
 
@@ -76,18 +77,18 @@ def cluster_type(means: DataFrame, n_prefixes: int, k: int | None, k_range, seed
     return out.select("label", "prefix24", F.col("group").cast("int").alias("group"), "n_rows"), info
 
 
-def compute_groups(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: FeatureStats,
+def compute_groups(spark: SparkSession, cfg: Config, window: Window, stats: FeatureStats,
                    k: int | None = None, nodes=None) -> tuple[pd.DataFrame, dict]:
-    """The groups of window lo..hi (rows of `nodes` only, when given) as pandas
+    """The groups of the window (rows of `nodes` only, when given) as pandas
     (label, prefix24, group, k, n_rows, chosen_by) and a summary per type; writes nothing."""
     s = cfg.settings.model.groups
     k = s.k if k is None else k
-    df = training_frame(spark, cfg, lo, hi)
+    df = training_frame(spark, cfg, window)
     if nodes is not None:
         df = df.where(F.col("node_id").isin(*sorted(nodes)))
     means = prefix_vectors(standardized(df, stats), tuple(stats.features)).cache()
     counts = {int(r["label"]): int(r["count"]) for r in means.groupBy("label").count().collect()}
-    parts, summary = [], {"window": window_name(lo, hi), "k_config": s.k if k is None else k,
+    parts, summary = [], {"window": window.name, "k_config": s.k if k is None else k,
                           "k_range": list(s.k_range), "seed": s.seed, "types": {}}
     for t, name in TYPES.items():
         out, info = cluster_type(means.where(F.col("label") == t), counts.get(t, 0), k, s.k_range, s.seed)
@@ -109,11 +110,11 @@ def compute_groups(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: Fe
 SCHEMA = "label int, prefix24 string, group int, k int, n_rows long, chosen_by string"
 
 
-def fit_groups(spark: SparkSession, cfg: Config, lo: str, hi: str, stats: FeatureStats,
+def fit_groups(spark: SparkSession, cfg: Config, window: Window, stats: FeatureStats,
                k: int | None = None, nodes=None) -> dict:
-    """Cluster window lo..hi's /24s per type and replace that window in gold.prefix_groups;
+    """Cluster the window's /24s per type and replace that window in gold.prefix_groups;
     returns the summary (per type: K, how it was chosen, silhouettes, sizes) plus `rows`."""
-    pdf, summary = compute_groups(spark, cfg, lo, hi, stats, k, nodes)
+    pdf, summary = compute_groups(spark, cfg, window, stats, k, nodes)
     df = spark.createDataFrame(pdf.astype({"label": "int32", "group": "int32", "k": "int32", "n_rows": "int64"}),
                                SCHEMA)
     summary["rows"] = write_window(spark, cfg, df, TABLE, summary["window"])

@@ -42,6 +42,7 @@ from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import FEATURES, PREDICTION_COLS
 from ccselect.delta_arrow import by_engine
+from ccselect.hours import Window
 from ccselect.lake import CONNECTIONS, PREDICTIONS, connections_in, table_path
 from ccselect.settings import InferSettings
 from ccselect.spark import conf_set, get_spark
@@ -64,8 +65,8 @@ def inputs(conns: DataFrame) -> DataFrame:
     return conns.select(*PASS_THROUGH, *FEATURES, *EVIDENCE_COLS, *(["imputed"] if "imputed" in conns.columns else []))
 
 
-def extract(spark: SparkSession, cfg: Config, lo: str, hi: str) -> DataFrame:
-    return inputs(connections_in(spark, cfg, lo, hi))
+def extract(spark: SparkSession, cfg: Config, window: Window) -> DataFrame:
+    return inputs(connections_in(spark, cfg, window))
 
 
 # ---- the model in an Arrow UDF -------------------------------------------------------------------
@@ -187,17 +188,17 @@ def partitions(df: DataFrame) -> set[tuple[str, str]]:
     return {(r["node_id"], r["hour"]) for r in df.select("node_id", "hour").distinct().collect()}
 
 
-def run(spark: SparkSession | None, cfg: Config, lo: str, hi: str, champion=None,
+def run(spark: SparkSession | None, cfg: Config, window: Window, champion=None,
         precision: str | None = None, decisions: bool = True, engine: str | None = None) -> dict[str, Any]:
-    """Score silver.connections over hours lo..hi with the champion into gold.predictions, with
+    """Score silver.connections over the window's hours with the champion into gold.predictions, with
     `engine` (default `infer.engine`): "arrow" (models/infer_arrow.py, in this process), "spark"
     (this module's job), or "auto" (arrow where it can run, else spark; the result says why).
     `spark` may be None: a session is started only when the Spark job runs."""
     p = replace(cfg.settings.infer, **({"precision": precision} if precision else {}))
     engine = engine or p.engine
     champion = champion or load_champion(cfg)
-    result = by_engine(engine, lambda: _run_arrow(cfg, lo, hi, champion, p, decisions),
-                       lambda: _run_spark(spark or get_spark(cfg, "ccs-infer"), cfg, lo, hi, champion, p, decisions))
+    result = by_engine(engine, lambda: _run_arrow(cfg, window, champion, p, decisions),
+                       lambda: _run_spark(spark or get_spark(cfg, "ccs-infer"), cfg, window, champion, p, decisions))
     ns = result.get("node_stats") or {}
     if ns.get("fleet_fallback"):
         log.warning("%d (node, hour) partitions scored on the fleet's statistics (fleet_fallback: fewer than "
@@ -221,31 +222,31 @@ def node_report(table: dict | None, champion=None) -> dict:
     return {"standardization": "node", **node_stats.summary(table or {})}
 
 
-def _summary(cfg: Config, lo: str, hi: str, champion, p: InferSettings) -> dict[str, Any]:
-    return {**infer_core.summary(champion, p, lo, hi), "table": table_path(cfg, PREDICTIONS)}
+def _summary(cfg: Config, window: Window, champion, p: InferSettings) -> dict[str, Any]:
+    return {**infer_core.summary(champion, p, window), "table": table_path(cfg, PREDICTIONS)}
 
 
-def _run_arrow(cfg: Config, lo: str, hi: str, champion, p: InferSettings, decisions: bool) -> dict[str, Any]:
+def _run_arrow(cfg: Config, window: Window, champion, p: InferSettings, decisions: bool) -> dict[str, Any]:
     path = table_path(cfg, PREDICTIONS)
-    r = infer_arrow.run(table_path(cfg, CONNECTIONS), path, lo, hi, champion, p, p.precision,
+    r = infer_arrow.run(table_path(cfg, CONNECTIONS), path, window, champion, p, p.precision,
                         node_scaling=lambda keys: node_scaling(cfg, champion, keys))
-    result = {**_summary(cfg, lo, hi, champion, p), "engine": "arrow", "rows": r["rows"],
+    result = {**_summary(cfg, window, champion, p), "engine": "arrow", "rows": r["rows"],
               "partitions": r["partitions"], "node_stats": node_report(r.get("node_table"), champion)}
     if not r["rows"]:
         return result
     result.update({"seconds": r["seconds"], "rows_per_s": round(r["rows"] / r["seconds"]) if r["seconds"] > 0 else None,
                    "files": r["files"], "removed_files": r["removed_files"], "workers": r["workers"]})
     if decisions:
-        result.update(infer_core.decision_report(infer_arrow.window_decisions(path, lo, hi)))
+        result.update(infer_core.decision_report(infer_arrow.window_decisions(path, window)))
     return result
 
 
-def _run_spark(spark: SparkSession, cfg: Config, lo: str, hi: str, champion, p: InferSettings,
+def _run_spark(spark: SparkSession, cfg: Config, window: Window, champion, p: InferSettings,
                decisions: bool) -> dict[str, Any]:
-    src = extract(spark, cfg, lo, hi)
+    src = extract(spark, cfg, window)
     keys = partitions(src)
     if not keys:
-        return {**_summary(cfg, lo, hi, champion, p), "engine": "spark", "rows": 0, "partitions": 0}
+        return {**_summary(cfg, window, champion, p), "engine": "spark", "rows": 0, "partitions": 0}
     t0 = time.perf_counter()
     table = node_scaling(cfg, champion, keys, spark)
     with conf_set(spark, {"spark.sql.execution.arrow.maxRecordsPerBatch": str(int(p.batch_rows))}):
@@ -253,10 +254,10 @@ def _run_spark(spark: SparkSession, cfg: Config, lo: str, hi: str, champion, p: 
     seconds = time.perf_counter() - t0
     path = table_path(cfg, PREDICTIONS)
     rows = _written_rows(spark, path)
-    result = {**_summary(cfg, lo, hi, champion, p), "engine": "spark", "rows": rows, "partitions": len(keys),
+    result = {**_summary(cfg, window, champion, p), "engine": "spark", "rows": rows, "partitions": len(keys),
               "node_stats": node_report(table, champion), "seconds": round(seconds, 3), "rows_per_s": round(rows / seconds) if rows and seconds > 0 else None}
     if decisions:
-        out = (spark.read.format("delta").load(path).where(F.col("hour").between(lo, hi))
+        out = (spark.read.format("delta").load(path).where(F.col("hour").between(window.lo, window.hi))
                .groupBy("decision", "cc").count().collect())
         result.update(infer_core.decision_report(
             {f"{r['decision']}/{r['cc']}": r["count"] for r in sorted(out, key=lambda r: (r[0], r[1]))}))

@@ -49,6 +49,7 @@ from ccselect.contract import FEATURES, PREDICTION_COLS
 # the Delta log reading that jobs/autoplex_arrow.py shares (Unsupported: callers catch it from here)
 from ccselect.delta_arrow import Unsupported, actions as _actions, check_protocol as _check_protocol, live_files
 from ccselect.delta_arrow import local_path as _local
+from ccselect.hours import Window
 from ccselect.settings import InferSettings
 from ccselect.features import node_stats
 from ccselect.models import infer_core
@@ -203,9 +204,9 @@ class _Scorer:
 
 # ---- the job -------------------------------------------------------------------------------------
 
-def run(silver: str, predictions: str, lo: str, hi: str, champion, p: InferSettings, precision: str,
+def run(silver: str, predictions: str, window: Window, champion, p: InferSettings, precision: str,
         workers: int | None = None, node_scaling=None) -> dict[str, Any]:
-    """Score silver's hours lo..hi into gold.predictions, replacing exactly the (node_id, hour)
+    """Score silver's hours of the window into gold.predictions, replacing exactly the (node_id, hour)
     partitions that have silver rows, in one Delta commit. Raises Unsupported when it cannot.
     `node_scaling(keys)`: the (node, hour) → NodeScaling table of a per-node standardized
     champion (`models.infer.node_scaling`), returned as `node_table`."""
@@ -214,7 +215,7 @@ def run(silver: str, predictions: str, lo: str, hi: str, champion, p: InferSetti
 
     silver, predictions = _local(silver), _local(predictions)
     t0 = time.perf_counter()
-    files = [f for f in live_files(silver, lo, hi) if f[3] != 0]
+    files = [f for f in live_files(silver, window) if f[3] != 0]
     for _, node, hour, _ in files:
         if not (_SEGMENT.match(node) and _SEGMENT.match(hour)):
             raise Unsupported(f"partition value {node!r}/{hour!r} is not a plain path segment")
@@ -258,10 +259,10 @@ def run(silver: str, predictions: str, lo: str, hi: str, champion, p: InferSetti
             "node_table": scorer.node_table}
 
 
-def window_decisions(path: str, lo: str, hi: str) -> dict[str, int]:
-    """Rows per "decision/cc" of gold.predictions' hours lo..hi (what the Spark job reports)."""
+def window_decisions(path: str, window: Window) -> dict[str, int]:
+    """Rows per "decision/cc" of gold.predictions' hours of the window (what the Spark job reports)."""
     counts: dict[str, int] = {}
-    for f, _, _, _ in live_files(path, lo, hi):
+    for f, _, _, _ in live_files(path, window):
         t = pq.read_table(f, columns=["decision", "cc"]).cast(pa.schema([("decision", pa.string()), ("cc", pa.string())]))
         for row in t.group_by(["decision", "cc"]).aggregate([([], "count_all")]).to_pylist():
             key = f"{row['decision']}/{row['cc']}"

@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from ccselect.contract import FEATURES
+from ccselect.hours import Window
 from ccselect.settings import InferSettings
 from ccselect.models.ood import calibrate
 # Imported inside the functions that use them (heavy, not needed to import this module): torch.
@@ -177,10 +178,10 @@ def decision_report(decisions: dict[str, int]) -> dict:
     return out
 
 
-def summary(champion, p: InferSettings, lo: str, hi: str) -> dict:
+def summary(champion, p: InferSettings, window: Window) -> dict:
     """The result's description of the run: window, model, precision, thresholds, temperature, guard."""
     g = guard(champion, p)
-    return {"window": f"{lo}..{hi}", "model_name": champion.name, "model_version": champion.version,
+    return {"window": window.name, "model_name": champion.name, "model_version": champion.version,
             "precision": p.precision, "thresholds": {"wifi": p.wifi_threshold, "cell": p.cell_threshold},
             "temperature": champion.temperature if p.calibrate else 1.0,
             "ood_guard": (None if g is None else

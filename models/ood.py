@@ -139,8 +139,8 @@ def nll(p_wifi: np.ndarray, y: np.ndarray) -> float:
     return float(-np.mean(np.where(y, np.log(p), np.log1p(-p)))) if len(p) else math.nan
 
 
-def fit_temperature(p_wifi: np.ndarray, y: np.ndarray, lo: float = 0.05, hi: float = 20.0) -> float:
-    """The T in [lo, hi] minimizing the NLL of `calibrate(p_wifi, T)` against labels y (1 = Wi-Fi):
+def fit_temperature(p_wifi: np.ndarray, y: np.ndarray, t_min: float = 0.05, t_max: float = 20.0) -> float:
+    """The T in [t_min, t_max] minimizing the NLL of `calibrate(p_wifi, T)` against labels y (1 = Wi-Fi):
     a log-spaced grid, then golden-section search around its best point. 1.0 without both classes."""
     y = np.asarray(y).astype(bool)
     if len(y) == 0 or y.all() or not y.any():
@@ -151,10 +151,10 @@ def fit_temperature(p_wifi: np.ndarray, y: np.ndarray, lo: float = 0.05, hi: flo
         q = 1.0 / (1.0 + np.exp(-z / math.exp(log_t)))
         return nll(q, y)
 
-    grid = np.linspace(math.log(lo), math.log(hi), 61)
+    grid = np.linspace(math.log(t_min), math.log(t_max), 61)
     i = int(np.argmin([loss(g) for g in grid]))
     if i == 0 or i == len(grid) - 1:   # the best temperature lies at (or beyond) a bound: the bound
-        return float(lo if i == 0 else hi)
+        return float(t_min if i == 0 else t_max)
     a, b = grid[max(i - 1, 0)], grid[min(i + 1, len(grid) - 1)]
     g = (math.sqrt(5) - 1) / 2
     c, d = b - g * (b - a), a + g * (b - a)
@@ -211,7 +211,7 @@ class Calibration:
 
 def fit_calibration(p_wifi: np.ndarray, y: np.ndarray, rows: str = "", min_temperature: float = 0.05) -> Calibration:
     """The temperature of `fit_temperature` (not below `min_temperature`) and its effect on the rows."""
-    t = fit_temperature(p_wifi, y, lo=min_temperature)
+    t = fit_temperature(p_wifi, y, t_min=min_temperature)
     q = calibrate(p_wifi, t)
     return Calibration(t, int(len(y)), nll(p_wifi, y), nll(q, y), ece(p_wifi, y), ece(q, y), rows)
 

@@ -38,9 +38,9 @@ import pandas as pd
 from ccselect.config import Config
 from ccselect.features import node_stats
 from ccselect.features.scaling import window_stats
+from ccselect.hours import Window
 from ccselect.models import registry
 from ccselect.models.crossnode import cross_node_split, per_node, summary
-from ccselect.models.dataset import window_name
 from ccselect.models.ood import fit_calibration, fit_guard, report
 from ccselect.models.select import base_variant, select_variant
 from ccselect.models.train import NODE_DOMAIN_VARIANTS, TrainData, TrainParams, effective_epochs, fit
@@ -97,7 +97,7 @@ def node_standardized(spark, cfg: Config, stats, ns: "node_stats.NodeStandardiza
             "report": node_stats.summary(table)}
 
 
-def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: float | None = None,
+def run(spark, cfg: Config, window: Window, variant: str = "aliccs", share: float | None = None,
         seed: int | None = None, epochs: int | None = None, k: int | None = None, gate: bool = True,
         params=None, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Train, evaluate, log, register and gate; returns what happened (version, gate verdict).
@@ -112,13 +112,12 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
     s = cfg.settings.model.evaluate
     share = float(s.share if share is None else share)
     seed = int(s.seed if seed is None else seed)
-    window = window_name(lo, hi)
     t0 = time.time()
 
-    stats, stats_path, fitted = window_stats(spark, cfg, lo, hi, save_fitted=True)
+    stats, stats_path, fitted = window_stats(spark, cfg, window, save_fitted=True)
     # a node-domain variant learns from every node's unlabelled rows too (models/train.py)
     node_domains = set(sel.candidates if selecting else (variant,)) & set(NODE_DOMAIN_VARIANTS)
-    sp = cross_node_split(spark, cfg, lo, hi, stats, share, seed, k,
+    sp = cross_node_split(spark, cfg, window, stats, share, seed, k,
                           unlabelled_per_node=UNLABELLED_PER_NODE if node_domains else 0)
     tr, te, train_nodes, test_nodes = sp.train, sp.test, sp.train_nodes, sp.test_nodes
     data, groups_pd, groups_info = sp.data, sp.groups, sp.groups_info
@@ -148,7 +147,7 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
         tr, te = replace(tr, x=nodestd["train"]), replace(te, x=nodestd["test"])
         data = replace(data, x=nodestd["train"])
     params = replace(params, variant=base)
-    say(f"{window}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
+    say(f"{window.name}: {len(tr):,} training rows on {len(train_nodes)} nodes, {len(te):,} held-out rows on "
         f"{len(test_nodes)} nodes; prefix groups K(4G, Wi-Fi) = {data.n_groups}; {variant}, "
         f"{effective_epochs(params, len(data.y))} epochs (at least {params.min_steps} steps)")
 
@@ -160,7 +159,7 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
     ip = cfg.settings.infer
     on_paths = ip.calibrate and ip.calibration_on == "training_paths"
     fit_data, calib_mask = calibration_split(data, ip.calibration_share if on_paths else 0.0, seed)
-    with registry.training_run(cfg, run_name=f"{variant} {window}"):
+    with registry.training_run(cfg, run_name=f"{variant} {window.name}"):
         t1 = time.time()
         trainer = fit(params, fit_data, on_epoch=registry.epoch_logger())
         train_s = time.time() - t1
@@ -179,7 +178,7 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
         summ = summary(pn[pn["included"]])
         train_acc = float(((trainer.predict_proba(tr.x) >= 0.5) == tr.y.astype(bool)).mean())
         run_id, version = registry.log_training(
-            cfg, trainer.p, trainer, stats, pn, summ, window=window, train_nodes=train_nodes,
+            cfg, trainer.p, trainer, stats, pn, summ, window=window.name, train_nodes=train_nodes,
             test_nodes=test_nodes, input_example=te.x[:5] if len(te) else None,
             guard=guard, calibration=calibration, node_std=node_std if per_node_std else None,
             extra_params={"share": share, "n_train": len(tr), "n_test": len(te), "n_calibration": calibration.n if calibration else 0,
@@ -199,7 +198,7 @@ def run(spark, cfg: Config, lo: str, hi: str, variant: str = "aliccs", share: fl
     say(f"{registry.model_name(cfg)} v{version} (run {run_id}): held-out mean {summ['mean']:.4f} "
         f"worst {summ['worst']:.4f} std {summ['std']:.4f} over {summ['nodes']} nodes")
     out: dict[str, Any] = {
-        "window": window, "variant": variant, "run_id": run_id, "model_name": registry.model_name(cfg),
+        "window": window.name, "variant": variant, "run_id": run_id, "model_name": registry.model_name(cfg),
         "version": version, "summary": summ, "train_accuracy": train_acc,
         "train_nodes": train_nodes, "test_nodes": test_nodes, "n_train": int(len(tr)), "n_test": int(len(te)),
         "excluded_nodes": sorted(n for n, ok in included.items() if not ok),

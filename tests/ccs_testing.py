@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import yaml
+from ccselect.hours import Window
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -125,7 +126,7 @@ def quick_champion(spark, cfg, lake: SmallLake) -> str:
     from ccselect.models.ood import fit_calibration, fit_guard
     from ccselect.models.train import TrainParams, fit
     stats = scaling.load(lake.stats_path)
-    lab = load_labelled(spark, cfg, lake.lo, lake.hi, stats)
+    lab = load_labelled(spark, cfg, Window.hours(lake.lo, lake.hi), stats)
     data, _ = to_train_data(lab, pd.DataFrame(columns=["label", "prefix24", "group", "k"]))
     params = TrainParams(variant="mlp", epochs=8, seed=0, device="cpu")  # enough to leave both decisions
     trainer = fit(params, data)

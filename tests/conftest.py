@@ -60,7 +60,8 @@ def small_lake(tmp_path_factory, spark, small_fleet):
     hours = sorted({h for h in _fleet_hours(fleet_dir)})
     lo, hi = hours[0], hours[-1]
     window = f"{lo}..{hi}"
-    conns = connections_in(spark, cfg, lo, hi)
+    from ccselect.hours import Window
+    conns = connections_in(spark, cfg, Window.hours(lo, hi))
     stats = scaling.fit(conns, window=window)
     stats_path = scaling.save(spark, cfg, stats, datetime.now(timezone.utc).isoformat())
     n_train = write_window(spark, cfg, labels.training_set(conns, 0.5), "gold.training_set", window)

@@ -11,6 +11,7 @@ from pyspark.testing import assertDataFrameEqual
 
 from ccselect.evaluation import abtest
 from ccselect.evaluation.abtest import ArmMoments, compare
+from ccselect.hours import Window
 
 SILVER = ("conn_id string, client_ip string, ab_treatment boolean, decision string, cc string, ug_id string, "
           "net_type string, play_ms long, rebuffer_ms long, total_retrans long, data_segs_out long, "
@@ -222,10 +223,10 @@ def test_run_writes_window_and_rerun_replaces(spark, cfg):
     from ccselect.lake import table_path
     cols, _ = fleet(9, 3_000, rebuffer_x=0.9, retrans_x=0.6)
     frame(spark, cols).write.format("delta").partitionBy("node_id", "hour").save(table_path(cfg, "silver.connections"))
-    first = abtest.run(spark, cfg, "2026-11-01T01", "2026-11-01T01")
+    first = abtest.run(spark, cfg, Window.hours("2026-11-01T01"))
     table = lambda: spark.read.format("delta").load(table_path(cfg, "gold.ab_test"))  # noqa: E731
     before = table().collect()
-    again = abtest.run(spark, cfg, "2026-11-01T01", "2026-11-01T01")
+    again = abtest.run(spark, cfg, Window.hours("2026-11-01T01"))
     assert first["rows"] == again["rows"] == len(before) == len(first["results"]), "rows written are the rows read back"
     assertDataFrameEqual(table(), before)  # a re-run replaces its window: same rows, no duplicates
     assert {r["window"] for r in before} == {"2026-11-01T01..2026-11-01T01"}

@@ -28,6 +28,7 @@ import pytest
 
 from ccs_testing import copy_lake, write_config
 from ccselect.contract import FEATURES
+from ccselect.hours import Window
 
 # The gate's thresholds are for real windows; a 6-hour toy fleet's classifier is promoted anyway.
 _OPEN_GATE = {"gate": {"min_mean_accuracy": 0.0, "min_worst_accuracy": 0.0, "max_drop_vs_champion": 1.0}}
@@ -51,7 +52,7 @@ def _champion(spark, cfg, stats, lo, hi):
     from ccselect.models import registry
     from ccselect.models.crossnode import per_node, summary
     from ccselect.models.train import TrainData, TrainParams, fit
-    rows = load_window(spark, cfg, lo, hi, stats)
+    rows = load_window(spark, cfg, Window.hours(lo, hi), stats)
     _, pid = np.unique(rows.prefix24, return_inverse=True)
     data = TrainData(rows.z, rows.label.astype(np.int64), pid, np.zeros(len(rows), np.int64), (1, 1))
     params = TrainParams(variant="mlp", epochs=8, device="cpu", seed=0)
@@ -67,7 +68,7 @@ def _champion(spark, cfg, stats, lo, hi):
 def _pipeline(spark, cfg, stats, lo, hi):
     from ccselect.distill.jobs import run_diagnose, run_distill
     version = _champion(spark, cfg, stats, lo, hi)
-    distilled = run_distill(spark, cfg, lo, hi)
+    distilled = run_distill(spark, cfg, Window.hours(lo, hi))
     diagnosed = run_diagnose(spark, cfg, worst=1)
     return {"cfg": cfg, "version": version, "distill": distilled, "diagnose": diagnosed}
 
@@ -102,7 +103,7 @@ def deployment(tmp_path_factory, spark, small_lake):
     lake = copy_lake(small_lake, dest)
     cfg = _config(lake.root)
     train, live = (lake.hours[0], lake.hours[FAULT_START - 1]), (lake.hours[FAULT_START], lake.hours[-1])
-    stats = scaling.fit(connections_in(spark, cfg, *train), window=f"{train[0]}..{train[1]}")
+    stats = scaling.fit(connections_in(spark, cfg, Window.hours(*train)), window=f"{train[0]}..{train[1]}")
     version = _champion(spark, cfg, stats, *train)
     out = {"cfg": cfg, "version": version, "live": live}
     small = json.load(open(os.path.join(lake.fleet_dir, "manifest.json")))["params"]
@@ -112,7 +113,7 @@ def deployment(tmp_path_factory, spark, small_lake):
     for case in ("clean", "fault"):
         if case == "fault":
             ingest.run(spark, cfg, fleet, hours=live)
-        out[case] = {"distill": run_distill(spark, cfg, *live),
+        out[case] = {"distill": run_distill(spark, cfg, Window.hours(*live)),
                      "diagnose": run_diagnose(spark, cfg, prefix=out["fault16"])}
         print(case, {k: out[case]["distill"][k] for k in ("rows", "depth", "fidelity", "dnn_accuracy")},
               out[case]["diagnose"]["global_top"], out[case]["diagnose"]["subsets"])

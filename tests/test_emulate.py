@@ -11,6 +11,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from ccselect.contract import FEATURES
+from ccselect.hours import Window
 from ccselect.settings import EmulateSettings
 from ccselect.evaluation import emulate
 
@@ -298,7 +299,7 @@ def test_the_main_job_emulates_its_hourly_hour_under_every_policy_and_a_rerun_ch
     before = table().toPandas()
     assert set(before["policy"]) == set(emulate.POLICIES)
     assert (before.groupby("policy")["sessions"].sum() == n).all()
-    emulate.run(spark, cfg, hour, hour, truth_dir=cfg.settings.pipeline.raw_dir,
+    emulate.run(spark, cfg, Window.hours(hour), truth_dir=cfg.settings.pipeline.raw_dir,
                 params=replace(cfg.settings.emulate, table_lag_hours=0))
     after = table()
     assertDataFrameEqual(after, spark.createDataFrame(before, after.schema), rtol=1e-9)

@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
+from ccselect.hours import Window
 from ccselect.settings import EmulateSettings
 from ccselect.evaluation import emulate
 from test_emulate import H0, H1, P, T0, T1, _trace
@@ -99,7 +100,7 @@ def test_the_streaming_table_follows_a_prefix_that_flips_mid_hour_and_the_hourly
     rows = [(c, H1, "7.7.200.1", "7.7.200.0/24", T1 + ms, T1 + ms + 3000) for c, ms in at.items()]
     rows += [("x12", H1, "7.8.200.1", "7.8.200.0/24", T1 + 12 * MIN, T1 + 12 * MIN + 3000)]
     est = _sessions_at(spark, rows, S).persist()
-    preds_df = emulate.extract_stream_predictions(spark, cfg, H1, H1, S, max_lag_minutes=1)
+    preds_df = emulate.extract_stream_predictions(spark, cfg, Window.hours(H1), S, max_lag_minutes=1)
     entries = emulate.stream_entries(preds_df, cfg.settings.export, S).persist()
     stream = {r["conn_id"]: r["_ecc"] for r in emulate.stream_lookup(est, entries, cfg.settings.export, S, 1).collect()}
     assert stream == {"s10": None, "s11": "cubic", "s15": "cubic", "s21": None, "s36m": None, "s36": "bbr",

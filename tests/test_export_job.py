@@ -8,6 +8,7 @@ import os
 import pytest
 
 from ccs_testing import copy_lake
+from ccselect.hours import Window
 from ccselect.settings import PrefixLadder
 from ccselect.export.artifact import signing, table_format as tf
 from ccselect.export.delivery import guards
@@ -49,7 +50,7 @@ def exported(spark, small_lake, tmp_path_factory):
     key = signing.generate_key()
     kd = tmp_path_factory.mktemp("keys")
     signing.save_keypair(key, str(kd / "priv.pem"), str(kd / "pub.pem"))
-    man = agg.run_export(spark, cfg, lake.lo, lake.hi, key, now=1_900_000_000)
+    man = agg.run_export(spark, cfg, Window.hours(lake.lo, lake.hi), key, now=1_900_000_000)
     return lake, cfg, man, str(kd / "pub.pem")
 
 
@@ -72,7 +73,7 @@ def test_export_artifact_manifest_and_record(spark, exported):
     assert 0.85 <= m["agreement"] <= 1.0 and 0.85 <= m["agreement_ip_majority"] <= 1.0, m
     assert 0.8 <= m["coverage"] < 1.0, m  # fallback-only addresses are not covered
     # the Spark table equals the reference's over every decision (declined ones count, issue 57)
-    preds = agg.extract(spark, cfg, lake.lo, lake.hi).toPandas()
+    preds = agg.extract(spark, cfg, Window.hours(lake.lo, lake.hi)).toPandas()
     ref = agg.reference_aggregate(zip(preds["client_ip"], preds["cc"], preds["requests"], preds["decision"]),
                                   cfg.settings.export)
     assert tuple(sorted((a.entry() for a in ref), key=lambda e: (e.family, int(e.prefix.network_address)))) \
@@ -150,7 +151,7 @@ def test_guard_refuses_bogons():
 def test_guard_refuses_flipping_too_much_traffic(spark, exported):
     lake, cfg, man, pub = exported
     _, table = signing.read_manifest(man["manifest_path"], signing.load_public_key(pub))
-    preds = agg.extract(spark, cfg, lake.lo, lake.hi)
+    preds = agg.extract(spark, cfg, Window.hours(lake.lo, lake.hi))
     # against itself nothing flips
     assert guards.flip_share(preds, table.entries, table.entries) == 0.0
     # a live table with every CC swapped: every covered address whose CC is enforced flips

@@ -70,7 +70,8 @@ def _ingest(spark, cfg, input_dir, hour):
     from ccselect.jobs import ingest
     from ccselect.models import infer
     res = ingest.run(spark, cfg, str(input_dir))
-    infer.run(spark, cfg, hour, hour)
+    from ccselect.hours import Window
+    infer.run(spark, cfg, Window.hours(hour))
     return res
 
 

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 from pyspark.testing import assertDataFrameEqual
 
 from ccs_testing import copy_lake
+from ccselect.hours import Window
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -76,7 +77,7 @@ def test_ccs_infer_writes_predictions(spark, lake_with_champion):
     res = runner.invoke(app, args)
     assert res.exit_code == 0, res.output + repr(res.exception)
     out = json.loads(res.stdout[res.stdout.index("{"):])
-    silver = connections_in(spark, cfg, lake.lo, lake.hi)
+    silver = connections_in(spark, cfg, Window.hours(lake.lo, lake.hi))
     pred = _predictions(spark, cfg)
     assert tuple(pred.columns) == PREDICTION_COLS
     n_silver = silver.count()
@@ -160,9 +161,9 @@ def test_arrow_engine_matches_the_spark_job(spark, lake_with_champion, monkeypat
     lake, cfg, version = lake_with_champion
     champ = registry.load_champion(cfg)
     path = table_path(cfg, "gold.predictions")
-    by_spark = infer.run(spark, cfg, lake.lo, lake.hi, champion=champ, engine="spark")
+    by_spark = infer.run(spark, cfg, Window.hours(lake.lo, lake.hi), champion=champ, engine="spark")
     spark_rows = _sorted(_predictions(spark, cfg))
-    by_arrow = infer.run(spark, cfg, lake.lo, lake.hi, champion=champ, engine="arrow")
+    by_arrow = infer.run(spark, cfg, Window.hours(lake.lo, lake.hi), champion=champ, engine="arrow")
     arrow_rows = _sorted(_predictions(spark, cfg))
     assert (by_spark["engine"], by_arrow["engine"]) == ("spark", "arrow")
     assert by_arrow["rows"] == by_spark["rows"] == len(arrow_rows) == len(spark_rows) > 0
@@ -188,13 +189,13 @@ def test_arrow_engine_matches_the_spark_job(spark, lake_with_champion, monkeypat
         raise OSError("killed before the commit")
     monkeypatch.setattr(DeltaTable, "create_write_transaction", fail)
     with pytest.raises(OSError):
-        infer_arrow.run(table_path(cfg, "silver.connections"), path, lake.lo, lake.hi, champ, cfg.settings.infer, "fp32")
+        infer_arrow.run(table_path(cfg, "silver.connections"), path, Window.hours(lake.lo, lake.hi), champ, cfg.settings.infer, "fp32")
     monkeypatch.undo()
     assert DeltaTable(path).version() == version_before
     pd.testing.assert_frame_equal(_sorted(_predictions(spark, cfg)), arrow_rows)
 
     # and back: the Spark job replaces the engine's files
-    infer.run(spark, cfg, lake.lo, lake.hi, champion=champ, engine="spark")
+    infer.run(spark, cfg, Window.hours(lake.lo, lake.hi), champion=champ, engine="spark")
     pd.testing.assert_frame_equal(_sorted(_predictions(spark, cfg))[exact], spark_rows[exact])
 
 
@@ -205,6 +206,6 @@ def test_arrow_engine_refuses_what_it_cannot_read():
     with pytest.raises(infer_arrow.Unsupported, match="local filesystem"):
         infer_arrow._local("s3a://bucket/lake/silver/connections")
     with pytest.raises(infer_arrow.Unsupported):
-        infer_arrow.run("s3a://bucket/silver", "s3a://bucket/predictions", "a", "b", None, InferSettings(), "fp32")
+        infer_arrow.run("s3a://bucket/silver", "s3a://bucket/predictions", Window.hours("2026-11-01T00"), None, InferSettings(), "fp32")
     with pytest.raises(ValueError, match="engine"):
         InferSettings(engine="gpu")

@@ -137,12 +137,13 @@ def _reference(spark, fleet, root):
     hours = sorted({f.hour for f in discover(str(fleet), streams=("transport",))})
     lo, hi = hours[0], hours[-1]
     window = f"{lo}..{hi}"
-    stats = scaling.fit(connections_in(spark, cfg, lo, hi), window=window)
+    from ccselect.hours import Window
+    stats = scaling.fit(connections_in(spark, cfg, Window.hours(lo, hi)), window=window)
     stats_path = scaling.save(spark, cfg, stats, datetime.now(timezone.utc).isoformat())
     lake = SmallLake(root=root, cfg_path=path, fleet_dir=str(fleet), lo=lo, hi=hi, window=window, hours=hours,
                      stats_path=stats_path, ingest=result, training_rows=0)
     version = quick_champion(spark, cfg, lake)
-    infer.run(spark, cfg, lo, hi)
+    infer.run(spark, cfg, Window.hours(lo, hi))
     return cfg, version
 
 

@@ -187,3 +187,52 @@ def test_table_names_are_spelled_once_in_the_lake_module():
                       and str(node.values[0].value) in ("bronze.", "silver.", "gold.")):
                     bad.append(f"{path.relative_to(REPO)}:{node.lineno} f{node.values[0].value!r}...")
     assert not bad, "table names spelled outside ccselect/lake.py:\n" + "\n".join(bad)
+
+
+#: parameter pairs that carry a time range: a job takes a `ccselect.hours.Window` instead (issue 63)
+TIME_PAIRS = (("lo", "hi"), ("start_ms", "periods"), ("start_ms", "end_ms"), ("start_hour", "end_hour"),
+              ("hour_lo", "hour_hi"), ("start", "periods"))
+#: where the pairs are the point: Window's own constructors and the hour helpers it is built on
+TIME_PAIR_HOME = ("ccselect/hours.py",)
+#: functions not yet converted (path, name): this list only shrinks (the test fails on a stale entry)
+TIME_PAIRS_LEFT: set[tuple[str, str]] = set()
+
+
+def _time_pair_functions(root: Path, tops) -> list[tuple[str, int, str, tuple[str, str]]]:
+    out = []
+    for top in tops:
+        for path in sorted((root / top).rglob("*.py")):
+            rel = str(path.relative_to(root))
+            if rel in TIME_PAIR_HOME:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    a = node.args
+                    names = {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs}
+                    out += [(rel, node.lineno, node.name, pair) for pair in TIME_PAIRS if set(pair) <= names][:1]
+    return out
+
+
+def test_a_time_range_arrives_as_one_window():
+    """No function of the packages takes a time range as two parameters (`lo, hi`, `start_ms,
+    periods`, ...): every job takes one `ccselect.hours.Window` (issue 63)."""
+    found = _time_pair_functions(REPO, PACKAGES)
+    bad = [f"{rel}:{line} {name}({', '.join(pair)})" for rel, line, name, pair in found
+           if (rel, name) not in TIME_PAIRS_LEFT]
+    stale = TIME_PAIRS_LEFT - {(rel, name) for rel, _, name, _ in found}
+    assert not bad, "time ranges as parameter pairs (take a ccselect.hours.Window):\n" + "\n".join(bad)
+    assert not stale, f"converted, drop from TIME_PAIRS_LEFT: {sorted(stale)}"
+
+
+@pytest.mark.parametrize("planted", [
+    "def run(spark, cfg, lo: str, hi: str):\n    pass\n",
+    "def later(cfg, *, start_ms: int, periods: int = 1):\n    pass\n",
+    "class Job:\n    def extract(self, start_hour, end_hour):\n        pass\n",
+])
+def test_the_window_guard_finds_a_planted_pair(tmp_path, planted):
+    (tmp_path / "jobs").mkdir()
+    (tmp_path / "jobs" / "clean.py").write_text("def run(spark, cfg, window):\n    pass\n")
+    assert _time_pair_functions(tmp_path, ["jobs"]) == []
+    (tmp_path / "jobs" / "planted.py").write_text(planted)
+    found = _time_pair_functions(tmp_path, ["jobs"])
+    assert [rel for rel, *_ in found] == ["jobs/planted.py"]

@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from ccs_testing import copy_lake
+from ccselect.hours import Window
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +29,7 @@ def stats(lake):
 @pytest.fixture(scope="module")
 def labelled(spark, lake, stats):
     from ccselect.models.dataset import load_labelled
-    return load_labelled(spark, lake.cfg(), lake.lo, lake.hi, stats)
+    return load_labelled(spark, lake.cfg(), Window.hours(lake.lo, lake.hi), stats)
 
 
 # -- dataset ---------------------------------------------------------------------------------------
@@ -78,7 +79,7 @@ def test_to_train_data_groups_paths_and_nearest_centroid():
 def test_fit_groups_every_labelled_prefix_one_group_per_type(spark, lake, stats, labelled):
     from ccselect.models.groups import fit_groups, load_groups
     cfg = lake.cfg()
-    summary = fit_groups(spark, cfg, lake.lo, lake.hi, stats, k=3)
+    summary = fit_groups(spark, cfg, Window.hours(lake.lo, lake.hi), stats, k=3)
     g = load_groups(spark, cfg, lake.window)
     expect = (pd.DataFrame({"label": labelled.y.astype(int), "prefix24": labelled.prefix24})
               .drop_duplicates().sort_values(["label", "prefix24"]).reset_index(drop=True))
@@ -92,7 +93,7 @@ def test_fit_groups_every_labelled_prefix_one_group_per_type(spark, lake, stats,
         assert summary["types"][name]["n_rows"] == int((labelled.y == t).sum())
     assert summary["rows"] == len(g)
     # re-running the window replaces it (no duplicates)
-    fit_groups(spark, cfg, lake.lo, lake.hi, stats, k=3)
+    fit_groups(spark, cfg, Window.hours(lake.lo, lake.hi), stats, k=3)
     assert len(load_groups(spark, cfg, lake.window)) == len(g)
 
 
@@ -100,7 +101,7 @@ def test_groups_are_kmeans_of_prefix_means(spark, lake, stats, labelled):
     """Each /24 sits with the group whose centroid (mean of member /24 means) is nearest."""
     from ccselect.features.prefixes import prefix_means
     from ccselect.models.groups import compute_groups
-    pdf, summary = compute_groups(spark, lake.cfg(), lake.lo, lake.hi, stats, k=2)
+    pdf, summary = compute_groups(spark, lake.cfg(), Window.hours(lake.lo, lake.hi), stats, k=2)
     for t in (0, 1):
         m = labelled.y == t
         pm = prefix_means(labelled.x[m].astype(np.float64), labelled.prefix24[m].astype(str))
@@ -118,7 +119,7 @@ def test_groups_k_by_silhouette_reported(spark, lake, stats):
     cfg = lake.cfg()
     model = {**cfg.raw.get("model", {}), "groups": {"k": None, "k_range": [2, 4], "seed": 7}}
     cfg = Config(cfg.path, {**cfg.raw, "model": model})     # a short K range keeps the test quick
-    pdf, summary = compute_groups(spark, cfg, lake.lo, lake.hi, stats, k=None)
+    pdf, summary = compute_groups(spark, cfg, Window.hours(lake.lo, lake.hi), stats, k=None)
     for name, t in (("4g", 0), ("wifi", 1)):
         info = summary["types"][name]
         assert info["chosen_by"] == "silhouette"
@@ -222,8 +223,8 @@ def test_ccs_evaluate_json_all_variants_writes_model_eval(spark, lake, stats, la
     out = json.loads(res.stdout[res.stdout.index("{"):])
     # training nodes: 30% of the window's nodes, drawn from the labelled ones; training rows: the
     # (balanced) training set of those nodes; held-out nodes: all their labelled connections
-    natural = load_labelled(spark, lake.cfg(), lake.lo, lake.hi, stats, balanced=False)
-    fleet = window_nodes(spark, lake.cfg(), lake.lo, lake.hi)
+    natural = load_labelled(spark, lake.cfg(), Window.hours(lake.lo, lake.hi), stats, balanced=False)
+    fleet = window_nodes(spark, lake.cfg(), Window.hours(lake.lo, lake.hi))
     assert set(natural.node) < set(fleet), "the small lake has nodes without labels"
     train_nodes, test_nodes = split_nodes(natural.node, 0.3, 3, fleet=fleet)
     assert out["train_nodes"] == train_nodes and out["test_nodes"] == test_nodes

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from ccs_testing import copy_lake
+from ccselect.hours import Window
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -155,7 +156,7 @@ def node_champion(spark, lake):
     cfg = lake.cfg()
     ns = node_stats.NodeStandardization(hours=3, min_conns=100)
     stats = scaling.load(lake.stats_path)
-    lab = load_labelled(spark, cfg, lake.lo, lake.hi, stats)
+    lab = load_labelled(spark, cfg, Window.hours(lake.lo, lake.hi), stats)
     table = node_stats.lookup(cfg, set(zip(lab.node, lab.hour)), stats, ns, spark)
     lab = replace(lab, x=node_stats.from_fleet_z(lab.x, lab.node, lab.hour, table, stats))
     data, _ = to_train_data(lab, pd.DataFrame(columns=["label", "prefix24", "group", "k"]))
@@ -197,9 +198,9 @@ def test_both_engines_score_a_node_standardized_champion_on_node_z(spark, lake, 
     cfg, ns, lab = node_champion
     champ = registry.load_champion(cfg)
     assert champ.node_std == ns
-    by_spark = infer.run(spark, cfg, lake.lo, lake.hi, champion=champ, engine="spark")
+    by_spark = infer.run(spark, cfg, Window.hours(lake.lo, lake.hi), champion=champ, engine="spark")
     spark_rows = _predictions(spark, cfg)
-    by_arrow = infer.run(spark, cfg, lake.lo, lake.hi, champion=champ, engine="arrow")
+    by_arrow = infer.run(spark, cfg, Window.hours(lake.lo, lake.hi), champion=champ, engine="arrow")
     arrow_rows = _predictions(spark, cfg)
     assert by_arrow["rows"] == by_spark["rows"] == len(spark_rows) > 0
     np.testing.assert_allclose(arrow_rows["p_wifi"], spark_rows["p_wifi"], rtol=0, atol=1e-5)
@@ -207,7 +208,7 @@ def test_both_engines_score_a_node_standardized_champion_on_node_z(spark, lake, 
     assert by_arrow["node_stats"] == by_spark["node_stats"]
     assert by_spark["node_stats"]["node"] == by_spark["partitions"] and by_spark["node_stats"]["fleet_fallback"] == 0
 
-    silver = (connections_in(spark, cfg, lake.lo, lake.hi).select("conn_id", "node_id", "hour", *FEATURES)
+    silver = (connections_in(spark, cfg, Window.hours(lake.lo, lake.hi)).select("conn_id", "node_id", "hour", *FEATURES)
               .toPandas().sort_values("conn_id").reset_index(drop=True))
     assert silver["conn_id"].tolist() == spark_rows["conn_id"].tolist()
     cols = [silver[f].to_numpy(dtype=np.float64) for f in FEATURES]
@@ -229,7 +230,7 @@ def test_both_engines_score_a_node_standardized_champion_on_node_z(spark, lake, 
 
     # no node reaches the minimum: every partition on the fleet's statistics, and said so
     starved = replace(champ, node_std=node_stats.NodeStandardization(ns.hours, 10**9))
-    res = infer.run(spark, cfg, lake.lo, lake.hi, champion=starved, engine="arrow")
+    res = infer.run(spark, cfg, Window.hours(lake.lo, lake.hi), champion=starved, engine="arrow")
     assert res["node_stats"]["fleet_fallback"] == res["partitions"] and res["node_stats"]["node"] == 0
     assert len(res["node_stats"]["fallback_partitions"]) == res["partitions"]
     np.testing.assert_allclose(_predictions(spark, cfg)["p_wifi"], fleet_p, rtol=0, atol=1e-5)
@@ -243,7 +244,7 @@ def test_ccs_train_of_a_nodestd_variant_records_its_standardization(spark, lake,
     import mlflow
     from ccselect.models import registry, train_job
     cfg, _, _ = node_champion
-    out = train_job.run(spark, cfg, lake.lo, lake.hi, variant="mlp_nodestd", epochs=1, k=2, gate=False)
+    out = train_job.run(spark, cfg, Window.hours(lake.lo, lake.hi), variant="mlp_nodestd", epochs=1, k=2, gate=False)
     ns = cfg.settings.model.node_stats
     assert out["variant"] == "mlp_nodestd" and out["params"]["variant"] == "mlp"
     assert (out["node_std"]["hours"], out["node_std"]["min_conns"]) == (ns.hours, ns.min_conns)
@@ -271,8 +272,8 @@ def test_ccs_evaluate_scores_nodestd_variants_on_the_deployed_statistics(spark, 
     base = lake.cfg()
     counts = _table(spark, base).select("node_id", "hour", "n").toPandas()
     stats = scaling.load(lake.stats_path)
-    natural = load_labelled(spark, base, lake.lo, lake.hi, stats, balanced=False)
-    fleet = window_nodes(spark, base, lake.lo, lake.hi)
+    natural = load_labelled(spark, base, Window.hours(lake.lo, lake.hi), stats, balanced=False)
+    fleet = window_nodes(spark, base, Window.hours(lake.lo, lake.hi))
     train_nodes, test_nodes = split_nodes(natural.node, 0.3, 3, fleet=fleet)
     peak = counts.groupby("node_id")["n"].max()
     starved = str(peak[test_nodes].idxmin())
@@ -280,7 +281,7 @@ def test_ccs_evaluate_scores_nodestd_variants_on_the_deployed_statistics(spark, 
     assert (counts["n"] >= min_conns).any(), "some partitions must keep their node's statistics"
     cfg = type(base)(path=base.path, raw={**base.raw, "model": {**base.raw.get("model", {}),
                                                                  "node_stats": {"hours": 1, "min_conns": min_conns}}})
-    out = run_evaluation(spark, cfg, lake.lo, lake.hi, variants=("gbdt_nodestd", "mlp_nodestd"), seed=3,
+    out = run_evaluation(spark, cfg, Window.hours(lake.lo, lake.hi), variants=("gbdt_nodestd", "mlp_nodestd"), seed=3,
                          epochs=1, k=2, write=False)
     assert out["test_nodes"] == test_nodes
     ns = out["node_std"]
@@ -293,7 +294,7 @@ def test_ccs_evaluate_scores_nodestd_variants_on_the_deployed_statistics(spark, 
         assert rows[starved]["fleet_fallback_share"] == 1.0, (v, rows[starved])
         assert "silver.node_stats" in out["variants"][v]["params"]["standardized"]
     # gbdt_nodestd reproduced from the deployed path
-    tr = load_labelled(spark, cfg, lake.lo, lake.hi, stats, nodes=train_nodes)
+    tr = load_labelled(spark, cfg, Window.hours(lake.lo, lake.hi), stats, nodes=train_nodes)
     te = natural.of_nodes(test_nodes)
     ns_obj = node_stats.NodeStandardization(1, min_conns)
     table = node_stats.lookup(cfg, set(zip(tr.node, tr.hour)) | set(zip(te.node, te.hour)), stats, ns_obj, spark)
@@ -305,7 +306,7 @@ def test_ccs_evaluate_scores_nodestd_variants_on_the_deployed_statistics(spark, 
     pd.testing.assert_series_equal(got.sort_index(), want.sort_index(), check_names=False)
     # the check can fail: whole-window per-node statistics (what evaluate used before) score otherwise
     from ccselect.models.dataset import load_unlabelled
-    unl = load_unlabelled(spark, cfg, lake.lo, lake.hi, stats, 10)
+    unl = load_unlabelled(spark, cfg, Window.hours(lake.lo, lake.hi), stats, 10)
     old = gbdt.fit(unl.per_node_standardized(tr.x, tr.node), tr.y, 3)
     before = per_node(te.y, gbdt.predict_proba(old, unl.per_node_standardized(te.x, te.node)), te.node)
     assert not np.allclose(before.set_index("node_id")["accuracy"].sort_index().to_numpy(), want.sort_index().to_numpy())

@@ -14,6 +14,7 @@ from pyspark.sql import functions as F
 
 from ccs_testing import copy_lake
 from ccselect.contract import FEATURES, PREDICTION_DECISIONS
+from ccselect.hours import Window
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -137,7 +138,7 @@ def registered(tmp_path_factory, spark, small_lake):
     lake = copy_lake(small_lake, tmp_path_factory.mktemp("ood_lake"))
     cfg = lake.cfg()
     stats = scaling.load(lake.stats_path)
-    lab = load_labelled(spark, cfg, lake.lo, lake.hi, stats)
+    lab = load_labelled(spark, cfg, Window.hours(lake.lo, lake.hi), stats)
     torch.manual_seed(0)
     model = NetTypeModel(Generator(12), Classifier()).eval()
     with torch.no_grad():
@@ -198,14 +199,14 @@ def test_inference_writes_ood_with_the_default_cc(spark, registered):
     from ccselect.models.ood import calibrate
     lake, cfg, stats, lab, guard, calibration = registered
     champ = registry.load_champion(cfg)
-    src = infer.extract(spark, cfg, lake.lo, lake.hi).orderBy("conn_id").limit(400).toPandas()
+    src = infer.extract(spark, cfg, Window.hours(lake.lo, lake.hi)).orderBy("conn_id").limit(400).toPandas()
     raw = src[list(FEATURES)].to_numpy(dtype=np.float64)
     frames = [src.assign(kind="as_is")]
     for name, far in _far(raw).items():
         frames.append(src.assign(**{f: far[:, j].astype(np.int64) for j, f in enumerate(FEATURES)},
                                  conn_id=src["conn_id"] + "-" + name, kind=name))
     pdf = pd.concat(frames, ignore_index=True)
-    df = spark.createDataFrame(pdf.drop(columns="kind"), schema=infer.extract(spark, cfg, lake.lo, lake.hi).schema)
+    df = spark.createDataFrame(pdf.drop(columns="kind"), schema=infer.extract(spark, cfg, Window.hours(lake.lo, lake.hi)).schema)
     p = cfg.settings.infer
     out = infer.transform(df, champ, p).toPandas().merge(pdf[["conn_id", "kind"]], on="conn_id")
     assert set(out["decision"]) <= set(PREDICTION_DECISIONS) | {"evidence"}

@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 from ccs_testing import copy_lake, write_config
+from ccselect.hours import Window
 
 pytestmark = pytest.mark.filterwarnings("ignore")
 
@@ -228,7 +229,7 @@ def test_ccs_train_and_promote_on_the_small_lake(tmp_path, spark, small_lake):
     uri = f"models:/{registry.model_name(cfg)}/{out['version']}"
     model = mlflow.pytorch.load_model(uri).eval()
     stats = FeatureStats.from_json(mlflow.artifacts.load_text(f"runs:/{out['run_id']}/{registry.STATS_ARTIFACT}"))
-    te = load_labelled(spark, cfg, lake.lo, lake.hi, stats, nodes=out["test_nodes"], balanced=False)
+    te = load_labelled(spark, cfg, Window.hours(lake.lo, lake.hi), stats, nodes=out["test_nodes"], balanced=False)
     with torch.no_grad():
         p = model(torch.as_tensor(te.x))[:, 1].numpy()
     again = per_node(te.y, p, te.node)

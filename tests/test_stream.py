@@ -99,7 +99,8 @@ def test_killed_stream_restarts_to_the_batch_result(spark, tmp_path, setup):
     (tmp_path / "batch").mkdir()
     batch = load_config(write_config(tmp_path / "batch", mlflow=json.loads(json.dumps(load_config(crashed).raw["mlflow"]))))
     ingest.run(spark, batch, str(seg))
-    infer.run(spark, batch, lake.lo, lake.lo)
+    from ccselect.hours import Window
+    infer.run(spark, batch, Window.hours(lake.lo))
 
     silver_cols = [x for x in _table(spark, batch, "silver.connections").columns]
     assertDataFrameEqual(_table(spark, c, "silver.connections").select(*silver_cols),

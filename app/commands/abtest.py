@@ -7,7 +7,7 @@ from typing import Any, Optional
 import typer
 
 from ccselect.config import load_config
-from ccselect.hours import parse_hours
+from ccselect.hours import Window
 from ccselect.spark import get_spark
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
@@ -56,6 +56,6 @@ def abtest_cmd(
     vs control, overall, per region and per client-reported network type → gold.ab_test."""
     from ccselect.evaluation import abtest
     cfg = load_config(config)  # refuses a bad configuration before Spark starts
-    lo, hi = parse_hours(hours)
-    res = abtest.run(get_spark(cfg, "ccs-abtest"), cfg, lo, hi)
+    window = Window.parse(hours)
+    res = abtest.run(get_spark(cfg, "ccs-abtest"), cfg, window)
     typer.echo(json.dumps(res, indent=1, sort_keys=True, default=str) if as_json else table_text(res))

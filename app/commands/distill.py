@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from ccselect.hours import parse_hours
+from ccselect.hours import Window
 from ccselect.spark import session_for
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
@@ -29,8 +29,8 @@ def distill_cmd(
     """Distill models:/<name>@champion into a multi-output decision tree; register it as <name>-tree."""
     from ccselect.distill.jobs import run_distill
     cfg, spark = _session(config, "ccs-distill")
-    lo, hi = parse_hours(hours)
-    result = run_distill(spark, cfg, lo, hi)
+    window = Window.parse(hours)
+    result = run_distill(spark, cfg, window)
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
         return
@@ -57,8 +57,8 @@ def handshake_cmd(
     labelled connections; register it as <name>-handshake (it ships in the next exported table)."""
     from ccselect.distill.jobs import run_handshake
     cfg, spark = _session(config, "ccs-handshake")
-    lo, hi = parse_hours(hours)
-    m = run_handshake(spark, cfg, lo, hi, promote=not no_promote,
+    window = Window.parse(hours)
+    m = run_handshake(spark, cfg, window, promote=not no_promote,
                       features=[f.strip() for f in features.split(",")] if features else None)
     if as_json:
         typer.echo(json.dumps(m, indent=2, default=str))
@@ -86,7 +86,7 @@ def diagnose_cmd(
         raise typer.BadParameter("give at most one of --prefix, --node, --worst")
     from ccselect.distill.jobs import run_diagnose
     cfg, spark = _session(config, "ccs-diagnose")
-    result = run_diagnose(spark, cfg, parse_hours(hours) if hours else None, prefix, node, worst)
+    result = run_diagnose(spark, cfg, Window.parse(hours), prefix, node, worst)
     if as_json:
         typer.echo(json.dumps(result, indent=2, default=str))
         return

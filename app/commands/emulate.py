@@ -9,7 +9,7 @@ import typer
 
 from ccselect.app import results
 from ccselect.config import load_config
-from ccselect.hours import parse_hours
+from ccselect.hours import Window
 from ccselect.spark import get_spark
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
@@ -79,7 +79,7 @@ def emulate_cmd(
     ALICCS, Configanator, Disco, Pytheas) → gold.emulation, gold.emulation_cells."""
     from ccselect.evaluation import emulate
     cfg = load_config(config)
-    lo, hi = parse_hours(hours)
+    window = Window.parse(hours)
     given = {"window_minutes": window_minutes, "train_hours": train_hours}
     p = replace(cfg.settings.emulate, **{k: v for k, v in given.items() if v is not None})
     pol = tuple(x.strip() for x in policies.split(",")) if policies else None
@@ -91,6 +91,6 @@ def emulate_cmd(
     else:
         lags = p.stream_lags_minutes if lag_curve else ()
     spark = get_spark(cfg, "ccs-emulate")
-    res = emulate.run(spark, cfg, lo, hi, pol, truth, p, stream_lags=lags)
+    res = emulate.run(spark, cfg, window, pol, truth, p, stream_lags=lags)
     typer.echo(f"result saved to {results.save(cfg, 'emulate', res)}", err=True)
     typer.echo(json.dumps(res, indent=1, default=str) if as_json else _table(res))

@@ -13,7 +13,7 @@ import typer
 
 from ccselect.flows.job_metrics import write_freeze
 from ccselect.config import Config, load_config
-from ccselect.hours import parse_hours
+from ccselect.hours import Window
 from ccselect.spark import get_spark
 from ccselect.export.artifact import signing
 from ccselect.export.delivery.rollout import deploy
@@ -92,9 +92,9 @@ def export_cmd(
     priv, _ = key_paths(cfg)
     if not os.path.exists(priv):
         raise typer.BadParameter(f"no signing key at {priv}: run `ccs keys init` first")
-    lo, hi = parse_hours(hours)
+    window = Window.parse(hours)
     spark = get_spark(cfg, "ccs-export")
-    man = aggregate.run_export(spark, cfg, lo, hi, signing.load_private_key(priv))
+    man = aggregate.run_export(spark, cfg, window, signing.load_private_key(priv))
     typer.echo(json.dumps(man, indent=1))
 
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from ccselect.hours import parse_hours
+from ccselect.hours import Window, parse_hours
 from ccselect.lake import TRAINING_SET
 from ccselect.spark import session_for
 
@@ -137,8 +137,8 @@ def features_cmd(
     from ccselect.lake import connections_in
     from ccselect.features import scaling
     cfg, spark = _session(config, "ccs-features")
-    lo, hi = parse_hours(hours)
-    stats = scaling.fit(connections_in(spark, cfg, lo, hi), window=f"{lo}..{hi}")
+    window = Window.parse(hours)
+    stats = scaling.fit(connections_in(spark, cfg, window), window=window.name)
     path = scaling.save(spark, cfg, stats, datetime.now(timezone.utc).isoformat())
     _emit({"window": stats.window, "n": stats.n, "artifact": path}, False)
 
@@ -153,13 +153,12 @@ def labels_cmd(
     from ccselect.lake import connections_in, write_window
     from ccselect.features import labels
     cfg, spark = _session(config, "ccs-labels")
-    lo, hi = parse_hours(hours)
-    conns = connections_in(spark, cfg, lo, hi)
-    window = f"{lo}..{hi}"
+    window = Window.parse(hours)
+    conns = connections_in(spark, cfg, window)
     ts = labels.training_set(conns, cellular_share or None)
-    n_train = write_window(spark, cfg, ts, TRAINING_SET, window)
-    n_best = write_window(spark, cfg, labels.best_cc_per_prefix24(conns, min_sessions), "gold.best_cc_prefix24", window)
-    _emit({"window": window, "training_rows": n_train, "prefix24_rows": n_best}, False)
+    n_train = write_window(spark, cfg, ts, TRAINING_SET, window.name)
+    n_best = write_window(spark, cfg, labels.best_cc_per_prefix24(conns, min_sessions), "gold.best_cc_prefix24", window.name)
+    _emit({"window": window.name, "training_rows": n_train, "prefix24_rows": n_best}, False)
 
 
 def audit_cmd(

@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from ccselect.app import results
-from ccselect.hours import parse_hours
+from ccselect.hours import Window
 from ccselect.spark import session_for
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
@@ -45,9 +45,9 @@ def groups_cmd(
     from ccselect.features.scaling import window_stats
     from ccselect.models.groups import fit_groups
     cfg, spark = _session(config, "ccs-groups")
-    lo, hi = parse_hours(hours)
-    stats, _, _ = window_stats(spark, cfg, lo, hi)
-    res = fit_groups(spark, cfg, lo, hi, stats, k)
+    window = Window.parse(hours)
+    stats, _, _ = window_stats(spark, cfg, window)
+    res = fit_groups(spark, cfg, window, stats, k)
     if as_json:
         typer.echo(json.dumps(_clean(res), indent=2, sort_keys=True))
         return
@@ -75,9 +75,9 @@ def evaluate_cmd(
 
     from ccselect.evaluation.evaluate import run_evaluation
     cfg, spark = _session(config, "ccs-evaluate")
-    lo, hi = parse_hours(hours)
+    window = Window.parse(hours)
     say = (lambda m: print(m, file=sys.stderr)) if as_json else typer.echo
-    res = run_evaluation(spark, cfg, lo, hi, variants=variants.split(",") if variants else None,
+    res = run_evaluation(spark, cfg, window, variants=variants.split(",") if variants else None,
                          share=share, seed=seed, epochs=epochs, k=k, grid=grid, progress=say, train_seeds=train_seeds)
     say(f"result saved to {results.save(cfg, 'evaluate', _clean(res))}")
     if as_json:

@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 
 from ccselect.config import load_config
-from ccselect.hours import parse_hours
+from ccselect.hours import Window
 from ccselect.spark import get_spark
 # Imported inside the functions that use them (heavy, not needed to import this module): our modules that load torch, pyspark or mlflow.
 
@@ -47,8 +47,8 @@ def train_cmd(
     from ccselect.models import train_job
     cfg = load_config(config)
     spark = get_spark(cfg, "ccs-train")
-    lo, hi = parse_hours(hours)
-    result = train_job.run(spark, cfg, lo, hi, variant=variant or cfg.settings.pipeline.variant, share=share, seed=seed, epochs=epochs, k=k,
+    window = Window.parse(hours)
+    result = train_job.run(spark, cfg, window, variant=variant or cfg.settings.pipeline.variant, share=share, seed=seed, epochs=epochs, k=k,
                            progress=lambda m: typer.echo(m, err=True))
     if not as_json:
         result = {k: v for k, v in result.items() if k not in ("per_node", "groups", "params")}
@@ -107,6 +107,6 @@ def infer_cmd(
     from ccselect.settings import INFER_ENGINES
     if engine is not None and engine not in INFER_ENGINES:
         raise typer.BadParameter(f"one of {', '.join(INFER_ENGINES)}", param_hint="--engine")
-    lo, hi = parse_hours(hours)
+    window = Window.parse(hours)
     # no Spark session here: infer.run starts one only when the Spark job runs
-    _emit(infer.run(None, cfg, lo, hi, champion=champion, precision=precision, engine=engine), as_json)
+    _emit(infer.run(None, cfg, window, champion=champion, precision=precision, engine=engine), as_json)

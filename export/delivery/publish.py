@@ -8,6 +8,7 @@ import subprocess
 import tempfile
 
 from ccselect.config import Config, project_root
+from ccselect.hours import Window
 from ccselect.export.artifact import signing
 from ccselect.export.delivery import guards
 from ccselect.export.delivery.rollout import Fleet, live_table, load_fleet
@@ -71,7 +72,7 @@ def publish(spark, cfg: Config, store: Store, version: int | None = None, log=pr
     elif "from_ms" in hours:      # a table of the stream: its sliding window (flows/stream.py)
         preds = aggregate.window_predictions(spark, cfg, hours["from_ms"], hours["to_ms"])
     else:
-        preds = aggregate.extract(spark, cfg, hours["from"], hours["to"])
+        preds = aggregate.extract(spark, cfg, Window.hours(hours["from"], hours["to"]))
     report = guards.run_all(cfg, man, table.entries, preds, live, table=table, previous=previous)
     for name, c in report.checks.items():
         log(f"guard {name}: {'ok' if c['ok'] else 'REFUSED'} — {c['detail']}")

@@ -56,6 +56,7 @@ from pyspark.sql import Window, functions as F
 
 from ccselect import delta_io
 from ccselect.config import Config
+from ccselect import hours      # hours.Window: a time range (pyspark's Window is the window function's)
 from ccselect.hours import hour_of_ms
 from ccselect.ipaddr import canonical, with_ip
 from ccselect.lake import AUTOPLEX_PARAMS, CC_TABLES, CONNECTIONS, PREDICTIONS, table_path
@@ -632,11 +633,11 @@ CC_TABLES_COLS = ("version", "created", "expires", "hours", "model_name", "model
                   "manifest_path")
 
 
-def extract(spark, cfg: Config, lo: str, hi: str):
-    """gold.predictions of the hours lo..hi (inclusive)."""
+def extract(spark, cfg: Config, window: hours.Window):
+    """gold.predictions of the window's hours."""
 
     return (spark.read.format("delta").load(table_path(cfg, PREDICTIONS))
-            .where(F.col("hour").between(lo, hi)))
+            .where(F.col("hour").between(window.lo, window.hi)))
 
 
 def window_predictions(spark, cfg: Config, from_ms: int, to_ms: int, decay_half_life_min: float | None = None):
@@ -649,7 +650,7 @@ def window_predictions(spark, cfg: Config, from_ms: int, to_ms: int, decay_half_
     ts = (spark.read.format("delta").load(table_path(cfg, CONNECTIONS))
           .where(F.col("hour").between(lo, hi) & (F.col("ts_end_ms") > from_ms) & (F.col("ts_end_ms") <= to_ms))
           .select("node_id", "hour", "conn_id", "ts_end_ms"))
-    preds = extract(spark, cfg, lo, hi)
+    preds = extract(spark, cfg, hours.Window.hours(lo, hi))
     if not decay_half_life_min:
         return preds.join(ts.drop("ts_end_ms"), ["node_id", "hour", "conn_id"], "left_semi")
     factor = F.pow(F.lit(2.0), -(F.lit(to_ms) - F.col("ts_end_ms")) / F.lit(decay_half_life_min * 60_000.0))
@@ -700,10 +701,10 @@ def history(spark, cfg: Config) -> list[dict]:
     return [r.asDict() for r in spark.read.format("delta").load(path).orderBy("version").collect()]
 
 
-def run_export(spark, cfg: Config, lo: str, hi: str, private_key, now: int | None = None,
+def run_export(spark, cfg: Config, window: hours.Window, private_key, now: int | None = None,
                out_dir: str | None = None, preds=None, window_ms: tuple[int, int] | None = None,
                unless=None) -> dict | None:
-    """Aggregate the decisions of hours lo..hi into a signed table; record it in gold.cc_tables.
+    """Aggregate the decisions of the window's hours into a signed table; record it in gold.cc_tables.
     Returns the manifest (as written) plus `manifest_path`.
 
     The stream (flows/stream.py) comes through here too, with no second export path: `preds` its
@@ -712,7 +713,7 @@ def run_export(spark, cfg: Config, lo: str, hi: str, private_key, now: int | Non
     too like the live one to be worth a version: then nothing is written and None returned."""
 
     settings = cfg.settings.export
-    preds = extract(spark, cfg, lo, hi) if preds is None else preds
+    preds = extract(spark, cfg, window) if preds is None else preds
     decisions = collect_decisions(address_decisions(preds))   # read by the aggregation and the metrics
     aggs = spark_aggregate(decisions, settings)
     aggs, caps = with_caps(spark, cfg, preds, aggs)
@@ -725,7 +726,7 @@ def run_export(spark, cfg: Config, lo: str, hi: str, private_key, now: int | Non
     expires = now + int(settings.expiry_hours * 3600)
     version = next_version(spark, cfg)
     extra = {
-        "model_name": name, "model_versions": versions, "source_hours": {"from": lo, "to": hi, **({"from_ms": int(window_ms[0]), "to_ms": int(window_ms[1]), "kind": "stream"}
+        "model_name": name, "model_versions": versions, "source_hours": {"from": window.lo, "to": window.hi, **({"from_ms": int(window_ms[0]), "to_ms": int(window_ms[1]), "kind": "stream"}
                                                     if window_ms else {})},
         "entries_per_level": per_level_counts(aggs, settings),
         "coverage": round(metrics["coverage"], 6), "agreement": round(metrics["agreement"], 6),
