@@ -22,7 +22,6 @@ connections logged with a decision made on another generation's accept time (`ge
 sim/follow.py's `decided_off_start`, near a swap; never hidden)."""
 from __future__ import annotations
 
-import csv
 import json
 import os
 import time
@@ -33,18 +32,11 @@ import polars as pl
 
 from ccselect.contract import ROTATE_MINUTES, STREAMS, hour_file_name, segment_file_name, stream_dir
 from ccselect.flows.follow import FollowFleet
+from ccselect.sim.fleet import atomic_write, write_reference
 
 #: the record time a stream's segment is chosen by (sim/replay.py, sim/fleet.py)
 TIME_FIELD = {"transport": "ts_end_ms", "access": "ts_ms", "qoe": "ts_ms"}
 MINUTE_MS = 60_000
-
-
-def _atomic(path: str, write: Callable[[str], None]) -> None:
-    """Hidden while written (`.<name>.part`: the stream's file source skips dot names), then renamed."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.part")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def minute_records(ff: FollowFleet, node_id: str, from_ms: int, to_ms: int) -> dict[str, pl.DataFrame]:
@@ -57,24 +49,13 @@ def minute_records(ff: FollowFleet, node_id: str, from_ms: int, to_ms: int) -> d
     return {s: pl.concat(v).with_columns(pl.lit(node_id).alias("node_id")) for s, v in out.items()}
 
 
-def write_reference(ff: FollowFleet, out: str) -> None:
-    rows = ff.world.reference_rows()
-
-    def write(tmp: str) -> None:
-        with open(tmp, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(rows[0]))
-            w.writeheader()
-            w.writerows(rows)
-    _atomic(os.path.join(out, "reference", "ip_asn_region.csv"), write)
-
-
 def run(ff: FollowFleet, out: str, minutes: int, speed: float = 60.0, rotate_minutes: int = 1,
         log: Callable[[str], None] = print, progress: Callable[[int], None] | None = None) -> dict:
     """`minutes` simulated minutes of every node's traffic from the fleet's clock (module doc);
     returns (and writes as follow.json) the run's record."""
     if rotate_minutes not in ROTATE_MINUTES:
         raise ValueError(f"rotate_minutes must divide the hour: one of {ROTATE_MINUTES}")
-    write_reference(ff, out)
+    write_reference(ff.world, out)
     t0, wall0 = ff.now(), time.monotonic()
     if (t0 - ff.world.hour_start_ms(0)) % (rotate_minutes * MINUTE_MS):
         raise ValueError("the simulated clock must start on a segment boundary")
@@ -102,7 +83,7 @@ def run(ff: FollowFleet, out: str, minutes: int, speed: float = 60.0, rotate_min
                 seg = segment_file_name(t, rotate_minutes)
                 for (s, node_id), parts in sorted(pending.items()):
                     df = pl.concat(parts)
-                    _atomic(os.path.join(stream_dir(out, s, node_id), seg), df.write_ndjson)
+                    atomic_write(os.path.join(stream_dir(out, s, node_id), seg), df.write_ndjson)
                     counts[s] += df.height
                     record["segments"] += 1
                 pending = {}
@@ -119,10 +100,10 @@ def run(ff: FollowFleet, out: str, minutes: int, speed: float = 60.0, rotate_min
         for (node_id, h), ids in written.items():
             record["generation"][node_id][hour_file_name(ff.world.hour_start_ms(h))[:-6]] = ff.hour(node_id, h).follow
             truth = ff.hour(node_id, h).truth.filter(pl.col("conn_id").is_in(pl.concat(ids).to_list()))
-            _atomic(os.path.join(out, "_truth", "connections", node_id,
+            atomic_write(os.path.join(out, "_truth", "connections", node_id,
                                  hour_file_name(ff.world.hour_start_ms(h)).replace(".jsonl", ".parquet")),
                     truth.with_columns(pl.lit(node_id).alias("node_id")).write_parquet)
-        _atomic(os.path.join(out, "follow.json"), lambda tmp: open(tmp, "w").write(json.dumps(record, indent=1)))
+        atomic_write(os.path.join(out, "follow.json"), lambda tmp: open(tmp, "w").write(json.dumps(record, indent=1)))
     log(f"follow: {minutes} simulated minutes, {counts['transport']:,} connections of {len(ff.nodes)} nodes "
         f"as {record['segments']} segments in {out}")
     return record

@@ -45,7 +45,7 @@ def _init_worker(params: SimParams) -> None:
     _TABLE = CcTable.from_csv(params.table_path) if params.cc_mode == "table" else None
 
 
-def _atomic_write(path: str, write: Callable[[str], None]) -> None:
+def atomic_write(path: str, write: Callable[[str], None]) -> None:
     """Write beside `path` hidden, as the agent does (`.<name>.part`: readers of the contract, and
     Spark's streaming file source, skip names starting with '.'), then rename it into place."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -54,11 +54,24 @@ def _atomic_write(path: str, write: Callable[[str], None]) -> None:
     os.replace(tmp, path)
 
 
+def write_reference(world: World, out: str) -> None:
+    """The reference CSV a fleet's logs come with (`<out>/reference/ip_asn_region.csv`: prefix,
+    ASN, region), written as the agent writes a file."""
+    ref = world.reference_rows()
+
+    def write(path: str) -> None:
+        with open(path, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=list(ref[0]))
+            w.writeheader()
+            w.writerows(ref)
+    atomic_write(os.path.join(out, "reference", "ip_asn_region.csv"), write)
+
+
 def _write_text(path: str, text: str) -> None:
     def write(tmp: str) -> None:
         with open(tmp, "w") as fh:
             fh.write(text)
-    _atomic_write(path, write)
+    atomic_write(path, write)
 
 
 def _write_segments(folder: str, df, time_field: str, hour_ms: int, rotate_minutes: int) -> None:
@@ -72,7 +85,7 @@ def _write_segments(folder: str, df, time_field: str, hour_ms: int, rotate_minut
     parts = df.with_columns((minute // rotate_minutes * rotate_minutes).alias("_segment")) \
               .partition_by("_segment", maintain_order=True, include_key=False, as_dict=True)
     for (m,), part in parts.items():
-        _atomic_write(os.path.join(folder, segment_file_name(hour_ms + m * 60_000, rotate_minutes)),
+        atomic_write(os.path.join(folder, segment_file_name(hour_ms + m * 60_000, rotate_minutes)),
                       part.write_ndjson)
 
 
@@ -89,8 +102,8 @@ def _task(args: tuple[str, int, int, int]) -> dict[str, int]:
         if rotate_minutes:
             _write_segments(folder, df, TIME_FIELD[stream], hour_ms, rotate_minutes)
         else:
-            _atomic_write(os.path.join(folder, fname), df.write_ndjson)
-    _atomic_write(os.path.join(out, TRUTH_DIR, "connections", node_id, fname.replace(".jsonl", ".parquet")),
+            atomic_write(os.path.join(folder, fname), df.write_ndjson)
+    atomic_write(os.path.join(out, TRUTH_DIR, "connections", node_id, fname.replace(".jsonl", ".parquet")),
                   nh.truth.write_parquet)
     return {"transport": nh.transport.height, "access": nh.access.height, "qoe": nh.qoe.height,
             "labelled": int(nh.access["net_type"].is_not_null().sum())}
@@ -100,14 +113,7 @@ def _write_static(params: SimParams, out: str) -> dict[str, Any]:
     import polars as pl
 
     world = World(params)
-    ref = world.reference_rows()
-
-    def write_ref(path: str) -> None:
-        with open(path, "w", newline="") as fh:
-            w = csv.DictWriter(fh, fieldnames=list(ref[0]))
-            w.writeheader()
-            w.writerows(ref)
-    _atomic_write(os.path.join(out, "reference", "ip_asn_region.csv"), write_ref)
+    write_reference(world, out)
 
     truth = os.path.join(out, TRUTH_DIR)
     nodes = [asdict(n) for n in world.nodes]
@@ -120,7 +126,7 @@ def _write_static(params: SimParams, out: str) -> dict[str, Any]:
                          "weight": float(ps.weight[i]),
                          "share_cell_by_hour": ps.share_cell[i].tolist(),
                          "segment_by_hour": ps.segment[i].tolist()})
-    _atomic_write(os.path.join(truth, "prefixes.parquet"), pl.DataFrame(rows).write_parquet)
+    atomic_write(os.path.join(truth, "prefixes.parquet"), pl.DataFrame(rows).write_parquet)
     fault = None
     if world.fault_prefix16 is not None:
         fault = f"{world.fault_prefix16 >> 8}.{world.fault_prefix16 & 255}.0.0/16"
