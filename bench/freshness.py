@@ -616,8 +616,8 @@ def main(argv=None) -> int:
     from ccselect.jobs import ingest
     from ccselect.spark import get_spark
     spark = get_spark(cfg, "bench-freshness")
-    ingest.run(spark, cfg, fleet, (train_lo, train_hi))
     from ccselect.hours import Window
+    ingest.run(spark, cfg, fleet, Window.hours(train_lo, train_hi))
     pipeline.training_set(Window.hours(train_lo, train_hi), cfg)
     trained = pipeline.train(Window.hours(train_lo, train_hi), cfg)
     pipeline.promote_if_configured(trained["version"], cfg, auto=True)

@@ -29,7 +29,7 @@ import yaml
 
 from ccselect.config import load_config
 from ccselect.contract import FIELDS
-from ccselect.hours import HOUR_FMT
+from ccselect.hours import HOUR_FMT, Window
 from ccselect.lake import BRONZE_ACCESS, BRONZE_QOE, BRONZE_TRANSPORT, CONNECTIONS
 from ccselect.spark import get_spark
 from ccselect.sim.params import SimParams
@@ -146,7 +146,7 @@ def simulated_lake(root: Path, params: SimParams, say, app: str = "bench-lake", 
     t0 = time.time()
     manifest = simulate(params, raw, workers=2, progress=False)
     t1 = time.time()
-    res = ingest.run(get_spark(cfg, app), cfg, raw, (lo, hi))
+    res = ingest.run(get_spark(cfg, app), cfg, raw, Window.hours(lo, hi))
     out = {"digest": digest, **info, "nodes": params.nodes, "hours": params.hours,
            "conns_per_node_hour": params.conns_per_node_hour, "seed": params.seed, "extra": params.extra,
            "connections": manifest["counts"]["transport"], "silver_rows": res.get("silver_rows"),

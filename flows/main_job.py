@@ -127,7 +127,7 @@ def _backfill(spark, cfg: Config, window: Window, window_hours: int, reuse: bool
         return True
     from ccselect.jobs import ingest
     say(f"backfill: ingest the training window {window.name} ({window_hours} h) into the lakehouse")
-    res = ingest.run(spark, cfg, cfg.settings.pipeline.raw_dir, (window.lo, window.hi))
+    res = ingest.run(spark, cfg, cfg.settings.pipeline.raw_dir, window)
     for stream, t in sorted(res["streams"].items()):
         say(f"  {stream:9s}: {t['lines_read']:,} lines = {t['accepted']:,} accepted + "
             f"{t['quarantined']:,} quarantined")
@@ -288,7 +288,7 @@ def _ingested(spark, cfg: Config, window: Window) -> bool:
     path = table_path(cfg, INGEST_AUDIT)
     if not is_delta(spark, path) or not is_delta(spark, table_path(cfg, CONNECTIONS)):
         return False
-    files = {(f.stream, f.node_id, f.hour, f.path) for f in discover(cfg.settings.pipeline.raw_dir, (window.lo, window.hi), cfg=cfg)}
+    files = {(f.stream, f.node_id, f.hour, f.path) for f in discover(cfg.settings.pipeline.raw_dir, window, cfg=cfg)}
     done = {tuple(r) for r in spark.read.format("delta").load(path).where(F.col("hour").between(window.lo, window.hi))
             .select("stream", "node_id", "hour", "source_file").collect()}
     return bool(files) and files <= done

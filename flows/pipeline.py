@@ -65,7 +65,7 @@ def ingest_hour(hour: str, cfg: Config | None = None) -> dict:
     files at all (the sensor of a real deployment), so the rest of the hourly run waits."""
     from ccselect.jobs import ingest
     cfg = cfg or load_config()
-    res = ingest.run(_spark(cfg, "ccs-ingest"), cfg, cfg.settings.pipeline.raw_dir, (hour, hour))
+    res = ingest.run(_spark(cfg, "ccs-ingest"), cfg, cfg.settings.pipeline.raw_dir, Window.hours(hour))
     return {"hour": hour, "files": res["files"], "silver_rows": res.get("silver_rows", 0),
             "streams": res["streams"]}
 

@@ -15,6 +15,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, functions as F
 from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.contract import DUPLICATE_REASON, IDENTITY, STREAMS
+from ccselect.hours import Window
 from ccselect.lake import INGEST_AUDIT, QUARANTINE, bronze_table, table_path
 from ccselect.spark import conf_set
 from ccselect.jobs import silver as silver_job
@@ -230,16 +231,16 @@ def summarize(audit: DataFrame) -> dict:
     return out
 
 
-def run(spark: SparkSession, cfg: Config, input_dir: str, hours: tuple[str, str] | None = None,
+def run(spark: SparkSession, cfg: Config, input_dir: str, window: Window | None = None,
         silver: bool = True) -> dict:
     """The whole ingest for every node-hour file under `input_dir` (optionally an hour range).
 
     The result says what a reader of the lake must know beside the counts: `missing_reference`,
     the enrich step's reference file (`jobs.sources.REFERENCE`) when transport logs were read and
     it is not there (silver then leaves every `ug_id` null), with `warnings` saying so."""
-    files, skipped = discover_all(input_dir, hours, cfg=cfg)
+    files, skipped = discover_all(input_dir, window, cfg=cfg)
     if not files:
-        raise FileNotFoundError(f"no node-hour files under {input_dir}" + (f" for hours {hours}" if hours else "")
+        raise FileNotFoundError(f"no node-hour files under {input_dir}" + (f" for hours {window.name}" if window else "")
                                 + "".join(f"; not read: {s.path} ({s.why})" for s in skipped[:5]))
     missing = missing_reference(input_dir, files, cfg) if silver else None
     result = {"input": input_dir, "files": len(files),

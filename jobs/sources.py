@@ -27,7 +27,7 @@ from pyspark.sql import functions as F
 from ccselect import files as storage
 from ccselect.config import Config
 from ccselect.contract import FILE_NAME, STREAMS
-from ccselect.hours import hour_start_ms
+from ccselect.hours import Window, hour_start_ms
 from ccselect.spark import SPLIT_LINES, register_udfs
 
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -121,11 +121,11 @@ class _Prefix:
         return "/".join(parts)
 
 
-def discover_all(input_dir: str, hours: tuple[str, str] | None = None,
+def discover_all(input_dir: str, window: Window | None = None,
                  streams: tuple[str, ...] = STREAMS, cfg: Config | None = None
                  ) -> tuple[list[SourceFile], list[Skipped]]:
     """(every node-hour file under `input_dir`, sorted, optionally limited to an hour range;
-    every other entry of the folder with why it is not read). Files outside `hours` are neither:
+    every other entry of the folder with why it is not read). Files outside `window` (its hours) are neither:
     they are left out on purpose. An object store prefix (s3a://) is listed with `cfg`'s
     `object_store`."""
     found: list[SourceFile] = []
@@ -167,7 +167,7 @@ def discover_all(input_dir: str, hours: tuple[str, str] | None = None,
                 elif not m:
                     skipped.append(Skipped(path, "file name is not <YYYY-MM-DDTHH>.jsonl, a segment "
                                                  "<YYYY-MM-DDTHHMM>[.<seq>].jsonl, or either .gz"))
-                elif not hours or hours[0] <= m.group(1) <= hours[1]:
+                elif window is None or window.lo <= m.group(1) <= window.hi:
                     base = name[:-3] if name.endswith(".gz") else name
                     by_hour.setdefault(m.group(1), {}).setdefault(base, []).append(path)
             for hour, names in sorted(by_hour.items()):
@@ -201,10 +201,10 @@ def classify(path: str, streams: tuple[str, ...] = STREAMS) -> SourceFile | Skip
     return SourceFile(stream, node, m.group(1), path)
 
 
-def discover(input_dir: str, hours: tuple[str, str] | None = None,
+def discover(input_dir: str, window: Window | None = None,
              streams: tuple[str, ...] = STREAMS, cfg: Config | None = None) -> list[SourceFile]:
     """Every node-hour file under `input_dir`, sorted, optionally limited to an hour range."""
-    return discover_all(input_dir, hours, streams, cfg)[0]
+    return discover_all(input_dir, window, streams, cfg)[0]
 
 
 def read_lines(spark, files: list[SourceFile]):

@@ -46,6 +46,7 @@ import os
 
 from pyspark.sql import DataFrame, SparkSession, Window, functions as F
 
+from ccselect import hours
 from ccselect.contract import FEATURES, STREAMS
 from ccselect.settings import InferSettings, IngestSettings
 from ccselect.jobs.parse import BOM, HOUR_MS, imputable, parse
@@ -66,9 +67,9 @@ TS_FIELDS = {"transport": "ts_end_ms", "access": "ts_ms", "qoe": "ts_ms"}
 
 # ---- extract ------------------------------------------------------------------------------------
 
-def list_files(input_dir: str, hours: tuple[str, str] | None = None) -> tuple[list[SourceFile], list[dict]]:
+def list_files(input_dir: str, window: hours.Window | None = None) -> tuple[list[SourceFile], list[dict]]:
     """(files ingest reads, files it would not read: [{path, why}]) — ingest's own discover_all."""
-    files, skipped = discover_all(input_dir, hours)
+    files, skipped = discover_all(input_dir, window)
     return files, [{"path": u.path, "why": u.why} for u in skipped]
 
 
@@ -173,7 +174,7 @@ def notices(parsed: DataFrame, stream: str, impute: tuple[str, ...]) -> list[dic
     return out
 
 
-def run(spark: SparkSession, input_dir: str, hours: tuple[str, str] | None = None,
+def run(spark: SparkSession, input_dir: str, window: hours.Window | None = None,
         k: int = EXAMPLES, missing_features: str = "quarantine",
         imputable_features: tuple[str, ...] | None = None) -> dict:
     """Validate every file ingest would read under `input_dir` with ingest's rules
@@ -182,8 +183,8 @@ def run(spark: SparkSession, input_dir: str, hours: tuple[str, str] | None = Non
     `notices`, `missing_reference`, `hints`, `problems`). Writes nothing."""
     if imputable_features is None:
         imputable_features = IngestSettings().imputable_features
-    files, unknown = list_files(input_dir, hours)
-    report: dict = {"input": os.path.abspath(input_dir), "hours": list(hours) if hours else None,
+    files, unknown = list_files(input_dir, window)
+    report: dict = {"input": os.path.abspath(input_dir), "hours": [window.lo, window.hi] if window else None,
                     "streams": {}, "files": [], "examples": {}, "unknown_files": unknown, "suspicious": [],
                     "notices": [], "missing_features": missing_features,
                     "imputable_features": list(imputable_features)}

@@ -112,7 +112,7 @@ def deployment(tmp_path_factory, spark, small_lake):
     out["fault16"] = simulate(params, fleet, workers=1, progress=False)["fault_mss_prefix16"]
     for case in ("clean", "fault"):
         if case == "fault":
-            ingest.run(spark, cfg, fleet, hours=live)
+            ingest.run(spark, cfg, fleet, Window.hours(*live))
         out[case] = {"distill": run_distill(spark, cfg, Window.hours(*live)),
                      "diagnose": run_diagnose(spark, cfg, prefix=out["fault16"])}
         print(case, {k: out[case]["distill"][k] for k in ("rows", "depth", "fidelity", "dnn_accuracy")},

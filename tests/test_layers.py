@@ -193,6 +193,9 @@ def test_table_names_are_spelled_once_in_the_lake_module():
 #: parameter pairs that carry a time range: a job takes a `ccselect.hours.Window` instead (issue 63)
 TIME_PAIRS = (("lo", "hi"), ("start_ms", "periods"), ("start_ms", "end_ms"), ("start_hour", "end_hour"),
               ("hour_lo", "hour_hi"), ("start", "periods"))
+#: a time range as one parameter holding two hour keys (`hours: tuple[str, str]`) is a pair too
+HOUR_PAIR = "tuple[str, str]"
+HOUR_PAIR_NAMES = ("hours", "window", "hour_range")
 #: where the pairs are the point: Window's own constructors and the hour helpers it is built on
 TIME_PAIR_HOME = ("ccselect/hours.py",)
 #: functions not yet converted (path, name): this list only shrinks (the test fails on a stale entry)
@@ -210,7 +213,11 @@ def _time_pair_functions(root: Path, tops) -> list[tuple[str, int, str, tuple[st
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     a = node.args
                     names = {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs}
-                    out += [(rel, node.lineno, node.name, pair) for pair in TIME_PAIRS if set(pair) <= names][:1]
+                    found = [(rel, node.lineno, node.name, pair) for pair in TIME_PAIRS if set(pair) <= names][:1]
+                    found += [(rel, node.lineno, node.name, (p.arg,)) for p in a.posonlyargs + a.args + a.kwonlyargs
+                              if p.arg in HOUR_PAIR_NAMES and p.annotation is not None
+                              and ast.unparse(p.annotation).startswith(HOUR_PAIR)][:1 - len(found)]
+                    out += found
     return out
 
 
@@ -229,6 +236,7 @@ def test_a_time_range_arrives_as_one_window():
     "def run(spark, cfg, lo: str, hi: str):\n    pass\n",
     "def later(cfg, *, start_ms: int, periods: int = 1):\n    pass\n",
     "class Job:\n    def extract(self, start_hour, end_hour):\n        pass\n",
+    "def run(spark, cfg, input_dir, hours: tuple[str, str] | None = None):\n    pass\n",
 ])
 def test_the_window_guard_finds_a_planted_pair(tmp_path, planted):
     (tmp_path / "jobs").mkdir()

@@ -11,6 +11,7 @@ from pyspark.testing import assertDataFrameEqual
 from ccs_testing import copy_lake
 from ccselect import delta_io
 from ccselect.config import load_config
+from ccselect.hours import Window
 from ccselect.lake import table_path
 from ccselect.jobs import audit, ingest, maintain
 
@@ -37,7 +38,7 @@ def test_maintain_beside_a_backfill_loses_and_duplicates_nothing(spark, small_la
 
     def backfill():
         try:
-            ingest.run(spark, cfg, lake.fleet_dir, (lake.hours[1], lake.hours[1]))
+            ingest.run(spark, cfg, lake.fleet_dir, Window.hours(lake.hours[1]))
         except Exception as e:     # the assertion below names it
             errors.append(e)
     t = threading.Thread(target=backfill)

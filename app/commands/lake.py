@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from ccselect.hours import Window, parse_hours
+from ccselect.hours import Window
 from ccselect.lake import TRAINING_SET
 from ccselect.spark import session_for
 
@@ -49,7 +49,7 @@ def ingest_cmd(
     """Ingest the edge logs: bronze.*, bronze.quarantine, gold.ingest_audit, silver.connections."""
     from ccselect.jobs import ingest
     cfg, spark = _session(config, "ccs-ingest")
-    result = ingest.run(spark, cfg, input, parse_hours(hours), silver=not no_silver)
+    result = ingest.run(spark, cfg, input, Window.parse(hours), silver=not no_silver)
     for s in result["skipped"]:
         typer.echo(f"not read: {s['path']} ({s['why']})", err=True)
     _emit(result, as_json)
@@ -99,7 +99,7 @@ def validate_cmd(
     """Check edge logs against the data contract without writing the lake (exit 1 on any problem)."""
     from ccselect.jobs import validate
     cfg, spark = _session(config, "ccs-validate")
-    report = validate.run(spark, path, parse_hours(hours), k=examples,
+    report = validate.run(spark, path, Window.parse(hours), k=examples,
                           missing_features=cfg.settings.ingest.missing_features,
                           imputable_features=cfg.settings.ingest.imputable_features)
     if as_json:
