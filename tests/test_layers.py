@@ -213,11 +213,11 @@ def _time_pair_functions(root: Path, tops) -> list[tuple[str, int, str, tuple[st
                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                     a = node.args
                     names = {p.arg for p in a.posonlyargs + a.args + a.kwonlyargs}
-                    found = [(rel, node.lineno, node.name, pair) for pair in TIME_PAIRS if set(pair) <= names][:1]
-                    found += [(rel, node.lineno, node.name, (p.arg,)) for p in a.posonlyargs + a.args + a.kwonlyargs
+                    pairs = [pair for pair in TIME_PAIRS if set(pair) <= names]
+                    pairs += [(p.arg,) for p in a.posonlyargs + a.args + a.kwonlyargs
                               if p.arg in HOUR_PAIR_NAMES and p.annotation is not None
-                              and ast.unparse(p.annotation).startswith(HOUR_PAIR)][:1 - len(found)]
-                    out += found
+                              and ast.unparse(p.annotation).startswith(HOUR_PAIR)]
+                    out += [(rel, node.lineno, node.name, pairs[0])] if pairs else []   # a function once
     return out
 
 
