@@ -26,6 +26,7 @@ import json
 import os
 import time
 from dataclasses import asdict
+from pathlib import Path
 from typing import Callable
 
 import polars as pl
@@ -99,11 +100,11 @@ def run(ff: FollowFleet, out: str, minutes: int, speed: float = 60.0, rotate_min
         record["generation"] = {n: {} for n in ff.nodes}
         for (node_id, h), ids in written.items():
             record["generation"][node_id][hour_file_name(ff.world.hour_start_ms(h))[:-6]] = ff.hour(node_id, h).follow
-            truth = ff.hour(node_id, h).truth.filter(pl.col("conn_id").is_in(pl.concat(ids).to_list()))
+            truth = ff.hour(node_id, h).truth.filter(pl.col("conn_id").is_in(pl.concat(ids).implode()))
             atomic_write(os.path.join(out, "_truth", "connections", node_id,
                                  hour_file_name(ff.world.hour_start_ms(h)).replace(".jsonl", ".parquet")),
                     truth.with_columns(pl.lit(node_id).alias("node_id")).write_parquet)
-        atomic_write(os.path.join(out, "follow.json"), lambda tmp: open(tmp, "w").write(json.dumps(record, indent=1)))
+        atomic_write(os.path.join(out, "follow.json"), lambda tmp: Path(tmp).write_text(json.dumps(record, indent=1)))
     log(f"follow: {minutes} simulated minutes, {counts['transport']:,} connections of {len(ff.nodes)} nodes "
         f"as {record['segments']} segments in {out}")
     return record
