@@ -303,6 +303,7 @@ def test_discover_on_the_store_judges_every_entry_as_in_a_local_folder(topology,
     """jobs.sources.discover_all over an s3a:// prefix (one listing, the folders its keys imply)
     finds and skips exactly what it does in the same tree on a local disk, for the same reasons."""
     from ccselect.topology import objectstore
+    from ccselect.hours import Window
     from ccselect.jobs.sources import Skipped, discover_all
     cfg, _, _ = topology
     for k, v in objectstore.client_env(cfg).items():
@@ -326,10 +327,10 @@ def test_discover_on_the_store_judges_every_entry_as_in_a_local_folder(topology,
         return ([(f.stream, f.node_id, f.hour, f.path.removeprefix(root)) for f in found],
                 sorted((s.path.removeprefix(root), s.why) for s in skipped))
 
-    for hours in (None, (HOURS[1], HOURS[1])):
-        local = relative(discover_all(str(odd), hours), str(odd))
-        on_store = relative(discover_all(remote, hours, cfg=cfg), remote)
-        assert on_store == local, hours
+    for window in (None, Window.hours(HOURS[1])):
+        local = relative(discover_all(str(odd), window), str(odd))
+        on_store = relative(discover_all(remote, window, cfg=cfg), remote)
+        assert on_store == local, window
     found, skipped = relative(discover_all(remote, cfg=cfg), remote)
     assert len(found) == 3 * 3 * 2 - 1, "every node-hour file but the one there as .jsonl.gz too"
     assert [p for p, _ in skipped] == sorted(
