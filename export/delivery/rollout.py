@@ -36,7 +36,7 @@ from ccselect.export.artifact import signing
 from ccselect.export.delivery import freeze
 from ccselect.export.delivery.gates import PROMOTE, ROLLBACK, Decision, DecisionLog, GateContext, health_gate
 from ccselect.export.delivery.store import Store, StoreError
-from ccselect.export.edge.agent import EdgeAgent, EdgeAgentError, EdgeConfig, Service
+from ccselect.export.edge.agent import CAP_KEYS, EdgeAgent, EdgeAgentError, EdgeConfig, Service
 
 
 def netns_argv(netns: str) -> list[str]:
@@ -152,6 +152,22 @@ def host_dir(cfg: Config, node_id: str) -> str:
     return os.path.join(cfg.data_root, "fleet", node_id)
 
 
+def caps_from_guards(conf: EdgeConfig, cfg: Config, where: str = "config") -> EdgeConfig:
+    """The agent's caps on one table (issue 58: entries, flow-tree nodes, bytes, growth against
+    the live table) from `export.guards`, where the node's own config does not set them: the agent
+    refuses what the publishing guards would (export/delivery/guards.py check_size), should a
+    table reach it past them. A setting above the agent's compiled bound is an error naming it."""
+    g = cfg.settings.export.guards
+    for k in CAP_KEYS:
+        if getattr(conf, k) is None:
+            setattr(conf, k, getattr(g, k))
+    try:
+        conf.check_caps(where)
+    except ValueError as exc:
+        raise ValueError(f"{exc} (export.guards.* or the node's agent config)") from None
+    return conf
+
+
 def load_fleet(path: str, cfg: Config, public_key: str | None = None) -> Fleet:
     """Nodes from a fleet file: each with `node_id`, `canary`, optional `table_dir`, and its agent
     config either inline (`agent:` mapping, EdgeConfig fields) or as a file (`edge_config:`);
@@ -175,6 +191,7 @@ def load_fleet(path: str, cfg: Config, public_key: str | None = None) -> Fleet:
             a = {k: _expand(v, cfg) if isinstance(v, str) else v for k, v in a.items()}
             conf = EdgeConfig(services=svcs, **a)
         conf.node_id = conf.node_id if conf.node_id != "edge" else nid
+        caps_from_guards(conf, cfg, f"{path}: node {nid}")
         if public_key and not conf.public_key:
             conf.public_key = public_key
         if not conf.state_dir:

@@ -29,6 +29,11 @@
 #include "ccs.h"
 
 #define MAX_SERVICES 256
+/* the largest table the format lets the agent take: the header, CCS_MAX_ENTRIES entries and a
+ * full flow tree (the compiled bound on max_artifact_bytes) */
+#define CCS_MAX_TABLE_BYTES (sizeof(struct ccs_table_header) + \
+			     (__u64)CCS_MAX_ENTRIES * sizeof(struct ccs_table_entry) + \
+			     (__u64)CCS_TREE_MAX_NODES * sizeof(struct ccs_tree_node))
 _Static_assert(MAX_SERVICES < CCS_SVC_SLOTS, "a ccs_svc_counters slot per service id (1..MAX_SERVICES)");
 
 struct service {
@@ -56,6 +61,18 @@ struct config {
 	char state_dir[PATH_MAX]; /* the version floor's folder (floor.c); default
 				   * /var/lib/ccs-edge/<the pin dir's last component> */
 	__u64 version_max_step;  /* the most a table's version may pass the floor's in one epoch */
+	/*
+	 * Caps on one table (issue 58; the deployment writes them from export.guards), each at most
+	 * the compiled bound, which is also the default. A load over one is refused, naming the cap,
+	 * and the live table stays (table_verify.c check_caps, table.c check_growth).
+	 */
+	__u64 max_entries;        /* n_v4 + n_v6 over it: refused (1..CCS_MAX_ENTRIES) */
+	__u32 max_tree_nodes;     /* a flow tree of this many nodes or more: refused, as
+				   * export.guards.max_tree_nodes (2..CCS_TREE_MAX_NODES + 1) */
+	__u64 max_artifact_bytes; /* the .bin over it: refused before it is read (1..CCS_MAX_TABLE_BYTES) */
+	double max_growth;        /* entries or bytes over max_growth x the live table's: refused;
+				   * 0 (default) = not judged; else 1..1000 */
+	__u64 growth_floor_entries; /* growth judged once the live table has this many entries */
 	int n_services;
 	struct service services[MAX_SERVICES];
 };

@@ -51,6 +51,17 @@ _STR_KEYS = ("node_id", "cgroup", "pin_dir", "public_key", "default_cc", "log_di
              "route_spec", "route_within", "metrics_file", "state_dir")
 # the agent's bound on one table's step past the floor's version, within an epoch (ccs.h)
 VERSION_MAX_STEP = 100000
+# the agent's compiled caps on one table (ccs.h CCS_MAX_ENTRIES, ccs_table.h CCS_TREE_MAX_NODES,
+# agent.h CCS_MAX_TABLE_BYTES: the header, that many entries and a full tree): a configured cap
+# (CAP_KEYS) may only lower them
+MAX_ENTRIES = 4_000_000
+TREE_MAX_NODES = 511
+MAX_TABLE_BYTES = 64 + MAX_ENTRIES * 40 + TREE_MAX_NODES * 16
+#: the config keys of the caps (issue 58), written from export.guards by the deployment
+#: (rollout.load_fleet); None: not written, the agent's compiled bound
+CAP_KEYS = ("max_entries", "max_tree_nodes", "max_artifact_bytes", "max_growth", "growth_floor_entries")
+_CAP_RANGES = {"max_entries": (1, MAX_ENTRIES), "max_tree_nodes": (2, TREE_MAX_NODES + 1),
+               "max_artifact_bytes": (1, MAX_TABLE_BYTES), "growth_floor_entries": (0, MAX_ENTRIES)}
 _SERVICE_KEYS = {"port", "name", "ab", "caps", "flow_mode"}
 
 
@@ -93,7 +104,26 @@ class EdgeConfig:
     state_dir: str = ""
     # the most one table's version may pass the floor's within an epoch (1..2^32)
     version_max_step: int = VERSION_MAX_STEP
+    # caps on one table (issue 58, export/edge/README.md "Caps"): over one, a load is refused
+    # naming it and the live table stays. max_tree_nodes: a tree of that many nodes or more
+    # (export.guards.max_tree_nodes' rule); max_growth: entries or bytes over that many times the
+    # live table's, once it has growth_floor_entries (0: not judged). None: not in the file
+    max_entries: int | None = None
+    max_tree_nodes: int | None = None
+    max_artifact_bytes: int | None = None
+    max_growth: float | None = None
+    growth_floor_entries: int | None = None
     services: list[Service] = field(default_factory=list)
+
+    def check_caps(self, where: str = "config") -> None:
+        """The caps within the agent's ranges (config.c parse_cap), ValueError naming the key."""
+        for k, (lo, hi) in _CAP_RANGES.items():
+            v = getattr(self, k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi):
+                raise ValueError(f"{where}: {k} {v!r} is not an integer in {lo}..{hi} (the agent's bound)")
+        g = self.max_growth
+        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float)) or not (g == 0 or 1 <= g <= 1000)):
+            raise ValueError(f"{where}: max_growth {g!r} is not 0 (off) or a number in 1..1000")
 
     def to_yaml(self) -> str:
         # route_ccs only when not the default (auto), as version_max_step: a config without it
@@ -104,6 +134,11 @@ class EdgeConfig:
         lines.append(f"rotate_minutes: {int(self.rotate_minutes)}")
         if int(self.version_max_step) != VERSION_MAX_STEP:
             lines.append(f"version_max_step: {int(self.version_max_step)}")
+        self.check_caps()
+        for k in CAP_KEYS:
+            v = getattr(self, k)
+            if v is not None:
+                lines.append(f"{k}: {float(v)!r}" if k == "max_growth" else f"{k}: {int(v)}")
         lines.append("services:")
         for s in self.services:
             lines.append(f"  - {{port: {int(s.port)}, name: {_yaml_str(s.name or 'svc' + str(s.port))}, "
@@ -119,7 +154,7 @@ class EdgeConfig:
             d = yaml.safe_load(f) or {}
         if not isinstance(d, dict):
             raise ValueError(f"{path}: not a mapping")
-        unknown = set(d) - set(_STR_KEYS) - {"sample_rate", "rotate_minutes", "version_max_step", "services"}
+        unknown = set(d) - set(_STR_KEYS) - {"sample_rate", "rotate_minutes", "version_max_step", "services", *CAP_KEYS}
         if unknown:
             raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
         svcs = []
@@ -156,8 +191,10 @@ class EdgeConfig:
         if known.get("route_ccs", "auto") not in ROUTE_CCS:
             raise ValueError(f"{path}: route_ccs {known['route_ccs']!r} is not one of {', '.join(ROUTE_CCS)}")
         known.setdefault("route_ccs", "auto")   # the agent's default for a file without it
-        return cls(services=svcs, sample_rate=float(rate), rotate_minutes=rotate,
-                   version_max_step=step, **known)
+        out = cls(services=svcs, sample_rate=float(rate), rotate_minutes=rotate,
+                  version_max_step=step, **known, **{k: d[k] for k in CAP_KEYS if k in d})
+        out.check_caps(path)
+        return out
 
 
 def _unlink(path: str) -> None:

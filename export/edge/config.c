@@ -33,6 +33,9 @@ void config_defaults(struct config *cfg)
 		.sample_rate = 0.01,
 		.rotate_minutes = 1,
 		.version_max_step = CCS_VERSION_MAX_STEP,
+		.max_entries = CCS_MAX_ENTRIES,
+		.max_tree_nodes = CCS_TREE_MAX_NODES + 1,
+		.max_artifact_bytes = CCS_MAX_TABLE_BYTES,
 	};
 
 	*cfg = defaults;
@@ -51,7 +54,8 @@ struct pos {
 static const char *const top_keys[] = {
 	"node_id", "cgroup", "pin_dir", "public_key", "default_cc", "sample_rate", "log_dir",
 	"rotate_minutes", "route_ccs", "route_table", "route_spec", "route_within", "metrics_file", "state_dir",
-	"version_max_step", "services", NULL,
+	"version_max_step", "max_entries", "max_tree_nodes", "max_artifact_bytes", "max_growth",
+	"growth_floor_entries", "services", NULL,
 };
 static const char *const service_keys[] = { "port", "name", "ab", "caps", "flow_mode", NULL };
 
@@ -416,6 +420,47 @@ static int parse_route_key(struct config *cfg, const struct pos *p, const char *
 	return set_str(p, key, cfg->route_within, sizeof(cfg->route_within), val);
 }
 
+/*
+ * The caps on one table (issue 58): written by the deployment from export.guards, each at most
+ * the compiled bound (a config above it is an error, not a cap quietly lowered).
+ */
+static int parse_cap(struct config *cfg, const struct pos *p, const char *key, const char *val)
+{
+	unsigned long x;
+
+	if (!strcmp(key, "max_entries")) {
+		if (parse_uint(p, key, val, 1, CCS_MAX_ENTRIES, &x))
+			return -1;
+		cfg->max_entries = x;
+	} else if (!strcmp(key, "max_tree_nodes")) {
+		/* a tree of max_tree_nodes or more is refused: 2 lets a one-node tree through, and
+		 * CCS_TREE_MAX_NODES + 1 any tree the program can walk */
+		if (parse_uint(p, key, val, 2, CCS_TREE_MAX_NODES + 1, &x))
+			return -1;
+		cfg->max_tree_nodes = (__u32)x;
+	} else if (!strcmp(key, "max_artifact_bytes")) {
+		if (parse_uint(p, key, val, 1, CCS_MAX_TABLE_BYTES, &x))
+			return -1;
+		cfg->max_artifact_bytes = x;
+	} else if (!strcmp(key, "growth_floor_entries")) {
+		if (parse_uint(p, key, val, 0, CCS_MAX_ENTRIES, &x))
+			return -1;
+		cfg->growth_floor_entries = x;
+	} else {
+		double g;
+
+		if (parse_real(p, key, val, 0.0, 1000.0, &g))
+			return -1;
+		if (g != 0.0 && g < 1.0) {
+			cfg_err(p, "max_growth: %s is below 1 (a table could not keep the live one's size); "
+				"0 turns the growth check off", val);
+			return -1;
+		}
+		cfg->max_growth = g;
+	}
+	return 0;
+}
+
 /* a top-level `key: value` line; *in_services says whether `- {...}` items may follow */
 static int parse_setting(struct config *cfg, const struct pos *p, const char *s, bool *seen, bool *in_services)
 {
@@ -433,7 +478,8 @@ static int parse_setting(struct config *cfg, const struct pos *p, const char *s,
 	if (k < 0) {
 		cfg_err(p, "unknown key \"%s\" (known: node_id, cgroup, pin_dir, public_key, "
 			"default_cc, sample_rate, log_dir, rotate_minutes, route_ccs, route_table, route_spec, "
-			"route_within, metrics_file, state_dir, version_max_step, services)", key);
+			"route_within, metrics_file, state_dir, version_max_step, max_entries, max_tree_nodes, "
+			"max_artifact_bytes, max_growth, growth_floor_entries, services)", key);
 		return -1;
 	}
 	if (seen[k]) {
@@ -509,6 +555,10 @@ static int parse_setting(struct config *cfg, const struct pos *p, const char *s,
 		cfg->version_max_step = step;
 		return 0;
 	}
+	if (!strcmp(key, "max_entries") || !strcmp(key, "max_tree_nodes") ||
+	    !strcmp(key, "max_artifact_bytes") || !strcmp(key, "max_growth") ||
+	    !strcmp(key, "growth_floor_entries"))
+		return parse_cap(cfg, p, key, val);
 	return set_str(p, key, cfg->log_dir, sizeof(cfg->log_dir), val);
 }
 

@@ -361,6 +361,12 @@ int cmd_status(const struct config *cfg, bool json)
 		(unsigned long long)ls.cgroup_id, (unsigned long long)pinfo.run_cnt,
 		(unsigned long long)pinfo.run_time_ns);
 	print_versions(o, &v, cfg->version_max_step);
+	/* the caps a load is held to (issue 58): the config's, else the compiled bounds */
+	fprintf(o, "\"caps\": {\"max_entries\": %llu, \"max_tree_nodes\": %u, \"max_artifact_bytes\": "
+		"%llu, \"max_growth\": %g, \"growth_floor_entries\": %llu}, ",
+		(unsigned long long)cfg->max_entries, cfg->max_tree_nodes,
+		(unsigned long long)cfg->max_artifact_bytes, cfg->max_growth,
+		(unsigned long long)cfg->growth_floor_entries);
 	print_slots(o, &v, ls.attached);
 	print_routes(o, cfg);
 	print_log(o, v.has_log ? &v.logst : NULL);

@@ -3,7 +3,7 @@
  * table.c - the commands load and rollback, their steps in order; table.h names the file of each.
  * load: the manifest (manifest.c), then the sha256 of the .bin, its header against the manifest,
  * the expiry and every entry (address space rule included) (table_verify.c); then the version rule
- * (table_rule.c); only then a new index (ccs.h: the lookup hash) is built (table_index.c), and the
+ * (table_rule.c) and the growth against the live table (check_growth); only then a new index (ccs.h: the lookup hash) is built (table_index.c), and the
  * idle slot is changed in an order a crash cannot make inconsistent (table_slots.c swap_in). The
  * previous table stays in the other slot: rollback flips back to it, if that slot is valid, was
  * made live (not a load killed before its flip) and its index is the one its meta describes.
@@ -59,6 +59,48 @@ static int load_unchanged(const struct config *cfg, struct state *st, const stru
 	return err;
 }
 
+/*
+ * Growth against the live table (issue 58, export.guards.max_growth): entries and bytes at most
+ * max_growth x the live table's, once the live one has growth_floor_entries. The live table's
+ * bytes are those its header implies (entries and tree nodes: a checked .bin has no others).
+ * An override (--allow-downgrade: an operator naming an older table to go back to) is not
+ * judged: the way back stays open whatever the live table's size. 0, or -1 after printing why.
+ */
+static int check_growth(const struct config *cfg, const struct slots *s, const struct state *st,
+			const struct table *t)
+{
+	int live = live_slot(st);
+	const struct ccs_meta *m;
+	struct ccs_flow flow = {};
+	__u32 slot;
+	__u64 n_live, nodes_live = 0, bytes_live;
+	double by_entries, by_bytes;
+
+	if (cfg->max_growth <= 0 || live < 0 || !st->ok[live])
+		return 0;
+	slot = (__u32)live;
+	m = &st->meta[slot];
+	n_live = (__u64)m->n_v4 + m->n_v6;
+	if (!n_live || n_live < cfg->growth_floor_entries)
+		return 0;
+	if (s->flow_fd >= 0 && !bpf_map_lookup_elem(s->flow_fd, &slot, &flow) &&
+	    flow.version == m->version && flow.loaded_unix == m->loaded_unix)
+		nodes_live = flow.n_nodes;
+	bytes_live = sizeof(struct ccs_table_header) + n_live * sizeof(struct ccs_table_entry) +
+		     nodes_live * sizeof(struct ccs_tree_node);
+	by_entries = (double)t->n / (double)n_live;
+	by_bytes = (double)t->len / (double)bytes_live;
+	if (by_entries > cfg->max_growth || by_bytes > cfg->max_growth) {
+		print_error("refused: table %llu is %.2fx the live table %llu's entries (%zu against %llu) "
+			"and %.2fx its bytes (%zu against %llu), over max_growth (%gx)",
+			(unsigned long long)t->man.version, by_entries, (unsigned long long)m->version,
+			t->n, (unsigned long long)n_live, by_bytes, t->len,
+			(unsigned long long)bytes_live, cfg->max_growth);
+		return -1;
+	}
+	return 0;
+}
+
 /* load's answer for a table made live: what was loaded, and (json) how long each step took */
 static void print_loaded(const struct table *t, __u32 slot, bool override, bool json, __u64 t0,
 			 __u64 t1, __u64 t2, __u64 t3, __u64 t4, int n_routes)
@@ -95,7 +137,7 @@ int cmd_load(const struct config *cfg, const char *manifest_path, bool json,
 
 	t0 = clock_ns(CLOCK_MONOTONIC);
 	/* 1-3. the manifest's signature and fields, the .bin's sha256, header, expiry, entries */
-	if (table_read(cfg->public_key, manifest_path, &t, now))
+	if (table_read(cfg, manifest_path, &t, now))
 		goto cleanup;
 	t1 = clock_ns(CLOCK_MONOTONIC);
 	if (open_slots(cfg->pin_dir, &s))
@@ -122,6 +164,9 @@ int cmd_load(const struct config *cfg, const char *manifest_path, bool json,
 		err = load_unchanged(cfg, &st, &t, slot, now, json);
 		goto cleanup;
 	}
+	/* 4b. growth against the live table (not for an operator's override) */
+	if (rule != RULE_OVERRIDE && check_growth(cfg, &s, &st, &t))
+		goto cleanup;
 	/* 5. build the new lookup hash (nothing is live yet); 6. swap it in */
 	index_fd = build_index(&t, &lens);
 	if (index_fd < 0)

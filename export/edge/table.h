@@ -3,8 +3,8 @@
  * table.h - what the load's and rollback's files share (agent.h is the agent's). A load goes
  * by step, one file each:
  *
- *   table_verify.c  verify: the .bin the manifest names, its sha256, header, expiry, every entry
- *                   and the flow tree (table_read)
+ *   table_verify.c  verify: the config's caps, the .bin the manifest names, its sha256, header,
+ *                   expiry, every entry and the flow tree (table_read)
  *   table_rule.c    the version rule against the floor (version_rule), the floor after a table
  *                   is made live (next_floor)
  *   table_index.c   build: the lookup index (a hash with prefix-length markers, ccs.h) and the
@@ -64,7 +64,7 @@ enum rule { RULE_NEWER, RULE_SAME_TABLE, RULE_ALREADY_LIVE, RULE_OVERRIDE, RULE_
 
 /* table_verify.c: the manifest (manifest.c), then the .bin beside it, verified; 0 with *t filled
  * (t->bin: the caller frees it), or -1 after printing why the table is refused */
-int table_read(const char *public_key, const char *manifest_path, struct table *t, time_t now);
+int table_read(const struct config *cfg, const char *manifest_path, struct table *t, time_t now);
 
 /* table_index.c: a new map, nothing live yet: its fd, or -1 after printing why */
 int build_index(const struct table *t, struct ccs_meta *meta);

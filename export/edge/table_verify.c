@@ -3,7 +3,8 @@
  * table_verify.c - a load's first step: the table the manifest names, verified before anything
  * else happens: the manifest's signature and fields (manifest.c), the sha256 of the .bin, its
  * header against the manifest, the expiry, every entry (the address space rule included) and
- * the flow tree (check_tree: the refusals of table_format.validate_tree, in its words).
+ * the flow tree (check_tree: the refusals of table_format.validate_tree, in its words); and the
+ * config's caps on entries, tree nodes and bytes (check_caps, issue 58).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <openssl/evp.h>
@@ -68,17 +70,57 @@ static int validate_entry(const struct ccs_table_entry *e, __u8 want_family, siz
 	return 0;
 }
 
-/* the .bin named by the manifest (beside it) and its sha256 against the manifest's */
-static int read_table_bin(const char *manifest_path, struct table *t)
+/*
+ * The caps of the config (issue 58: export.guards, as the deployment wrote them) on what the
+ * signed manifest says the table holds, before its .bin is read: entries, flow-tree nodes. The
+ * same refusals, in the same order, as guards.check_size.
+ */
+static int check_caps(const struct config *cfg, const struct manifest *m)
+{
+	__u64 n = m->n_v4 + m->n_v6;
+
+	if (n > cfg->max_entries) {
+		print_error("refused: table %llu: %llu entries, over the cap of %llu (max_entries)",
+			(unsigned long long)m->version, (unsigned long long)n,
+			(unsigned long long)cfg->max_entries);
+		return -1;
+	}
+	if (m->tree_nodes >= cfg->max_tree_nodes) {
+		print_error("refused: table %llu: a flow tree of %llu nodes reached the cap of %u "
+			"(max_tree_nodes): its generator ran into its limit",
+			(unsigned long long)m->version, (unsigned long long)m->tree_nodes,
+			cfg->max_tree_nodes);
+		return -1;
+	}
+	return 0;
+}
+
+/* the .bin named by the manifest (beside it), its size within the cap, and its sha256 against
+ * the manifest's */
+static int read_table_bin(const struct config *cfg, const char *manifest_path, struct table *t)
 {
 	char tab_path[PATH_MAX], sha_hex[65];
 	const char *slash = strrchr(manifest_path, '/');
 	int dir_len = slash ? (int)(slash - manifest_path + 1) : 0;
 	unsigned int dlen = 0;
+	struct stat sb;
 
 	snprintf(tab_path, sizeof(tab_path), "%.*s%s", dir_len, manifest_path, t->man.table);
+	if (stat(tab_path, &sb) == 0 && S_ISREG(sb.st_mode) &&
+	    (__u64)sb.st_size > cfg->max_artifact_bytes) {
+		print_error("refused: table %llu: %llu bytes, over the cap of %llu (max_artifact_bytes)",
+			(unsigned long long)t->man.version, (unsigned long long)sb.st_size,
+			(unsigned long long)cfg->max_artifact_bytes);
+		return -1;
+	}
 	if (read_file(tab_path, &t->bin, &t->len)) {
 		print_error("refused: read %s: %s", tab_path, strerror(errno));
+		return -1;
+	}
+	if ((__u64)t->len > cfg->max_artifact_bytes) {   /* it grew between the stat and the read */
+		print_error("refused: table %llu: %zu bytes, over the cap of %llu (max_artifact_bytes)",
+			(unsigned long long)t->man.version, t->len,
+			(unsigned long long)cfg->max_artifact_bytes);
 		return -1;
 	}
 	if (EVP_Digest(t->bin, t->len, t->sha256, &dlen, EVP_sha256(), NULL) != 1 || dlen != 32)
@@ -225,12 +267,13 @@ static int check_table(struct table *t, time_t now)
 	return 0;
 }
 
-int table_read(const char *public_key, const char *manifest_path, struct table *t, time_t now)
+int table_read(const struct config *cfg, const char *manifest_path, struct table *t, time_t now)
 {
-	/* 1. signature over the exact manifest bytes, then its fields; 2. the .bin's sha256;
-	 * 3. header against the manifest, expiry, every entry */
-	if (manifest_read(public_key, manifest_path, &t->man) || read_table_bin(manifest_path, t) ||
-	    check_table(t, now))
+	/* 1. signature over the exact manifest bytes, then its fields, then the config's caps on
+	 * them; 2. the .bin's size cap and sha256; 3. header against the manifest, expiry, every
+	 * entry */
+	if (manifest_read(cfg->public_key, manifest_path, &t->man) || check_caps(cfg, &t->man) ||
+	    read_table_bin(cfg, manifest_path, t) || check_table(t, now))
 		return -1;
 	return 0;
 }
