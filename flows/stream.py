@@ -118,6 +118,10 @@ def as_before(spark: SparkSession, path: str, app_id: str, version: int) -> tupl
 
 #: the userMetadata suffix of the commit that takes back a batch's append judged against a stale read
 UNDONE = ":undone"
+#: the userMetadata suffix of the empty table's CREATE TABLE commit a batch made for its first append
+#: (a fresh lake): the batch's own commit, not another writer's (issue 60: it was taken for one, and
+#: the first batch into a fresh lake was taken back and judged twice)
+CREATED = ":created"
 
 
 class StaleJudgment(RuntimeError):
@@ -134,9 +138,10 @@ def append_judged(df: DataFrame, path: str, app_id: str, version: int, read_vers
     batch's own rows: Delta checks the partitions it read); if another writer committed between
     `read_version` and that commit, take the rows back and raise StaleJudgment."""
     spark = df.sparkSession
-    if not delta_io.is_delta(spark, path) and properties:
-        delta_io.create_table(spark, path, df.schema, ("node_id", "hour"), properties)
     tag = batch_tag(app_id, version)
+    if not delta_io.is_delta(spark, path) and properties:
+        with conf_set(spark, {"spark.databricks.delta.commitInfo.userMetadata": tag + CREATED}):
+            delta_io.create_table(spark, path, df.schema, ("node_id", "hour"), properties)
     # the batch's rows are those of its ingest time, as Spark stored it (no time zone in a literal)
     micros = T.TimestampType().toInternal(ingest_time)
     mine = f"({delta_io.partition_predicate(keys)}) AND ingest_time = timestamp_micros({micros})"
@@ -147,7 +152,7 @@ def append_judged(df: DataFrame, path: str, app_id: str, version: int, read_vers
     own = max((r["version"] for r in rows if r["userMetadata"] == tag), default=None)
     if own is None:          # nothing to write (every line was read before): no commit
         return
-    others = [r for r in rows if read_version < r["version"] < own and r["userMetadata"] != tag]
+    others = [r for r in rows if read_version < r["version"] < own and r["userMetadata"] not in (tag, tag + CREATED)]
     if others:
         from delta.tables import DeltaTable
         with conf_set(spark, {"spark.databricks.delta.commitInfo.userMetadata": tag + UNDONE}):

@@ -124,3 +124,30 @@ def test_the_log_read_without_spark_is_delta_history(spark, tmp_path):
     assert [r["userMetadata"] for r in recent_commits(spark, path, 10)] == [None, None, "app:3", None, "app:1", None,
                                                                            None]
     assert table_version(spark, path) == 6 and is_delta(spark, path)
+
+
+def test_a_batchs_first_append_into_a_fresh_table_is_judged_once(spark, tmp_path):
+    """The stream's bronze append into a fresh lake (issue 60): the empty table it creates first is
+    its own commit (tagged `<batch>:created`), not another writer's, so the batch judged against
+    "no table" is not taken back and judged again; a commit by another writer in between still is."""
+    from datetime import datetime
+
+    import pytest
+    from pyspark.sql import functions as F
+
+    from ccselect.delta_io import recent_commits
+    from ccselect.flows.stream import StaleJudgment, append_judged
+    now = datetime(2026, 11, 1, 8, 30)
+    df = spark.range(3).select(F.col("id"), F.lit("n").alias("node_id"), F.lit("h").alias("hour"),
+                               F.lit(now).alias("ingest_time"))
+    path = str(tmp_path / "bronze")
+    append_judged(df, path, "app", 0, -1, now, {("n", "h")}, {"delta.appendOnly": "false"})
+    assert [r["userMetadata"] for r in recent_commits(spark, path, 10)] == ["app:0", "app:0:created"]
+    assert spark.read.format("delta").load(path).count() == 3
+    # another writer's commit after the batch's read (version 1): the append is taken back
+    df.write.format("delta").mode("append").save(path)
+    later = datetime(2026, 11, 1, 8, 31)
+    with pytest.raises(StaleJudgment):
+        append_judged(df.withColumn("ingest_time", F.lit(later)), path, "app", 1, 1, later, {("n", "h")},
+                      {"delta.appendOnly": "false"})
+    assert recent_commits(spark, path, 1)[0]["userMetadata"] == "app:1:undone"
