@@ -91,6 +91,7 @@ def main(argv=None) -> int:
     from ccselect.jobs import ingest
     from ccselect.sim import replay
     from ccselect.sim.fleet import simulate
+    from ccselect.hours import Window
 
     work = Path(args.workdir)
     shutil.rmtree(work, ignore_errors=True)
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     spark = get_spark(cfg, "ccs-bench-stream-batch")
     sc = spark.sparkContext
     sc.setJobGroup("setup", "batch ingest of the first hour")
-    ingest.run(spark, cfg, str(fleet), (hours[0], hours[0]))
+    ingest.run(spark, cfg, str(fleet), Window.hours(hours[0], hours[0]))
     segs = replay.segments(str(fleet), [hours[1]], minutes=args.batches)
     shutil.copytree(fleet / "reference", seg / "reference")
     ckpt = work / "checkpoint"
