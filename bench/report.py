@@ -71,6 +71,8 @@ SOURCES = {
                ["bench/results/canary.json"]),
     "rollout-drill": ("The rollout drill on a fleet that reacts: twenty good tables, planted bad ones (issue 58)",
                       "sudo python bench/rollout_drill.py", ["bench/results/rollout_drill.json"]),
+    "rollout-loop": ("The rollout loop through the stream: real agents, ccs simulate --follow, ccs stream, the canary's gate on silver (issue 58)",
+                     "sudo python bench/rollout_loop.py", ["bench/results/rollout_loop.json"]),
     "champion-bf16": ("bf16 judged on the champion over held-out nodes (issue 55)", "python bench/champion_bf16.py",
                       ["bench/results/champion_bf16.json"]),
     "shift-sweep": ("The strong-shift stress knob swept: each variant's gain along it (issue 55)",
