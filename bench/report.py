@@ -71,6 +71,10 @@ SOURCES = {
                ["bench/results/canary.json"]),
     "rollout-drill": ("The rollout drill on a fleet that reacts: twenty good tables, planted bad ones (issue 58)",
                       "sudo python bench/rollout_drill.py", ["bench/results/rollout_drill.json"]),
+    "rollout-drill-alternating": ("The rollout drill with alternating good and bad tables appended: does the fleet flap? "
+                                  "(issue 58)", "sudo python bench/rollout_drill.py --alternate 6 --out "
+                                  "bench/results/rollout_drill_alternating.json",
+                                  ["bench/results/rollout_drill_alternating.json"]),
     "rollout-loop": ("The rollout loop through the stream: real agents, ccs simulate --follow, ccs stream, the canary's gate on silver (issue 58)",
                      "sudo python bench/rollout_loop.py", ["bench/results/rollout_loop.json"]),
     "champion-bf16": ("bf16 judged on the champion over held-out nodes (issue 55)", "python bench/champion_bf16.py",
