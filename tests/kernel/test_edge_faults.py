@@ -548,6 +548,12 @@ def test_config_rejects_what_it_does_not_understand(edge, tmp_path):
         ("sample_rate: 0.5 0.1\n", 4, "not a number"),
         (many, 261, "more than 256 services"),
         (f"services:\n  - {{port: {port}}}\n  - {{port: {port}}}\n", 6, f"port {port} is already a service"),
+        # the caps on one table (issue 58): above the compiled bound is an error, not a cap lowered
+        ("max_entries: 4000001\n", 4, "max_entries: 4000001 is out of range 1..4000000"),
+        ("max_tree_nodes: 600\n", 4, "max_tree_nodes: 600 is out of range 2..512"),
+        ("max_artifact_bytes: 160008241\n", 4, "max_artifact_bytes: 160008241 is out of range 1..160008240"),
+        ("max_growth: 0.5\n", 4, "max_growth: 0.5 is below 1"),
+        ("max_growth: 2x\n", 4, "not a number"),
     ]
     for i, (tail, line, msg) in enumerate(bad):
         path = str(tmp_path / f"bad{i}.yaml")
