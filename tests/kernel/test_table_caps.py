@@ -129,6 +129,14 @@ def test_growth_against_the_live_table(edge):
     _uncapped(edge)
     edge.agent.load(edge.table(_entries(180, b), 6).manifest)
     assert edge.agent.status()["table"]["version"] == 6
+    # the operator's way back is not judged: a small table 7 live, then table 6 (15x) named by
+    # --allow-downgrade loads, where a new table of its size is refused
+    edge.config.max_growth, edge.config.growth_floor_entries = 1.5, 10
+    edge.agent.write_config(edge.config)
+    edge.agent.load(edge.table(_entries(12, a), 7).manifest)
+    _refused(edge, edge.table(_entries(180, b), 8).manifest, "refused: table 8 is 15.00x the live table 7's entries")
+    edge.agent.load(edge.tables + "/table-6.manifest.json", allow_downgrade=6)
+    assert edge.agent.status()["table"]["version"] == 6 and _cc_of(ls) == b
 
 
 def test_deployment_writes_the_guards_caps(cfg):
