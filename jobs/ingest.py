@@ -32,9 +32,14 @@ QUARANTINE_COLS = ("stream", "node_id", "hour", "source_file", "line_no", "raw",
 #: when a writer meets it (delta_io.widen: type widening, no rewrite of its files).
 LINE_TYPES = {"line_no": "bigint"}
 #: Delta collects min/max statistics of a bronze file's first 32 columns by default: the raw
-#: line and the record's fields, which no query skips files by. Keep them for line_no and status.
+#: line and the record's fields, which no query skips files by. Keep them for line_no and status,
+#: and for ingest_time: the stream's append (flows/stream.py append_judged) is a replaceWhere on
+#: its partitions AND its own ingest time, which Delta otherwise answers by reading every file of
+#: those partitions (a "Finding files to rewrite" job per stream and batch, over more files as the
+#: hour goes on); with the statistics no earlier batch's file is a candidate. (Delta's conflict
+#: check reads a predicate by partition values only: what conflicts with the append is unchanged.)
 #: Type widening on from the table's creation (LINE_TYPES).
-BRONZE_PROPERTIES = {"delta.dataSkippingStatsColumns": "line_no,status", delta_io.TYPE_WIDENING: "true"}
+BRONZE_PROPERTIES = {"delta.dataSkippingStatsColumns": "line_no,status,ingest_time", delta_io.TYPE_WIDENING: "true"}
 QUARANTINE_PROPERTIES = {delta_io.TYPE_WIDENING: "true"}
 #: Parquet settings for the bronze, quarantine and audit writes: no dictionary encoding (the raw line,
 #: the widest column, is unique to its row) and no Parquet statistics (these tables are read by
