@@ -11,6 +11,13 @@ table): what is measured is the ingest side of a batch, bronze and silver.
 Writes bench/results/stream_batch.json (or --out).
 
     .venv/bin/python bench/stream_batch.py [--batches 6] [--nodes 2] [--out JSON]
+
+Before/after in one sitting: run the bench from each tree (a `git archive` of each commit, this
+file copied in) alternately, each with its own --out, then combine the runs into one result
+(per run: the warm medians and the load beside them):
+
+    .venv/bin/python bench/stream_batch.py --combine before_1=B1.json after_1=A1.json ... \
+        --code before="commit X" --code after="commit Y"
 """
 from __future__ import annotations
 
@@ -72,6 +79,20 @@ def median(xs):
     return xs[n // 2] if n % 2 else round((xs[n // 2 - 1] + xs[n // 2]) / 2, 3)
 
 
+def combine(runs: list[str], code: list[str], out: str) -> int:
+    """One result from several runs (LABEL=JSON each, in the order they ran): per run its warm
+    medians (seconds, Spark jobs, their wall time, the 1-minute load as the warm batches started)."""
+    loaded = {label: json.loads(Path(path).read_text()) for label, path in (r.split("=", 1) for r in runs)}
+    res = {"bench": "stream_batch", "cores": 2, "goal_s": 3.0, "code": dict(c.split("=", 1) for c in code),
+           "warm_median_s": {k: r["warm"]["median_s"] for k, r in loaded.items()},
+           "warm_median_spark_jobs": {k: r["warm"]["median_spark_jobs"] for k, r in loaded.items()},
+           "warm_median_jobs_wall_s": {k: r["warm"]["median_jobs_wall_s"] for k, r in loaded.items()},
+           "warm_median_load_1m": {k: median(r["load_average_1m"][1:]) for k, r in loaded.items()},
+           "runs": loaded}
+    result_file.write(out, res)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batches", type=int, default=6, help="micro-batches, one minute of segments each; the first is cold")
@@ -82,7 +103,11 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark setting for the session (to measure a setting's effect)")
+    ap.add_argument("--combine", nargs="+", metavar="LABEL=JSON", help="combine runs into --out (no bench is run)")
+    ap.add_argument("--code", action="append", default=[], metavar="SIDE=WHAT", help="with --combine: what each side ran")
     args = ap.parse_args(argv)
+    if args.combine:
+        return combine(args.combine, args.code, args.out)
 
     from pyspark.sql import functions as F
 
