@@ -143,6 +143,18 @@ class Agents:
 CFG = None
 
 
+def live_versions(fleet) -> dict:
+    """node → the table version its real agent has live (None: none)."""
+    out = {}
+    for n in fleet.nodes:
+        ag = n.agent()
+        try:
+            out[n.node_id] = (ag.status().get("table") or {}).get("version")
+        finally:
+            ag.close()
+    return out
+
+
 def _publish(store, ff, key, out, version, hour, invert, rng, published=None):
     entries = {}
     for i in range(len(ff.nodes)):
@@ -299,13 +311,7 @@ def drill(default_cc: str, a, binary: str, root: Path) -> dict:
             res = deploy(fleet, store, version, HEALTH, gate=gate, decisions=log, log=lambda m: None)
             ff.now()
             seen = {n.node_id: ff.versions_seen(n.node_id) for n in fleet.nodes}
-            live = {}
-            for n in fleet.nodes:
-                ag = n.agent()
-                try:
-                    live[n.node_id] = (ag.status().get("table") or {}).get("version")
-                finally:
-                    ag.close()
+            live = live_versions(fleet)
             decs = [d for d in res["decisions"] if d["version"] == version]
             canary_dec = next((d for d in decs if d["cohort"] == "canary"), None)
             side = side_metrics(ff, fleet.nodes[0].node_id, t_load, t_load + int(canary_dec["minute"] * 60_000),

@@ -87,17 +87,6 @@ def publish(store: Store, world, nodes: int, key, out: str, version: int, hour: 
     return len(entries)
 
 
-def _live(fleet) -> dict:
-    out = {}
-    for n in fleet.nodes:
-        ag = n.agent()
-        try:
-            out[n.node_id] = (ag.status().get("table") or {}).get("version")
-        finally:
-            ag.close()
-    return out
-
-
 def _stop(proc: subprocess.Popen, sig: int, timeout: float) -> int | None:
     if proc.poll() is None:
         proc.send_signal(sig)
@@ -237,7 +226,7 @@ def loop(root: Path, binary: str, nodes: int = 3, conns: int = 20000, speed: flo
             say(f"table {version} ({kind}) to the canary at simulated hour {hour}")
             t0 = time.monotonic()
             res = deploy(fleet, store, version, HEALTH, gate=gate, decisions=decisions, log=lambda m: None)
-            row = rollout_row(res, version, time.monotonic() - t0, _live(fleet))
+            row = rollout_row(res, version, time.monotonic() - t0, rollout_drill.live_versions(fleet))
             row["kind"] = kind
             rec["rollouts"][kind] = row
             say(json.dumps({k: row[k] for k in ("version", "ok", "wall_s_load_to_end", "live_after")}

@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 from pyspark.sql import functions as F
 
+from ccs_testing import write_config
 from ccselect.config import load_config
 from ccselect.lake import table_path
 from ccselect.export.delivery.canary import canary_moments
@@ -68,3 +69,11 @@ def test_a_harmful_treatment_arm_is_rolled_back_and_every_verdict_recorded(lake,
                            "tables": [{"version": 4, "boundary": b, "entries": 3, "changed": None, "rollout": {}}],
                            "canary": {"4": bad}})
     assert lines[2].startswith("    canary A/B on the simulated arms") and "rollback at" in lines[2], lines
+
+
+def test_the_live_gate_reads_no_rows_from_a_lake_without_silver(spark, lake, tmp_path):
+    """A fresh lake (the stream has committed nothing yet): the gate's read is empty, so it observes
+    rather than failing (`ccs rollout --gate canary` right after a lake is made)."""
+    cfg, _, b = lake
+    fresh = load_config(write_config(tmp_path))          # a data root of its own: no lake yet
+    assert gates.silver_moments(spark, fresh)("node", b, b + 60_000) == {}

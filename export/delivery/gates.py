@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 import pyarrow as pa
 
+from ccselect import delta_io
 from ccselect.config import Config
 from ccselect.hours import hour_of_ms
 from ccselect.lake import CONNECTIONS, ROLLOUT_DECISIONS, table_path
@@ -95,6 +96,8 @@ def silver_moments(spark, cfg: Config) -> Moments:
     path = table_path(cfg, CONNECTIONS)
 
     def moments(node_id: str, from_ms: int, to_ms: int) -> dict:
+        if not delta_io.is_delta(spark, path):   # a fresh lake: no outcome rows yet (the gate observes)
+            return {}
         conns = (spark.read.format("delta").load(path)
                  .where(F.col("hour").between(hour_of_ms(from_ms), hour_of_ms(to_ms))))
         return canary_moments(conns, node_id, from_ms, to_ms)
