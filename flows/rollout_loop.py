@@ -95,8 +95,8 @@ class StreamGate:
         self.look_ms = int(look_minutes * MINUTE_MS)
         self.max_wall_s = max_wall_s if max_wall_s is not None else \
             3 * settings.max_minutes * 60 / max(speed, 1e-9) + 600
-        self.verdict = CanaryVerdict(settings, self._moments, look_s=look_s, clock=self._clock, sleep=time.sleep)
-        self._silver_moments = silver_moments(spark, cfg)
+        self.verdict = CanaryVerdict(settings, silver_moments(spark, cfg), look_s=look_s, clock=self._clock,
+                                     sleep=time.sleep)
         self.nodes: list[str] = []
         self.live_from = self.last = 0
         self.asked = 0.0
@@ -110,10 +110,6 @@ class StreamGate:
             raise RuntimeError(f"the follow fleet has written no segment of {[n for n, w in zip(nodes, written) if w is None]} "
                                f"under {self.raw_dir}: is `ccs simulate --follow` running?")
         return max(written) + self.live_after_ms
-
-    def _moments(self, node_id: str, from_ms: int, to_ms: int) -> dict:
-        # no silver.connections yet reads as no rows (gates.silver_moments)
-        return self._silver_moments(node_id, from_ms, to_ms)
 
     def _clock(self) -> int:
         have = min(self.silver.values()) if set(self.nodes) <= set(self.silver) else None
