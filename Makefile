@@ -5,7 +5,7 @@ SHELL := /bin/bash
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-SYSSTAMP := $(VENV)/.sysdeps
+SYSSTAMP := var/.sysdeps
 export CCS_HOME := $(CURDIR)
 # Debian packages the kernel side, the headless-browser tests, the agent, the topology's Postgres and
 # monitoring (Prometheus, Alertmanager, node_exporter; promtool for the rules' tests), our JVM
@@ -32,7 +32,13 @@ help:
 # The eBPF enforcer and the ccs-edge agent (export/edge/build.mk); built when root (needs clang/libbpf).
 -include export/edge/build.mk
 
-setup: python sysdeps warm
+# The Python packages and the Debian packages install side by side (two downloads that need
+# nothing of each other; on a fresh machine each takes a minute or more), then the jars and the
+# enforcer, which need both. The Debian stamp is outside .venv: `uv venv` refuses a folder that is
+# already there.
+setup:
+	@$(MAKE) --no-print-directory -j2 python sysdeps
+	@$(MAKE) --no-print-directory warm
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory edge; else echo "not root: not building the eBPF enforcer"; fi
 
 python: $(STAMP)
@@ -56,11 +62,11 @@ $(SYSSTAMP): Makefile
 	  fi; \
 	  mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf || true; \
 	else echo "not root: skipping Debian packages (kernel tests will skip)"; fi
-	@mkdir -p $(VENV) && touch $@
+	@mkdir -p $(@D) && touch $@
 
 # Fetch the Delta Lake jars from Maven Central once (cached in ~/.ivy2*), so tests start warm.
 warm: $(VENV)/.spark-warm
-$(VENV)/.spark-warm: $(STAMP)
+$(VENV)/.spark-warm: $(STAMP) $(SYSSTAMP)
 	$(PY) -m ccselect.spark --warm
 	@touch $@
 
