@@ -5,7 +5,7 @@ SHELL := /bin/bash
 VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
-SYSSTAMP := var/.sysdeps
+SYSSTAMP := $(VENV)/.sysdeps
 export CCS_HOME := $(CURDIR)
 # Debian packages the kernel side, the headless-browser tests, the agent, the topology's Postgres and
 # monitoring (Prometheus, Alertmanager, node_exporter; promtool for the rules' tests), our JVM
@@ -32,13 +32,7 @@ help:
 # The eBPF enforcer and the ccs-edge agent (export/edge/build.mk); built when root (needs clang/libbpf).
 -include export/edge/build.mk
 
-# The Python packages and the Debian packages install side by side (two downloads that need
-# nothing of each other; on a fresh machine each takes a minute or more), then the jars and the
-# enforcer, which need both. The Debian stamp is outside .venv: `uv venv` refuses a folder that is
-# already there.
-setup:
-	@$(MAKE) --no-print-directory -j2 python sysdeps
-	@$(MAKE) --no-print-directory warm
+setup: python sysdeps warm
 	@if [ "$$(id -u)" = 0 ]; then $(MAKE) --no-print-directory edge; else echo "not root: not building the eBPF enforcer"; fi
 
 python: $(STAMP)
@@ -63,11 +57,11 @@ $(SYSSTAMP): Makefile
 	  fi; \
 	  mountpoint -q /sys/fs/bpf || mount -t bpf bpf /sys/fs/bpf || true; \
 	else echo "not root: skipping Debian packages (kernel tests will skip)"; fi
-	@mkdir -p $(@D) && touch $@
+	@mkdir -p $(VENV) && touch $@
 
 # Fetch the Delta Lake jars from Maven Central once (cached in ~/.ivy2*), so tests start warm.
 warm: $(VENV)/.spark-warm
-$(VENV)/.spark-warm: $(STAMP) $(SYSSTAMP)
+$(VENV)/.spark-warm: $(STAMP)
 	$(PY) -m ccselect.spark --warm
 	@touch $@
 
