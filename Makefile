@@ -76,8 +76,9 @@ run: setup
 # only its start. Measured at 655f002 (fresh clone, .ci/run): the cores were busy 98% of the time
 # until the cluster suite ended, then 74% over the main run's last 640 s alone; the second group was
 # 500 s of that main run. Its output follows the main run's; either failing fails `make test`.
-KERNEL_BESIDE = $(shell grep -L -E '\b(spark|main_job|small_lake|small_fleet)\b' tests/kernel/test_*.py)
-SPARK_BESIDE = $(shell grep -l -E '\bspark\b' tests/test_*.py | xargs grep -L -E '\b(main_job|small_lake|small_fleet|lake_with_champion|kafka_broker)\b' \
+SESSION_FIXTURES := main_job|small_lake|small_fleet|lake_with_champion|kafka_broker
+KERNEL_BESIDE = $(shell grep -L -E '\b(spark|$(SESSION_FIXTURES))\b' tests/kernel/test_*.py)
+SPARK_BESIDE = $(shell grep -l -E '\bspark\b' tests/test_*.py | xargs grep -L -E '\b($(SESSION_FIXTURES))\b' \
                  | xargs grep -L -E 'pytest\.mark\.(cluster|kafka)|kafka_stream')
 BESIDE = $(KERNEL_BESIDE) $(SPARK_BESIDE)
 BESIDE_LOG := var/test-beside.log
