@@ -28,6 +28,7 @@ import threading
 import zipfile
 from typing import TYPE_CHECKING
 
+from ccselect import spark_cds
 from ccselect.config import Config, load_config
 # Imported inside the functions that use them (heavy, not needed to import this module): delta, pyspark.
 
@@ -164,10 +165,12 @@ def object_store_conf(cfg: Config) -> dict[str, str]:
 
 
 def get_spark(cfg: Config | None = None, app_name: str | None = None,
-              overrides: dict[str, str] | None = None, master: str | None = None) -> "SparkSession":
+              overrides: dict[str, str] | None = None, master: str | None = None,
+              cds: str | None = None) -> "SparkSession":
     """Build (or return the active) SparkSession for `cfg` (on `master` instead of the configured
     one when given), Delta Lake enabled; S3A set up for `object_store` (the file's own
-    `spark.conf` wins over what is derived from it)."""
+    `spark.conf` wins over what is derived from it). A new driver maps the class archive
+    (spark_cds.py) when there is one; `cds` replaces those JVM options (the warm-up's dump)."""
     from delta import configure_spark_with_delta_pip
     from pyspark.sql import SparkSession
 
@@ -182,10 +185,15 @@ def get_spark(cfg: Config | None = None, app_name: str | None = None,
         raise ValueError(f"{cfg.path}: {', '.join(secret)} would put a secret into the configuration; "
                          "S3A's credentials provider finds them in the environment (AWS_ACCESS_KEY_ID, ...)")
     conf.setdefault("spark.sql.warehouse.dir", os.path.join(cfg.data_root, "spark-warehouse"))
-    if "://" not in cfg.data_root:  # Derby (a Hive metastore) only ever keeps local files
-        derby = f"-Dderby.system.home={os.path.join(cfg.data_root, 'derby')}"
+    # Derby (a Hive metastore) only ever keeps local files
+    derby = f"-Dderby.system.home={os.path.join(cfg.data_root, 'derby')}" if "://" not in cfg.data_root else ""
+    cds = spark_cds.use_options() if cds is None else cds
+    if derby or cds:
         conf["spark.driver.extraJavaOptions"] = " ".join(
-            o for o in (derby, conf.get("spark.driver.extraJavaOptions", "")) if o)
+            o for o in (derby, cds, conf.get("spark.driver.extraJavaOptions", "")) if o)
+    if cds and spark_cds.executors_here(master or sc.master):    # a standalone master on this machine
+        conf["spark.executor.extraJavaOptions"] = " ".join(
+            o for o in (spark_cds.use_options(), conf.get("spark.executor.extraJavaOptions", "")) if o)
     # read when pyspark starts the JVM (the first session of a process)
     os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args(os.environ.get("PYSPARK_SUBMIT_ARGS", ""), udf_jar())
     extra, excludes = packages(sc.extra_packages)
@@ -296,10 +304,20 @@ def warm(cfg: Config) -> None:
     written under a local data root; with a remote one (object storage, a cluster that may not be
     up yet) a session of this machine alone writes it to a temporary folder, and S3A's file system
     class must load when hadoop-aws is configured."""
+    from pyspark import SparkContext
+
     if "://" not in cfg.data_root:
-        spark = get_spark(cfg, app_name="ccs-warm")
-        spark.range(3).write.format("delta").mode("overwrite").save(os.path.join(cfg.data_root, "tmp", "warm_delta"))
+        # a fresh driver archives the classes it loaded as it exits (spark_cds.py): a Delta write,
+        # a read and an aggregation load most of what every job's driver loads
+        target = spark_cds.dump_target() if SparkContext._gateway is None else None
+        spark = get_spark(cfg, app_name="ccs-warm", cds=spark_cds.dump_options(target) if target else None)
+        proc = getattr(SparkContext._gateway, "proc", None)
+        path = os.path.join(cfg.data_root, "tmp", "warm_delta")
+        spark.range(3).write.format("delta").mode("overwrite").save(path)
+        spark.read.format("delta").load(path).selectExpr("id % 2 as k").groupBy("k").count().collect()
         spark.stop()
+        if target and proc is not None:
+            spark_cds.finish(proc, target)
         return
     with tempfile.TemporaryDirectory(prefix="ccs-warm-") as tmp:
         spark = get_spark(cfg, app_name="ccs-warm", master="local[1]",
