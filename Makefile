@@ -21,7 +21,7 @@ help:
 	@echo "make test   - set up, then run the whole test suite"
 	@echo "make bench  - run the benchmarks in bench/ (JSON under bench/results/ and var/bench/), then make results"
 	@echo "make results - render docs/results/ from the JSON the benches, make run and ccs evaluate/emulate wrote"
-	@echo "make setup  - install everything (.venv, Debian packages when root, Delta jars)"
+	@echo "make setup  - install everything (.venv, Debian packages when root, Delta jars, the Spark drivers' class archive)"
 	@echo "make mlflow / make airflow / make notebooks - the MLflow UI (:5000), Airflow UI (:8080), JupyterLab (:8888)"
 	@echo "make cluster-up / cluster-down / cluster-status - the production topology on this machine (infra/conf/cluster-local.yaml)"
 	@echo "make test-cluster - the tests that bring that topology up (CI runs them beside make test)"
