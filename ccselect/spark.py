@@ -187,13 +187,14 @@ def get_spark(cfg: Config | None = None, app_name: str | None = None,
     conf.setdefault("spark.sql.warehouse.dir", os.path.join(cfg.data_root, "spark-warehouse"))
     # Derby (a Hive metastore) only ever keeps local files
     derby = f"-Dderby.system.home={os.path.join(cfg.data_root, 'derby')}" if "://" not in cfg.data_root else ""
-    cds = spark_cds.use_options() if cds is None else cds
+    mapped = spark_cds.use_options()
+    cds = mapped if cds is None else cds
     if derby or cds:
         conf["spark.driver.extraJavaOptions"] = " ".join(
             o for o in (derby, cds, conf.get("spark.driver.extraJavaOptions", "")) if o)
-    if cds and spark_cds.executors_here(master or sc.master):    # a standalone master on this machine
+    if mapped and spark_cds.executors_here(master or sc.master):    # a standalone master on this machine
         conf["spark.executor.extraJavaOptions"] = " ".join(
-            o for o in (spark_cds.use_options(), conf.get("spark.executor.extraJavaOptions", "")) if o)
+            o for o in (mapped, conf.get("spark.executor.extraJavaOptions", "")) if o)
     # read when pyspark starts the JVM (the first session of a process)
     os.environ["PYSPARK_SUBMIT_ARGS"] = submit_args(os.environ.get("PYSPARK_SUBMIT_ARGS", ""), udf_jar())
     extra, excludes = packages(sc.extra_packages)

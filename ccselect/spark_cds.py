@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 # Imported inside the functions that use them (heavy, not needed to import this module): pyspark.
 
 ENV = "CCS_SPARK_CDS"
@@ -87,22 +88,38 @@ def dump_options(target: str) -> str:
 
 def finish(proc: subprocess.Popen, target: str) -> None:
     """End the warm-up driver `proc` (pyspark's gateway exits when its stdin closes; the JVM writes
-    the archive as it exits) and put the archive in place once written, in a detached process, so
-    the rest of the set-up goes on meanwhile; a driver started before that runs without it."""
+    the archive as it exits) and put the archive in place once written (`place_when_gone`), in a
+    detached process, so the rest of the set-up goes on meanwhile; a driver started before that
+    runs without it."""
     final = target.rsplit(".", 2)[0]
-    waiter = ("import os, sys, time\n"
-              "pid, part, final = int(sys.argv[1]), sys.argv[2], sys.argv[3]\n"
-              "def alive():\n"
-              "    try:\n"
-              "        return open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] not in ('Z', 'X')\n"
-              "    except (OSError, IndexError):\n"
-              "        return False\n"
-              "deadline = time.time() + 600\n"
-              "while alive() and time.time() < deadline:\n"
-              "    time.sleep(0.2)\n"
-              "if os.path.exists(part):\n"
-              "    os.replace(part, final) if not alive() else os.unlink(part)\n")
-    subprocess.Popen([sys.executable, "-c", waiter, str(proc.pid), target, final], start_new_session=True,
+    subprocess.Popen([sys.executable, "-m", "ccselect.spark_cds", str(proc.pid), target, final], start_new_session=True,
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     if proc.stdin:
         proc.stdin.close()
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (not a zombie: the warm-up that started it
+    may not have reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def place_when_gone(pid: int, part: str, final: str, timeout: float = 600) -> None:
+    """Once the JVM `pid` has exited, `part` (the archive it wrote) becomes `final`; a JVM still
+    running at `timeout` leaves no archive."""
+    deadline = time.time() + timeout
+    while _running(pid) and time.time() < deadline:
+        time.sleep(0.2)
+    if os.path.exists(part):
+        if _running(pid):
+            os.unlink(part)
+        else:
+            os.replace(part, final)
+
+
+if __name__ == "__main__":
+    place_when_gone(int(sys.argv[1]), sys.argv[2], sys.argv[3])

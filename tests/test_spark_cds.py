@@ -61,3 +61,22 @@ def test_a_new_driver_maps_the_archive_and_a_file_that_does_not_fit_is_silent(tm
     got, out = _driver(str(bad))
     assert got["rows"] == 3 and str(bad) not in got["maps"] and path not in got["maps"], got
     assert out == "", f"the JVM said something about the archive: {out[:500]}"
+
+
+def test_the_archive_is_put_in_place_only_once_its_jvm_has_exited(tmp_path):
+    part, final = tmp_path / "a.jsa.1.part", tmp_path / "a.jsa"
+    part.write_bytes(b"archive")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    t0 = time.time()
+    spark_cds.place_when_gone(proc.pid, str(part), str(final))
+    assert time.time() - t0 >= 1.0 and final.read_bytes() == b"archive" and not part.exists()
+    proc.wait()
+    # still running at the deadline: no archive (a half-written one would only be refused later)
+    part.write_bytes(b"half")
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        spark_cds.place_when_gone(proc.pid, str(part), str(tmp_path / "b.jsa"), timeout=0.5)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not part.exists() and not (tmp_path / "b.jsa").exists()
