@@ -596,6 +596,9 @@ class GuardsSettings(_Section):
     max_revert_share: float = 0.10   # make run's stream tables changed 2.9–3.3% of traffic each (docs/results/main-job.md)
 
 
+ROLLOUT_GATES = ("canary", "health")
+
+
 @dataclass(frozen=True)
 class Health:
     """How a node is judged after a load (export/delivery/rollout.py): wait `wait_s`, then its
@@ -607,10 +610,25 @@ class Health:
 @dataclass(frozen=True)
 class RolloutSettings(_Section):
     """`export.rollout:` the artifact store (a directory, or an fsspec URL: s3://, gs://,
-    memory://) and the health check of each node after a load."""
+    memory://), the health check of each node after a load, and the `gate` that promotes a cohort
+    to the next in the pipeline's rollouts (the hourly DAG's and the stream's, flows/pipeline.py)
+    and `ccs rollout`'s by default:
+
+    - `canary` (the default): the cohort's A/B on outcomes (`export.canary`), as a rollout in
+      flight (export/delivery/inflight.py): the canary loads, the stream's micro-batches and the
+      hourly runs look at its arms in silver.connections as they are ingested, and it is promoted
+      cohort by cohort, rolled back and frozen, or sent back (no evidence within the window);
+    - `health`: the node's health check alone (table active, no setsockopt error, connection rate
+      held), every cohort at once: for a fleet whose nodes have no clients whose outcomes reach
+      the lake, where the outcome gate could never promote a table."""
     store: str
     health_wait_s: float = 2.0
     min_rate_ratio: float = 0.5
+    gate: str = "canary"
+
+    def __post_init__(self):
+        if self.gate not in ROLLOUT_GATES:
+            raise ValueError(f"export.rollout.gate must be one of {ROLLOUT_GATES}, not {self.gate!r}")
 
     @property
     def health(self) -> Health:

@@ -33,7 +33,7 @@ from typing import Callable
 
 from ccselect.flows.stream_metrics import add_by_reason, by_reason_samples, write_textfile
 from ccselect.config import Config, load_config
-from ccselect.export.delivery import freeze
+from ccselect.export.delivery import freeze, inflight
 from ccselect.export.delivery.store import Store, store_for
 
 OUTCOMES = ("ok", "failed", "skipped")
@@ -118,8 +118,9 @@ FREEZE_FILE = "ccs-rollout-freeze.prom"
 FROZEN_BY = ("operator", "rollout")
 
 
-def freeze_exposition(rec: dict | None) -> str:
-    """The freeze gauges of the store's record (None or an unfreeze record: not frozen)."""
+def freeze_exposition(rec: dict | None, flight: dict | None = None) -> str:
+    """The freeze gauges of the store's record (None or an unfreeze record: not frozen), and the
+    rollout in flight's (export/delivery/inflight.py; None: none in flight)."""
     frozen = bool(rec and rec.get("frozen"))
     by = ("rollout" if rec.get("who") == "rollout" else "operator") if frozen else None
     out = ["# HELP ccs_rollout_frozen Whether the artifact store is frozen (1 on the series of who froze it): "
@@ -130,17 +131,29 @@ def freeze_exposition(rec: dict | None) -> str:
         out += ["# HELP ccs_rollout_frozen_since_timestamp_seconds When the freeze holding now began (Unix time).",
                 "# TYPE ccs_rollout_frozen_since_timestamp_seconds gauge",
                 f"ccs_rollout_frozen_since_timestamp_seconds {round(int(rec['at_ms']) / 1000, 3)!r}"]
+    out += ["# HELP ccs_rollout_inflight Whether a rollout is in flight (export.rollout.gate canary): a cohort "
+            "loaded and waiting for the canary's A/B on its outcomes.",
+            "# TYPE ccs_rollout_inflight gauge", f"ccs_rollout_inflight {int(flight is not None)}"]
+    if flight is not None:
+        out += ["# HELP ccs_rollout_inflight_cohort_loaded_timestamp_seconds When the cohort in flight loaded the "
+                "table (Unix time, the rollout's clock).",
+                "# TYPE ccs_rollout_inflight_cohort_loaded_timestamp_seconds gauge",
+                f"ccs_rollout_inflight_cohort_loaded_timestamp_seconds {round(int(flight['loaded_ms']) / 1000, 3)!r}",
+                "# HELP ccs_rollout_inflight_cohort_index The cohort in flight's place in the fleet's order (0: canary).",
+                "# TYPE ccs_rollout_inflight_cohort_index gauge",
+                f"ccs_rollout_inflight_cohort_index {int(flight['index'])}"]
     return "\n".join(out) + "\n"
 
 
 def write_freeze(cfg: Config, store: Store | None = None) -> str | None:
-    """`<pipeline.metrics_dir>/ccs-rollout-freeze.prom` from the freeze record of `store` (default:
-    the configuration's, `export.rollout.store`), whole or not at all; → its path, None when
+    """`<pipeline.metrics_dir>/ccs-rollout-freeze.prom` from the freeze record and the rollout in
+    flight of `store` (default: the configuration's, `export.rollout.store`), whole or not at all; → its path, None when
     `pipeline.metrics_dir` is not set."""
     metrics_dir = cfg.settings.pipeline.metrics_dir
     if not metrics_dir:
         return None
-    text = freeze_exposition(freeze.current(store or store_for(cfg)))
+    store = store or store_for(cfg)
+    text = freeze_exposition(freeze.current(store), inflight.current(store))
     return write_textfile(os.path.join(metrics_dir, FREEZE_FILE), text)
 
 

@@ -133,17 +133,21 @@ class TableRefused(RuntimeError):
 
 
 @measured("rollout", also=write_freeze)
-def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None = None) -> dict:
-    """Guards, publish to the artifact store, then the fleet (canaries first). The fleet step needs
+def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None = None, spark=None,
+            look: bool = True) -> dict:
+    """Guards, publish to the artifact store, then the fleet (canaries first), gated by
+    `export.rollout.gate`: `health`, every cohort in this call (`rollout.deploy`); `canary`, a
+    rollout in flight (export/delivery/inflight.py): the one in flight takes a look first, then
+    this table's canary loads, or it waits behind the one in flight; later looks (the stream's
+    micro-batches, the next hourly run, `ccs rollout advance`) move it on. The fleet step needs
     root (eBPF); without it — or with `pipeline.deploy: false` — the run stops at the published,
-    signed artifact and says so."""
-
+    signed artifact and says so. `look`: False where the caller has just looked (the stream)."""
     from ccselect.export.delivery.guards import GuardRefused
     from ccselect.export.delivery.publish import publish
     cfg = cfg or load_config()
     fleet, store = fleet_and_store_for(cfg)
     try:
-        pub = publish(_spark(cfg, "ccs-rollout"), cfg, store, version)
+        pub = publish(spark or _spark(cfg, "ccs-rollout"), cfg, store, version)
     except GuardRefused as e:
         raise TableRefused(str(e)) from e
     if deploy_fleet is None:
@@ -153,21 +157,73 @@ def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None =
         return {"version": pub["version"], "published": True, "deployed": False,
                 "why": "not root: stopped at the signed artifact in the store" if os.geteuid() != 0
                 else "pipeline.deploy is false"}
-    from ccselect.export.delivery.gates import DecisionLog
-    # each cohort's gate decision (here the health gate) in gold.rollout_decisions, as `ccs rollout`,
-    # where the lake is a local folder: DecisionLog writes with delta-rs, which reads no s3a://
-    # lake without storage options; there the decisions stay in this result, and it says so
-    local = "://" not in cfg.settings.lake.root
-    decisions = DecisionLog.for_config(cfg) if local else DecisionLog()
-    res = deploy(fleet, store, pub["version"], cfg.settings.export.rollout.health, decisions=decisions)
-    if not res["ok"]:
-        raise RuntimeError(f"rollout of v{version} stopped: {res.get('stopped')}; rolled back "
-                           f"{sorted(res.get('rolled_back', {}))}")
-    out = {"version": pub["version"], "published": True, "deployed": True, "nodes": sorted(res["nodes"]),
-           "decisions": [{k: r[k] for k in ("cohort", "decision", "reason")} for r in decisions.rows]}
+    decisions, local = _decision_log(cfg)
+    settings = cfg.settings.export.rollout
+    if settings.gate == "canary":
+        from ccselect.export.delivery import inflight
+        with inflight.locked(rollout_lock(cfg)):
+            looked = _look(cfg, fleet, store, decisions, spark) if look else None
+            res = inflight.begin(fleet, store, pub["version"], settings.health, decisions=decisions)
+        if res.get("ok") is False:
+            raise RuntimeError(f"rollout of v{version} stopped: {res.get('stopped')}; rolled back "
+                               f"{sorted(res.get('rolled_back', {}))}")
+        out = {"version": pub["version"], "published": True, "deployed": "in flight", "gate": "canary",
+               "look": looked, "begin": {k: v for k, v in res.items() if k != "nodes"}}
+    else:
+        res = deploy(fleet, store, pub["version"], settings.health, decisions=decisions)
+        if not res["ok"]:
+            raise RuntimeError(f"rollout of v{version} stopped: {res.get('stopped')}; rolled back "
+                               f"{sorted(res.get('rolled_back', {}))}")
+        out = {"version": pub["version"], "published": True, "deployed": True, "nodes": sorted(res["nodes"]),
+               "decisions": [{k: r[k] for k in ("cohort", "decision", "reason")} for r in decisions.rows]}
     if not local:
         out["decisions_not_written"] = "gold.rollout_decisions: the lake is on an object store (delta-rs storage options not set)"
     return out
+
+
+def _decision_log(cfg: Config):
+    """Each cohort's gate decision in gold.rollout_decisions, as `ccs rollout`, where the lake is a
+    local folder: DecisionLog writes with delta-rs, which reads no s3a:// lake without storage
+    options; there the decisions stay in the result, and it says so. → (log, local?)"""
+    from ccselect.export.delivery.gates import DecisionLog
+    local = "://" not in cfg.settings.lake.root
+    return (DecisionLog.for_config(cfg) if local else DecisionLog()), local
+
+
+def rollout_lock(cfg: Config) -> str:
+    """The control host's lock on the rollout in flight (export/delivery/inflight.py `locked`)."""
+    return os.path.join(cfg.data_root, "rollout", "inflight.lock")
+
+
+def _look(cfg: Config, fleet, store, decisions, spark=None) -> dict:
+    """One look at the rollout in flight, if any, on the canary's arms in silver.connections."""
+    from ccselect.export.delivery import inflight
+    from ccselect.export.delivery.gates import silver_moments
+    if inflight.current(store) is None and not (store.read_json(inflight.KEY) or {}).get("next"):
+        return {"inflight": None}
+    moments = silver_moments(spark or _spark(cfg, "ccs-rollout"), cfg)
+    return inflight.advance(fleet, store, cfg.settings.export.rollout.health, cfg.settings.export.canary, moments,
+                            decisions=decisions)
+
+
+def look_rollout(cfg: Config, spark=None, deploy_fleet: bool | None = None) -> dict | None:
+    """The stream's and `ccs rollout advance`'s step: one look at the rollout in flight (gate
+    canary, the fleet deployed), under the control host's lock. None: nothing to look at here
+    (gate health, or not deploying)."""
+    if cfg.settings.export.rollout.gate != "canary":
+        return None
+    if deploy_fleet is None:
+        deploy_fleet = cfg.settings.pipeline.deploy and os.geteuid() == 0
+    if not deploy_fleet:
+        return None
+    from ccselect.export.delivery import inflight
+    fleet, store = fleet_and_store_for(cfg)
+    decisions, _ = _decision_log(cfg)
+    with inflight.locked(rollout_lock(cfg)):
+        res = _look(cfg, fleet, store, decisions, spark)
+    if res.get("inflight", True) is not None:    # something was looked at: its gauges now
+        write_freeze(cfg, store)
+    return res
 
 
 def fleet_and_store_for(cfg: Config):

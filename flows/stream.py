@@ -267,6 +267,10 @@ class StreamJob:
                                                            f"stream batch {batch_id}: predictions", log=self.log)
             lap("predictions")
             _crash_point("predictions", batch_id)
+            look = self.look_rollout()
+            if look is not None:
+                info["rollout_look"] = look
+                lap("rollout_look")
             if info.get("max_ts_end_ms") is not None:
                 info["table"] = self.table_step(int(info["max_ts_end_ms"]))
                 lap("table")
@@ -447,12 +451,25 @@ class StreamJob:
         out.update({"built": True, "version": man["version"], "coverage": man["coverage"]})
         from ccselect.flows.pipeline import TableRefused, rollout
         try:
-            out["rollout"] = rollout(int(man["version"]), self.cfg, deploy_fleet=self.deploy)
+            out["rollout"] = rollout(int(man["version"]), self.cfg, deploy_fleet=self.deploy, spark=self.spark,
+                                     look=False)
         except TableRefused as e:     # a verdict on this table: the live one stays
             out["rollout"] = {"refused": str(e)}
         except RuntimeError as e:     # the rollout stopped and rolled back: the stream goes on
             out["rollout"] = {"failed": str(e)}
         return out
+
+
+    def look_rollout(self) -> dict | None:
+        """One look at the rollout in flight (gate canary: export/delivery/inflight.py), now that
+        silver holds this batch's outcomes; None when the gate is health or nothing deploys. A
+        look that fails is logged and given in the batch's line; the rollout stays in flight."""
+        from ccselect.flows.pipeline import look_rollout
+        try:
+            return look_rollout(self.cfg, self.spark, self.deploy)
+        except Exception as e:  # noqa: BLE001 — the rollout's record is unchanged; the next batch looks again
+            self.log(f"stream: the look at the rollout in flight failed: {type(e).__name__}: {e}")
+            return {"failed": f"{type(e).__name__}: {e}"}
 
 
 def run(spark: SparkSession, cfg: Config, input_dir: str, once: bool = False, deploy: bool | None = None,

@@ -112,13 +112,14 @@ def test_the_freeze_gauge_follows_ccs_freeze_unfreeze_and_the_rollout_step(tmp_p
     rec = freeze.current(store_for(cfg))
     m = parse(gauge.read_text())
     assert m == {("ccs_rollout_frozen", (("by", "operator"),)): 1, ("ccs_rollout_frozen", (("by", "rollout"),)): 0,
-                 ("ccs_rollout_frozen_since_timestamp_seconds", ()): rec["at_ms"] / 1000}, m
+                 ("ccs_rollout_frozen_since_timestamp_seconds", ()): rec["at_ms"] / 1000, ("ccs_rollout_inflight", ()): 0}, m
     promtool_check(gauge)
 
     r = CliRunner().invoke(app, ["unfreeze", "--reason", "pop-7's clients fixed", "--config", str(path)])
     assert r.exit_code == 0, r.output
     m = parse(gauge.read_text())
-    assert m == {("ccs_rollout_frozen", (("by", "operator"),)): 0, ("ccs_rollout_frozen", (("by", "rollout"),)): 0}, m
+    assert m == {("ccs_rollout_frozen", (("by", "operator"),)): 0, ("ccs_rollout_frozen", (("by", "rollout"),)): 0,
+                 ("ccs_rollout_inflight", ()): 0}, m
     promtool_check(gauge)
 
     # the gate's own freeze, as export/delivery/rollout.deploy writes it: no file rewritten yet
@@ -128,7 +129,24 @@ def test_the_freeze_gauge_follows_ccs_freeze_unfreeze_and_the_rollout_step(tmp_p
         pipeline.rollout(2, cfg)
     m = parse(gauge.read_text())
     assert m == {("ccs_rollout_frozen", (("by", "operator"),)): 0, ("ccs_rollout_frozen", (("by", "rollout"),)): 1,
-                 ("ccs_rollout_frozen_since_timestamp_seconds", ()): rec["at_ms"] / 1000}, m
+                 ("ccs_rollout_frozen_since_timestamp_seconds", ()): rec["at_ms"] / 1000,
+                 ("ccs_rollout_inflight", ()): 0}, m
     assert parse((textfile / "ccs-job-rollout.prom").read_text())[
         ("ccs_job_last_run_outcome", (("outcome", "failed"),))] == 1
     assert sorted(os.listdir(textfile)) == ["ccs-job-rollout.prom", job_metrics.FREEZE_FILE], "no temporary file left"
+
+    # a rollout in flight (export/delivery/inflight.py's record, the fields the gauges read) on the
+    # 50% cohort: its gauges beside the freeze's; gone once it ends
+    from ccselect.export.delivery import inflight
+    store = store_for(cfg)
+    store.write_json(inflight.KEY, {"rollout_id": "0:3@1", "version": 3, "epoch": 0, "cohort": "50%", "index": 1,
+                                    "nodes": ["n2"], "loaded_ms": 1_790_000_061_500})
+    job_metrics.write_freeze(cfg)
+    m = parse(gauge.read_text())
+    assert (m[("ccs_rollout_inflight", ())], m[("ccs_rollout_inflight_cohort_loaded_timestamp_seconds", ())],
+            m[("ccs_rollout_inflight_cohort_index", ())]) == (1, 1_790_000_061.5, 1), m
+    promtool_check(gauge)
+    store.write_json(inflight.KEY, {"version": None, "next": None, "last": {"rollout_id": "0:3@1", "version": 3}})
+    job_metrics.write_freeze(cfg)
+    m = parse(gauge.read_text())
+    assert m[("ccs_rollout_inflight", ())] == 0 and ("ccs_rollout_inflight_cohort_index", ()) not in m, m

@@ -104,9 +104,13 @@ def rollout_cmd(
     fleet: str = typer.Option("infra/fleet.yaml", "--fleet", help="fleet file (nodes, cohorts)"),
     version: Optional[int] = typer.Option(None, "--version", help="exported version (default: latest)"),
     store_url: Optional[str] = typer.Option(None, "--store", help="artifact store (default: export.rollout.store)"),
-    gate: str = typer.Option("health", "--gate", help="what promotes a cohort: health (connection rate) or "
-                             "canary (the A/B on outcomes from silver.connections, export.canary)"),
-    look_s: float = typer.Option(60.0, "--look-s", help="with --gate canary: seconds between looks"),
+    gate: Optional[str] = typer.Option(None, "--gate", help="what promotes a cohort: health (connection rate) or "
+                                       "canary (the A/B on outcomes from silver.connections, export.canary); "
+                                       "default export.rollout.gate"),
+    look_s: float = typer.Option(60.0, "--look-s", help="with --gate canary --wait: seconds between looks"),
+    wait: bool = typer.Option(True, "--wait/--no-wait", help="with --gate canary: look here until every cohort "
+                              "is decided, or load the canary and leave the rollout in flight (`ccs rollout "
+                              "advance`, the stream and the hourly runs look at it)"),
     config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
 ) -> None:
     """Guards, publish to the artifact store, then the fleet's cohorts in order (canary first),
@@ -119,10 +123,22 @@ def rollout_cmd(
     from ccselect.export.delivery.publish import PublishError, fleet_and_store, publish
     cfg = load_config(config)
     fl, store = fleet_and_store(cfg, fleet, store_url)
-    g = _gate(cfg, gate, look_s)
+    gate = gate or cfg.settings.export.rollout.gate
+    in_flight = gate == "canary" and not wait
+    g = None if in_flight else _gate(cfg, gate, look_s)
     spark = get_spark(cfg, "ccs-rollout")
     try:
         pub = publish(spark, cfg, store, version, log=typer.echo)
+        if in_flight:
+            from ccselect.export.delivery import inflight
+            from ccselect.flows.pipeline import rollout_lock
+            with inflight.locked(rollout_lock(cfg)):
+                res = inflight.begin(fl, store, pub["version"], cfg.settings.export.rollout.health, log=typer.echo,
+                                     decisions=DecisionLog.for_config(cfg))
+            typer.echo(json.dumps(res, indent=1, default=str))
+            if res.get("ok") is False:
+                raise typer.Exit(1)
+            return
         res = deploy(fl, store, pub["version"], cfg.settings.export.rollout.health, log=typer.echo, gate=g,
                      decisions=DecisionLog.for_config(cfg))
     except PublishError as exc:
@@ -137,6 +153,35 @@ def rollout_cmd(
         raise typer.Exit(1)
 
 
+@rollout_app.command("advance")
+def rollout_advance_cmd(
+    fleet: str = typer.Option("infra/fleet.yaml", "--fleet", help="fleet file (nodes, cohorts)"),
+    store_url: Optional[str] = typer.Option(None, "--store", help="artifact store (default: export.rollout.store)"),
+    config: Optional[str] = typer.Option(None, "--config", envvar="CCS_CONFIG"),
+) -> None:
+    """One look at the rollout in flight (`ccs rollout --gate canary --no-wait`, or the pipeline's
+    with export.rollout.gate canary): the canary's A/B on its outcomes in silver.connections so
+    far; promote to the next cohort, keep observing, or roll back and freeze. For a timer (cron,
+    a systemd timer) on the control host; exit 1 when it rolled back or sent the table back."""
+    from ccselect.export.delivery import inflight
+    from ccselect.export.delivery.gates import DecisionLog, silver_moments
+    from ccselect.export.delivery.publish import fleet_and_store
+    from ccselect.flows.pipeline import rollout_lock
+    cfg = load_config(config)
+    fl, store = fleet_and_store(cfg, fleet, store_url)
+    with inflight.locked(rollout_lock(cfg)):
+        if inflight.current(store) is None and not (store.read_json(inflight.KEY) or {}).get("next"):
+            typer.echo("no rollout in flight")
+            return
+        moments = silver_moments(get_spark(cfg, "ccs-rollout-advance"), cfg)
+        res = inflight.advance(fl, store, cfg.settings.export.rollout.health, cfg.settings.export.canary, moments,
+                               log=typer.echo, decisions=DecisionLog.for_config(cfg))
+    _freeze_metrics(cfg)     # the freeze and in-flight gauges, whatever the look did
+    typer.echo(json.dumps(res, indent=1, default=str))
+    if res.get("decision") in ("rollback", "observe"):
+        raise typer.Exit(1)
+
+
 @rollout_app.command("status")
 def rollout_status_cmd(
     fleet: Optional[str] = typer.Option(None, "--fleet", help="fleet file: show its cohorts"),
@@ -148,7 +193,7 @@ def rollout_status_cmd(
     """The store's current table and history, the freeze (if any) and its log, the fleet's
     cohorts, and the newest gate decisions."""
     from ccselect.lake import table_path
-    from ccselect.export.delivery import freeze
+    from ccselect.export.delivery import freeze, inflight
     from ccselect.export.delivery.gates import DECISIONS_TABLE, read_decisions
     from ccselect.export.delivery.publish import key_paths
     from ccselect.export.delivery.rollout import load_fleet
@@ -160,7 +205,8 @@ def rollout_status_cmd(
            "current_epoch": store.serial(st["current"])[0] if st["current"] is not None else None,
            "history": st["history"][-10:], "freeze": freeze.current(store),
            "freeze_log": freeze.history(store)[-5:],
-           "decisions": read_decisions(table_path(cfg, DECISIONS_TABLE), last)}
+           "decisions": read_decisions(table_path(cfg, DECISIONS_TABLE), last),
+           "inflight": inflight.current(store), "inflight_last": inflight.last(store)}
     if fleet:
         fl = load_fleet(fleet, cfg, public_key=key_paths(cfg)[1])
         out["cohorts"] = {c: [n.node_id for n in ns] for c, ns in fl.cohorts}
@@ -174,9 +220,29 @@ def rollout_status_cmd(
         typer.echo(f"  {r['at']} {r['action']} by {r['who']}: {r['why']}")
     for c, ns in (out.get("cohorts") or {}).items():
         typer.echo(f"cohort {c}: {', '.join(ns)}")
+    typer.echo(_describe_inflight(out["inflight"], out["inflight_last"]))
     for r in out["decisions"]:
         typer.echo(f"{r['rollout_id']} cohort {r['cohort']} ({r['node_ids']}) table {r['epoch']}:{r['version']} "
                    f"at {r['minute']:g} min: {r['decision']} — {r['reason']}")
+
+
+def _describe_inflight(st: dict | None, last: dict | None) -> str:
+    """The rollout in flight (export/delivery/inflight.py) in a line: its cohort, since when, the
+    last look's outcome rows and each node's decision so far; or how the last one ended."""
+    if st is None:
+        if not last:
+            return "no rollout in flight"
+        return (f"no rollout in flight; the last, table {last['version']} ({last['rollout_id']}): "
+                + ("every cohort promoted" if last.get("ok") else f"stopped: {last.get('stopped')}"))
+    look = (st.get("looks") or [{}])[-1]
+    line = (f"IN FLIGHT: table {st['epoch']}:{st['version']} ({st['rollout_id']}) on cohort {st['cohort']} "
+            f"({', '.join(st['nodes'])}), {len(st.get('looks') or [])} looks, the last at "
+            f"{look.get('minute', 0):g} min with outcome rows {look.get('rows', st.get('rows'))}")
+    for n, t in (st.get("tests") or {}).items():
+        line += f"\n  {n}: {t['decision']} — {t['reason']}"
+    if st.get("next") is not None:
+        line += f"\n  waiting behind it: table {st['next']}"
+    return line
 
 
 def _freeze_metrics(cfg: Config) -> None:

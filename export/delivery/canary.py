@@ -203,6 +203,24 @@ class Canary:
         return {"decision": self.decision, "reason": self.reason,
                 "metrics": {m: st.last for m, st in self.states.items()}}
 
+    def to_doc(self) -> dict[str, Any]:
+        """The sequential state as JSON (a rollout in flight keeps it between looks made by
+        different processes, export/delivery/inflight.py): each metric's running interval, its
+        looks and last look, the decision and its reason. ±inf (no look yet) as None."""
+        def f(x: float):
+            return None if math.isinf(x) else x
+        return {"decision": self.decision, "reason": self.reason,
+                "states": {m: {"lo": f(st.lo), "hi": f(st.hi), "looks": st.looks, "last": st.last}
+                           for m, st in self.states.items()}}
+
+    @classmethod
+    def from_doc(cls, settings: CanarySettings, doc: dict[str, Any]) -> "Canary":
+        """`to_doc`'s state back: the intervals go on narrowing from where they were."""
+        states = {m: MetricState(-math.inf if d["lo"] is None else float(d["lo"]),
+                                 math.inf if d["hi"] is None else float(d["hi"]), int(d["looks"]), dict(d["last"]))
+                  for m, d in (doc.get("states") or {}).items()}
+        return cls(settings, states, str(doc.get("decision", OBSERVE)), str(doc.get("reason", "no look yet")))
+
 
 def cluster_moments(sums: dict[str, dict[str, tuple]]) -> dict[str, dict[str, ArmMoments]]:
     """metric → arm → (Y_i, X_i, connections), per-client sums → the same keys with ArmMoments."""

@@ -134,31 +134,50 @@ class CanaryVerdict:
             self.sleep(self.look_s)
             now = self.clock()
             minute = round((now - loaded_ms) / 60_000, 4)
-            for n, c in tests.items():
-                if c.decision != "observe":
-                    continue
-                m = self.moments(n, loaded_ms, now)
-                rows[n] = _outcome_rows(m)
-                c.look(minute, m)
-            looks.append({"minute": minute, "rows": dict(rows),
-                          "decisions": {n: c.decision for n, c in tests.items()}})
-            evidence = {"gate": self.name, "looks": looks[-20:], "outcome_rows": dict(rows),
-                        "nodes": {n: c.evidence() for n, c in tests.items()}}
-            bad = [n for n, c in tests.items() if c.decision == C_ROLLBACK]
-            if bad:
-                return Decision(ROLLBACK, "; ".join(f"{n}: {tests[n].reason}" for n in bad), evidence, minute)
-            if all(c.decision != "observe" for c in tests.values()):
-                empty = [n for n in ctx.nodes if rows[n] == 0]
-                if empty:
-                    return Decision(OBSERVE, f"no outcome rows of {', '.join(empty)} in silver.connections "
-                                    f"within {minute:g} min of the load (export.canary.max_minutes "
-                                    f"{self.settings.max_minutes:g}): is the stream ingesting its logs? "
-                                    "Not promoted", evidence, minute)
-                unjudged = [n for n, c in tests.items() if c.decision != C_PROMOTE]
-                if unjudged:      # the window ended with no evidence either way: inconclusive, not promoted
-                    return Decision(OBSERVE, "; ".join(f"{n}: {tests[n].reason}" for n in unjudged), evidence, minute)
-                return Decision(PROMOTE, "; ".join(f"{n}: {c.reason}" for n, c in tests.items()), evidence, minute)
+            looks.append(take_look(tests, rows, self.moments, loaded_ms, now, minute))
+            d = judge(self.name, self.settings, tests, rows, looks, ctx.nodes, minute)
+            if d is not None:
+                return d
             ctx.log(f"cohort {ctx.cohort}: observing at {minute:g} min ({rows})")
+
+
+def take_look(tests: dict[str, Canary], rows: dict[str, int], moments: Moments, from_ms: int, now_ms: int,
+              minute: float) -> dict:
+    """One look: each node still observing reads its cumulative moments over [from_ms, now_ms) and
+    its test looks at them (`rows` gets its outcome rows); → the look's record."""
+    for n, c in tests.items():
+        if c.decision != "observe":
+            continue
+        m = moments(n, from_ms, now_ms)
+        rows[n] = _outcome_rows(m)
+        c.look(minute, m)
+    return {"minute": minute, "rows": dict(rows), "decisions": {n: c.decision for n, c in tests.items()}}
+
+
+def judge(name: str, settings, tests: dict[str, Canary], rows: dict[str, int], looks: list[dict],
+          nodes: list[str], minute: float) -> Decision | None:
+    """The cohort's decision after a look, from each node's test (`Canary`): any node's rollback
+    rolls the cohort back; once no node is still observing, a node without outcome rows, or one
+    not promoted (the window ended without evidence), makes it `observe` (not promoted); every
+    node promoted promotes. None: keep observing. Shared by the blocking gate (`CanaryVerdict`)
+    and the rollout in flight (export/delivery/inflight.py)."""
+    evidence = {"gate": name, "looks": looks[-20:], "outcome_rows": dict(rows),
+                "nodes": {n: c.evidence() for n, c in tests.items()}}
+    bad = [n for n, c in tests.items() if c.decision == C_ROLLBACK]
+    if bad:
+        return Decision(ROLLBACK, "; ".join(f"{n}: {tests[n].reason}" for n in bad), evidence, minute)
+    if any(c.decision == "observe" for c in tests.values()):
+        return None
+    empty = [n for n in nodes if rows[n] == 0]
+    if empty:
+        return Decision(OBSERVE, f"no outcome rows of {', '.join(empty)} in silver.connections "
+                        f"within {minute:g} min of the load (export.canary.max_minutes "
+                        f"{settings.max_minutes:g}): is the stream ingesting its logs? "
+                        "Not promoted", evidence, minute)
+    unjudged = [n for n, c in tests.items() if c.decision != C_PROMOTE]
+    if unjudged:      # the window ended with no evidence either way: inconclusive, not promoted
+        return Decision(OBSERVE, "; ".join(f"{n}: {tests[n].reason}" for n in unjudged), evidence, minute)
+    return Decision(PROMOTE, "; ".join(f"{n}: {c.reason}" for n, c in tests.items()), evidence, minute)
 
 
 class DecisionLog:

@@ -327,6 +327,30 @@ def rollback_node(node: Node, rep: dict, log: Callable[[str], None] = print) -> 
         agent.close()
 
 
+def store_goes_back(store: Store, version: int) -> bool:
+    """Is `version` one the store made current before and older, by (epoch, version), than its
+    current one (`ccs rollback` republishing the previous table)? Only then may a node go back
+    to a table older than one it loaded (`deploy`'s `allow_older`)."""
+    cur = store.current()
+    return (cur is not None and version in store.state()["history"]
+            and store.serial(version) < store.serial(cur))
+
+
+def load_cohort(cohort: str, nodes: list[Node], store: Store, version: int, health: Health,
+                log: Callable[[str], None], allow_older: bool, reports: dict[str, dict],
+                loaded: list[tuple[Node, dict]]) -> str | None:
+    """Load `version` on each node of a cohort in turn, each health checked (`deploy_node`); each
+    report goes to `reports` and `loaded`. → None, or why the cohort failed (the first unhealthy
+    node: the caller rolls back every node in `loaded`)."""
+    for node in nodes:
+        rep = deploy_node(node, store, version, health, log, allow_older=allow_older)
+        reports[node.node_id] = rep
+        loaded.append((node, rep))
+        if not rep["healthy"]:
+            return f"{cohort} node {node.node_id} failed health: " + "; ".join(rep["reasons"])
+    return None
+
+
 def deploy(fleet: Fleet, store: Store, version: int, health: Health,
            log: Callable[[str], None] = print, allow_older: bool | None = None,
            gate: Callable[[GateContext], Decision] | None = None,
@@ -350,9 +374,7 @@ def deploy(fleet: Fleet, store: Store, version: int, health: Health,
     epoch or version loads without one, and an older one a node refuses stays refused."""
     freeze.refuse_if_frozen(store, f"rolling out table {version}", version)
     if allow_older is None:
-        cur = store.current()
-        allow_older = (cur is not None and version in store.state()["history"]
-                       and store.serial(version) < store.serial(cur))
+        allow_older = store_goes_back(store, version)
     gate = gate or health_gate
     decisions = decisions if decisions is not None else DecisionLog()
     epoch = store.serial(version)[0]
@@ -366,15 +388,11 @@ def deploy(fleet: Fleet, store: Store, version: int, health: Health,
             result["rolled_back"][n.node_id] = rollback_node(n, r, log)
 
     for index, (cohort, nodes) in enumerate(fleet.cohorts):
-        for node in nodes:
-            rep = deploy_node(node, store, version, health, log, allow_older=allow_older)
-            result["nodes"][node.node_id] = rep
-            loaded.append((node, rep))
-            if not rep["healthy"]:
-                result["stopped"] = (f"{cohort} node {node.node_id} failed health: "
-                                     + "; ".join(rep["reasons"]))
-                back()
-                return result
+        stopped = load_cohort(cohort, nodes, store, version, health, log, allow_older, result["nodes"], loaded)
+        if stopped:
+            result["stopped"] = stopped
+            back()
+            return result
         ctx = GateContext(cohort, index, [n.node_id for n in nodes], version, epoch, int(time.time() * 1000),
                           {n.node_id: result["nodes"][n.node_id] for n in nodes}, log)
         d = gate(ctx)

@@ -171,3 +171,90 @@ def test_a_table_the_canary_cannot_resolve_is_not_promoted_and_goes_back(fleet_e
         d["reason"]
     assert [lf.status(cfg, i)["table"]["version"] for i in range(2)] == [1, 1] and store.current() == 1
     assert freeze.current(store) is None
+
+
+class _Clock:
+    """The rollout in flight's clock (ms), moved by the test a minute a look."""
+
+    def __init__(self):
+        self.ms = 1_790_000_000_000
+
+    def __call__(self) -> int:
+        return self.ms
+
+
+def test_a_rollout_in_flight_moves_on_one_look_at_a_time(three_cohorts, keys, tmp_path):
+    """export/delivery/inflight.py through real agents: `begin` loads the canary and returns; each
+    `advance` is one look, its state read from and written to the store (as the stream's
+    micro-batches, the hourly runs and `ccs rollout advance` take them, each a process of its own);
+    a good table goes cohort by cohort, never before the bake, and then becomes the store's
+    current table; a table that arrives meanwhile waits and begins after it; a harmful one is
+    rolled back from the canary, never reaches the next cohort, and freezes the fleet; the
+    decisions are gold.rollout_decisions' rows and `ccs rollout status` shows the one in flight."""
+    from ccselect.export.delivery import inflight
+    cfg, lf = three_cohorts
+    a, b = other_ccs(sysctl_cc())
+    store = Store(str(tmp_path / "store"))
+    fleet = lf.fleet(cfg)
+    ids = [n.node_id for n in fleet.nodes]
+    log = gates.DecisionLog.for_config(cfg)
+    for v, cc in ((1, a), (2, b)):
+        store.publish(_table(keys, str(tmp_path / "export"), v, cc).manifest)
+    clock, settings, quiet = _Clock(), CanarySettings(), (lambda m: None)
+
+    def live():
+        return [(lf.status(cfg, i).get("table") or {}).get("version") for i in range(3)]
+
+    def looks(moments, version):
+        out = []
+        while (inflight.current(store) or {}).get("version") == version and len(out) < 200:
+            clock.ms += 60_000
+            out.append(inflight.advance(fleet, store, HEALTH, settings, moments, clock=clock, log=quiet,
+                                        decisions=log))
+        return out
+
+    res = inflight.begin(fleet, store, 1, HEALTH, clock=clock, log=quiet, decisions=log)
+    assert res["inflight"] and res["cohort"] == "canary", res
+    assert live() == [1, None, None] and store.current() is None
+    assert inflight.begin(fleet, store, 2, HEALTH, clock=clock, log=quiet, decisions=log)["queued_behind"] == 1
+    r = _cli(cfg, "rollout", "status", "--store", str(tmp_path / "store"))
+    assert r.exit_code == 0, r.output + str(r.exception)
+    assert f"IN FLIGHT: table 0:1 " in r.output and f"on cohort canary ({ids[0]})" in r.output, r.output
+    assert "waiting behind it: table 2" in r.output, r.output
+
+    steps = looks(_outcomes(0.7, 0.7, effect_delivery=1.25), 1)
+    decided = [s for s in steps if "decision" in s]
+    assert [(s["cohort"], s["decision"]) for s in decided] == [("canary", "promote"), ("50%", "promote"),
+                                                               ("all", "promote")], decided
+    assert all(s["minute"] >= settings.bake_minutes for s in decided), decided
+    assert any(s.get("observing") for s in steps) and store.current() == 1
+    # table 2 began on the canary as table 1 ended
+    assert decided[-1]["next"]["inflight"] and inflight.current(store)["version"] == 2
+    assert live() == [2, 1, 1]
+
+    steps = looks(_outcomes(1.5), 2)
+    assert steps[-1]["decision"] == "rollback" and "retrans_rate: treatment +" in steps[-1]["reason"], steps[-1]
+    assert steps[-1]["rolled_back"][ids[0]]["rolled_back"], steps[-1]
+    assert live() == [1, 1, 1] and store.current() == 1 and inflight.current(store) is None
+    assert [_cc_through(lf, i) for i in range(3)] == [a, a, a]
+    fr = freeze.current(store)
+    assert fr["who"] == "rollout" and fr["pinned"] == 1 and "cohort canary" in fr["why"], fr
+    rows = gates.read_decisions(log.path)
+    assert [(r["cohort"], r["version"], r["decision"]) for r in rows] == [
+        ("canary", 1, "promote"), ("50%", 1, "promote"), ("all", 1, "promote"), ("canary", 2, "rollback")]
+    assert json.loads(rows[-1]["evidence"])["nodes"][ids[0]]["metrics"]["retrans_rate"]["cs"][0] > 0
+    r = _cli(cfg, "rollout", "status", "--store", str(tmp_path / "store"))
+    assert "no rollout in flight; the last, table 2" in r.output and "stopped: cohort canary: rollback" in r.output, \
+        r.output
+    with pytest.raises(freeze.Frozen):
+        inflight.begin(fleet, store, 2, HEALTH, clock=clock, log=quiet, decisions=log)
+    # lifted; table 2 again on the canary; an operator freezes while it is in flight: the next look
+    # stops it, the canary goes back, the decision names the freeze
+    freeze.unfreeze(store, "retransmissions understood", who="bo@ops")
+    assert inflight.begin(fleet, store, 2, HEALTH, clock=clock, log=quiet, decisions=log)["inflight"]
+    assert live() == [2, 1, 1]
+    freeze.freeze(store, "maintenance window", who="ana@ops")
+    clock.ms += 60_000
+    r = inflight.advance(fleet, store, HEALTH, settings, _outcomes(1.0), clock=clock, log=quiet, decisions=log)
+    assert r["decision"] == "observe" and "stopped by a freeze" in r["reason"] and "ana@ops" in r["reason"], r
+    assert live() == [1, 1, 1] and inflight.current(store) is None and store.current() == 1
