@@ -77,6 +77,10 @@ SOURCES = {
                                   ["bench/results/rollout_drill_alternating.json"]),
     "rollout-loop": ("The rollout loop through the stream: real agents, ccs simulate --follow, ccs stream, the canary's gate on silver (issue 58)",
                      "sudo python bench/rollout_loop.py", ["bench/results/rollout_loop.json"]),
+    "rollout-loop-inflight": ("The rollout in flight through the stream: ccs stream's own looks roll a bad table back "
+                              "and promote a good one cohort by cohort (issue 58)",
+                              "sudo python bench/rollout_loop.py --inflight",
+                              ["bench/results/rollout_loop_inflight.json"]),
     "champion-bf16": ("bf16 judged on the champion over held-out nodes (issue 55)", "python bench/champion_bf16.py",
                       ["bench/results/champion_bf16.json"]),
     "shift-sweep": ("The strong-shift stress knob swept: each variant's gain along it (issue 55)",

@@ -62,13 +62,19 @@ START = "2026-11-01T12:00:00"
 MINUTE_MS = 60_000
 
 
-def loop_config(root: Path):
+def loop_config(root: Path, inflight_fleet: str | None = None, store_dir: str | None = None):
     """bench_config (local[2], 4 GB driver) with the stream triggering every 5 s (a micro-batch
     as soon as the last one ends and segments wait; the shipped 30 s would add up to 30 s of lag
-    to every look)."""
-    cfg = bench_config(root)
+    to every look). With `inflight_fleet` (the agents' fleet file) and `store_dir`: the stream
+    deploys to that fleet from that store, gate canary, on the records' clock (`--inflight`)."""
+    if not (root / "ccs.yaml").exists():
+        bench_config(root)
     raw = yaml.safe_load((root / "ccs.yaml").read_text())
     raw.setdefault("stream", {})["trigger_seconds"] = 5
+    if inflight_fleet:
+        raw["stream"]["rollout_clock"] = "records"
+        raw["export"]["rollout"].update(gate="canary", store=store_dir)
+        raw.setdefault("pipeline", {}).update(fleet=inflight_fleet, deploy=True)
     (root / "ccs.yaml").write_text(yaml.safe_dump(raw))
     return load_config(root / "ccs.yaml"), str(root / "ccs.yaml")
 
@@ -114,7 +120,11 @@ def rollout_row(res: dict, version: int, wall_s: float, live_after: dict) -> dic
     rows = []
     for d in decs:
         ev = json.loads(d["evidence"])
-        ts = ev.get("through_stream", {})
+        ts = ev.get("through_stream") or {}
+        if "inflight" in ev:      # the stream's own looks (--inflight): the records' clock
+            fl = ev["inflight"]
+            ts = {"live_from_ms": fl["loaded_ms"], "wall_s": fl["wall_s"], "wall_bound_hit": False,
+                  "silver_through_ms": {n: fl["now_ms"] for n in d["node_ids"].split(",")}}
         rows.append({"cohort": d["cohort"], "decision": d["decision"], "minute": d["minute"], "reason": d["reason"],
                      "outcome_rows": ev.get("outcome_rows"), "looks": len(ev.get("looks", [])),
                      "metrics": {n: {m: {k: x.get(k) for k in ("rel_change", "cs", "clusters") if k in x}
@@ -128,7 +138,8 @@ def rollout_row(res: dict, version: int, wall_s: float, live_after: dict) -> dic
 
 def _lag(d: dict | None, node: str) -> float | None:
     """Minutes of the node's traffic the fleet had written and silver did not yet hold at a decision."""
-    if not d or not d.get("silver_through_ms") or node not in d["silver_through_ms"]:
+    if not d or not d.get("silver_through_ms") or node not in d["silver_through_ms"] \
+            or not d.get("fleet_written_through_ms"):
         return None
     return round((d["fleet_written_through_ms"][node] - d["silver_through_ms"][node]) / MINUTE_MS, 1)
 
@@ -140,15 +151,45 @@ def spans_of(follow: dict, node: str, version: int) -> list[tuple[int, int | Non
             for i, s in enumerate(sp) if s["version"] == version]
 
 
+def _in_flight(fleet, store: Store, version: int, cfg, clock, decisions, procs: dict, logs: dict,
+               max_wall_s: float) -> dict:
+    """Begin `version`'s rollout in flight and wait while the stream's looks move it (it ends, or
+    `max_wall_s` pass); → `deploy`'s result keys from the record and gold.rollout_decisions."""
+    from ccselect.export.delivery import inflight
+    from ccselect.flows.pipeline import rollout_lock
+    with inflight.locked(rollout_lock(cfg)):
+        began = inflight.begin(fleet, store, version, HEALTH, clock=clock, decisions=decisions, log=lambda m: None)
+    if not began.get("inflight"):
+        raise RuntimeError(f"table {version} did not begin: {began}")
+    t0 = time.monotonic()
+    while (inflight.current(store) or {}).get("version") == version:
+        for name, p in procs.items():
+            if p.poll() is not None:
+                raise RuntimeError(f"{name} stopped ({p.returncode}): {logs[name].read_text()[-3000:]}")
+        if time.monotonic() - t0 > max_wall_s:
+            raise RuntimeError(f"table {version} still in flight after {max_wall_s:g} s: "
+                               f"{json.dumps(inflight.current(store), default=str)[:3000]}")
+        time.sleep(2)
+    last = inflight.last(store) or {}
+    rows = [r for r in gates.read_decisions(table_path(cfg, ROLLOUT_DECISIONS), 50)
+            if r["version"] == version and r["rollout_id"] == last.get("rollout_id")]
+    fr = freeze.current(store)
+    return {"ok": bool(last.get("ok")), "stopped": last.get("stopped"), "decisions": rows,
+            "freeze": fr if fr and fr.get("who") == "rollout" else None}
+
+
 def loop(root: Path, binary: str, nodes: int = 3, conns: int = 20000, speed: float = 20.0, seed: int = 7,
          good: bool = True, minutes: int = 600, look_s: float = 1.0, look_minutes: float = 1.0, warm_timeout_s: float = 900.0,
-         stream: bool = True, max_wall_s: float | None = None, coverage: float = 0.9, say=print) -> dict:
+         stream: bool = True, max_wall_s: float | None = None, coverage: float = 0.9, say=print,
+         inflight: bool = False) -> dict:
     """The drill (module doc) under `root`; → its record. `coverage`: the tables' share of each
     node's prefixes. `stream=False` runs no `ccs stream` (the gate then has nothing in silver:
-    the planted fault the test fails on)."""
+    the planted fault the test fails on). `inflight`: the production path instead of StreamGate:
+    this process only begins each rollout (export/delivery/inflight.py, the records' clock) and
+    `ccs stream`, deploying, takes every look after its micro-batches (flows/stream.py)."""
     from ccselect.app.commands.sim import FollowArgs, follow_params
     from ccselect.flows.stream import checkpoint_dir
-    from ccselect.flows.rollout_loop import StreamGate, silver_through_ms, written_through_ms
+    from ccselect.flows.rollout_loop import RecordsClock, StreamGate, silver_through_ms, written_through_ms
     from ccselect.sim.world import World
     from ccselect.spark import get_spark
 
@@ -160,11 +201,14 @@ def loop(root: Path, binary: str, nodes: int = 3, conns: int = 20000, speed: flo
     rollout_drill.CFG = cfg           # Agents reads its fleet file with it
     agents = rollout_drill.Agents(nodes, binary, pub, root)
     raw, store_dir = root / "raw", str(root / "store")
+    if inflight:
+        cfg, cfg_path = loop_config(root / "lake", agents.path, store_dir)
+        rollout_drill.CFG = cfg
     procs: dict[str, subprocess.Popen] = {}
     logs = {name: root / f"{name}.log" for name in ("follow", "stream")}
     rec: dict = {"nodes": nodes, "conns_per_node_hour": conns, "speed": speed, "seed": seed, "start": START,
                  "default_cc": "bbr", "look_s": look_s, "look_minutes": look_minutes, "coverage": coverage,
-                 "stream": stream, "rollouts": {}}
+                 "stream": stream, "inflight": inflight, "rollouts": {}}
     try:
         fleet = load_fleet(agents.path, cfg)
         store = Store(store_dir)
@@ -183,7 +227,8 @@ def loop(root: Path, binary: str, nodes: int = 3, conns: int = 20000, speed: flo
         raw.mkdir(parents=True)
         if stream:
             procs["stream"] = subprocess.Popen(
-                [py, "-m", "ccselect.app.cli", "stream", "--input", str(raw), "--no-deploy", "--config", cfg_path],
+                [py, "-m", "ccselect.app.cli", "stream", "--input", str(raw), "--deploy" if inflight else "--no-deploy",
+                 "--config", cfg_path],
                 cwd=str(REPO), stdout=open(root / "stream.out", "w"), stderr=open(logs["stream"], "w"))
             # the query up before the fleet writes: its first micro-batch is a minute, not a backlog
             t_q = time.monotonic()
@@ -225,7 +270,11 @@ def loop(root: Path, binary: str, nodes: int = 3, conns: int = 20000, speed: flo
             rec["entries"][version] = publish(store, world, nodes, key, out, version, int(hour), invert, rng, coverage)
             say(f"table {version} ({kind}) to the canary at simulated hour {hour}")
             t0 = time.monotonic()
-            res = deploy(fleet, store, version, HEALTH, gate=gate, decisions=decisions, log=lambda m: None)
+            if inflight:
+                res = _in_flight(fleet, store, version, cfg, RecordsClock(spark, cfg, str(raw), settings.max_minutes),
+                                 decisions, procs, logs, gate.max_wall_s)
+            else:
+                res = deploy(fleet, store, version, HEALTH, gate=gate, decisions=decisions, log=lambda m: None)
             row = rollout_row(res, version, time.monotonic() - t0, rollout_drill.live_versions(fleet))
             row["kind"] = kind
             rec["rollouts"][kind] = row
@@ -284,16 +333,20 @@ def main(argv=None) -> int:
     ap.add_argument("--speed", type=float, default=20.0, help="simulated seconds per wall second (ccs simulate --speed)")
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--no-good", action="store_true", help="only the bad table")
+    ap.add_argument("--inflight", action="store_true", help="the rollout in flight: `ccs stream` (deploying) takes "
+                    "the looks, on the records' clock (stream.rollout_clock: records)")
     ap.add_argument("--keep", action="store_true", help="keep the work folder (printed)")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "rollout_loop.json"))
+    ap.add_argument("--out", default=None, help="default bench/results/rollout_loop.json (--inflight: "
+                    "rollout_loop_inflight.json)")
     a = ap.parse_args(argv)
+    a.out = a.out or str(REPO / "bench" / "results" / ("rollout_loop_inflight.json" if a.inflight else "rollout_loop.json"))
     binary = rollout_drill.edge_binary()
     res = {"measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "load_avg_before": [round(x, 2) for x in os.getloadavg()],
            "command": "bench/rollout_loop.py " + " ".join(argv if argv is not None else sys.argv[1:])}
     root = Path(tempfile.mkdtemp(prefix="ccs-loop-"))
     try:
-        res.update(loop(root, binary, a.nodes, a.conns, a.speed, a.seed, good=not a.no_good))
+        res.update(loop(root, binary, a.nodes, a.conns, a.speed, a.seed, good=not a.no_good, inflight=a.inflight))
     finally:
         res["load_avg_after"] = [round(x, 2) for x in os.getloadavg()]
         if a.keep:

@@ -764,10 +764,21 @@ class StreamSettings(_Section):
     # where a new checkpoint starts reading the topics: earliest, latest, or Spark's JSON of offsets
     # per partition ({"ccs.transport": {"0": 42, ...}, ...}); a checkpoint's own offsets win
     kafka_starting_offsets: str = "earliest"
+    # the clock of the stream's looks at a rollout in flight (export.rollout.gate canary,
+    # export/delivery/inflight.py): wall, the host's (the records' own in a deployment); records,
+    # the segments' and silver's (flows/rollout_loop.RecordsClock: a cohort's load at the newest
+    # segment its nodes had written plus a minute, a look at the newest minute silver holds for all
+    # of them), for logs on another clock than the host's: a simulated fleet at --speed
+    # (bench/rollout_loop.py --inflight), a stream far behind. The file source only
+    rollout_clock: str = "wall"
 
     def __post_init__(self):
         if self.source not in ("file", "kafka"):
             raise ValueError(f"stream.source must be file or kafka, not {self.source!r}")
+        if self.rollout_clock not in ("wall", "records"):
+            raise ValueError(f"stream.rollout_clock must be wall or records, not {self.rollout_clock!r}")
+        if self.rollout_clock == "records" and self.source != "file":
+            raise ValueError("stream.rollout_clock records reads the segments' clock: the file source only")
         if self.max_offsets_per_trigger < 1:
             raise ValueError("stream.max_offsets_per_trigger must be >= 1")
         if self.trigger_seconds < 1 or self.table_minutes < 1 or self.window_minutes < self.table_minutes:

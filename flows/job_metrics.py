@@ -136,9 +136,10 @@ def freeze_exposition(rec: dict | None, flight: dict | None = None) -> str:
             "# TYPE ccs_rollout_inflight gauge", f"ccs_rollout_inflight {int(flight is not None)}"]
     if flight is not None:
         out += ["# HELP ccs_rollout_inflight_cohort_loaded_timestamp_seconds When the cohort in flight loaded the "
-                "table (Unix time, the rollout's clock).",
+                "table (Unix time, wall clock).",
                 "# TYPE ccs_rollout_inflight_cohort_loaded_timestamp_seconds gauge",
-                f"ccs_rollout_inflight_cohort_loaded_timestamp_seconds {round(int(flight['loaded_ms']) / 1000, 3)!r}",
+                "ccs_rollout_inflight_cohort_loaded_timestamp_seconds "
+                f"{round(int(flight.get('loaded_wall_ms') or flight['loaded_ms']) / 1000, 3)!r}",
                 "# HELP ccs_rollout_inflight_cohort_index The cohort in flight's place in the fleet's order (0: canary).",
                 "# TYPE ccs_rollout_inflight_cohort_index gauge",
                 f"ccs_rollout_inflight_cohort_index {int(flight['index'])}"]

@@ -134,14 +134,15 @@ class TableRefused(RuntimeError):
 
 @measured("rollout", also=write_freeze)
 def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None = None, spark=None,
-            look: bool = True) -> dict:
+            look: bool = True, clock=None) -> dict:
     """Guards, publish to the artifact store, then the fleet (canaries first), gated by
     `export.rollout.gate`: `health`, every cohort in this call (`rollout.deploy`); `canary`, a
     rollout in flight (export/delivery/inflight.py): the one in flight takes a look first, then
     this table's canary loads, or it waits behind the one in flight; later looks (the stream's
     micro-batches, the next hourly run, `ccs rollout advance`) move it on. The fleet step needs
     root (eBPF); without it — or with `pipeline.deploy: false` — the run stops at the published,
-    signed artifact and says so. `look`: False where the caller has just looked (the stream)."""
+    signed artifact and says so. `look`: False where the caller has just looked (the stream);
+    `clock`: the rollout in flight's (inflight.Clock; default the wall's)."""
     from ccselect.export.delivery.guards import GuardRefused
     from ccselect.export.delivery.publish import publish
     cfg = cfg or load_config()
@@ -162,8 +163,9 @@ def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None =
     if settings.gate == "canary":
         from ccselect.export.delivery import inflight
         with inflight.locked(rollout_lock(cfg)):
-            looked = _look(cfg, fleet, store, decisions, spark) if look else None
-            res = inflight.begin(fleet, store, pub["version"], settings.health, decisions=decisions)
+            clock = clock or inflight.wall_ms
+            looked = _look(cfg, fleet, store, decisions, spark, clock) if look else None
+            res = inflight.begin(fleet, store, pub["version"], settings.health, decisions=decisions, clock=clock)
         if res.get("ok") is False:
             raise RuntimeError(f"rollout of v{version} stopped: {res.get('stopped')}; rolled back "
                                f"{sorted(res.get('rolled_back', {}))}")
@@ -195,7 +197,7 @@ def rollout_lock(cfg: Config) -> str:
     return os.path.join(cfg.data_root, "rollout", "inflight.lock")
 
 
-def _look(cfg: Config, fleet, store, decisions, spark=None) -> dict:
+def _look(cfg: Config, fleet, store, decisions, spark=None, clock=None) -> dict:
     """One look at the rollout in flight, if any, on the canary's arms in silver.connections."""
     from ccselect.export.delivery import inflight
     from ccselect.export.delivery.gates import silver_moments
@@ -203,10 +205,10 @@ def _look(cfg: Config, fleet, store, decisions, spark=None) -> dict:
         return {"inflight": None}
     moments = silver_moments(spark or _spark(cfg, "ccs-rollout"), cfg)
     return inflight.advance(fleet, store, cfg.settings.export.rollout.health, cfg.settings.export.canary, moments,
-                            decisions=decisions)
+                            decisions=decisions, clock=clock or inflight.wall_ms)
 
 
-def look_rollout(cfg: Config, spark=None, deploy_fleet: bool | None = None) -> dict | None:
+def look_rollout(cfg: Config, spark=None, deploy_fleet: bool | None = None, clock=None) -> dict | None:
     """The stream's and `ccs rollout advance`'s step: one look at the rollout in flight (gate
     canary, the fleet deployed), under the control host's lock. None: nothing to look at here
     (gate health, or not deploying)."""
@@ -220,7 +222,7 @@ def look_rollout(cfg: Config, spark=None, deploy_fleet: bool | None = None) -> d
     fleet, store = fleet_and_store_for(cfg)
     decisions, _ = _decision_log(cfg)
     with inflight.locked(rollout_lock(cfg)):
-        res = _look(cfg, fleet, store, decisions, spark)
+        res = _look(cfg, fleet, store, decisions, spark, clock)
     if res.get("inflight", True) is not None:    # something was looked at: its gauges now
         write_freeze(cfg, store)
     return res

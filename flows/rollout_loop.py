@@ -77,6 +77,36 @@ def silver_through_ms(spark, cfg: Config, nodes: list[str], from_ms: int) -> dic
     return {r["node_id"]: int(r["t"]) for r in rows}
 
 
+class RecordsClock:
+    """The clock of the records the stream reads, for the rollout in flight
+    (export/delivery/inflight.py, `stream.rollout_clock: records`): StreamGate's clock without
+    the blocking. A cohort's load is live from the end of the newest one-minute segment its nodes
+    had written under `raw_dir` (the latest over the cohort) plus `live_after_ms`; a look's time
+    is the end of the newest minute silver.connections holds for every node of the cohort (the
+    least over them), never past the window (`max_minutes` after the load); silver only grows, so
+    it never goes back."""
+
+    step_ms = MINUTE_MS    # a look at every minute of ingested traffic (inflight._look_times)
+
+    def __init__(self, spark, cfg: Config, raw_dir: str, max_minutes: float, live_after_ms: int = MINUTE_MS):
+        self.spark, self.cfg, self.raw_dir = spark, cfg, raw_dir
+        self.max_ms, self.live_after_ms = int(max_minutes * MINUTE_MS), live_after_ms
+
+    def loaded(self, nodes: list[str]) -> int:
+        written = [written_through_ms(self.raw_dir, n) for n in nodes]
+        if any(w is None for w in written):
+            raise RuntimeError(f"no segment of {[n for n, w in zip(nodes, written) if w is None]} under "
+                               f"{self.raw_dir}: the records' clock needs the nodes' segments")
+        return max(written) + self.live_after_ms
+
+    def now(self, nodes: list[str], loaded_ms: int) -> int:
+        have = silver_through_ms(self.spark, self.cfg, nodes, loaded_ms)
+        if not set(nodes) <= set(have):
+            return loaded_ms
+        t = (min(have[n] for n in nodes) // MINUTE_MS + 1) * MINUTE_MS
+        return max(loaded_ms, min(t, loaded_ms + self.max_ms))
+
+
 class StreamGate:
     """`gates.CanaryVerdict` on silver.connections with the loop's clock (module doc). `raw_dir`:
     the follow fleet's segments (what `ccs stream` reads); `look_s`: wall seconds between looks;

@@ -452,7 +452,7 @@ class StreamJob:
         from ccselect.flows.pipeline import TableRefused, rollout
         try:
             out["rollout"] = rollout(int(man["version"]), self.cfg, deploy_fleet=self.deploy, spark=self.spark,
-                                     look=False)
+                                     look=False, clock=self.rollout_clock())
         except TableRefused as e:     # a verdict on this table: the live one stays
             out["rollout"] = {"refused": str(e)}
         except RuntimeError as e:     # the rollout stopped and rolled back: the stream goes on
@@ -460,13 +460,21 @@ class StreamJob:
         return out
 
 
+    def rollout_clock(self):
+        """The rollout in flight's clock for this stream (`stream.rollout_clock`): None, the wall's;
+        `records`, the segments' under the input folder and silver's (flows/rollout_loop.RecordsClock)."""
+        if self.s.rollout_clock != "records":
+            return None
+        from ccselect.flows.rollout_loop import RecordsClock
+        return RecordsClock(self.spark, self.cfg, self.input_dir, self.cfg.settings.export.canary.max_minutes)
+
     def look_rollout(self) -> dict | None:
         """One look at the rollout in flight (gate canary: export/delivery/inflight.py), now that
         silver holds this batch's outcomes; None when the gate is health or nothing deploys. A
         look that fails is logged and given in the batch's line; the rollout stays in flight."""
         from ccselect.flows.pipeline import look_rollout
         try:
-            return look_rollout(self.cfg, self.spark, self.deploy)
+            return look_rollout(self.cfg, self.spark, self.deploy, self.rollout_clock())
         except Exception as e:  # noqa: BLE001 — the rollout's record is unchanged; the next batch looks again
             self.log(f"stream: the look at the rollout in flight failed: {type(e).__name__}: {e}")
             return {"failed": f"{type(e).__name__}: {e}"}

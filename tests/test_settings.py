@@ -132,6 +132,14 @@ def test_a_missing_required_key_and_a_bad_range_fail(tmp_path):
         _load(tmp_path, pipeline={**raw_section("pipeline"), "min_steps": -1})
     natural = _load(tmp_path, pipeline={**raw_section("pipeline"), "cellular_share": None}).settings.pipeline
     assert natural.cellular_share is None
+    export = raw_section("export")
+    with pytest.raises(ConfigError, match="export.rollout.gate must be one of"):
+        _load(tmp_path, export={**export, "rollout": {**export["rollout"], "gate": "rates"}})
+    with pytest.raises(ConfigError, match="stream.rollout_clock records reads the segments' clock: the file source only"):
+        _load(tmp_path, stream={"source": "kafka", "rollout_clock": "records"})
+    # without the shipped file's `gate: health` (a fleet without clients), the outcome gate
+    del export["rollout"]["gate"]
+    assert _load(tmp_path, export=export).settings.export.rollout.gate == "canary"
 
 
 def test_a_file_overrides_a_default_and_numbers_are_typed(tmp_path):

@@ -27,7 +27,16 @@ that needs its own next batches, so here the rollout is a record in the artifact
 
 Which process looks: the stream after each micro-batch (flows/stream.py: silver then holds the
 batch's outcomes), the hourly DAG's rollout before it begins the hour's table (flows/pipeline.py),
-and `ccs rollout advance` (an operator, or a timer). They may race: each step holds an exclusive
+and `ccs rollout advance` (an operator, or a timer).
+
+The clock (`Clock`): the wall's by default, the records' clock too in a deployment. A fleet whose
+logs run on another clock — a simulated one at `--speed`, or a stream far behind — takes the
+stream's `stream.rollout_clock: records` (flows/rollout_loop.RecordsClock): the cohort's load at
+the end of the newest segment its nodes had written, plus a minute, and a look at the newest
+minute silver holds for every node of the cohort. That clock steps (`step_ms`): an advance takes a
+look at every minute of traffic since the last look, as the drill that measured the gate did
+(bench/rollout_drill.py, a look a simulated minute), not one look for however many minutes a
+micro-batch brought. They may race: each step holds an exclusive
 lock on a file of the control host (`locked`), so the lookers must share one host's file system
 (the one-machine topology does; several control hosts would need the store's own conditional
 writes, which this does not use).
@@ -44,7 +53,7 @@ import contextlib
 import fcntl
 import os
 import time
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from ccselect.export.delivery import freeze
 from ccselect.export.delivery.canary import Canary
@@ -55,12 +64,23 @@ from ccselect.export.delivery.store import Store
 
 KEY = "rollout-inflight.json"
 GATE = "canary"
-Clock = Callable[[], int]     # → ms
+#: the rollout's clock: a callable → ms (the wall's, `wall_ms`), or an object with
+#: `loaded(nodes) -> ms` (when a table loaded now is live on every one of `nodes`) and
+#: `now(nodes, loaded_ms) -> ms` (a look's time), e.g. flows/rollout_loop.RecordsClock
+Clock = Any
 FRESH = {"decision": OBSERVE, "reason": "no look yet", "states": {}}   # a test before its first look
 
 
 def wall_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _loaded_ms(clock: Clock, nodes: list[str]) -> int:
+    return int(clock.loaded(nodes)) if hasattr(clock, "loaded") else int(clock())
+
+
+def _now_ms(clock: Clock, nodes: list[str], loaded_ms: int) -> int:
+    return int(clock.now(nodes, loaded_ms)) if hasattr(clock, "now") else int(clock())
 
 
 @contextlib.contextmanager
@@ -111,7 +131,7 @@ def begin(fleet: Fleet, store: Store, version: int, health: Health, *, clock: Cl
         return {"version": version, "queued_behind": held["version"], "next": held["next"]}
     epoch = store.serial(version)[0]
     st = {"rollout_id": f"{epoch}:{version}@{wall_ms()}", "version": version, "epoch": epoch, "gate": GATE,
-          "allow_older": store_goes_back(store, version), "started_ms": clock(), "loaded": [], "decisions": [],
+          "allow_older": store_goes_back(store, version), "started_ms": wall_ms(), "loaded": [], "decisions": [],
           "next": None}
     return _load(fleet, store, st, 0, health, clock, log, decisions or DecisionLog())
 
@@ -129,7 +149,8 @@ def _load(fleet: Fleet, store: Store, st: dict, index: int, health: Health, cloc
         _end(store, st, {"ok": False, "stopped": stopped, "rolled_back": rolled})
         out = {"version": st["version"], "ok": False, "stopped": stopped, "rolled_back": rolled, "nodes": reports}
         return _then_next(fleet, store, st, out, health, clock, log, decisions)
-    st.update(index=index, cohort=cohort, nodes=[n.node_id for n in nodes], loaded_ms=clock(),
+    st.update(index=index, cohort=cohort, nodes=[n.node_id for n in nodes],
+              loaded_ms=_loaded_ms(clock, [n.node_id for n in nodes]), loaded_wall_ms=wall_ms(),
               tests={n.node_id: dict(FRESH) for n in nodes}, rows={n.node_id: 0 for n in nodes},
               looks=[])
     store.write_json(KEY, st)
@@ -162,6 +183,18 @@ def _then_next(fleet: Fleet, store: Store, st: dict, out: dict, health: Health, 
     return out
 
 
+def _look_times(clock: Clock, st: dict, now: int) -> list[int]:
+    """The times of this advance's looks: `now`, or with a clock that steps (`step_ms`, the
+    records' clock: a look every minute of traffic) each step after the last look up to `now`,
+    so the looks fall as often in the traffic however much of it a micro-batch brought (the
+    cadence bench/rollout_drill.py measured the gate at); none when the clock has not moved."""
+    step = getattr(clock, "step_ms", None)
+    if not step:
+        return [now]
+    last = int(st.get("last_look_ms") or st["loaded_ms"])
+    return list(range(last + step, now + 1, step))
+
+
 def advance(fleet: Fleet, store: Store, health: Health, settings, moments: Moments, *, clock: Clock = wall_ms,
             log: Callable[[str], None] = print, decisions: DecisionLog | None = None) -> dict:
     """One look at the rollout in flight (module doc); → what happened (`observing`, or the
@@ -177,7 +210,7 @@ def advance(fleet: Fleet, store: Store, health: Health, settings, moments: Momen
     nodes, cohort = st["nodes"], st["cohort"]
     ctx = GateContext(cohort, st["index"], nodes, st["version"], st["epoch"], st["loaded_ms"],
                       {e["node_id"]: e["report"] for e in st["loaded"] if e["node_id"] in nodes}, log)
-    now = clock()
+    now = _now_ms(clock, nodes, st["loaded_ms"])
     minute = round((now - st["loaded_ms"]) / 60_000, 4)
     fr = freeze.current(store)
     if fr is not None:
@@ -185,13 +218,21 @@ def advance(fleet: Fleet, store: Store, health: Health, settings, moments: Momen
     else:
         tests = {n: Canary.from_doc(settings, st["tests"][n]) for n in nodes}
         rows = {n: int(st["rows"][n]) for n in nodes}
-        st["looks"] = (st["looks"] + [take_look(tests, rows, moments, st["loaded_ms"], now, minute)])[-20:]
-        d = judge(GATE, settings, tests, rows, st["looks"], nodes, minute)
+        d = None
+        for t in _look_times(clock, st, now):
+            minute = round((t - st["loaded_ms"]) / 60_000, 4)
+            st["looks"] = (st["looks"] + [take_look(tests, rows, moments, st["loaded_ms"], t, minute)])[-20:]
+            st["last_look_ms"] = now = t
+            d = judge(GATE, settings, tests, rows, st["looks"], nodes, minute)
+            if d is not None:
+                break
         st["tests"], st["rows"] = {n: c.to_doc() for n, c in tests.items()}, rows
         if d is None:
             store.write_json(KEY, st)
             log(f"table {st['version']} on cohort {cohort}: observing at {minute:g} min ({rows})")
             return {"version": st["version"], "cohort": cohort, "observing": True, "minute": minute, "rows": rows}
+    d.evidence["inflight"] = {"loaded_ms": st["loaded_ms"], "now_ms": now, "loaded_wall_ms": st.get("loaded_wall_ms"),
+                              "wall_s": round((wall_ms() - (st.get("loaded_wall_ms") or wall_ms())) / 1000, 1)}
     decisions.record(st["rollout_id"], ctx, d)
     st["decisions"].append({"cohort": cohort, "decision": d.decision, "minute": d.minute})
     log(f"cohort {cohort}: {d.decision} — {d.reason}")
