@@ -63,6 +63,17 @@ def written_through_ms(raw_dir: str, node_id: str, stream: str = "transport") ->
     return newest
 
 
+def live_from_ms(raw_dir: str, nodes: list[str], live_after_ms: int = MINUTE_MS) -> int:
+    """When a table loaded now is live on every one of `nodes`: the end of the newest one-minute
+    segment any of them had written under `raw_dir` (the latest over them), plus `live_after_ms`
+    (module doc). A node with no segment yet is an error naming it."""
+    written = [written_through_ms(raw_dir, n) for n in nodes]
+    if any(w is None for w in written):
+        raise RuntimeError(f"no segment of {[n for n, w in zip(nodes, written) if w is None]} under {raw_dir}: "
+                           "is the fleet writing (ccs simulate --follow, the agents' segments)?")
+    return max(written) + live_after_ms
+
+
 def silver_through_ms(spark, cfg: Config, nodes: list[str], from_ms: int) -> dict[str, int]:
     """node → the newest ts_end_ms of its silver.connections rows at or after `from_ms` (nodes
     with none are absent)."""
@@ -93,11 +104,7 @@ class RecordsClock:
         self.max_ms, self.live_after_ms = int(max_minutes * MINUTE_MS), live_after_ms
 
     def loaded(self, nodes: list[str]) -> int:
-        written = [written_through_ms(self.raw_dir, n) for n in nodes]
-        if any(w is None for w in written):
-            raise RuntimeError(f"no segment of {[n for n, w in zip(nodes, written) if w is None]} under "
-                               f"{self.raw_dir}: the records' clock needs the nodes' segments")
-        return max(written) + self.live_after_ms
+        return live_from_ms(self.raw_dir, nodes, self.live_after_ms)
 
     def now(self, nodes: list[str], loaded_ms: int) -> int:
         have = silver_through_ms(self.spark, self.cfg, nodes, loaded_ms)
@@ -135,11 +142,7 @@ class StreamGate:
 
     def live_from_ms(self, nodes: list[str]) -> int:
         """When a table loaded now is live in the simulation on every one of `nodes` (module doc)."""
-        written = [written_through_ms(self.raw_dir, n) for n in nodes]
-        if any(w is None for w in written):
-            raise RuntimeError(f"the follow fleet has written no segment of {[n for n, w in zip(nodes, written) if w is None]} "
-                               f"under {self.raw_dir}: is `ccs simulate --follow` running?")
-        return max(written) + self.live_after_ms
+        return live_from_ms(self.raw_dir, nodes, self.live_after_ms)
 
     def _clock(self) -> int:
         have = min(self.silver.values()) if set(self.nodes) <= set(self.silver) else None
