@@ -164,7 +164,7 @@ def rollout(version: int, cfg: Config | None = None, deploy_fleet: bool | None =
         from ccselect.export.delivery import inflight
         with inflight.locked(rollout_lock(cfg)):
             clock = clock or inflight.wall_ms
-            looked = _look(cfg, fleet, store, decisions, spark, clock) if look else None
+            looked = look_at(cfg, fleet, store, decisions, spark, clock) if look else None
             res = inflight.begin(fleet, store, pub["version"], settings.health, decisions=decisions, clock=clock)
         if res.get("ok") is False:
             raise RuntimeError(f"rollout of v{version} stopped: {res.get('stopped')}; rolled back "
@@ -197,21 +197,23 @@ def rollout_lock(cfg: Config) -> str:
     return os.path.join(cfg.data_root, "rollout", "inflight.lock")
 
 
-def _look(cfg: Config, fleet, store, decisions, spark=None, clock=None) -> dict:
-    """One look at the rollout in flight, if any, on the canary's arms in silver.connections."""
+def look_at(cfg: Config, fleet, store, decisions, spark=None, clock=None, log=print) -> dict:
+    """One look at the rollout in flight in `store`, if any, on the canary's arms in
+    silver.connections (a Spark session only when there is one to look at); the caller holds
+    `rollout_lock`. {"inflight": None}: nothing in flight and nothing waiting."""
     from ccselect.export.delivery import inflight
     from ccselect.export.delivery.gates import silver_moments
     if inflight.current(store) is None and not (store.read_json(inflight.KEY) or {}).get("next"):
         return {"inflight": None}
     moments = silver_moments(spark or _spark(cfg, "ccs-rollout"), cfg)
     return inflight.advance(fleet, store, cfg.settings.export.rollout.health, cfg.settings.export.canary, moments,
-                            decisions=decisions, clock=clock or inflight.wall_ms)
+                            decisions=decisions, clock=clock or inflight.wall_ms, log=log)
 
 
 def look_rollout(cfg: Config, spark=None, deploy_fleet: bool | None = None, clock=None) -> dict | None:
-    """The stream's and `ccs rollout advance`'s step: one look at the rollout in flight (gate
-    canary, the fleet deployed), under the control host's lock. None: nothing to look at here
-    (gate health, or not deploying)."""
+    """The stream's step: one look at the rollout in flight of the configured fleet and store
+    (gate canary, the fleet deployed), under the control host's lock, then the in-flight and
+    freeze gauges. None: nothing to look at here (gate health, or not deploying)."""
     if cfg.settings.export.rollout.gate != "canary":
         return None
     if deploy_fleet is None:
@@ -222,7 +224,7 @@ def look_rollout(cfg: Config, spark=None, deploy_fleet: bool | None = None, cloc
     fleet, store = fleet_and_store_for(cfg)
     decisions, _ = _decision_log(cfg)
     with inflight.locked(rollout_lock(cfg)):
-        res = _look(cfg, fleet, store, decisions, spark, clock)
+        res = look_at(cfg, fleet, store, decisions, spark, clock)
     if res.get("inflight", True) is not None:    # something was looked at: its gauges now
         write_freeze(cfg, store)
     return res

@@ -164,18 +164,16 @@ def rollout_advance_cmd(
     far; promote to the next cohort, keep observing, or roll back and freeze. For a timer (cron,
     a systemd timer) on the control host; exit 1 when it rolled back or sent the table back."""
     from ccselect.export.delivery import inflight
-    from ccselect.export.delivery.gates import DecisionLog, silver_moments
+    from ccselect.export.delivery.gates import DecisionLog
     from ccselect.export.delivery.publish import fleet_and_store
-    from ccselect.flows.pipeline import rollout_lock
+    from ccselect.flows.pipeline import look_at, rollout_lock
     cfg = load_config(config)
     fl, store = fleet_and_store(cfg, fleet, store_url)
     with inflight.locked(rollout_lock(cfg)):
-        if inflight.current(store) is None and not (store.read_json(inflight.KEY) or {}).get("next"):
-            typer.echo("no rollout in flight")
-            return
-        moments = silver_moments(get_spark(cfg, "ccs-rollout-advance"), cfg)
-        res = inflight.advance(fl, store, cfg.settings.export.rollout.health, cfg.settings.export.canary, moments,
-                               log=typer.echo, decisions=DecisionLog.for_config(cfg))
+        res = look_at(cfg, fl, store, DecisionLog.for_config(cfg), log=typer.echo)
+    if res.get("inflight", True) is None and "next" not in res:
+        typer.echo("no rollout in flight")
+        return
     _freeze_metrics(cfg)     # the freeze and in-flight gauges, whatever the look did
     typer.echo(json.dumps(res, indent=1, default=str))
     if res.get("decision") in ("rollback", "observe"):

@@ -258,3 +258,5 @@ def test_a_rollout_in_flight_moves_on_one_look_at_a_time(three_cohorts, keys, tm
     r = inflight.advance(fleet, store, HEALTH, settings, _outcomes(1.0), clock=clock, log=quiet, decisions=log)
     assert r["decision"] == "observe" and "stopped by a freeze" in r["reason"] and "ana@ops" in r["reason"], r
     assert live() == [1, 1, 1] and inflight.current(store) is None and store.current() == 1
+    r = _cli(cfg, "rollout", "advance", "--store", str(tmp_path / "store"), "--fleet", lf.path)
+    assert r.exit_code == 0 and "no rollout in flight" in r.output, r.output + str(r.exception)
