@@ -260,3 +260,39 @@ def test_a_rollout_in_flight_moves_on_one_look_at_a_time(three_cohorts, keys, tm
     assert live() == [1, 1, 1] and inflight.current(store) is None and store.current() == 1
     r = _cli(cfg, "rollout", "advance", "--store", str(tmp_path / "store"), "--fleet", lf.path)
     assert r.exit_code == 0 and "no rollout in flight" in r.output, r.output + str(r.exception)
+
+
+def test_the_pipelines_rollout_with_the_canary_gate_leaves_it_in_flight(fleet_env, keys, tmp_path, monkeypatch):
+    """flows/pipeline.rollout (the hourly DAG's rollout task, the stream's table step) with
+    export.rollout.gate canary: the canary loads and the rollout stays in flight, the store's table
+    does not move, the next table waits behind it, and the gauges say so. The guards and the lake's
+    side of publishing (export/delivery/publish.py, tested on their own) are replaced here by the
+    store's own publish of a signed table, so no lake or Spark session is needed; nothing is in
+    flight at the first call, so its look reads nothing either."""
+    from ccselect.config import load_config
+    from ccselect.export.delivery import inflight, publish as publish_mod
+    from ccselect.flows import job_metrics, pipeline
+    cfg, lf = fleet_env
+    a, b = other_ccs(sysctl_cc())
+    cfg.raw["export"]["rollout"].update(gate="canary", store=str(tmp_path / "store"))
+    cfg.raw["pipeline"].update(fleet=lf.path, metrics_dir=str(tmp_path / "textfile"))
+    with open(cfg.path, "w") as f:
+        yaml.safe_dump(cfg.raw, f)
+    cfg = load_config(cfg.path)
+    tables = {v: _table(keys, str(tmp_path / "export"), v, cc) for v, cc in ((1, a), (2, b))}
+    monkeypatch.setattr(publish_mod, "publish",
+                        lambda session, cfg, store, version, **kw: {"version": store.publish(tables[version].manifest)})
+    # no session: the first look finds nothing in flight, and publishing is the store's own
+    monkeypatch.setattr(pipeline, "_spark", lambda cfg, app: None)
+    store = Store(str(tmp_path / "store"))
+
+    res = pipeline.rollout(1, cfg, deploy_fleet=True)
+    assert res["deployed"] == "in flight" and res["look"] == {"inflight": None}, res
+    assert res["begin"]["inflight"] and res["begin"]["cohort"] == "canary", res
+    assert [(lf.status(cfg, i).get("table") or {}).get("version") for i in range(2)] == [1, None]
+    assert store.current() is None and inflight.current(store)["version"] == 1
+    assert _cc_through(lf, 0) == a
+    res = pipeline.rollout(2, cfg, deploy_fleet=True, look=False)
+    assert res["begin"] == {"version": 2, "queued_behind": 1, "next": 2}, res
+    gauges = open(tmp_path / "textfile" / job_metrics.FREEZE_FILE).read()
+    assert "ccs_rollout_inflight 1\n" in gauges and "ccs_rollout_inflight_cohort_index 0\n" in gauges, gauges
