@@ -203,7 +203,7 @@ def look_at(cfg: Config, fleet, store, decisions, spark=None, clock=None, log=pr
     `rollout_lock`. {"inflight": None}: nothing in flight and nothing waiting."""
     from ccselect.export.delivery import inflight
     from ccselect.export.delivery.gates import silver_moments
-    if inflight.current(store) is None and not (store.read_json(inflight.KEY) or {}).get("next"):
+    if inflight.idle(store):
         return {"inflight": None}
     moments = silver_moments(spark or _spark(cfg, "ccs-rollout"), cfg)
     return inflight.advance(fleet, store, cfg.settings.export.rollout.health, cfg.settings.export.canary, moments,

@@ -59,7 +59,8 @@ from ccselect.export.delivery import freeze
 from ccselect.export.delivery.canary import Canary
 from ccselect.export.delivery.gates import (OBSERVE, PROMOTE, ROLLBACK, Decision, DecisionLog, GateContext, Moments,
                                             judge, take_look)
-from ccselect.export.delivery.rollout import Fleet, Health, Node, load_cohort, rollback_node, store_goes_back
+from ccselect.export.delivery.rollout import (Fleet, Health, Node, freeze_on_rollback, load_cohort, rollback_node,
+                                              store_goes_back)
 from ccselect.export.delivery.store import Store
 
 KEY = "rollout-inflight.json"
@@ -99,6 +100,12 @@ def current(store: Store) -> dict | None:
     """The rollout in flight, or None."""
     rec = store.read_json(KEY)
     return rec if rec and rec.get("version") is not None else None
+
+
+def idle(store: Store) -> bool:
+    """Nothing in flight and no table waiting (one read of the record): nothing to look at."""
+    rec = store.read_json(KEY) or {}
+    return rec.get("version") is None and rec.get("next") is None
 
 
 def last(store: Store) -> dict | None:
@@ -200,9 +207,10 @@ def advance(fleet: Fleet, store: Store, health: Health, settings, moments: Momen
     """One look at the rollout in flight (module doc); → what happened (`observing`, or the
     decision and what followed). Nothing in flight: {"inflight": None}."""
     decisions = decisions or DecisionLog()
-    st = current(store)
+    rec = store.read_json(KEY) or {}
+    st = rec if rec.get("version") is not None else None
     if st is None:
-        nxt = (store.read_json(KEY) or {}).get("next")
+        nxt = rec.get("next")
         if nxt is not None and freeze.current(store) is None:   # held by a freeze since lifted
             return {"inflight": None, "next": begin(fleet, store, nxt, health, clock=clock, log=log,
                                                     decisions=decisions)}
@@ -247,10 +255,9 @@ def advance(fleet: Fleet, store: Store, health: Health, settings, moments: Momen
         out["ok"] = True
         return _then_next(fleet, store, st, out, health, clock, log, decisions)
     out["rolled_back"] = _back(fleet, st, log)
-    if d.decision == ROLLBACK and freeze.current(store) is None:
-        out["freeze"] = freeze.freeze(store, f"table {st['epoch']}:{st['version']} rolled back on cohort {cohort}: "
-                                      f"{d.reason}", who="rollout",
-                                      evidence={"rollout_id": st["rollout_id"], "cohort": cohort, "nodes": nodes})
-        log(freeze.describe(out["freeze"]))
+    if d.decision == ROLLBACK:
+        fr = freeze_on_rollback(store, st["epoch"], st["version"], cohort, d.reason, st["rollout_id"], nodes, log)
+        if fr is not None:
+            out["freeze"] = fr
     _end(store, st, {"ok": False, "decisions": st["decisions"], "stopped": f"cohort {cohort}: {d.decision}"})
     return _then_next(fleet, store, st, out, health, clock, log, decisions)

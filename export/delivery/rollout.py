@@ -327,6 +327,18 @@ def rollback_node(node: Node, rep: dict, log: Callable[[str], None] = print) -> 
         agent.close()
 
 
+def freeze_on_rollback(store: Store, epoch: int, version: int, cohort: str, reason: str, rollout_id: str,
+                       nodes: list[str], log: Callable[[str], None] = print) -> dict | None:
+    """A gate rolled table `epoch:version` back on `cohort`: freeze the fleet (who: rollout) unless
+    a freeze already holds; → the freeze record, or None."""
+    if freeze.current(store) is not None:
+        return None
+    rec = freeze.freeze(store, f"table {epoch}:{version} rolled back on cohort {cohort}: {reason}", who="rollout",
+                        evidence={"rollout_id": rollout_id, "cohort": cohort, "nodes": nodes})
+    log(freeze.describe(rec))
+    return rec
+
+
 def store_goes_back(store: Store, version: int) -> bool:
     """Is `version` one the store made current before and older, by (epoch, version), than its
     current one (`ccs rollback` republishing the previous table)? Only then may a node go back
@@ -402,11 +414,10 @@ def deploy(fleet: Fleet, store: Store, version: int, health: Health,
             continue
         result["stopped"] = f"cohort {cohort}: {d.decision}: {d.reason}"
         back()
-        if d.decision == ROLLBACK and freeze.current(store) is None:
-            result["freeze"] = freeze.freeze(
-                store, f"table {epoch}:{version} rolled back on cohort {cohort}: {d.reason}", who="rollout",
-                evidence={"rollout_id": rollout_id, "cohort": cohort, "nodes": ctx.nodes})
-            log(freeze.describe(result["freeze"]))
+        if d.decision == ROLLBACK:
+            fr = freeze_on_rollback(store, epoch, version, cohort, d.reason, rollout_id, ctx.nodes, log)
+            if fr is not None:
+                result["freeze"] = fr
         return result
     store.set_current(version)
     result["ok"] = True
