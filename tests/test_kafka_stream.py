@@ -36,8 +36,9 @@ from pyspark.testing import assertDataFrameEqual
 from ccs_testing import REPO, SmallLake, ccs_process, quick_champion, raw_section, write_config
 from ccselect.contract import DUPLICATE_REASON, STREAMS
 
-# `cluster` keeps it out of `make test`; `kafka_stream` out of `make test-cluster` (make test-kafka runs it)
-pytestmark = [pytest.mark.cluster, pytest.mark.kafka_stream, pytest.mark.filterwarnings("ignore")]
+# the Kafka lane: at the end of `make test`'s tests beside the main run (the Makefile's KAFKA_LANE), and
+# `make test-kafka` alone
+pytestmark = [pytest.mark.kafka_stream, pytest.mark.filterwarnings("ignore")]
 
 #: how long the stream may take to read what is on the topics (a micro-batch is tens of seconds
 #: on a loaded machine; this only bounds a hang)

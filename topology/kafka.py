@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import fcntl
 import glob
 import json
 import os
@@ -79,33 +80,45 @@ def jars(version: str = VERSION, log=print) -> list[str]:
     """The server's classpath, resolved from Maven Central once (see the module's note)."""
     lib = jars_dir(version)
     done = lib / ".resolved"
-    if not done.exists():
-        if version != VERSION:
-            raise ClusterError(f"only Kafka {VERSION}'s modules are pinned here, not {version}")
-        tmp = lib.with_name(lib.name + ".part")
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        deps = "\n".join(f'    <dependency org="{g}" name="{a}" rev="{v}" conf="default->default"/>'
-                         for g, a, v in MODULES)
-        (tmp / "ivy.xml").write_text(
-            '<ivy-module version="2.0">\n  <info organisation="ccselect" module="kafka-server"/>\n'
-            f'  <dependencies>\n{deps}\n  </dependencies>\n</ivy-module>\n')
-        cache = lib.parent.parent / "ivy-cache"
-        log(f"kafka: resolving Kafka {version}'s jars from Maven Central (Ivy cache {cache})")
-        # `bundle` too: scala-logging and jackson-datatype-jdk8 are OSGi bundles, jars all the same
-        r = subprocess.run(["java", "-jar", ivy_jar(), "-ivy", str(tmp / "ivy.xml"), "-confs", "default",
-                            "-cache", str(cache), "-types", "jar", "bundle",
-                            "-retrieve", str(tmp / "[artifact]-[revision](-[classifier]).[ext]")],
-                           capture_output=True, text=True, timeout=900)
-        if r.returncode != 0:
-            raise ClusterError(f"Ivy could not resolve Kafka {version}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
-        (tmp / "ivy.xml").unlink()
-        if not (tmp / f"kafka_{SCALA}-{version}.jar").exists():
-            raise ClusterError(f"Ivy resolved no kafka_{SCALA}-{version}.jar:\n{r.stdout[-3000:]}")
-        (tmp / ".resolved").write_text(f"{' '.join(':'.join(m) for m in MODULES)}\n")
-        shutil.rmtree(lib, ignore_errors=True)
-        os.replace(tmp, lib)
+    if done.exists():
+        return sorted(str(p) for p in lib.glob("*.jar"))
+    lib.parent.mkdir(parents=True, exist_ok=True)
+    # two processes starting a broker at once (make test's Kafka lane and make test-cluster's, side by
+    # side in .ci/run) resolve one at a time: the second finds the first's jars
+    with open(lib.parent / ".resolve.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            _resolve(version, lib, log)
     return sorted(str(p) for p in lib.glob("*.jar"))
+
+
+def _resolve(version: str, lib: Path, log) -> None:
+    """Kafka's modules and their dependencies into `lib` (through `<lib>.part`, then renamed)."""
+    if version != VERSION:
+        raise ClusterError(f"only Kafka {VERSION}'s modules are pinned here, not {version}")
+    tmp = lib.with_name(lib.name + ".part")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    deps = "\n".join(f'    <dependency org="{g}" name="{a}" rev="{v}" conf="default->default"/>'
+                     for g, a, v in MODULES)
+    (tmp / "ivy.xml").write_text(
+        '<ivy-module version="2.0">\n  <info organisation="ccselect" module="kafka-server"/>\n'
+        f'  <dependencies>\n{deps}\n  </dependencies>\n</ivy-module>\n')
+    cache = lib.parent.parent / "ivy-cache"
+    log(f"kafka: resolving Kafka {version}'s jars from Maven Central (Ivy cache {cache})")
+    # `bundle` too: scala-logging and jackson-datatype-jdk8 are OSGi bundles, jars all the same
+    r = subprocess.run(["java", "-jar", ivy_jar(), "-ivy", str(tmp / "ivy.xml"), "-confs", "default",
+                        "-cache", str(cache), "-types", "jar", "bundle",
+                        "-retrieve", str(tmp / "[artifact]-[revision](-[classifier]).[ext]")],
+                       capture_output=True, text=True, timeout=900)
+    if r.returncode != 0:
+        raise ClusterError(f"Ivy could not resolve Kafka {version}:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    (tmp / "ivy.xml").unlink()
+    if not (tmp / f"kafka_{SCALA}-{version}.jar").exists():
+        raise ClusterError(f"Ivy resolved no kafka_{SCALA}-{version}.jar:\n{r.stdout[-3000:]}")
+    (tmp / ".resolved").write_text(f"{' '.join(':'.join(m) for m in MODULES)}\n")
+    shutil.rmtree(lib, ignore_errors=True)
+    os.replace(tmp, lib)
 
 
 def default_home() -> Path:
