@@ -65,6 +65,10 @@ SOURCES = {
                         "sudo python bench/freshness.py --source both --rounds 1 --reuse --minutes 15 --backlog-minutes 30 "
                         "--tail-cap 420",
                         ["bench/results/freshness_kafka.json"]),
+    "freshness-kafka-speed1": ("The stream from Kafka beside files at real speed: log record to enforced table (issue 60)",
+                               "sudo python bench/freshness.py --source both --rounds 1 --speed 1 --minutes 15 "
+                               "--backlog-minutes 0 --tail-cap 420 --out bench/results/freshness_kafka_speed1.json",
+                               ["bench/results/freshness_kafka_speed1.json"]),
     "edge-produce": ("The edge's cost per transport record: segment files, librdkafka in the agent, the Python "
                      "shipper (issue 60)", "python bench/edge_produce.py", ["bench/results/edge_produce.json"]),
     "canary": ("The canary's sequential A/B: false rollbacks and time to roll back (issue 58)", "python bench/canary.py",
