@@ -81,7 +81,7 @@ KERNEL_BESIDE = $(shell grep -L -E '\b(spark|$(SESSION_FIXTURES))\b' tests/kerne
 SPARK_BESIDE = $(shell grep -l -E '\bspark\b' tests/test_*.py | xargs grep -L -E '\b($(SESSION_FIXTURES))\b' \
                  | xargs grep -L -E 'pytest\.mark\.(cluster|kafka)|kafka_stream')
 # The Kafka lane (tests/test_kafka_stream.py, test_kafka_lake_types.py, issue 60) ends the second group: it
-# starts when the others beside are done, about ten minutes before the main run ends, with the broker the
+# starts when the others beside are done, about twelve minutes before the main run ends, with the broker the
 # kafka_broker fixture brings up and this group's Spark session.
 KAFKA_LANE := tests/test_kafka_lake_types.py tests/test_kafka_stream.py
 BESIDE = $(KERNEL_BESIDE) $(SPARK_BESIDE) $(KAFKA_LANE)
