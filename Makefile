@@ -83,13 +83,8 @@ SPARK_BESIDE = $(shell grep -l -E '\bspark\b' tests/test_*.py | xargs grep -L -E
 # The Kafka lane (tests/test_kafka_stream.py, test_kafka_lake_types.py, issue 60) ends the second group: it
 # starts when the others beside are done, about twelve minutes before the main run ends, with the broker the
 # kafka_broker fixture brings up and this group's Spark session.
-# Then the tests that start no Spark at all (no `spark` and none of those fixtures; 139 s of the main run in
-# stop 75's CI, 26 files): measured at 47a0b52 (fresh clone, .ci/run), the beside group and the cluster suite
-# ended 290 s before the main run, whose last minutes then left a third of the two cores idle.
-PURE_BESIDE = $(shell grep -L -E '\b(spark|$(SESSION_FIXTURES))\b' tests/test_*.py \
-                | xargs grep -L -E 'pytest\.mark\.(cluster|kafka)|kafka_stream')
 KAFKA_LANE := tests/test_kafka_lake_types.py tests/test_kafka_stream.py
-BESIDE = $(KERNEL_BESIDE) $(SPARK_BESIDE) $(PURE_BESIDE) $(KAFKA_LANE)
+BESIDE = $(KERNEL_BESIDE) $(SPARK_BESIDE) $(KAFKA_LANE)
 BESIDE_LOG := var/test-beside.log
 
 test: setup
