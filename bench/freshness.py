@@ -437,7 +437,8 @@ def measure_sources(args, work: Path, fleet: str, setup: dict) -> int:
         raw["lake"] = {"root": str(base / f"lake-{name}")}
         raw["export"] = {**raw["export"], "out": str(base / f"export-{name}" / "tables"),
                          "rollout": {**raw["export"]["rollout"], "store": str(base / f"export-{name}" / "store")}}
-        raw["stream"] = {**raw.get("stream", {}), "checkpoint": str(base / "stream" / f"checkpoint-{name}")}
+        raw["stream"] = {**raw.get("stream", {}), **table_minutes(args),
+                         "checkpoint": str(base / "stream" / f"checkpoint-{name}")}
         shutil.rmtree(base / "stream" / f"checkpoint-{name}", ignore_errors=True)
         path = work / f"ccs-{name}.yaml"
         path.write_text(yaml.safe_dump(raw))
@@ -545,6 +546,11 @@ def _write(path: str, result: dict) -> None:
         fh.write("\n")
 
 
+def table_minutes(args) -> dict:
+    """The stream section's table_minutes when --table-minutes asks for one (else the default's)."""
+    return {"table_minutes": args.table_minutes} if args.table_minutes else {}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", type=int, default=12)
@@ -568,6 +574,8 @@ def main(argv=None) -> int:
     ap.add_argument("--tail-cap", type=float, default=600,
                     help="--source kafka|both: after the replay, wait until the stream has read every record and "
                          "the last boundary's table is live in the kernel, at most this many seconds")
+    ap.add_argument("--table-minutes", type=int,
+                    help="stream.table_minutes for the replays (default: the configuration's, 5): a table per this many minutes")
     ap.add_argument("--reuse", action="store_true", help="measure again on the workdir's fleet, lake and champion")
     args = ap.parse_args(argv)
     if args.out is None:
@@ -644,6 +652,7 @@ def measure(args, work: Path, fleet: str, setup: dict) -> int:
     shutil.copytree(base / "lake", base / "lake-freshness")
     raw = json.loads(json.dumps(raw))
     raw["lake"] = {"root": str(base / "lake-freshness")}
+    raw["stream"] = {**raw.get("stream", {}), **table_minutes(args)}
     raw["export"] = {**raw["export"], "out": str(base / "export" / "tables"),
                      "rollout": {**raw["export"]["rollout"], "store": str(base / "export" / "store")}}
     cfg_path = work / "ccs-measure.yaml"
@@ -654,6 +663,7 @@ def measure(args, work: Path, fleet: str, setup: dict) -> int:
     ensure_attached(fl, log=lambda m: None)   # as the agents' own service does on an edge
     agent = fl.nodes[0].agent()
     result = {"bench": "freshness", "load_avg_start": load_avg(), "setup_s": setup["setup_s"],
+              "command": " ".join(["python", "bench/freshness.py", *sys.argv[1:]]),
               "fleet": {"nodes": args.nodes, "conns_per_node_hour": args.conns_per_node_hour, "seed": 7,
                         "replayed_hour": replay_hour, "trained_on": setup["trained_on"],
                         "model_version": setup["model_version"]},
@@ -664,7 +674,8 @@ def measure(args, work: Path, fleet: str, setup: dict) -> int:
         # the throughput run: the same hour again into a lake and checkpoint of its own (the same
         # champion: MLflow stays where it is)
         raw["lake"] = {"root": str(base / "lake-throughput")}
-        raw["stream"] = {"trigger_seconds": 5, "checkpoint": str(base / "stream" / "checkpoint-throughput")}
+        raw["stream"] = {"trigger_seconds": 5, **table_minutes(args),
+                         "checkpoint": str(base / "stream" / "checkpoint-throughput")}
         cfg_path.write_text(yaml.safe_dump(raw))
         cfg = load_config(str(cfg_path))
         result["throughput"] = phase("throughput", str(cfg_path), cfg, fleet, replay_hour, args.throughput_minutes,

@@ -110,7 +110,35 @@ def run_spark_floor(spark, data: str, out: str) -> dict:
      .write.format("parquet").partitionBy("node_id", "hour").mode("overwrite").save(out))
     seconds = time.perf_counter() - t0
     rows = spark.read.parquet(out).count()
-    return {"seconds": round(seconds, 2), "silver_rows": rows}
+    return {"seconds": round(seconds, 2), "silver_rows": rows, "reads": run_read_floors(spark, data)}
+
+
+def run_read_floors(spark, data: str) -> dict:
+    """Below that floor, what Spark's readers alone cost on the same files, in the same warm
+    session: `lines`, every file cut into lines and each line's length summed (Spark's text reader;
+    nothing parsed, nothing written); `json`, each stream through its JSON reader with its schema,
+    every field of every record hashed and the hashes summed (every field parsed: Spark plans a
+    count of the hashes as a count of rows, and its reader then parses nothing; nothing written).
+    Seconds and MB/s of input; the 60 s goal at 5 M connections (7.6 GB) asks for about 127 MB/s
+    on these 2 cores."""
+    from pyspark.sql import functions as F
+
+    from ccselect.jobs.parse import schema
+    mb = sum(f.stat().st_size for s in ("transport", "access", "qoe") for f in Path(data, s).rglob("*.jsonl")) / 1e6
+    out = {"input_mb": round(mb, 1)}
+    t0 = time.perf_counter()
+    chars = spark.read.text([f"{data}/{s}/*/*.jsonl" for s in ("transport", "access", "qoe")]).agg(
+        F.sum(F.length("value"))).first()[0]
+    out["lines"] = {"seconds": round(time.perf_counter() - t0, 2), "chars": int(chars)}
+    t0 = time.perf_counter()
+    hashed = 0
+    for stream in ("transport", "access", "qoe"):
+        df = spark.read.schema(schema(stream)).json(f"{data}/{stream}/*/*.jsonl")
+        hashed ^= df.agg(F.sum(F.hash(*df.columns))).first()[0] or 0
+    out["json"] = {"seconds": round(time.perf_counter() - t0, 2), "hash_sum": int(hashed)}
+    for k in ("lines", "json"):
+        out[k]["mb_per_s"] = round(mb / out[k]["seconds"], 1)
+    return out
 
 
 def bench_config(root: Path, data_root: Path | None = None):

@@ -45,6 +45,13 @@ SOURCES = {
                          ["bench/results/ingest_reference.json"]),
     "stream-batch": ("The stream's warm micro-batch: its fixed cost and where it goes (issue 62)",
                      "python bench/stream_batch.py", ["bench/results/stream_batch.json"]),
+    "stream-batch-commits": ("The stream's warm micro-batch on a quiet machine: its Delta commits and what one costs (issue 62)",
+                             "python bench/stream_batch.py --batches 8 --out bench/results/stream_batch_commits.json",
+                             ["bench/results/stream_batch_commits.json"]),
+    "ingest-1m": ("Ingest of 1 M connections: Spark against the fair DuckDB reference, Spark's floor and its readers "
+                  "alone (issue 62)",
+                  "python bench/ingest.py --conns 1000000 --rounds 3 --floor --out bench/results/ingest_1m.json",
+                  ["bench/results/ingest_1m.json"]),
     "ingest-dedup": ("Ingest: the cost of deduplication by identity (issue 61)",
                      "python bench/ingest_dedup.py --data DIR --before WT --after WT", ["bench/results/ingest_dedup.json"]),
     "train": ("Training speed", "python bench/train.py", ["{data}/bench/train.json", "bench/results/train.json"]),
@@ -65,6 +72,11 @@ SOURCES = {
                         "sudo python bench/freshness.py --source both --rounds 1 --reuse --minutes 15 --backlog-minutes 30 "
                         "--tail-cap 420",
                         ["bench/results/freshness_kafka.json"]),
+    "freshness-table1": ("The stream at real speed with a table every minute of traffic: log record to enforced table "
+                         "(issue 62)",
+                         "sudo python bench/freshness.py --reuse --speed 1 --minutes 15 --table-minutes 1 "
+                         "--throughput-minutes 5 --out bench/results/freshness_table1.json",
+                         ["bench/results/freshness_table1.json"]),
     "freshness-kafka-speed1": ("The stream from Kafka beside files at real speed: log record to enforced table (issue 60)",
                                "sudo python bench/freshness.py --source both --rounds 1 --speed 1 --minutes 15 "
                                "--backlog-minutes 0 --tail-cap 420 --out bench/results/freshness_kafka_speed1.json",

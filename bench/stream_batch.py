@@ -7,7 +7,10 @@ minute a batch, in one warm session. Per batch: its wall time and stages (bronze
 predictions, table, as the stream logs them), the Spark jobs it ran (by job group) and their wall
 time, the driver's time outside jobs, and in = accepted + quarantined. No champion is registered
 (predictions are skipped) and no signing key exists (the table step stops after reading the last
-table): what is measured is the ingest side of a batch, bronze and silver.
+table): what is measured is the ingest side of a batch, bronze and silver. Each batch's Delta commits
+are counted per table (from the tables' `_delta_log`); after the batches, in the same warm session,
+`--commit-floor` one-row commits to a table of its own give what one commit costs with nothing else
+in it (a plain append, and a partition replaced the way every ingest write is).
 Writes bench/results/stream_batch.json (or --out).
 
     .venv/bin/python bench/stream_batch.py [--batches 6] [--nodes 2] [--out JSON]
@@ -73,6 +76,40 @@ def jobs_by_group(events: Path) -> dict[str, dict]:
     return out
 
 
+def delta_versions(root: Path) -> dict[str, int]:
+    """Each Delta table under `root` (its path from there) and its latest version, read from the
+    commit files in its `_delta_log` (no Spark job)."""
+    out = {}
+    for log in root.rglob("_delta_log"):
+        versions = [int(p.stem) for p in log.glob("*.json") if p.stem.isdigit()]
+        if versions:
+            out[str(log.parent.relative_to(root))] = max(versions)
+    return out
+
+
+def commit_floor(spark, path: Path, n: int) -> dict:
+    """What one Delta commit costs in this warm session, nothing else in it: `n` one-row appends to
+    a table partitioned by (node_id, hour) like the lake's, then `n` one-row replacements of one
+    partition the way every ingest write is made (delta_io.replace_partitions: a replaceWhere on
+    the partition). Medians in seconds; each call is one commit."""
+    from ccselect import delta_io
+    def rows(i: int):
+        return spark.createDataFrame([("n1", f"2026-01-01T{i % 24:02d}", i)], "node_id string, hour string, v bigint")
+    rows(0).write.format("delta").partitionBy("node_id", "hour").save(str(path))
+    appends, replaces = [], []
+    for i in range(n):
+        t0 = time.perf_counter()
+        rows(i).write.format("delta").mode("append").save(str(path))
+        appends.append(time.perf_counter() - t0)
+    for i in range(n):
+        t0 = time.perf_counter()
+        delta_io.replace_partitions(rows(i), str(path), {("n1", f"2026-01-01T{i % 24:02d}")})
+        replaces.append(time.perf_counter() - t0)
+    return {"commits_each": n, "append_median_s": round(median(appends), 3),
+            "replace_partition_median_s": round(median(replaces), 3),
+            "append_s": [round(x, 3) for x in appends], "replace_partition_s": [round(x, 3) for x in replaces]}
+
+
 def median(xs):
     xs = sorted(xs)
     n = len(xs)
@@ -101,6 +138,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workdir", default="/tmp/ccs-stream-batch")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "stream_batch.json"))
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--commit-floor", type=int, default=10, metavar="N",
+                    help="after the batches, N one-row Delta appends and N partition replacements timed (0: none)")
     ap.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                     help="a Spark setting for the session (to measure a setting's effect)")
     ap.add_argument("--combine", nargs="+", metavar="LABEL=JSON", help="combine runs into --out (no bench is run)")
@@ -133,6 +172,7 @@ def main(argv=None) -> int:
     raw.setdefault("pipeline", {})["deploy"] = False
     (work / "root" / "ccs.yaml").write_text(yaml.safe_dump(raw))
     cfg = load_config(work / "root" / "ccs.yaml")
+    lake = Path(cfg.settings.lake.root)
     spark = get_spark(cfg, "ccs-bench-stream-batch")
     sc = spark.sparkContext
     sc.setJobGroup("setup", "batch ingest of the first hour")
@@ -153,14 +193,20 @@ def main(argv=None) -> int:
               .select(F.regexp_replace("_metadata.file_path", "^file:(//)?", "").alias("uri"), "value"))
         sc.setJobGroup(f"batch-{i}", f"micro-batch {i}")
         load = round(os.getloadavg()[0], 2)
+        before = delta_versions(lake)
         t0 = time.perf_counter()
         job.process(df, i)
         secs = time.perf_counter() - t0
+        after = delta_versions(lake)
         info = job.batches[-1]
         batches.append({"batch": i, "files": len(paths), "lines": sum(len(s.lines) for s in by_minute[due]),
                         "seconds": round(secs, 3), "stages_s": info.get("stages_s"),
                         "lines_read": info.get("lines_read"), "accepted": info.get("accepted"),
-                        "quarantined": info.get("quarantined"), "load_1m": load})
+                        "quarantined": info.get("quarantined"), "load_1m": load,
+                        "delta_commits": {t: after[t] - before.get(t, -1) for t in sorted(after)
+                                          if after[t] != before.get(t, -1)}})
+    sc.setJobGroup("floor", "the commit floor")
+    floor = commit_floor(spark, work / "floor", args.commit_floor) if args.commit_floor else None
     sc.setJobGroup("end", "")
     spark.stop()
     time.sleep(1)
@@ -173,6 +219,7 @@ def main(argv=None) -> int:
         b["driver_outside_jobs_s"] = round(b["seconds"] - b["jobs_wall_s"], 3)
         b["jobs_by_kind"] = dict(g.get("kinds", Counter()).most_common())
     warm = batches[1:]
+    commits = median([sum(b["delta_commits"].values()) for b in warm])
     out = {"bench": "stream_batch", "cores": 2, "master": "local[2]", "nodes": args.nodes, "conf": args.conf,
            "conns_per_node_hour": args.conns, "batches": batches,
            "warm": {"batches": len(warm), "median_s": median([b["seconds"] for b in warm]),
@@ -180,9 +227,13 @@ def main(argv=None) -> int:
                     "median_jobs_wall_s": median([b["jobs_wall_s"] for b in warm]),
                     "median_stages_s": {k: median([b["stages_s"][k] for b in warm if b["stages_s"] and k in b["stages_s"]])
                                         for k in ("bronze", "silver", "predictions", "table")},
+                    "median_delta_commits": commits,
                     "balanced": all(b["lines_read"] == (b["accepted"] or 0) + (b["quarantined"] or 0) for b in warm)},
            # other engineers share the 2 cores: the 1-minute load average as each batch started
            "load_average_1m": [b["load_1m"] for b in batches]}
+    if floor:
+        out["commit_floor"] = {**floor, "warm_batch_commits": commits,
+                               "commits_times_floor_s": round(commits * floor["replace_partition_median_s"], 2)}
     return result_file.finish(args.out, out, work, args.keep)
 
 
