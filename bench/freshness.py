@@ -674,8 +674,7 @@ def measure(args, work: Path, fleet: str, setup: dict) -> int:
         # the throughput run: the same hour again into a lake and checkpoint of its own (the same
         # champion: MLflow stays where it is)
         raw["lake"] = {"root": str(base / "lake-throughput")}
-        raw["stream"] = {"trigger_seconds": 5, **table_minutes(args),
-                         "checkpoint": str(base / "stream" / "checkpoint-throughput")}
+        raw["stream"] = {**raw["stream"], "checkpoint": str(base / "stream" / "checkpoint-throughput")}
         cfg_path.write_text(yaml.safe_dump(raw))
         cfg = load_config(str(cfg_path))
         result["throughput"] = phase("throughput", str(cfg_path), cfg, fleet, replay_hour, args.throughput_minutes,
